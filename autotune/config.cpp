@@ -1,0 +1,78 @@
+#include "autotune/config.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace tj {
+
+int64_t Config::block(const ir::Function& f, int block_id) const {
+  const ir::BlockSymbol& b = f.blocks.at(block_id);
+  if (b.fixed > 0) return b.fixed;
+  auto it = blocks.find(b.name);
+  return it != blocks.end() ? it->second : 64;
+}
+
+int64_t Config::knob(const std::string& name, int64_t fallback) const {
+  auto it = knobs.find(name);
+  return it != knobs.end() ? it->second : fallback;
+}
+
+std::string Config::to_json() const {
+  nlohmann::json j;
+  j["blocks"] = blocks;
+  j["num_warps"] = num_warps;
+  j["num_stages"] = num_stages;
+  if (!knobs.empty()) j["knobs"] = knobs;
+  return j.dump();
+}
+
+Config Config::from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("config is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw Error("config must be a JSON object like {\"blocks\":{\"m\":64},\"num_warps\":4}");
+  Config c;
+  try {
+    for (auto& [key, value] : j.items()) {
+      if (key == "blocks") c.blocks = value.get<std::map<std::string, int64_t>>();
+      else if (key == "num_warps") c.num_warps = value.get<int>();
+      else if (key == "num_stages") c.num_stages = value.get<int>();
+      else if (key == "knobs") c.knobs = value.get<std::map<std::string, int64_t>>();
+      else throw Error(fmt::format("config has an unknown key '{}' (known: blocks, num_warps, num_stages, knobs)", key));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("config has a value of the wrong type: {}", e.what()));
+  }
+  if (c.num_warps < 1 || c.num_warps > 32) throw Error(fmt::format("num_warps must be in [1, 32], got {}", c.num_warps));
+  if (c.num_stages < 1 || c.num_stages > 8) throw Error(fmt::format("num_stages must be in [1, 8], got {}", c.num_stages));
+  return c;
+}
+
+Config default_config(const ir::Function& f) {
+  Config c;
+  for (const auto& b : f.blocks)
+    if (b.fixed <= 0) c.blocks[b.name] = 64;
+  return c;
+}
+
+void check_config(const ir::Function& f, const Config& c) {
+  for (const auto& [name, size] : c.blocks) {
+    bool known = false;
+    for (const auto& b : f.blocks) known |= b.name == name;
+    if (!known) {
+      std::string names;
+      for (const auto& b : f.blocks) names += (names.empty() ? "" : ", ") + b.name;
+      throw Error(fmt::format("config sets block '{}', but kernel '{}' has blocks: {}", name, f.name, names));
+    }
+    if (size < 1 || size > 1024 || (size & (size - 1)) != 0)
+      throw Error(fmt::format("block '{}' must be a power of two in [1, 1024], got {}", name, size));
+  }
+}
+
+}  // namespace tj

@@ -1,0 +1,32 @@
+#include "runtime/tensor.h"
+
+#include <fmt/format.h>
+
+namespace tj {
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<int64_t> TensorView::contiguous_strides() const {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int i = rank() - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
+  return s;
+}
+
+const std::vector<int64_t>& TensorView::effective_strides() const {
+  thread_local std::vector<int64_t> computed;
+  if (!strides.empty()) return strides;
+  computed = contiguous_strides();
+  return computed;
+}
+
+bool TensorView::is_contiguous() const { return strides.empty() || strides == contiguous_strides(); }
+
+std::string TensorView::describe() const {
+  return fmt::format("{}[{}] ({})", name(dtype), fmt::join(shape, ", "), device == Device::host ? "host" : "cuda");
+}
+
+}  // namespace tj
