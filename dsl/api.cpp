@@ -160,11 +160,19 @@ Var::Var(const Tile& init, Loc l) {
   var_ = b.emit(make(OpKind::var_decl, loc, {v}), b.type(v), /*is_var=*/true);
 }
 
+Var& Var::operator=(const Tile& v) {
+  int value = v.id();
+  return assign(value, B({}).last_loc());
+}
+
 Var& Var::operator=(Operand v) {
   auto loc = to_loc(v.loc);
+  return assign(value_of(v, B(loc).type(var_).dtype, loc), loc);
+}
+
+Var& Var::assign(int value, const ir::SourceLoc& loc) {
   Builder& b = B(loc);
   const TileType var_type = b.type(var_);
-  int value = value_of(v, var_type.dtype, loc);
   const TileType& t = b.type(value);
   if (t.dtype != var_type.dtype)
     fail(loc, fmt::format("assigning a {} tile to a tj::Var of {}: convert with .to(tj::DType::{})", name(t.dtype),

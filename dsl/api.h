@@ -69,11 +69,15 @@ class Var : public Tile {
   Var(const Var&) = delete;
   Var& operator=(const Var& v) { return *this = Operand(static_cast<const Tile&>(v)); }
   Var& operator=(Operand v);
-  Var& operator=(const Tile& v) { return *this = Operand(v, Loc::current()); }
+  // Operators cannot take a source location; the value's own (last traced) op stands in.
+  Var& operator=(const Tile& v);
   Var& operator+=(Operand v);
   Var& operator-=(Operand v);
   Var& operator*=(Operand v);
   Var& operator/=(Operand v);
+
+ private:
+  Var& assign(int value, const ir::SourceLoc& loc);
 };
 
 // The index of a tile loop: the current tile's start, its extent and block size.
