@@ -1,0 +1,607 @@
+#pragma once
+// tilejit device library: Hopper (sm_90a) building blocks for `dot` and its pipelines.
+//
+//   mbarrier      mbar_init / mbar_arrive / mbar_arrive_expect_tx / mbar_try_wait / mbar_wait ...
+//   TMA           TmaDescriptor, prefetch_tma_descriptor, tma_load_{2,3,4,5}d (+ multicast,
+//                 + L2 hint), tma_store_{2,3,4,5}d, tma_store_commit / tma_store_wait<N>
+//   cluster       cluster_ctarank, cluster_sync, mbar_arrive_cluster
+//   wgmma         make_smem_desc / make_desc_kmajor / make_desc_mnmajor, desc_advance,
+//                 wgmma_fence / wgmma_commit / wgmma_wait<N>, mma_async_ss / mma_async_rs
+//                 (hopper_wgmma.cuh), fence_acc
+//   registers     setmaxnreg_inc<R> / setmaxnreg_dec<R>
+//   fragments     acc_row / acc_col, acc_row_max / acc_row_sum, quad_allreduce_*, acc_scale_rows,
+//                 acc_to_a_bf16 / acc_to_a_f16 / acc_to_a_fp8 (exact) / acc_to_a_fp8_kperm
+//
+// Compiled by NVRTC with no CUDA toolkit header, and by nvcc -std=c++17. The sm_90 parts only
+// exist when compiling for __CUDA_ARCH__ >= 900 (wgmma and setmaxnreg: sm_90a only), and in
+// nvcc's host pass (declarations only), so including this file never breaks an sm_80 build;
+// using an sm_90 function from sm_80 device code is a compile error (undeclared), on purpose.
+// The fragment helpers at the end are plain arithmetic and shuffles: available everywhere.
+//
+// Shared-memory operand conventions used by the descriptors (see make_desc_kmajor):
+//   K-major, swizzle W in {128, 64, 32} bytes: a tile of R rows (M or N) is stored as R rows of W
+//   bytes (rows at W-byte stride, 8-row groups at 8*W), 16-byte chunks XOR-swizzled by the
+//   address bits exactly as TMA's CU_TENSOR_MAP_SWIZZLE_{128,64,32}B writes them. The tile base
+//   must be aligned to 8*W bytes (1024 for 128B) so the swizzle phase is 0 (base_offset = 0).
+//   One wgmma consumes 32 bytes of K (k32 fp8, k16 bf16/f16); the k-th 32-byte slice of a row
+//   is selected by desc_advance(desc, 32 * k). If the tile's K extent exceeds W, further
+//   W-byte column blocks follow as separate [R][W] blocks (what a TMA box of W bytes gives).
+
+#include "fp8.cuh"
+#include "hopper_wgmma.cuh"
+
+#if !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ >= 900)
+#define TJ_SM90_ENABLED 1
+#else
+#define TJ_SM90_ENABLED 0
+#endif
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TJ_SM90A_ENABLED 1
+#else
+#define TJ_SM90A_ENABLED 0
+#endif
+
+namespace tj {
+namespace dev {
+
+// Opaque 128-byte TMA descriptor, layout-compatible with CUtensorMap (alignas(64)). Pass it to a
+// kernel as `const __grid_constant__ TmaDescriptor` and hand its address to the tma_* functions.
+struct alignas(64) TmaDescriptor {
+  unsigned long long data[16];
+};
+
+// Shared-memory swizzle modes, numbered as the wgmma descriptor's bits 62-63 encode them.
+enum SmemSwizzle : int { SWIZZLE_NONE = 0, SWIZZLE_128B = 1, SWIZZLE_64B = 2, SWIZZLE_32B = 3 };
+
+// Byte offset of byte `off` (offset from an aligned tile base) after the hardware swizzle for
+// mode `sw`: 16-byte chunk bits [4,7) XOR address bits [7,10) (128B: 3 bits, 64B: 2, 32B: 1).
+// Use it when threads (not TMA) write a swizzled operand tile.
+TJ_HD unsigned swizzle_offset(unsigned off, int sw) {
+  unsigned mask = sw == SWIZZLE_128B ? 7u : sw == SWIZZLE_64B ? 3u : sw == SWIZZLE_32B ? 1u : 0u;
+  return off ^ (((off >> 7) & mask) << 4);
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ unsigned lane_id() { return threadIdx.x & 31u; }
+// Warp-uniform warpgroup index of this thread in a 1-D block (broadcast from lane 0 so the
+// compiler knows it is uniform).
+__device__ __forceinline__ int warpgroup_idx() {
+  return __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128u), 0);
+}
+__device__ __forceinline__ int warp_idx_in_warpgroup() {
+  return __shfl_sync(0xffffffffu, (int)((threadIdx.x / 32u) & 3u), 0);
+}
+
+#if TJ_SM90_ENABLED
+// ------------------------------------------------------------------------------- misc sm_90
+// One lane of the warp returns true (elect.sync); all 32 lanes must call it.
+__device__ __forceinline__ bool elect_one_sync() {
+  unsigned pred = 0;
+  asm volatile(
+      "{\n.reg .b32 r;\n.reg .pred p;\n"
+      "elect.sync r|p, 0xffffffff;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(pred));
+  return pred != 0u;
+}
+
+// ------------------------------------------------------------------------------- mbarrier
+// All mbarrier functions take a pointer to a 64-bit barrier object in shared memory.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned arrive_count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrive_count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_inval(unsigned long long* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// Makes mbarrier.init visible to the other threads / the async proxy / the cluster. Call after
+// the inits, before the __syncthreads() (or cluster_sync()) that publishes them.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Orders this thread's generic-proxy shared-memory accesses with later async-proxy ones (TMA
+// store from smem written by threads; wgmma reading smem written by threads).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar))
+      : "memory");
+}
+// Arrive and add `tx_bytes` to the expected transaction count of the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned tx_bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(tx_bytes)
+               : "memory");
+}
+// Add expected transaction bytes without arriving.
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned tx_bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(tx_bytes)
+               : "memory");
+}
+// Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of this cluster
+// (may be this CTA). Default (.release.cta) semantics, as CUTLASS's ClusterBarrier uses: enough
+// to release a pipeline stage whose readers were wgmma/TMA (already complete), and cheap (a
+// plain SYNCS.ARRIVE). Use mbar_arrive_cluster_release when the peer must see this thread's
+// ordinary memory writes: that one costs a MEMBAR.ALL.GPU.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned cta_rank) {
+  asm volatile(
+      "{\n.reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta_rank)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cluster_release(unsigned long long* bar,
+                                                            unsigned cta_rank) {
+  asm volatile(
+      "{\n.reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta_rank)
+      : "memory");
+}
+// True once the phase with parity `phase` (0/1) has completed. Waiting for parity 1 on a freshly
+// initialized barrier returns true at once (the "previous" phase counts as complete).
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned phase) {
+  unsigned ok;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(smem_u32(bar)), "r"(phase)
+      : "memory");
+  return ok != 0u;
+}
+// Same with acquire at cluster scope (the arrivals came from other CTAs of the cluster).
+__device__ __forceinline__ bool mbar_try_wait_cluster(unsigned long long* bar, unsigned phase) {
+  unsigned ok;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(smem_u32(bar)), "r"(phase)
+      : "memory");
+  return ok != 0u;
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned phase) {
+  while (!mbar_try_wait(bar, phase)) {
+  }
+}
+__device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned phase) {
+  while (!mbar_try_wait_cluster(bar, phase)) {
+  }
+}
+
+// ------------------------------------------------------------------------------- cluster
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_nctarank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+// All threads of all CTAs of the cluster (aligned: every thread of each warp calls it).
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+
+// ------------------------------------------------------------------------------- TMA
+__device__ __forceinline__ void prefetch_tma_descriptor(const TmaDescriptor* desc) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)desc) : "memory");
+}
+// L2 cache policies for the *_hint loads.
+__device__ __forceinline__ unsigned long long l2_policy_evict_first() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ unsigned long long l2_policy_evict_last() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// Tensor loads global -> shared::cluster (this CTA's smem), completing `tx` bytes on `bar`.
+// Coordinates are element indices, innermost dimension first (c0 is the contiguous one);
+// out-of-bounds elements of the box are filled with zeros and still count as transferred bytes.
+#define TJ_TMA_LOAD_BODY(DIM, COORDS, ...)                                                      \
+  asm volatile("cp.async.bulk.tensor." #DIM                                                    \
+               "d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {" COORDS     \
+               "}], [%2];" ::"r"(smem_u32(dst)),                                               \
+               "l"((unsigned long long)desc), "r"(smem_u32(bar)), __VA_ARGS__                  \
+               : "memory")
+__device__ __forceinline__ void tma_load_2d(void* dst, const TmaDescriptor* desc,
+                                            unsigned long long* bar, int c0, int c1) {
+  TJ_TMA_LOAD_BODY(2, "%3, %4", "r"(c0), "r"(c1));
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaDescriptor* desc,
+                                            unsigned long long* bar, int c0, int c1, int c2) {
+  TJ_TMA_LOAD_BODY(3, "%3, %4, %5", "r"(c0), "r"(c1), "r"(c2));
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaDescriptor* desc,
+                                            unsigned long long* bar, int c0, int c1, int c2,
+                                            int c3) {
+  TJ_TMA_LOAD_BODY(4, "%3, %4, %5, %6", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void tma_load_5d(void* dst, const TmaDescriptor* desc,
+                                            unsigned long long* bar, int c0, int c1, int c2,
+                                            int c3, int c4) {
+  TJ_TMA_LOAD_BODY(5, "%3, %4, %5, %6, %7", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
+#undef TJ_TMA_LOAD_BODY
+
+// Same with an L2 cache policy (l2_policy_*).
+#define TJ_TMA_LOAD_HINT_BODY(DIM, COORDS, ...)                                                 \
+  asm volatile("cp.async.bulk.tensor." #DIM                                                    \
+               "d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "   \
+               "[%1, {" COORDS "}], [%2], %3;" ::"r"(smem_u32(dst)),                           \
+               "l"((unsigned long long)desc), "r"(smem_u32(bar)), "l"(policy), __VA_ARGS__     \
+               : "memory")
+__device__ __forceinline__ void tma_load_2d_hint(void* dst, const TmaDescriptor* desc,
+                                                 unsigned long long* bar, int c0, int c1,
+                                                 unsigned long long policy) {
+  TJ_TMA_LOAD_HINT_BODY(2, "%4, %5", "r"(c0), "r"(c1));
+}
+__device__ __forceinline__ void tma_load_3d_hint(void* dst, const TmaDescriptor* desc,
+                                                 unsigned long long* bar, int c0, int c1, int c2,
+                                                 unsigned long long policy) {
+  TJ_TMA_LOAD_HINT_BODY(3, "%4, %5, %6", "r"(c0), "r"(c1), "r"(c2));
+}
+__device__ __forceinline__ void tma_load_4d_hint(void* dst, const TmaDescriptor* desc,
+                                                 unsigned long long* bar, int c0, int c1, int c2,
+                                                 int c3, unsigned long long policy) {
+  TJ_TMA_LOAD_HINT_BODY(4, "%4, %5, %6, %7", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void tma_load_5d_hint(void* dst, const TmaDescriptor* desc,
+                                                 unsigned long long* bar, int c0, int c1, int c2,
+                                                 int c3, int c4, unsigned long long policy) {
+  TJ_TMA_LOAD_HINT_BODY(5, "%4, %5, %6, %7, %8", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
+#undef TJ_TMA_LOAD_HINT_BODY
+
+// Multicast: the box lands at the same smem offset in every CTA of `cta_mask` (bit i = cluster
+// rank i), and completes tx bytes on the barrier at `bar`'s offset in each of those CTAs.
+#define TJ_TMA_LOAD_MC_BODY(DIM, COORDS, ...)                                                   \
+  asm volatile("cp.async.bulk.tensor." #DIM                                                    \
+               "d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "     \
+               "[%0], [%1, {" COORDS "}], [%2], %3;" ::"r"(smem_u32(dst)),                     \
+               "l"((unsigned long long)desc), "r"(smem_u32(bar)), "h"(cta_mask), __VA_ARGS__   \
+               : "memory")
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const TmaDescriptor* desc,
+                                                      unsigned long long* bar, int c0, int c1,
+                                                      unsigned short cta_mask) {
+  TJ_TMA_LOAD_MC_BODY(2, "%4, %5", "r"(c0), "r"(c1));
+}
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const TmaDescriptor* desc,
+                                                      unsigned long long* bar, int c0, int c1,
+                                                      int c2, unsigned short cta_mask) {
+  TJ_TMA_LOAD_MC_BODY(3, "%4, %5, %6", "r"(c0), "r"(c1), "r"(c2));
+}
+__device__ __forceinline__ void tma_load_4d_multicast(void* dst, const TmaDescriptor* desc,
+                                                      unsigned long long* bar, int c0, int c1,
+                                                      int c2, int c3, unsigned short cta_mask) {
+  TJ_TMA_LOAD_MC_BODY(4, "%4, %5, %6, %7", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void tma_load_5d_multicast(void* dst, const TmaDescriptor* desc,
+                                                      unsigned long long* bar, int c0, int c1,
+                                                      int c2, int c3, int c4,
+                                                      unsigned short cta_mask) {
+  TJ_TMA_LOAD_MC_BODY(5, "%4, %5, %6, %7, %8", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
+#undef TJ_TMA_LOAD_MC_BODY
+
+// Tensor stores shared::cta -> global (bulk async-group completion). Out-of-bounds parts of
+// the box are not written. Threads that wrote `src` must fence_proxy_async_shared() and
+// synchronize before one thread issues the store; then tma_store_commit() and, before `src`
+// is reused, tma_store_wait<0>() (or <N> to keep N groups in flight).
+#define TJ_TMA_STORE_BODY(DIM, COORDS, ...)                                                     \
+  asm volatile("cp.async.bulk.tensor." #DIM "d.global.shared::cta.bulk_group [%0, {" COORDS   \
+               "}], [%1];" ::"l"((unsigned long long)desc),                                    \
+               "r"(smem_u32(src)), __VA_ARGS__                                                 \
+               : "memory")
+__device__ __forceinline__ void tma_store_2d(const TmaDescriptor* desc, const void* src, int c0,
+                                             int c1) {
+  TJ_TMA_STORE_BODY(2, "%2, %3", "r"(c0), "r"(c1));
+}
+__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* desc, const void* src, int c0,
+                                             int c1, int c2) {
+  TJ_TMA_STORE_BODY(3, "%2, %3, %4", "r"(c0), "r"(c1), "r"(c2));
+}
+__device__ __forceinline__ void tma_store_4d(const TmaDescriptor* desc, const void* src, int c0,
+                                             int c1, int c2, int c3) {
+  TJ_TMA_STORE_BODY(4, "%2, %3, %4, %5", "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+}
+__device__ __forceinline__ void tma_store_5d(const TmaDescriptor* desc, const void* src, int c0,
+                                             int c1, int c2, int c3, int c4) {
+  TJ_TMA_STORE_BODY(5, "%2, %3, %4, %5, %6", "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4));
+}
+#undef TJ_TMA_STORE_BODY
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Wait until at most N committed store groups are still reading their shared-memory source.
+template <int N>
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// Wait until at most N committed store groups are incomplete (writes done, not just reads).
+template <int N>
+__device__ __forceinline__ void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif  // TJ_SM90_ENABLED
+
+// ------------------------------------------------------------------------------- wgmma
+// Shared-memory matrix descriptor (64 bits):
+//   bits  0-13 start address >> 4      bits 16-29 leading byte offset >> 4
+//   bits 32-45 stride byte offset >> 4  bits 49-51 base offset (0: tile aligned to the swizzle
+//   repeat)                             bits 62-63 swizzle (SmemSwizzle)
+// Plain arithmetic: available on every arch (only the instructions that consume it are sm_90a).
+TJ_HD unsigned long long make_smem_desc(unsigned smem_addr, int swizzle,
+                                                             unsigned lbo_bytes,
+                                                             unsigned sbo_bytes) {
+  unsigned long long d = 0;
+  d |= (unsigned long long)((smem_addr >> 4) & 0x3fffu);
+  d |= (unsigned long long)((lbo_bytes >> 4) & 0x3fffu) << 16;
+  d |= (unsigned long long)((sbo_bytes >> 4) & 0x3fffu) << 32;
+  d |= (unsigned long long)(swizzle & 3) << 62;
+  return d;
+}
+// K-major operand tile (A: rows = M, B: rows = N), layout described at the top of this file.
+// Swizzled modes: LBO unused (encoded as 1), SBO = 8 rows * W bytes. For SWIZZLE_NONE the tile
+// is made of 8x16-byte core matrices (8 rows of 16 contiguous bytes = 128 B each); pass the byte
+// distance between core matrices adjacent in K (lbo) and adjacent in M/N (sbo), e.g. for a
+// [R/8][Kbytes/16][8][16] layout: lbo = 128, sbo = Kbytes * 8.
+template <int Swizzle>
+__device__ __forceinline__ unsigned long long make_desc_kmajor(const void* tile,
+                                                               unsigned lbo_none = 128u,
+                                                               unsigned sbo_none = 256u) {
+  unsigned a = smem_u32(tile);
+  if (Swizzle == SWIZZLE_128B) return make_smem_desc(a, Swizzle, 16u, 1024u);
+  if (Swizzle == SWIZZLE_64B) return make_smem_desc(a, Swizzle, 16u, 512u);
+  if (Swizzle == SWIZZLE_32B) return make_smem_desc(a, Swizzle, 16u, 256u);
+  return make_smem_desc(a, SWIZZLE_NONE, lbo_none, sbo_none);
+}
+// MN-major operand tile (16-bit types only; Trans = 1 in mma_async_*). With swizzle W, the tile
+// is stored as blocks of [K rows][W bytes along M/N] (what a TMA box of W bytes x K rows gives):
+// lbo = byte distance between blocks adjacent in M/N (each covers W/2 elements of M/N for
+// 16-bit types), sbo = byte distance between 8-row groups along K (= 8 * W inside one block).
+template <int Swizzle>
+__device__ __forceinline__ unsigned long long make_desc_mnmajor(const void* tile,
+                                                                unsigned lbo_bytes,
+                                                                unsigned sbo_bytes) {
+  return make_smem_desc(smem_u32(tile), Swizzle, lbo_bytes, sbo_bytes);
+}
+// Move the descriptor's start address by `bytes` (a multiple of 16), e.g. to the k-th 32-byte
+// K slice of a K-major tile (desc_advance(d, 32 * k)) or to another 64-row block.
+TJ_HD unsigned long long desc_advance(unsigned long long desc,
+                                                           unsigned bytes) {
+  return desc + (unsigned long long)(bytes >> 4);
+}
+
+#if TJ_SM90A_ENABLED
+// Before the first wgmma of a batch, and whenever registers used as accumulators or A
+// fragments were written by ordinary instructions since the last wgmma.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+// Wait until at most N committed wgmma groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads/writes of accumulator registers across wgmma
+// fence/commit/wait (call on the accumulator after issuing and after waiting).
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(unsigned& r) {
+  asm volatile("" : "+r"(r)::"memory");
+}
+template <int R>
+__device__ __forceinline__ void fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) fence_operand(d[i]);
+}
+
+// Per-warpgroup register budget (all 128 threads call it with the same value, multiple of 8,
+// in [24, 256]). Typical: producer dec<40> (or <24>), two consumer warpgroups inc<232>.
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(R % 8 == 0 && R >= 24 && R <= 256, "setmaxnreg: multiple of 8 in [24,256]");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(R % 8 == 0 && R >= 24 && R <= 256, "setmaxnreg: multiple of 8 in [24,256]");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+#endif  // TJ_SM90A_ENABLED
+
+// ------------------------------------------------------------------------------- fragments
+// The 64xN f32 accumulator of one wgmma m64nN is spread over the 128 threads of the warpgroup
+// (t = thread index within the warpgroup, 0..127), N/2 registers each. Register i of thread t:
+//   row = 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2)
+//   col = 8 * (i / 4) + 2 * (t % 4) + (i % 2)
+// So each thread holds two rows (r0 and r0 + 8: "row half" h = (i/2)%2) and, per row, pairs of
+// adjacent columns every 8 columns; the 4 threads of a quad (same t/4) share the two rows.
+// The same holds per warp for mma.sync m16n8 accumulators (t % 32 and rows 0..15).
+TJ_HD int acc_row(int i, int t) {
+  return ((t >> 5) << 4) + ((t & 31) >> 2) + (((i >> 1) & 1) << 3);
+}
+TJ_HD int acc_col(int i, int t) {
+  return ((i >> 2) << 3) + ((t & 3) << 1) + (i & 1);
+}
+
+__device__ __forceinline__ float quad_allreduce_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+  return v;
+}
+__device__ __forceinline__ float quad_allreduce_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+// m[h] = max(m[h], max of the accumulator row h of this thread), reduced over the quad, so all
+// four threads of a quad get the full-row maximum (over the N columns of this fragment).
+template <int N>
+__device__ __forceinline__ void acc_row_max(const float* d, float* m) {
+  float a = m[0], b = m[1];
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 4) {
+    a = fmaxf(a, fmaxf(d[i], d[i + 1]));
+    b = fmaxf(b, fmaxf(d[i + 2], d[i + 3]));
+  }
+  m[0] = quad_allreduce_max(a);
+  m[1] = quad_allreduce_max(b);
+}
+// s[h] += sum of this thread's values of row h (no shuffles: reduce with quad_allreduce_sum
+// once at the end, as online softmax does).
+template <int N>
+__device__ __forceinline__ void acc_row_sum_partial(const float* d, float* s) {
+  float a = s[0], b = s[1];
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 4) {
+    a += d[i] + d[i + 1];
+    b += d[i + 2] + d[i + 3];
+  }
+  s[0] = a;
+  s[1] = b;
+}
+// s[h] += full-row sum (quad-reduced).
+template <int N>
+__device__ __forceinline__ void acc_row_sum(const float* d, float* s) {
+  float p[2] = {0.0f, 0.0f};
+  acc_row_sum_partial<N>(d, p);
+  s[0] += quad_allreduce_sum(p[0]);
+  s[1] += quad_allreduce_sum(p[1]);
+}
+// d[row h] *= s[h]
+template <int N>
+__device__ __forceinline__ void acc_scale_rows(float* d, const float* s) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] *= s[(i >> 1) & 1];
+}
+template <int N>
+__device__ __forceinline__ void acc_fill(float* d, float v) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = v;
+}
+
+__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned sel) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// f32 accumulator (64xN, as above) -> A-operand register fragments for the next wgmma (RS) with
+// K = N: the accumulator's columns become A's K index. a[] receives N/8 registers: 4 per wgmma
+// K step (k16 for 16-bit: N/16 steps; k32 for fp8: N/32 steps); pass a + 4*s to mma_async_rs.
+//
+// 16-bit A fragment (m64k16), register j of thread t: row r0 + 8*(j%2), k = 2*(t%4) + 8*(j/2)
+// (+0/+1 in the low/high half): exactly the accumulator's pairs, so no data moves.
+template <int N>
+__device__ __forceinline__ void acc_to_a_bf16(const float* d, unsigned* a) {
+  static_assert(N % 16 == 0, "bf16 A fragments need N % 16 == 0");
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 2) a[i / 2] = f32x2_to_bf16x2(d[i], d[i + 1]);
+}
+template <int N>
+__device__ __forceinline__ void acc_to_a_f16(const float* d, unsigned* a) {
+  static_assert(N % 16 == 0, "f16 A fragments need N % 16 == 0");
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 2) a[i / 2] = f32x2_to_f16x2(d[i], d[i + 1]);
+}
+
+// fp8 A fragment (m64k32), register j of thread t: row r0 + 8*(j%2), k = 4*(t%4) + 16*(j/2) + b
+// for byte b. A thread's accumulator columns in one 32-column step are
+// {2q, 2q+1, 8+2q, 9+2q, 16+2q, 17+2q, 24+2q, 25+2q} (q = t%4), so the exact conversion moves
+// bytes across the quad: 2 shuffles per row half and K step (N/8 shuffles in all).
+template <int N, int T = WG_E4M3>
+__device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
+  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
+  static_assert(T == WG_E4M3 || T == WG_E5M2, "fp8 type");
+  const unsigned q = threadIdx.x & 3u;
+  const unsigned odd = q & 1u, hi = q >> 1;
+  const unsigned base = (threadIdx.x & 31u) & ~3u;
+  const unsigned src1 = base + 2u * odd + hi;          // matching 1
+  const unsigned src2 = base + 2u * odd + 1u - hi;     // matching 2
+#pragma unroll
+  for (int c = 0; c < N / 32; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      unsigned x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = d[16 * c + 4 * j + 2 * h], hv = d[16 * c + 4 * j + 2 * h + 1];
+        x[j] = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(lo, hv)
+                              : (unsigned)f32x2_to_e5m2x2(lo, hv);
+      }
+      const unsigned u = x[0] | (x[2] << 16);   // columns 8*0.., 8*2.. of this thread
+      const unsigned v = x[1] | (x[3] << 16);   // columns 8*1.., 8*3..
+      const unsigned r1 = __shfl_sync(0xffffffffu, odd ? v : u, src1);
+      const unsigned r2 = __shfl_sync(0xffffffffu, odd ? u : v, src2);
+      const unsigned ev = hi ? r2 : r1;         // word from quad lane 2*(q%2)
+      const unsigned od = hi ? r1 : r2;         // word from quad lane 2*(q%2)+1
+      a[4 * c + h] = byte_perm(ev, od, 0x5410u);
+      a[4 * c + 2 + h] = byte_perm(ev, od, 0x7632u);
+    }
+  }
+}
+// Shuffle-free fp8 conversion with a permuted K order (FA3's trick): A's k position k (within
+// each 32-wide step) holds accumulator column fp8_kperm_col(k), and the permutation is the same
+// for every row. Correct only if the B operand's K index is permuted the same way (B row n,
+// k position k must hold the element of true K index fp8_kperm_col(k)), e.g. when V is
+// transposed into shared memory by the kernel itself.
+TJ_HD int fp8_kperm_col(int k) {
+  const int k16 = k & 15, t = k16 >> 2, b = k16 & 3;
+  return (k & 16) + 8 * (b >> 1) + 2 * t + (b & 1);
+}
+template <int N, int T = WG_E4M3>
+__device__ __forceinline__ void acc_to_a_fp8_kperm(const float* d, unsigned* a) {
+  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
+#pragma unroll
+  for (int c = 0; c < N / 32; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      unsigned x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = d[16 * c + 4 * j + 2 * h], hv = d[16 * c + 4 * j + 2 * h + 1];
+        x[j] = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(lo, hv)
+                              : (unsigned)f32x2_to_e5m2x2(lo, hv);
+      }
+      a[4 * c + h] = x[0] | (x[1] << 16);
+      a[4 * c + 2 + h] = x[2] | (x[3] << 16);
+    }
+  }
+}
+
+}  // namespace dev
+}  // namespace tj
