@@ -42,11 +42,12 @@ int value_of(const Operand& o, std::optional<DType> like, const ir::SourceLoc& l
   return B(loc).constant_value(o.number, t, loc);
 }
 
-// Explicitly broadcasts `value` to `shape` (scalars stay scalars: every lane has them).
-int broadcast_to(int value, const Shape& shape, const ir::SourceLoc& loc) {
+// Explicitly broadcasts `value` to `shape`. Scalars stay scalars in arithmetic (every lane
+// has them) unless `expand_scalars` (stores and variables hold the full shape).
+int broadcast_to(int value, const Shape& shape, const ir::SourceLoc& loc, bool expand_scalars = false) {
   Builder& b = B(loc);
   const TileType& t = b.type(value);
-  if (t.shape == shape || t.is_scalar()) return value;
+  if (t.shape == shape || (t.is_scalar() && !expand_scalars)) return value;
   if (!rules::broadcastable_to(t.shape, shape))
     fail(loc, fmt::format("cannot broadcast {} to {}", rules::shape_str(&b.function(), t.shape),
                           rules::shape_str(&b.function(), shape)));
@@ -162,7 +163,7 @@ Var::Var(const Tile& init, Loc l) {
 
 Var& Var::operator=(const Tile& v) {
   int value = v.id();
-  return assign(value, B({}).last_loc());
+  return assign(value, B({}).loc_of(value));
 }
 
 Var& Var::operator=(Operand v) {
@@ -180,7 +181,7 @@ Var& Var::assign(int value, const ir::SourceLoc& loc) {
   if (!rules::broadcastable_to(t.shape, var_type.shape))
     fail(loc, fmt::format("assigning a tile of shape {} to a tj::Var of shape {}", rules::shape_str(&b.function(), t.shape),
                           rules::shape_str(&b.function(), var_type.shape)));
-  value = broadcast_to(value, var_type.shape, loc);
+  value = broadcast_to(value, var_type.shape, loc, /*expand_scalars=*/true);
   b.emit(make(OpKind::var_write, loc, {var_, value}));
   return *this;
 }
@@ -351,7 +352,7 @@ void TensorArg::store_impl(std::vector<IndexArg> idx, const Operand& v) const {
   if (!rules::broadcastable_to(t.shape, shape))
     fail(loc, fmt::format("storing a tile of shape {} into a slice of shape {} of '{}'", rules::shape_str(&b.function(), t.shape),
                           rules::shape_str(&b.function(), shape), p.name));
-  op.operands.push_back(broadcast_to(value, shape, loc));
+  op.operands.push_back(broadcast_to(value, shape, loc, /*expand_scalars=*/true));
   b.emit(std::move(op));
 }
 
@@ -434,11 +435,11 @@ Tile operator&&(const Tile& a, Operand b) { return binary(ir::BinaryFn::logical_
 Tile operator||(const Tile& a, Operand b) { return binary(ir::BinaryFn::logical_or, Operand(a, b.loc), b, b.loc); }
 
 Tile operator-(const Tile& a) {
-  auto loc = B({}).last_loc();
+  auto loc = B({}).loc_of(a.id());
   if (auto c = B(loc).constant(a.id())) return Tile::from_value(B(loc).constant_value(-*c, a.dtype(), loc));
   return Tile::from_value(emit_unary(ir::UnaryFn::neg, a, loc));
 }
-Tile operator!(const Tile& a) { return Tile::from_value(emit_unary(ir::UnaryFn::logical_not, a, B({}).last_loc())); }
+Tile operator!(const Tile& a) { return Tile::from_value(emit_unary(ir::UnaryFn::logical_not, a, B({}).loc_of(a.id()))); }
 
 Tile floordiv(Operand a, Operand b, Loc loc) { return binary(ir::BinaryFn::floordiv, a, b, loc); }
 Tile cdiv(Operand a, Operand b, Loc loc) {

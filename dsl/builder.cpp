@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/numerics.h"
+
 namespace tj::dsl {
 
 namespace {
@@ -35,6 +37,7 @@ int Builder::emit(ir::Op op, std::optional<TileType> result_type, bool is_var) {
   if (result_type) {
     op.result = static_cast<int>(f_.values.size());
     f_.values.push_back(ir::ValueInfo{*result_type, is_var, region_ids_.back()});
+    value_locs_.push_back(op.loc);
     constants_.push_back(op.kind == ir::OpKind::const_value
                              ? std::optional<double>(is_int(result_type->dtype) ? double(op.ival) : op.fval)
                              : std::nullopt);
@@ -62,6 +65,7 @@ int Builder::open_loop(ir::LoopKind kind, int begin, int end, int block_id, cons
   placed.body_index = static_cast<int>(f_.values.size());
   f_.values.push_back(ir::ValueInfo{TileType{DType::i64, {}}, false, body->id});
   constants_.push_back(std::nullopt);
+  value_locs_.push_back(loc);
   loop_blocks_.push_back(block_id);
   if (block_id >= 0) block_scopes_.at(block_id) = BlockScope{placed.body_index, end, true};
   return placed.body_index;
@@ -93,13 +97,22 @@ std::optional<double> Builder::constant(int value) const {
 }
 
 int Builder::constant_value(double v, DType t, const ir::SourceLoc& loc) {
+  // Constants hold exactly what the element type can: folded arithmetic rounds like the op.
+  if (t == DType::i1) v = v != 0;
+  else if (t == DType::i32) v = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(v))));
+  else if (t == DType::i64) v = static_cast<double>(static_cast<int64_t>(v));
+  else v = numerics::round_double_to(t, v);
   ir::Op op;
   op.kind = ir::OpKind::const_value;
   op.loc = loc;
-  if (is_int(t) || t == DType::i1) op.ival = static_cast<int64_t>(v);
-  else op.fval = v;
+  op.ival = is_float(t) ? 0 : static_cast<int64_t>(v);
   op.fval = v;
   return emit(std::move(op), TileType{t, {}});
+}
+
+const ir::SourceLoc& Builder::loc_of(int value) const {
+  if (value >= 0 && value < static_cast<int>(value_locs_.size()) && value_locs_[value].known()) return value_locs_[value];
+  return last_loc_;
 }
 
 int Builder::new_block(std::string name, int64_t fixed, const ir::SourceLoc& loc) {

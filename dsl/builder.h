@@ -50,12 +50,15 @@ class Builder {
   const BlockScope& block_scope(int block_id) const { return block_scopes_.at(block_id); }
 
   const ir::SourceLoc& last_loc() const { return last_loc_; }
+  // Where the op that defined `value` was traced (the last op's location if unknown).
+  const ir::SourceLoc& loc_of(int value) const;
 
  private:
   ir::Function& f_;
   std::vector<ir::Region*> regions_;
   std::vector<int> region_ids_;
   std::vector<std::optional<double>> constants_;  // by value id
+  std::vector<ir::SourceLoc> value_locs_;         // by value id
   std::vector<BlockScope> block_scopes_;
   std::vector<int> loop_blocks_;                  // block id per open loop (-1 for grid)
   ir::SourceLoc last_loc_;

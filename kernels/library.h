@@ -1,6 +1,7 @@
 #pragma once
 // The kernel library, written in the DSL. Each kernel is traced per specialization (dtypes,
 // static shapes, host flags) and compiled on first use.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,13 +21,25 @@ const Kernel& softmax();
 // (aligned at the top-left). A plain tiled loop; tensor-core lowering is the compiler's job.
 const Kernel& attention();
 
+// A problem to run a library kernel on, as the CLI and tests describe it.
+struct Problem {
+  DType dtype = DType::f32;                  // input element type
+  std::optional<DType> out_dtype;            // default: dtype (bf16 for fp8 inputs)
+  std::vector<int64_t> shape;                // empty: the entry's default shape
+  bool causal = false;
+};
+
 // Every library kernel by name, for the CLI and for tests that compile them all.
 struct LibraryEntry {
   std::string name;
   const Kernel& (*get)();
   std::string summary;
+  std::vector<int64_t> default_shape;
+  // The kernel's arguments for `p`: tensor specs, runtime scalars and host values.
+  std::vector<ArgSpec> (*arguments)(const Problem& p);
+  double (*flops)(const Problem& p);         // useful floating-point work, for TFLOP/s
 };
 const std::vector<LibraryEntry>& library();
-const Kernel& find(const std::string& name);   // throws tj::Error listing the names
+const LibraryEntry& find(const std::string& name);   // throws tj::Error listing the names
 
 }  // namespace tj::kernels

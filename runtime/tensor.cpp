@@ -16,12 +16,7 @@ std::vector<int64_t> TensorView::contiguous_strides() const {
   return s;
 }
 
-const std::vector<int64_t>& TensorView::effective_strides() const {
-  thread_local std::vector<int64_t> computed;
-  if (!strides.empty()) return strides;
-  computed = contiguous_strides();
-  return computed;
-}
+std::vector<int64_t> TensorView::effective_strides() const { return strides.empty() ? contiguous_strides() : strides; }
 
 bool TensorView::is_contiguous() const { return strides.empty() || strides == contiguous_strides(); }
 

@@ -21,7 +21,7 @@ struct TensorView {
   int rank() const { return static_cast<int>(shape.size()); }
   int64_t numel() const;
   std::vector<int64_t> contiguous_strides() const;
-  const std::vector<int64_t>& effective_strides() const;   // strides, or contiguous ones
+  std::vector<int64_t> effective_strides() const;          // strides, or contiguous ones
   bool is_contiguous() const;
   std::string describe() const;                         // "bf16[2, 4, 128, 64] (cuda)"
 };

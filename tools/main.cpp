@@ -7,17 +7,53 @@
 #include "runtime/error.h"
 #include "tools/commands.h"
 
+namespace {
+void add_problem_options(CLI::App* cmd, tj::tools::ProblemOptions& p) {
+  cmd->add_option("kernel", p.kernel, "library kernel: vector_add, softmax, attention")->required();
+  cmd->add_option("--dtype", p.dtype, "input element type: f32, f16, bf16, e4m3, e5m2")->capture_default_str();
+  cmd->add_option("--out-dtype", p.out_dtype, "output element type (default: the input's; bf16 for fp8)");
+  cmd->add_option("--shape", p.shape, "problem shape, e.g. 2,8,1024,64 for attention [B,H,S,D]");
+  cmd->add_flag("--causal", p.causal, "causal mask (attention)");
+  cmd->add_option("--config", p.config, R"(config JSON, e.g. '{"blocks":{"m":64,"n":64},"num_warps":4}')");
+  cmd->add_option("--arch", p.arch, "target architecture, e.g. sm_90a or sm_80 (default: the GPU's, else sm_90a)");
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"tilejit: a tile-level kernel language for C++ (trace -> CUDA C++ -> NVRTC -> GPU)"};
   app.require_subcommand(1);
 
-  auto* doctor = app.add_subcommand(
-      "doctor", "Check the CUDA driver, GPU, NVRTC and cache, and say what works here");
+  auto* doctor = app.add_subcommand("doctor", "Check the CUDA driver, GPU, NVRTC and cache, and say what works here");
+  auto* demo = app.add_subcommand("demo", "Trace, generate, compile and check a kernel end to end (works without a GPU)");
+
+  tj::tools::ProblemOptions show_opts;
+  bool show_ir = false, show_ptx = false;
+  auto* show = app.add_subcommand("show", "Print a kernel's IR, generated CUDA C++ (default) or PTX");
+  add_problem_options(show, show_opts);
+  show->add_flag("--ir", show_ir, "print the traced IR");
+  show->add_flag("--ptx", show_ptx, "print the PTX NVRTC produces");
+
+  tj::tools::ProblemOptions run_opts;
+  bool force_check = false, no_check = false;
+  int repeats = 50;
+  auto* run = app.add_subcommand("run", "Run a kernel on the GPU and check it against the CPU reference");
+  add_problem_options(run, run_opts);
+  run->add_flag("--check", force_check, "always run the CPU reference check, even for large problems");
+  run->add_flag("--no-check", no_check, "skip the CPU reference check");
+  run->add_option("--repeats", repeats, "timed launches (median reported)")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (*doctor) return tj::tools::doctor();
+    if (*demo) return tj::tools::demo();
+    if (*show) return tj::tools::show(show_opts, show_ir, show_ptx);
+    if (*run) {
+      if (no_check && force_check) throw tj::Error("--check and --no-check contradict each other");
+      using tj::tools::CheckMode;
+      return tj::tools::run(run_opts, force_check ? CheckMode::always : no_check ? CheckMode::never : CheckMode::automatic,
+                            repeats);
+    }
   } catch (const std::exception& e) {
     std::cerr << "tilejit: " << e.what() << "\n";
     return 1;

@@ -1,0 +1,937 @@
+#include "codegen/cuda_emitter.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "codegen/layout.h"
+#include "dsl/error.h"
+#include "dsl/passes.h"
+#include "dsl/rules.h"
+#include "runtime/numerics.h"
+
+namespace tj::codegen {
+
+using ir::BinaryFn;
+using ir::Op;
+using ir::OpKind;
+using ir::UnaryFn;
+
+namespace {
+
+// ---- dtypes ----------------------------------------------------------------------------------
+
+const char* reg_type(DType t) {
+  switch (t) {
+    case DType::i32: return "int";
+    case DType::i64: return "long long";
+    case DType::i1: return "bool";
+    default: return "float";
+  }
+}
+
+int reg_bytes(DType t) {
+  switch (t) {
+    case DType::i64: return 8;
+    case DType::i1: return 1;
+    default: return 4;
+  }
+}
+
+std::string dtag(DType t) { return fmt::format("tj::dev::{}", name(t)); }
+
+std::string rounding(DType t, const std::string& e) {
+  switch (t) {
+    case DType::f16: return fmt::format("tj::dev::round_f16({})", e);
+    case DType::bf16: return fmt::format("tj::dev::round_bf16({})", e);
+    case DType::e4m3: return fmt::format("tj::dev::round_e4m3({})", e);
+    case DType::e5m2: return fmt::format("tj::dev::round_e5m2({})", e);
+    default: return e;
+  }
+}
+
+// The value of a float constant of dtype `t`, rounded once from the double (as the reference
+// executor rounds constants).
+float round_host(double v, DType t) { return static_cast<float>(numerics::round_double_to(t, v)); }
+
+std::string float_literal(float x) {
+  if (std::isnan(x)) return "tj::dev::nan()";
+  if (std::isinf(x)) return x > 0 ? "tj::dev::inf()" : "(-tj::dev::inf())";
+  std::string s = fmt::format("{}", x);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  s += "f";
+  return x < 0 || (x == 0 && std::signbit(x)) ? "(" + s + ")" : s;
+}
+
+std::string int_literal(int64_t v, DType t) {
+  if (t == DType::i1) return v ? "true" : "false";
+  if (v == std::numeric_limits<int64_t>::min()) return "(-9223372036854775807LL - 1)";
+  std::string s = t == DType::i64 ? fmt::format("{}LL", v) : fmt::format("{}", v);
+  return v < 0 ? "(" + s + ")" : s;
+}
+
+std::string literal(double fval, int64_t ival, DType t) {
+  if (is_float(t)) return float_literal(round_host(fval, t));
+  return int_literal(ival, t);
+}
+
+// ---- integer ranges (to drop masks that are provably always true) ----------------------------
+
+struct Range {
+  int64_t lo = std::numeric_limits<int64_t>::min();
+  int64_t hi = std::numeric_limits<int64_t>::max();
+  bool known_lo() const { return lo != std::numeric_limits<int64_t>::min(); }
+  bool known_hi() const { return hi != std::numeric_limits<int64_t>::max(); }
+  bool constant() const { return known_lo() && lo == hi; }
+  static Range exactly(int64_t v) { return {v, v}; }
+};
+
+constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+int64_t sat_add(int64_t a, int64_t b) {
+  if (a == kMin || b == kMin) return kMin;
+  if (a == kMax || b == kMax) return kMax;
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) return a > 0 ? kMax : kMin;
+  return r;
+}
+
+int64_t floordiv64(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+// ---- the emitter -------------------------------------------------------------------------------
+
+class Emitter {
+ public:
+  Emitter(const ir::Function& f, const Config& cfg, const Target& t) : f_(f), cfg_(cfg), target_(t) {}
+
+  GeneratedKernel run();
+
+ private:
+  const ir::Function& f_;
+  const Config& cfg_;
+  const Target& target_;
+  LayoutPlan plan_;
+  bool fast_math_ = false;
+
+  std::vector<const Op*> def_;           // defining op per value
+  std::vector<int> uses_;                // effective uses per value
+  std::set<int> folded_;                 // transpose results folded into the dots that use them
+  std::vector<Range> range_;             // integer scalars
+  std::vector<std::string> names_;       // C++ expression per value
+  std::vector<std::string> names_param_; // C++ name per parameter
+  std::set<const Op*> hoisted_;          // launch-bound ops emitted before the program decode
+
+  std::string body_;
+  int indent_ = 1;
+  int64_t smem_ = 0;
+  std::string smem_what_;
+  std::map<std::string, std::string> layout_alias_;   // device type -> alias
+  std::vector<std::string> alias_lines_;
+  std::map<std::string, std::string> arr_alias_;
+  int temp_ = 0;
+
+  // -- analysis
+  void analyze();
+  void compute_range(const Op& op);
+  Range range(int v) const { return v >= 0 && v < (int)range_.size() ? range_[v] : Range{}; }
+  std::vector<int64_t> shape(int v) const { return bind_shape(f_, cfg_, f_.type(v)); }
+
+  // -- output helpers
+  void line(const std::string& code, const ir::SourceLoc* loc = nullptr);
+  std::string marker(const ir::SourceLoc& loc) const;
+  std::string alias(const Layout& l);
+  std::string tile_type(DType t, const Layout& l) { return fmt::format("tj::dev::Tile<{}, {}>", reg_type(t), alias(l)); }
+  std::string fresh(int v, const char* what) { return fmt::format("v{}_{}{}", v, what, temp_++); }
+  void need_smem(int64_t bytes, const std::string& what);
+  std::string ref(int v) const { return names_.at(v); }
+  // `v` in layout `want`, emitting a conversion statement when data must move.
+  std::string operand(int v, const Layout& want, const ir::SourceLoc& loc);
+  std::string convert(const std::string& expr, const Layout& have, const Layout& want, DType t, const ir::SourceLoc& loc,
+                      int v);
+  // Is the valid range [vb, ve) provably covering every position of an extent?
+  bool provably_full(int vb, int ve, int64_t extent) const;
+  void check_tile(int v, const Layout& l, const ir::SourceLoc& loc);
+  void check_slots(const Layout& l, const std::string& what, const ir::SourceLoc& loc);
+
+  // -- emission
+  void emit_header(std::string& out, const std::string& entry);
+  void emit_launch();
+  void emit_region(const ir::Region& r);
+  void emit_op(const Op& op);
+  void emit_scalar_leaf(const Op& op);
+  void emit_loop(const Op& op);
+  void emit_memory(const Op& op);
+  void emit_elementwise(const Op& op);
+  void emit_shape(const Op& op);
+  void emit_reduce(const Op& op);
+  void emit_dot(const Op& op);
+  void emit_var(const Op& op);
+  bool pure_and_unused(const Op& op) const;
+
+  std::string unary_expr(UnaryFn fn, DType t, const std::string& x) const;
+  std::string binary_expr(BinaryFn fn, DType operand, DType result, const std::string& a, const std::string& b) const;
+  std::string cast_expr(DType from, DType to, const std::string& x) const;
+  // Is `start + [0, extent)` provably inside [0, dim) for a static dim?
+  bool provably_inside(int start, int64_t extent, int64_t dim) const;
+  std::string define(int v, const std::string& expr, const ir::SourceLoc& loc);
+};
+
+// ---- analysis ----------------------------------------------------------------------------------
+
+void Emitter::analyze() {
+  def_.assign(f_.values.size(), nullptr);
+  uses_.assign(f_.values.size(), 0);
+  range_.assign(f_.values.size(), Range{});
+  names_.assign(f_.values.size(), "");
+  ir::walk(f_.body, [&](const Op& op, int) {
+    if (op.result >= 0) def_[op.result] = &op;
+  });
+  // Transposes used only as dot operands are folded into the dot's operand staging.
+  std::map<int, int> transpose_uses, dot_operand_uses;
+  ir::walk(f_.body, [&](const Op& op, int) {
+    for (size_t i = 0; i < op.operands.size(); ++i) {
+      int v = op.operands[i];
+      if (def_[v] && def_[v]->kind == OpKind::transpose) {
+        ++transpose_uses[v];
+        if (op.kind == OpKind::dot && i < 2) ++dot_operand_uses[v];
+      }
+    }
+  });
+  for (auto [v, n] : transpose_uses)
+    if (dot_operand_uses[v] == n) folded_.insert(v);
+  ir::walk(f_.body, [&](const Op& op, int) {
+    for (size_t i = 0; i < op.operands.size(); ++i) {
+      int v = op.operands[i];
+      if (op.kind == OpKind::dot && i < 2 && folded_.count(v)) v = def_[v]->operands[0];
+      ++uses_[v];
+    }
+    if (op.kind == OpKind::loop) ++uses_[op.body_index];
+    compute_range(op);
+  });
+  // Dead code: pure ops whose results are never used free their operands, to a fixpoint.
+  std::set<const Op*> dead;
+  for (bool changed = true; changed;) {
+    changed = false;
+    ir::walk(f_.body, [&](const Op& op, int) {
+      if (dead.count(&op) || !pure_and_unused(op)) return;
+      dead.insert(&op);
+      changed = true;
+      for (size_t i = 0; i < op.operands.size(); ++i) {
+        int v = op.operands[i];
+        if (op.kind == OpKind::dot && i < 2 && folded_.count(v)) v = def_[v]->operands[0];
+        --uses_[v];
+      }
+    });
+  }
+}
+
+void Emitter::compute_range(const Op& op) {
+  auto set = [&](int v, Range r) { range_[v] = r; };
+  if (op.kind == OpKind::loop) {
+    Range b = range(op.operands[0]), e = range(op.operands[1]);
+    Range idx;
+    idx.lo = b.lo;
+    if (e.known_hi()) {
+      idx.hi = e.hi - 1;
+      if (op.loop_kind == ir::LoopKind::tile && b.constant()) {
+        int64_t bs = cfg_.block(f_, op.block_id);
+        idx.hi = e.hi <= b.lo ? b.lo : b.lo + floordiv64(e.hi - 1 - b.lo, bs) * bs;
+      }
+    }
+    set(op.body_index, idx);
+    return;
+  }
+  if (op.result < 0) return;
+  const TileType& t = f_.type(op.result);
+  if (!t.is_scalar() || !is_int(t.dtype)) return;
+  switch (op.kind) {
+    case OpKind::const_value: set(op.result, Range::exactly(op.ival)); break;
+    case OpKind::block_size: set(op.result, Range::exactly(cfg_.block(f_, op.block_id))); break;
+    case OpKind::tensor_dim: set(op.result, Range{0, kMax}); break;
+    case OpKind::cast: {
+      const TileType& from = f_.type(op.operands[0]);
+      if (is_int(from.dtype)) {
+        Range r = range(op.operands[0]);
+        if (t.dtype == DType::i64 || (r.known_lo() && r.known_hi() && r.lo >= INT32_MIN && r.hi <= INT32_MAX)) set(op.result, r);
+      } else if (from.dtype == DType::i1) {
+        set(op.result, Range{0, 1});
+      }
+      break;
+    }
+    case OpKind::binary: {
+      Range a = range(op.operands[0]), b = range(op.operands[1]);
+      Range r;
+      switch (op.binary) {
+        case BinaryFn::add: r = {sat_add(a.lo, b.lo), sat_add(a.hi, b.hi)}; break;
+        case BinaryFn::sub:
+          r = {b.known_hi() && a.known_lo() ? sat_add(a.lo, -b.hi) : kMin, b.known_lo() && a.known_hi() ? sat_add(a.hi, -b.lo) : kMax};
+          break;
+        case BinaryFn::mul:
+          if (a.known_lo() && a.known_hi() && b.known_lo() && b.known_hi()) {
+            __int128 p[4] = {(__int128)a.lo * b.lo, (__int128)a.lo * b.hi, (__int128)a.hi * b.lo, (__int128)a.hi * b.hi};
+            __int128 lo = *std::min_element(p, p + 4), hi = *std::max_element(p, p + 4);
+            if (lo >= kMin && hi <= kMax) r = {(int64_t)lo, (int64_t)hi};
+          } else if (a.known_lo() && b.known_lo() && a.lo >= 0 && b.lo >= 0) {
+            r.lo = 0;
+          }
+          break;
+        case BinaryFn::maximum: r = {std::max(a.lo, b.lo), std::max(a.hi, b.hi)}; break;
+        case BinaryFn::minimum: r = {std::min(a.lo, b.lo), std::min(a.hi, b.hi)}; break;
+        case BinaryFn::floordiv:
+          if (b.constant() && b.lo > 0) r = {a.known_lo() ? floordiv64(a.lo, b.lo) : kMin, a.known_hi() ? floordiv64(a.hi, b.lo) : kMax};
+          break;
+        case BinaryFn::div:
+          if (b.constant() && b.lo > 0 && a.known_lo() && a.lo >= 0) r = {a.lo / b.lo, a.known_hi() ? a.hi / b.lo : kMax};
+          break;
+        case BinaryFn::mod:
+          if (b.constant() && b.lo > 0) {
+            r = {0, b.lo - 1};
+            if (a.known_lo() && a.known_hi() && a.lo >= 0 && a.hi < b.lo) r = a;
+          }
+          break;
+        default: break;
+      }
+      set(op.result, r);
+      break;
+    }
+    default: break;
+  }
+}
+
+bool Emitter::provably_inside(int start, int64_t extent, int64_t dim) const {
+  if (dim < 0) return false;
+  Range r = range(start);
+  return r.known_lo() && r.lo >= 0 && r.known_hi() && r.hi <= dim - extent;
+}
+
+bool Emitter::pure_and_unused(const Op& op) const {
+  switch (op.kind) {
+    case OpKind::store:
+    case OpKind::var_write:
+    case OpKind::loop:
+      return false;
+    default:
+      return op.result >= 0 && uses_[op.result] == 0;
+  }
+}
+
+// ---- output helpers -------------------------------------------------------------------------------
+
+std::string Emitter::marker(const ir::SourceLoc& loc) const {
+  if (!loc.known()) return "";
+  return fmt::format("  // @ {}:{}", loc.file, loc.line);
+}
+
+void Emitter::line(const std::string& code, const ir::SourceLoc* loc) {
+  body_ += std::string(2 * indent_, ' ') + code + (loc ? marker(*loc) : std::string()) + "\n";
+}
+
+std::string Emitter::alias(const Layout& l) {
+  const bool flat = !plan_.has_2d || !(l.arr == plan_.arr2);
+  std::string arr = flat ? "Arr1d" : "Arr2d";
+  if (!arr_alias_.count(arr)) {
+    const Arrangement& a = flat ? l.arr : plan_.arr2;
+    arr_alias_[arr] = a.cuda_type();
+    alias_lines_.insert(alias_lines_.begin(),
+                        fmt::format("using {} = {};  // {} thread rows x {} thread columns", arr, a.cuda_type(), a.rows(), a.cols()));
+  }
+  std::string type = l.cuda_type(arr);
+  auto it = layout_alias_.find(type);
+  if (it != layout_alias_.end()) return it->second;
+  std::string name = !flat ? fmt::format("L{}x{}", l.extent_r, l.extent_c)
+                     : l.extent_r == 1 ? fmt::format("L{}", l.extent_c)
+                                       : fmt::format("L{}x{}_flat", l.extent_r, l.extent_c);
+  layout_alias_[type] = name;
+  alias_lines_.push_back(fmt::format("using {} = {};  // {} per thread", name, type, l.slots()));
+  return name;
+}
+
+void Emitter::need_smem(int64_t bytes, const std::string& what) {
+  if (bytes > smem_) {
+    smem_ = bytes;
+    smem_what_ = what;
+  }
+}
+
+void Emitter::check_tile(int v, const Layout& l, const ir::SourceLoc& loc) {
+  check_slots(l, fmt::format("{}{}", name(f_.type(v).dtype), rules::shape_str(&f_, f_.type(v).shape)), loc);
+}
+
+void Emitter::check_slots(const Layout& l, const std::string& what, const ir::SourceLoc& loc) {
+  if (!l.is_distributed() || l.slots() <= kMaxTileElementsPerThread) return;
+  throw Error(fmt::format(
+      "kernel '{}' with config {}: the {} tile ({}x{} = {} elements) at {} needs {} elements per thread with {} threads, "
+      "more than the {} the CUDA backend's SIMT path allows for one tile: use smaller block sizes or more warps",
+      f_.name, cfg_.to_json(), what, l.extent_r, l.extent_c, l.extent_r * l.extent_c, loc.str(), l.slots(), plan_.threads,
+      kMaxTileElementsPerThread));
+}
+
+std::string Emitter::define(int v, const std::string& expr, const ir::SourceLoc& loc) {
+  const Layout& l = plan_.of(v);
+  check_tile(v, l, loc);
+  std::string n = fmt::format("v{}", v);
+  names_[v] = n;
+  if (l.is_scalar()) line(fmt::format("const {} {} = {};", reg_type(f_.type(v).dtype), n, expr), &loc);
+  else line(fmt::format("const {} {} = {};", tile_type(f_.type(v).dtype, l), n, expr), &loc);
+  return n;
+}
+
+std::string Emitter::operand(int v, const Layout& want, const ir::SourceLoc& loc) {
+  return convert(ref(v), plan_.of(v), want, f_.type(v).dtype, loc, v);
+}
+
+std::string Emitter::convert(const std::string& expr, const Layout& have, const Layout& want, DType t,
+                             const ir::SourceLoc& loc, int v) {
+  if (have.is_scalar() && want.is_scalar()) return expr;
+  Conversion c = plan_conversion(have, want, reg_bytes(t));
+  if (c.kind != Conversion::Kind::exchange) return c.expr(expr, want.is_scalar() ? "" : alias(want));
+  need_smem(c.smem_bytes, fmt::format("a layout conversion at {}", loc.str()));
+  check_tile(v, want, loc);
+  std::string n = fresh(v, "x");
+  line(fmt::format("const {} {} = {};", tile_type(t, want), n, c.expr(expr, alias(want))), &loc);
+  return n;
+}
+
+bool Emitter::provably_full(int vb, int ve, int64_t extent) const {
+  Range b = range(vb), e = range(ve);
+  return b.known_hi() && e.known_lo() && b.hi <= e.lo - extent;
+}
+
+// ---- expressions ---------------------------------------------------------------------------------
+
+std::string Emitter::unary_expr(UnaryFn fn, DType t, const std::string& x) const {
+  const bool fm = fast_math_;
+  switch (fn) {
+    case UnaryFn::neg: return fmt::format("-{}", x);
+    case UnaryFn::abs: return is_float(t) ? fmt::format("fabsf({})", x) : fmt::format("tj::dev::iabs({})", x);
+    case UnaryFn::exp2: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_exp2({})" : "exp2f({})"), x));
+    case UnaryFn::log2: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_log2({})" : "log2f({})"), x));
+    case UnaryFn::exp: return rounding(t, fmt::format(fmt::runtime(fm ? "__expf({})" : "expf({})"), x));
+    case UnaryFn::log: return rounding(t, fmt::format(fmt::runtime(fm ? "__logf({})" : "logf({})"), x));
+    case UnaryFn::sqrt: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_sqrt({})" : "sqrtf({})"), x));
+    case UnaryFn::rsqrt: return rounding(t, fmt::format("rsqrtf({})", x));
+    case UnaryFn::tanh: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_tanh({})" : "tanhf({})"), x));
+    case UnaryFn::logical_not: return fmt::format("!{}", x);
+  }
+  return x;
+}
+
+std::string Emitter::binary_expr(BinaryFn fn, DType od, DType rd, const std::string& a, const std::string& b) const {
+  const bool flt = is_float(od);
+  switch (fn) {
+    case BinaryFn::add: return rounding(rd, fmt::format("{} + {}", a, b));
+    case BinaryFn::sub: return rounding(rd, fmt::format("{} - {}", a, b));
+    case BinaryFn::mul: return rounding(rd, fmt::format("{} * {}", a, b));
+    case BinaryFn::div: return rounding(rd, fmt::format("{} / {}", a, b));
+    case BinaryFn::maximum: return flt ? fmt::format("fmaxf({}, {})", a, b) : fmt::format("tj::dev::imax({}, {})", a, b);
+    case BinaryFn::minimum: return flt ? fmt::format("fminf({}, {})", a, b) : fmt::format("tj::dev::imin({}, {})", a, b);
+    case BinaryFn::mod: return fmt::format("tj::dev::mod({}, {})", a, b);
+    case BinaryFn::floordiv: return fmt::format("tj::dev::floordiv({}, {})", a, b);
+    case BinaryFn::lt: return fmt::format("{} < {}", a, b);
+    case BinaryFn::le: return fmt::format("{} <= {}", a, b);
+    case BinaryFn::gt: return fmt::format("{} > {}", a, b);
+    case BinaryFn::ge: return fmt::format("{} >= {}", a, b);
+    case BinaryFn::eq: return fmt::format("{} == {}", a, b);
+    case BinaryFn::ne: return fmt::format("{} != {}", a, b);
+    case BinaryFn::logical_and: return fmt::format("{} && {}", a, b);
+    case BinaryFn::logical_or: return fmt::format("{} || {}", a, b);
+  }
+  return a;
+}
+
+std::string Emitter::cast_expr(DType from, DType to, const std::string& x) const {
+  if (from == to) return x;
+  if (is_float(from)) {
+    if (is_float(to)) return rounding(to, x);
+    if (to == DType::i32) return fmt::format("__float2int_rz({})", x);
+    if (to == DType::i64) return fmt::format("__float2ll_rz({})", x);
+    return fmt::format("({} != 0.0f)", x);
+  }
+  if (from == DType::i1) {
+    if (is_float(to)) return fmt::format("({} ? 1.0f : 0.0f)", x);
+    return fmt::format("({})({})", reg_type(to), x);
+  }
+  // integers
+  if (is_float(to)) return rounding(to, fmt::format("(float)({})", x));
+  if (to == DType::i1) return fmt::format("({} != 0)", x);
+  return fmt::format("({})({})", reg_type(to), x);
+}
+
+// ---- emission ----------------------------------------------------------------------------------------
+
+void Emitter::emit_region(const ir::Region& r) {
+  for (const Op& op : r.ops) emit_op(op);
+}
+
+void Emitter::emit_op(const Op& op) {
+  if (pure_and_unused(op)) return;
+  switch (op.kind) {
+    case OpKind::const_value:
+    case OpKind::scalar_param:
+    case OpKind::tensor_dim:
+    case OpKind::block_size:
+      emit_scalar_leaf(op);
+      break;
+    case OpKind::loop: emit_loop(op); break;
+    case OpKind::load:
+    case OpKind::store:
+      emit_memory(op);
+      break;
+    case OpKind::full:
+    case OpKind::arange:
+    case OpKind::unary:
+    case OpKind::binary:
+    case OpKind::where:
+    case OpKind::cast:
+      emit_elementwise(op);
+      break;
+    case OpKind::expand_dims:
+    case OpKind::transpose:
+    case OpKind::broadcast:
+      emit_shape(op);
+      break;
+    case OpKind::reduce: emit_reduce(op); break;
+    case OpKind::dot: emit_dot(op); break;
+    case OpKind::var_decl:
+    case OpKind::var_read:
+    case OpKind::var_write:
+      emit_var(op);
+      break;
+  }
+}
+
+// Constants, parameters, tensor dims and block sizes are named inline (no statement).
+void Emitter::emit_scalar_leaf(const Op& op) {
+  const TileType& t = f_.type(op.result);
+  switch (op.kind) {
+    case OpKind::const_value: names_[op.result] = literal(op.fval, op.ival, t.dtype); break;
+    case OpKind::block_size: names_[op.result] = int_literal(cfg_.block(f_, op.block_id), t.dtype); break;
+    case OpKind::scalar_param: names_[op.result] = names_param_.at(op.param); break;
+    case OpKind::tensor_dim: {
+      const ir::Param& p = f_.params.at(op.param);
+      names_[op.result] = p.static_shape.at(op.axis) >= 0 ? int_literal(p.static_shape[op.axis], DType::i64)
+                                                          : fmt::format("{}.shape[{}]", names_param_.at(op.param), op.axis);
+      break;
+    }
+    default: break;
+  }
+}
+
+void Emitter::emit_loop(const Op& op) {
+  std::string idx = fmt::format("v{}", op.body_index);
+  names_[op.body_index] = idx;
+  const std::string b = ref(op.operands[0]), e = ref(op.operands[1]);
+  if (op.loop_kind == ir::LoopKind::grid)
+    line(fmt::format("for (long long {0} = {1}; {0} < {2}; ++{0}) {{", idx, b, e), &op.loc);
+  else
+    line(fmt::format("for (long long {0} = {1}; {0} < {2}; {0} += {3}) {{", idx, b, e,
+                     int_literal(cfg_.block(f_, op.block_id), DType::i64)),
+         &op.loc);
+  ++indent_;
+  emit_region(*op.body);
+  --indent_;
+  line("}");
+}
+
+void Emitter::emit_launch() {
+  std::vector<const Op*> chain;
+  std::vector<const ir::Region*> regions{&f_.body};
+  for (;;) {
+    const Op* l = nullptr;
+    for (const Op& op : regions.back()->ops)
+      if (op.kind == OpKind::loop && op.launch) l = &op;
+    if (!l) break;
+    chain.push_back(l);
+    regions.push_back(l->body.get());
+  }
+  if (chain.empty()) {
+    line("// One program: no launch loops.");
+    emit_region(f_.body);
+    return;
+  }
+  const size_t n = chain.size();
+  // The ops that launch-loop bounds depend on come first: the extents need them.
+  std::vector<int> stack;
+  for (const Op* l : chain) stack.insert(stack.end(), l->operands.begin(), l->operands.end());
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    const Op* d = v >= 0 ? def_[v] : nullptr;
+    if (!d || hoisted_.count(d)) continue;
+    hoisted_.insert(d);
+    stack.insert(stack.end(), d->operands.begin(), d->operands.end());
+  }
+  for (size_t k = 0; k < n; ++k)
+    for (const Op& op : regions[k]->ops)
+      if (hoisted_.count(&op)) emit_op(op);
+
+  line("// This block runs one program of the launch nest (innermost launch loop fastest).");
+  line("const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * (long long)gridDim.x;");
+  std::string total;
+  for (size_t k = 0; k < n; ++k) {
+    const Op& l = *chain[k];
+    Range b = range(l.operands[0]), e = range(l.operands[1]);
+    const int64_t bs = l.loop_kind == ir::LoopKind::tile ? cfg_.block(f_, l.block_id) : 1;
+    std::string extent;
+    if (b.constant() && e.constant()) {
+      int64_t span = std::max<int64_t>(0, e.lo - b.lo);
+      extent = int_literal((span + bs - 1) / bs, DType::i64);
+    } else {
+      std::string span = b.constant() && b.lo == 0 ? ref(l.operands[1])
+                                                   : fmt::format("{} - {}", ref(l.operands[1]), ref(l.operands[0]));
+      extent = bs == 1 ? fmt::format("tj::dev::imax(0LL, {})", span)
+                       : fmt::format("tj::dev::imax(0LL, tj::dev::cdiv<long long>({}, {}LL))", span, bs);
+    }
+    line(fmt::format("const long long tj_n{} = {};", k, extent), &l.loc);
+    total += (total.empty() ? "" : " * ") + fmt::format("tj_n{}", k);
+  }
+  line(fmt::format("if (tj_pid >= {}) return;", total));
+  for (size_t k = 0; k < n; ++k) {
+    const Op& l = *chain[k];
+    std::string stride;
+    for (size_t j = k + 1; j < n; ++j) stride += (stride.empty() ? "" : " * ") + fmt::format("tj_n{}", j);
+    std::string i = stride.empty() ? "tj_pid" : n - k > 2 ? fmt::format("tj_pid / ({})", stride) : fmt::format("tj_pid / {}", stride);
+    if (k > 0) i = fmt::format("{} % tj_n{}", i, k);
+    Range br = range(l.operands[0]);
+    const std::string b = br.constant() && br.lo == 0 ? "" : ref(l.operands[0]) + " + ";
+    const std::string bs = l.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, l.block_id), DType::i64) : "";
+    std::string value = l.loop_kind == ir::LoopKind::grid ? b + i
+                        : k > 0 || n - k > 1      ? fmt::format("{}({}) * {}", b, i, bs)
+                                                  : fmt::format("{}{} * {}", b, i, bs);
+    names_[l.body_index] = fmt::format("v{}", l.body_index);
+    line(fmt::format("const long long v{} = {};", l.body_index, value), &l.loc);
+  }
+  for (size_t k = 0; k < n; ++k)
+    for (const Op& op : regions[k]->ops)
+      if (&op != chain[k] && !hoisted_.count(&op)) emit_op(op);
+  emit_region(*regions[n]);
+}
+
+void Emitter::emit_memory(const Op& op) {
+  const ir::Param& p = f_.params.at(op.param);
+  const std::string& T = names_param_.at(op.param);
+  const bool is_store = op.kind == OpKind::store;
+  struct TileDim {
+    int tensor_dim;
+    int start;
+    int64_t extent;
+  };
+  std::vector<std::string> offsets, oks;
+  std::vector<TileDim> tile_dims;
+  for (size_t d = 0; d < op.indices.size(); ++d) {
+    const int idx = op.operands[d];
+    const int64_t dim = p.static_shape[d];
+    const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, d);
+    if (op.indices[d].kind == ir::Index::Kind::scalar) {
+      Range r = range(idx);
+      if (!(r.constant() && r.lo == 0)) offsets.push_back(fmt::format("{} * {}.stride[{}]", ref(idx), T, d));
+      if (!provably_inside(idx, 1, dim)) oks.push_back(fmt::format("tj::dev::in_range({}, {})", ref(idx), limit));
+    } else {
+      int64_t extent = op.indices[d].kind == ir::Index::Kind::block ? cfg_.block(f_, op.indices[d].block_id) : dim;
+      tile_dims.push_back({static_cast<int>(d), idx, extent});
+    }
+  }
+  std::string offset = offsets.empty() ? "0" : fmt::format("{}", fmt::join(offsets, " + "));
+  std::string ok = oks.empty() ? "true" : fmt::format("{}", fmt::join(oks, " && "));
+  const std::string E = dtag(p.dtype);
+
+  if (tile_dims.empty()) {
+    if (is_store) {
+      int v = op.operands.back();
+      line(fmt::format("tj::dev::store_scalar<{}>({}.data, {}, {}, {});", E, T, offset, ok, ref(v)), &op.loc);
+    } else {
+      define(op.result, fmt::format("tj::dev::load_scalar<{}>({}.data, {}, {})", E, T, offset, ok), op.loc);
+    }
+    return;
+  }
+
+  // The tile's layout; a scalar stored into a slice is first broadcast to the slice.
+  Layout L;
+  std::string value;
+  if (is_store) {
+    int v = op.operands.back();
+    L = plan_.of(v);
+    value = ref(v);
+    if (L.is_scalar()) {
+      L = tile_dims.size() == 2 ? Layout::blocked2(plan_.arr2, tile_dims[0].extent, tile_dims[1].extent)
+                                : Layout::col_slice(plan_.arr1, tile_dims[0].extent);
+      check_slots(L, fmt::format("{} slice of '{}'", name(p.dtype), p.name), op.loc);
+      value = fmt::format("tj::dev::full<{}>({})", alias(L), value);
+    }
+  } else {
+    L = plan_.of(op.result);
+  }
+  std::string spans[2] = {"{0, 0, 1}", "{0, 0, 1}"};
+  bool checks[2] = {false, false};
+  for (size_t t = 0; t < tile_dims.size(); ++t) {
+    const TileDim& td = tile_dims[t];
+    const int axis = L.axis_of_dim(static_cast<int>(t));
+    const int64_t dim = p.static_shape[td.tensor_dim];
+    const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, td.tensor_dim);
+    spans[axis] = fmt::format("{{{}, {}.stride[{}], {}}}", ref(td.start), T, td.tensor_dim, limit);
+    checks[axis] = !provably_inside(td.start, td.extent, dim);
+  }
+  if (is_store) {
+    line(fmt::format("tj::dev::store<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {});", E, alias(L), checks[0], checks[1], T,
+                     offset, ok, spans[0], spans[1], value),
+         &op.loc);
+  } else {
+    define(op.result,
+           fmt::format("tj::dev::load<{}, {}, {}, {}>({}.data, {}, {}, {}, {})", E, alias(L), checks[0], checks[1], T, offset,
+                       ok, spans[0], spans[1]),
+           op.loc);
+  }
+}
+
+void Emitter::emit_elementwise(const Op& op) {
+  const TileType& rt = f_.type(op.result);
+  const Layout& L = plan_.of(op.result);
+  if (op.kind == OpKind::full) {
+    std::string value = literal(op.fval, op.ival, rt.dtype);
+    define(op.result, L.is_scalar() ? value : fmt::format("tj::dev::full<{}>({})", alias(L), value), op.loc);
+    return;
+  }
+  if (op.kind == OpKind::arange) {
+    define(op.result, fmt::format("tj::dev::arange<{}, {}>({})", alias(L), L.axis_of_dim(0), ref(op.operands[0])), op.loc);
+    return;
+  }
+  static const char* const kParam[] = {"a", "b", "c"};
+  std::vector<std::string> params, args, vars;
+  for (size_t i = 0; i < op.operands.size(); ++i) {
+    int v = op.operands[i];
+    const bool scalar = plan_.of(v).is_scalar();
+    args.push_back(scalar || L.is_scalar() ? ref(v) : operand(v, L, op.loc));
+    params.push_back(fmt::format("{} {}", reg_type(f_.type(v).dtype), kParam[i]));
+    vars.push_back(L.is_scalar() ? ref(v) : kParam[i]);
+  }
+  std::string expr;
+  switch (op.kind) {
+    case OpKind::unary: expr = unary_expr(op.unary, rt.dtype, vars[0]); break;
+    case OpKind::binary: expr = binary_expr(op.binary, f_.type(op.operands[0]).dtype, rt.dtype, vars[0], vars[1]); break;
+    case OpKind::where: expr = fmt::format("{} ? {} : {}", vars[0], vars[1], vars[2]); break;
+    case OpKind::cast: expr = cast_expr(f_.type(op.operands[0]).dtype, rt.dtype, vars[0]); break;
+    default: break;
+  }
+  if (L.is_scalar()) {
+    define(op.result, expr, op.loc);
+    return;
+  }
+  define(op.result,
+         fmt::format("tj::dev::map<{}>([]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), expr,
+                     fmt::join(args, ", ")),
+         op.loc);
+}
+
+void Emitter::emit_shape(const Op& op) {
+  const int src = op.operands[0];
+  const Layout& L = plan_.of(op.result);
+  const Layout& S = plan_.of(src);
+  const DType t = f_.type(src).dtype;
+  if (op.kind == OpKind::transpose) {
+    if (folded_.count(op.result)) return;   // staged transposed by the dot that uses it
+    const int64_t pitch = S.extent_c | 1;
+    need_smem(S.extent_r * pitch * reg_bytes(t), fmt::format("the transpose at {}", op.loc.str()));
+    define(op.result, fmt::format("tj::dev::transpose<{}, {}>({}, tj_smem)", alias(L), pitch, ref(src)), op.loc);
+    return;
+  }
+  if (S.is_scalar()) {
+    define(op.result, fmt::format("tj::dev::full<{}>({})", alias(L), ref(src)), op.loc);
+    return;
+  }
+  if (op.kind == OpKind::expand_dims) {
+    define(op.result, operand(src, L, op.loc), op.loc);
+    return;
+  }
+  // broadcast: bring the source onto the result's arrangement with its extents on the
+  // matching axes (numpy alignment: trailing dims), then replicate locally.
+  if (S.replicated()) {
+    define(op.result, fmt::format("tj::dev::broadcast<{}>({})", alias(L), ref(src)), op.loc);
+    return;
+  }
+  auto s = shape(src);
+  const int rr = f_.type(op.result).rank(), rs = static_cast<int>(s.size());
+  Layout W = L;
+  W.rank = rs;
+  W.extent_r = W.extent_c = 1;
+  for (int i = 0; i < rs; ++i) {
+    int axis = L.axis_of_dim(i + rr - rs);
+    (axis == 0 ? W.extent_r : W.extent_c) = s[i];
+    if (rs == 1) W.dim0_on_cols = axis == 1;
+  }
+  std::string x = operand(src, W, op.loc);
+  define(op.result, W.same_registers(L) ? x : fmt::format("tj::dev::broadcast<{}>({})", alias(L), x), op.loc);
+}
+
+void Emitter::emit_reduce(const Op& op) {
+  const int x = op.operands[0];
+  const Layout& S = plan_.of(x);
+  const DType t = f_.type(x).dtype;
+  const int axis = S.axis_of_dim(op.axis);
+  const int64_t extent = shape(x).at(op.axis);
+  const bool masked = op.operands.size() == 3 && !provably_full(op.operands[1], op.operands[2], extent);
+  const char* fn = op.reduce == ir::ReduceFn::sum ? "op_sum" : op.reduce == ir::ReduceFn::max ? "op_max" : "op_min";
+  if (axis == 1 && S.arr.warps_c > 1)
+    need_smem(int64_t(S.slots_r()) * S.arr.rows() * S.arr.warps_c * 4, fmt::format("the reduction at {}", op.loc.str()));
+  if (axis == 0 && S.arr.warps_r > 1)
+    need_smem(int64_t(S.slots_c()) * S.arr.cols() * S.arr.warps_r * 4, fmt::format("the reduction at {}", op.loc.str()));
+  std::string call = fmt::format("tj::dev::reduce<tj::dev::{}, {}, {}, {}>({}, {}, {}, tj_smem)", fn, axis, dtag(t), masked,
+                                 ref(x), masked ? ref(op.operands[1]) : "0", masked ? ref(op.operands[2]) : "0");
+  const Layout& R = plan_.of(op.result);
+  if (R.is_scalar()) {
+    define(op.result, call + ".v[0]", op.loc);
+    return;
+  }
+  Layout N = S;   // what reduce<> returns: the reduced axis becomes extent 1
+  N.rank = 1;
+  (axis == 0 ? N.extent_r : N.extent_c) = 1;
+  N.dim0_on_cols = axis == 0;
+  if (N.same_registers(R)) {
+    define(op.result, call, op.loc);
+    return;
+  }
+  std::string tmp = fresh(op.result, "r");
+  line(fmt::format("const {} {} = {};", tile_type(t == DType::f32 ? t : DType::f32, N), tmp, call), &op.loc);
+  define(op.result, convert(tmp, N, R, DType::f32, op.loc, op.result), op.loc);
+}
+
+void Emitter::emit_dot(const Op& op) {
+  int a = op.operands[0], b = op.operands[1];
+  const bool ta = folded_.count(a) > 0, tb = folded_.count(b) > 0;
+  if (ta) a = def_[a]->operands[0];
+  if (tb) b = def_[b]->operands[0];
+  const bool has_acc = op.ival == 1;
+  const size_t kpos = has_acc ? 3 : 2;
+  const bool has_krange = op.operands.size() >= kpos + 2;
+  const Layout& L = plan_.of(op.result);
+  const Layout& A = plan_.of(a);
+  const int64_t M = L.extent_r, N = L.extent_c, K = ta ? A.extent_r : A.extent_c;
+  const bool kmask = has_krange && !provably_full(op.operands[kpos], op.operands[kpos + 1], K);
+  need_smem((M * (K | 1) + K * N) * 4,
+            fmt::format("the dot at {} (stages its {}x{} and {}x{} operands as f32)", op.loc.str(), M, K, K, N));
+  std::string kb = kmask ? ref(op.operands[kpos]) : "0", ke = kmask ? ref(op.operands[kpos + 1]) : "0";
+  std::string args = fmt::format("{}, {}", ref(a), ref(b));
+  if (has_acc) args += ", " + operand(op.operands[2], L, op.loc);
+  define(op.result,
+         fmt::format("tj::dev::dot<{}, {}, {}, {}>({}, {}, {}, tj_smem)", alias(L), ta, tb, kmask, args, kb, ke), op.loc);
+}
+
+void Emitter::emit_var(const Op& op) {
+  if (op.kind == OpKind::var_decl) {
+    const int v = op.result;
+    const Layout& L = plan_.of(v);
+    check_tile(v, L, op.loc);
+    names_[v] = fmt::format("var{}", v);
+    std::string init = operand(op.operands[0], L, op.loc);
+    std::string type = L.is_scalar() ? reg_type(f_.type(v).dtype) : tile_type(f_.type(v).dtype, L);
+    line(fmt::format("{} {} = {};", type, names_[v], init), &op.loc);
+  } else if (op.kind == OpKind::var_read) {
+    define(op.result, operand(op.operands[0], plan_.of(op.result), op.loc), op.loc);
+  } else {
+    const int var = op.operands[0];
+    line(fmt::format("{} = {};", ref(var), operand(op.operands[1], plan_.of(var), op.loc)), &op.loc);
+  }
+}
+
+// ---- names -------------------------------------------------------------------------------------------
+
+bool reserved_name(const std::string& s) {
+  static const std::set<std::string> words = {
+      "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
+      "constexpr", "continue", "decltype", "default", "delete", "do", "double", "else", "enum", "explicit", "extern",
+      "false", "float", "for", "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new",
+      "noexcept", "not", "nullptr", "operator", "or", "private", "protected", "public", "register", "return", "short",
+      "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "try", "typedef",
+      "typeid", "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "while", "xor", "threadIdx",
+      "blockIdx", "blockDim", "gridDim", "warpSize", "exp2f", "log2f", "expf", "logf", "sqrtf", "rsqrtf", "tanhf",
+      "fabsf", "fmaxf", "fminf", "fmaf", "Arr1d", "Arr2d", "a", "b", "c", "main", "concept", "requires", "co_await",
+      "co_return", "co_yield", "export", "import", "module", "char8_t", "char16_t", "char32_t", "wchar_t"};
+  if (words.count(s)) return true;
+  if (s.rfind("tj", 0) == 0 || s.rfind("__", 0) == 0) return true;
+  // v12, v12_x3, var12, L64, L64x1: names the generated code uses
+  for (const char* prefix : {"v", "var", "L"}) {
+    std::string p(prefix);
+    if (s.size() > p.size() && s.rfind(p, 0) == 0 && std::isdigit(static_cast<unsigned char>(s[p.size()]))) return true;
+  }
+  return false;
+}
+
+std::string identifier(const std::string& s) {
+  std::string out;
+  for (char ch : s) out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ? ch : '_';
+  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "_" + out;
+  return out;
+}
+
+void Emitter::emit_header(std::string& out, const std::string& entry) {
+  out += fmt::format("// tilejit: kernel '{}' for {}, generated by the SIMT code generator (codegen/cuda_emitter.cpp).\n",
+                     f_.name, target_.arch);
+  out += fmt::format("// config: {}\n", cfg_.to_json());
+  out += fmt::format("// {} threads per block, {} bytes of dynamic shared memory{}.\n", plan_.threads, smem_,
+                     fast_math_ ? ", fast math" : "");
+  out += "// Register tiles are tj::dev::Tile<type, layout> (codegen/device/tile.cuh); each statement ends with\n"
+         "// `// @ file:line`, the DSL line of the IR op it implements.\n";
+  out += "#include \"tile.cuh\"\n\n";
+  std::vector<std::string> params;
+  for (size_t i = 0; i < f_.params.size(); ++i) {
+    const ir::Param& p = f_.params[i];
+    if (p.is_tensor()) params.push_back(fmt::format("tj::dev::TensorArg<{}> {}", p.rank(), names_param_[i]));
+    else if (p.kind == ir::ParamKind::scalar_f32) params.push_back(fmt::format("float {}", names_param_[i]));
+    else params.push_back(fmt::format("long long {}", names_param_[i]));
+  }
+  out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", plan_.threads, entry,
+                     fmt::join(params, ", "));
+  out += "  extern __shared__ __align__(16) unsigned char tj_smem[];\n";
+  for (const auto& a : alias_lines_) out += "  " + a + "\n";
+}
+
+GeneratedKernel Emitter::run() {
+  target_.validate();
+  passes::verify(f_);
+  plan_ = assign_layouts(f_, cfg_, target_);
+  fast_math_ = cfg_.knob("fast_math", 0) != 0;
+  std::set<std::string> taken;
+  for (size_t i = 0; i < f_.params.size(); ++i) {
+    std::string n = identifier(f_.params[i].name);
+    if (reserved_name(n) || taken.count(n)) n = fmt::format("p{}_{}", i, n);
+    taken.insert(n);
+    names_param_.push_back(n);
+  }
+  analyze();
+  emit_launch();
+
+  if (smem_ > target_.max_smem_per_block())
+    throw Error(fmt::format("kernel '{}' with config {} needs {} bytes of shared memory for {}, more than the {} bytes ({} KB) "
+                            "a block can use on {}: use smaller block sizes",
+                            f_.name, cfg_.to_json(), smem_, smem_what_, target_.max_smem_per_block(),
+                            target_.max_smem_per_block() / 1024, target_.arch));
+
+  GeneratedKernel k;
+  k.name = f_.name;
+  k.entry = identifier(f_.name);
+  if (reserved_name(k.entry)) k.entry = "tj_kernel_" + k.entry;
+  k.threads = plan_.threads;
+  k.dynamic_smem_bytes = static_cast<size_t>((smem_ + 15) / 16 * 16);
+  smem_ = static_cast<int64_t>(k.dynamic_smem_bytes);
+  emit_header(k.source, k.entry);
+  k.source += body_;
+  k.source += "}\n";
+  k.device_headers = {"tile.cuh", "fp8.cuh"};
+  return k;
+}
+
+}  // namespace
+
+GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t) {
+  return Emitter(f, cfg, t).run();
+}
+
+}  // namespace tj::codegen

@@ -1,0 +1,502 @@
+#pragma once
+// tilejit device tile library: the SIMT building blocks that generated kernels call
+// (namespace tj::dev). Compiled by NVRTC with no CUDA toolkit header: only builtins and the
+// other embedded files (fp8.cuh for the f32 <-> f16/bf16/e4m3/e5m2 conversions).
+//
+// Register tiles. A tile value lives in registers as Tile<T, L>: `T v[L::slots]` per thread,
+// where T is the register type of its dtype (float for every float dtype, already rounded to
+// that dtype; int; long long; bool) and L a Blocked layout:
+//
+//   Arr<LR, LC, WR, WC>   the block's threads as a grid of thread rows x thread columns:
+//                         a warp is LR x LC lanes (lane = lr * LC + lc), the block WR x WC
+//                         warps (warp = wr * WC + wc); thread row = lr + LR * wr, thread
+//                         column = lc + LC * wc. Arr::rows = LR * WR, Arr::cols = LC * WC.
+//   Blocked<A, ER, EC>    a tile with extent ER along the thread rows and EC along the thread
+//                         columns. Slot (i, j) (index i * sc + j) of a thread holds the element
+//                         at raw coordinates (row() + i * rows, col() + j * cols). An extent
+//                         smaller than the thread grid is replicated (coordinate = raw % E); the
+//                         last repetition of an extent that is not a multiple is padding
+//                         (clamped coordinate). Only "primary" slots (raw < E) count in
+//                         reductions and stores; every slot holds a valid element, so
+//                         elementwise code never needs a mask.
+//
+// A rank-2 tile [R, C] has R along the rows and C along the columns. A rank-1 tile lies along
+// the rows (the "row slice": what a row reduction gives, broadcast as [R, 1] for free) or the
+// columns (the "column slice", broadcast as [1, C] for free); a rank-1 tile in a kernel without
+// rank-2 tiles uses Arr<1, 32, 1, W>: thread t holds elements t, t + 32W, ...
+//
+// Every function is uniform: all threads of the block call it (some use __syncthreads).
+// Scratch shared memory comes from the caller (one dynamic buffer reused by every op).
+#include "fp8.cuh"
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define TJ_DEV __device__ __forceinline__
+#else
+#define TJ_DEV inline
+#endif
+
+namespace tj {
+namespace dev {
+
+// ---------------------------------------------------------------- kernel arguments
+// A tensor parameter, passed by value: base pointer, sizes and strides (in elements).
+template <int R>
+struct TensorArg {
+  void* data;
+  long long shape[R];
+  long long stride[R];
+};
+
+// One tile axis in memory: tensor index = start + coordinate; `limit` is the tensor dim.
+struct Span {
+  long long start;
+  long long stride;
+  long long limit;
+};
+
+// ---------------------------------------------------------------- small helpers
+template <class A, class B> struct same_type { static constexpr bool value = false; };
+template <class A> struct same_type<A, A> { static constexpr bool value = true; };
+
+TJ_DEV float inf() { return u32_as_f32(0x7f800000u); }
+TJ_DEV float nan() { return u32_as_f32(0x7fffffffu); }
+
+template <class T> TJ_DEV T floordiv(T a, T b) {   // rounds down
+  T q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <class T> TJ_DEV T mod(T a, T b) {        // floored: the sign of the divisor
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <class T> TJ_DEV T cdiv(T a, T b) { return floordiv<T>(a + b - 1, b); }
+template <class T> TJ_DEV T imax(T a, T b) { return a > b ? a : b; }
+template <class T> TJ_DEV T imin(T a, T b) { return a < b ? a : b; }
+template <class T> TJ_DEV T iabs(T a) { return a < 0 ? -a : a; }
+TJ_DEV bool in_range(long long i, long long n) { return (unsigned long long)i < (unsigned long long)n; }
+
+// Rounding of an f32 result to a narrower float dtype (round to nearest even), kept as f32.
+TJ_DEV float round_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
+TJ_DEV float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+TJ_DEV float round_e4m3(float x) { return e4m3_to_f32(f32_to_e4m3(x)); }
+TJ_DEV float round_e5m2(float x) { return e5m2_to_f32(f32_to_e5m2(x)); }
+
+// Fast approximations, used only with the "fast_math" config knob.
+TJ_DEV float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return exp2f(x);
+#endif
+}
+TJ_DEV float fast_log2(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return log2f(x);
+#endif
+}
+TJ_DEV float fast_tanh(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return tanhf(x);
+#endif
+}
+TJ_DEV float fast_sqrt(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return sqrtf(x);
+#endif
+}
+
+// ---------------------------------------------------------------- element types
+// reg: the register type; mem: the storage type; ld/st convert; rnd rounds an f32 to the dtype.
+struct f32 {
+  using reg = float; using mem = float;
+  static TJ_DEV float ld(const mem* p) { return *p; }
+  static TJ_DEV void st(mem* p, float x) { *p = x; }
+  static TJ_DEV float rnd(float x) { return x; }
+};
+struct f16 {
+  using reg = float; using mem = unsigned short;
+  static TJ_DEV float ld(const mem* p) { return f16_to_f32(*p); }
+  static TJ_DEV void st(mem* p, float x) { *p = f32_to_f16(x); }
+  static TJ_DEV float rnd(float x) { return round_f16(x); }
+};
+struct bf16 {
+  using reg = float; using mem = unsigned short;
+  static TJ_DEV float ld(const mem* p) { return bf16_to_f32(*p); }
+  static TJ_DEV void st(mem* p, float x) { *p = f32_to_bf16(x); }
+  static TJ_DEV float rnd(float x) { return round_bf16(x); }
+};
+struct e4m3 {
+  using reg = float; using mem = unsigned char;
+  static TJ_DEV float ld(const mem* p) { return e4m3_to_f32(*p); }
+  static TJ_DEV void st(mem* p, float x) { *p = f32_to_e4m3(x); }
+  static TJ_DEV float rnd(float x) { return round_e4m3(x); }
+};
+struct e5m2 {
+  using reg = float; using mem = unsigned char;
+  static TJ_DEV float ld(const mem* p) { return e5m2_to_f32(*p); }
+  static TJ_DEV void st(mem* p, float x) { *p = f32_to_e5m2(x); }
+  static TJ_DEV float rnd(float x) { return round_e5m2(x); }
+};
+struct i32 {
+  using reg = int; using mem = int;
+  static TJ_DEV int ld(const mem* p) { return *p; }
+  static TJ_DEV void st(mem* p, int x) { *p = x; }
+  static TJ_DEV int rnd(int x) { return x; }
+};
+struct i64 {
+  using reg = long long; using mem = long long;
+  static TJ_DEV long long ld(const mem* p) { return *p; }
+  static TJ_DEV void st(mem* p, long long x) { *p = x; }
+  static TJ_DEV long long rnd(long long x) { return x; }
+};
+struct i1 {
+  using reg = bool; using mem = unsigned char;
+  static TJ_DEV bool ld(const mem* p) { return *p != 0; }
+  static TJ_DEV void st(mem* p, bool x) { *p = x ? 1 : 0; }
+  static TJ_DEV bool rnd(bool x) { return x; }
+};
+
+// ---------------------------------------------------------------- layouts
+template <int LR, int LC, int WR, int WC>
+struct Arr {
+  static_assert(LR * LC == 32, "a warp has 32 lanes");
+  static constexpr int lanes_r = LR, lanes_c = LC, warps_r = WR, warps_c = WC;
+  static constexpr int rows = LR * WR, cols = LC * WC, threads = 32 * WR * WC;
+  static TJ_DEV int lane() { return (int)threadIdx.x & 31; }
+  static TJ_DEV int warp() { return (int)threadIdx.x >> 5; }
+  static TJ_DEV int row() { return lane() / LC + LR * (warp() / WC); }
+  static TJ_DEV int col() { return lane() % LC + LC * (warp() % WC); }
+};
+
+// Coordinate of a raw position along an axis of extent E covered by COVER threads.
+template <long long E, int COVER>
+TJ_DEV int wrap(int raw) {
+  if constexpr (E % COVER == 0) return raw;                      // exact cover
+  else if constexpr (E < COVER) return E == 1 ? 0 : raw % (int)E;  // replicated
+  else return raw < (int)E ? raw : (int)E - 1;                   // padding of the last repetition
+}
+
+template <class A, long long ER, long long EC>
+struct Blocked {
+  using arr = A;
+  static constexpr long long er = ER, ec = EC;
+  static constexpr int sr = (int)((ER + A::rows - 1) / A::rows);
+  static constexpr int sc = (int)((EC + A::cols - 1) / A::cols);
+  static constexpr int slots = sr * sc;
+  static TJ_DEV int raw_r(int i) { return A::row() + i * A::rows; }
+  static TJ_DEV int raw_c(int j) { return A::col() + j * A::cols; }
+  static TJ_DEV int coord_r(int i) { return wrap<ER, A::rows>(raw_r(i)); }
+  static TJ_DEV int coord_c(int j) { return wrap<EC, A::cols>(raw_c(j)); }
+  static TJ_DEV bool primary_r(int i) { return (ER % A::rows == 0) || raw_r(i) < (int)ER; }
+  static TJ_DEV bool primary_c(int j) { return (EC % A::cols == 0) || raw_c(j) < (int)EC; }
+};
+
+template <class T, class L>
+struct Tile {
+  T v[L::slots];
+};
+
+// The layout of a reduction's result: the reduced axis (0 rows, 1 columns) becomes extent 1.
+template <class L, int AXIS>
+using reduced_t = Blocked<typename L::arr, AXIS == 0 ? 1 : L::er, AXIS == 1 ? 1 : L::ec>;
+
+// ---------------------------------------------------------------- construction
+template <class L, class T>
+TJ_DEV Tile<T, L> full(T value) {
+  Tile<T, L> out;
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) out.v[i] = value;
+  return out;
+}
+
+// i32 tile: start + position along AXIS (0 rows, 1 columns).
+template <class L, int AXIS>
+TJ_DEV Tile<int, L> arange(long long start) {
+  Tile<int, L> out;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j)
+      out.v[i * L::sc + j] = (int)(start + (AXIS == 0 ? L::coord_r(i) : L::coord_c(j)));
+  return out;
+}
+
+// ---------------------------------------------------------------- memory
+// Loads the tile whose element (r, c) sits at data[offset + (r.start + r) * r.stride +
+// (c.start + c) * c.stride]. CR / CC: check that r.start + r (c.start + c) lies in [0, limit);
+// `ok` masks the whole tile (indices of dropped dims out of range). Masked elements read 0.
+template <class E, class L, bool CR, bool CC>
+TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok, Span r, Span c) {
+  using M = typename E::mem;
+  const M* base = static_cast<const M*>(data) + offset;
+  Tile<typename E::reg, L> out;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i) {
+    const long long pr = r.start + L::coord_r(i);
+    const bool okr = ok && (!CR || in_range(pr, r.limit));
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      const long long pc = c.start + L::coord_c(j);
+      const bool okc = okr && (!CC || in_range(pc, c.limit));
+      out.v[i * L::sc + j] = okc ? E::ld(base + pr * r.stride + pc * c.stride) : typename E::reg(0);
+    }
+  }
+  return out;
+}
+
+// Stores the tile (same addressing as load); masked elements and replicas are skipped.
+template <class E, class L, bool CR, bool CC>
+TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x) {
+  using M = typename E::mem;
+  M* base = static_cast<M*>(data) + offset;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i) {
+    const long long pr = r.start + L::coord_r(i);
+    const bool okr = ok && L::primary_r(i) && (!CR || in_range(pr, r.limit));
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      const long long pc = c.start + L::coord_c(j);
+      const bool okc = okr && L::primary_c(j) && (!CC || in_range(pc, c.limit));
+      if (okc) E::st(base + pr * r.stride + pc * c.stride, x.v[i * L::sc + j]);
+    }
+  }
+}
+
+template <class E>
+TJ_DEV typename E::reg load_scalar(const void* data, long long offset, bool ok) {
+  return ok ? E::ld(static_cast<const typename E::mem*>(data) + offset) : typename E::reg(0);
+}
+template <class E>
+TJ_DEV void store_scalar(void* data, long long offset, bool ok, typename E::reg x) {
+  if (ok && threadIdx.x == 0) E::st(static_cast<typename E::mem*>(data) + offset, x);
+}
+
+// ---------------------------------------------------------------- elementwise
+template <class L, class T>
+TJ_DEV const T& at(const Tile<T, L>& t, int i) { return t.v[i]; }
+template <class L, class S>
+TJ_DEV S at(S s, int) { return s; }   // a scalar operand: the same in every slot
+
+// out[i] = f(x[i]...) over the slots of layout L; scalar operands are passed through.
+template <class L, class F, class... X>
+TJ_DEV auto map(F f, const X&... x) {
+  using R = decltype(f(at<L>(x, 0)...));
+  Tile<R, L> out;
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) out.v[i] = f(at<L>(x, i)...);
+  return out;
+}
+
+// ---------------------------------------------------------------- data movement
+// Broadcast without data exchange: along axes where the source has extent 1 (the source is
+// on the destination's thread arrangement, or is a single replicated element).
+template <class LD, class T, class LS>
+TJ_DEV Tile<T, LD> broadcast(const Tile<T, LS>& x) {
+  static_assert((LS::er == 1 && LS::ec == 1) ||
+                    (same_type<typename LS::arr, typename LD::arr>::value && (LS::er == 1 || LS::er == LD::er) &&
+                     (LS::ec == 1 || LS::ec == LD::ec)),
+                "broadcast: the source is not on the destination's thread arrangement");
+  Tile<T, LD> out;
+#pragma unroll
+  for (int i = 0; i < LD::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < LD::sc; ++j)
+      out.v[i * LD::sc + j] = x.v[(LS::er == 1 ? 0 : i) * LS::sc + (LS::ec == 1 ? 0 : j)];
+  return out;
+}
+
+// Data exchange through shared memory: the source's primary elements are written to
+// smem[r * SR + c * SC] (their coordinates), then each destination slot reads
+// smem[r * DR + c * DC]. With suitable strides this converts between layouts, or transposes.
+template <class LD, int DR, int DC, int SR, int SC, class T, class LS>
+TJ_DEV Tile<T, LD> exchange(const Tile<T, LS>& x, void* smem) {
+  T* s = static_cast<T*>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < LS::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < LS::sc; ++j)
+      if (LS::primary_r(i) && LS::primary_c(j)) s[LS::coord_r(i) * SR + LS::coord_c(j) * SC] = x.v[i * LS::sc + j];
+  __syncthreads();
+  Tile<T, LD> out;
+#pragma unroll
+  for (int i = 0; i < LD::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < LD::sc; ++j) out.v[i * LD::sc + j] = s[LD::coord_r(i) * DR + LD::coord_c(j) * DC];
+  return out;
+}
+
+// [R, C] -> [C, R] through shared memory (row pitch P of the staged source).
+template <class LD, int P, class T, class LS>
+TJ_DEV Tile<T, LD> transpose(const Tile<T, LS>& x, void* smem) {
+  return exchange<LD, 1, P, P, 1>(x, smem);
+}
+
+// ---------------------------------------------------------------- reductions
+struct op_sum {
+  static TJ_DEV float identity() { return 0.0f; }
+  static TJ_DEV float f(float a, float b) { return a + b; }
+};
+struct op_max {
+  static TJ_DEV float identity() { return -inf(); }
+  static TJ_DEV float f(float a, float b) { return fmaxf(a, b); }
+};
+struct op_min {
+  static TJ_DEV float identity() { return inf(); }
+  static TJ_DEV float f(float a, float b) { return fminf(a, b); }
+};
+
+// Reduces along AXIS (0: thread rows, 1: thread columns) in f32: own slots, then a butterfly
+// over the lanes of that axis, then (when warps lie along the axis) across warps through
+// shared memory. With MASKED, position p along the axis takes part only if vb + p < ve.
+// The result is replicated over the reduced axis; E rounds it to the dtype.
+template <class Op, int AXIS, class E, bool MASKED, class L>
+TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long vb, long long ve, void* smem) {
+  using A = typename L::arr;
+  using LO = reduced_t<L, AXIS>;
+  Tile<float, LO> out;
+  if constexpr (AXIS == 1) {
+#pragma unroll
+    for (int i = 0; i < L::sr; ++i) {
+      float acc = Op::identity();
+#pragma unroll
+      for (int j = 0; j < L::sc; ++j)
+        if (L::primary_c(j) && (!MASKED || vb + L::coord_c(j) < ve)) acc = Op::f(acc, x.v[i * L::sc + j]);
+#pragma unroll
+      for (int off = A::lanes_c / 2; off > 0; off >>= 1) acc = Op::f(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+      out.v[i] = acc;
+    }
+    if constexpr (A::warps_c > 1) {
+      float* s = static_cast<float*>(smem);
+      __syncthreads();
+      if (A::lane() % A::lanes_c == 0)
+#pragma unroll
+        for (int i = 0; i < L::sr; ++i) s[(i * A::rows + A::row()) * A::warps_c + A::warp() % A::warps_c] = out.v[i];
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < L::sr; ++i) {
+        float acc = Op::identity();
+        for (int w = 0; w < A::warps_c; ++w) acc = Op::f(acc, s[(i * A::rows + A::row()) * A::warps_c + w]);
+        out.v[i] = acc;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      float acc = Op::identity();
+#pragma unroll
+      for (int i = 0; i < L::sr; ++i)
+        if (L::primary_r(i) && (!MASKED || vb + L::coord_r(i) < ve)) acc = Op::f(acc, x.v[i * L::sc + j]);
+#pragma unroll
+      for (int off = A::lanes_r / 2; off > 0; off >>= 1)
+        acc = Op::f(acc, __shfl_xor_sync(0xffffffffu, acc, off * A::lanes_c));
+      out.v[j] = acc;
+    }
+    if constexpr (A::warps_r > 1) {
+      float* s = static_cast<float*>(smem);
+      __syncthreads();
+      if (A::lane() / A::lanes_c == 0)
+#pragma unroll
+        for (int j = 0; j < L::sc; ++j) s[(j * A::cols + A::col()) * A::warps_r + A::warp() / A::warps_c] = out.v[j];
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < L::sc; ++j) {
+        float acc = Op::identity();
+        for (int w = 0; w < A::warps_r; ++w) acc = Op::f(acc, s[(j * A::cols + A::col()) * A::warps_r + w]);
+        out.v[j] = acc;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < LO::slots; ++i) out.v[i] = E::rnd(out.v[i]);
+  return out;
+}
+
+// ---------------------------------------------------------------- dot (SIMT)
+namespace detail {
+// Writes x's primary elements (r, c) to s[r * SR + c * SC]; with KMASK, elements whose k
+// position (coordinate along KAXIS) satisfies kb + k >= ke are written as 0.
+template <int SR, int SC, int KAXIS, bool KMASK, class L>
+TJ_DEV void stage(const Tile<float, L>& x, float* s, long long kb, long long ke) {
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      if (!(L::primary_r(i) && L::primary_c(j))) continue;
+      const int r = L::coord_r(i), c = L::coord_c(j);
+      const bool keep = !KMASK || kb + (KAXIS == 0 ? r : c) < ke;
+      s[r * SR + c * SC] = keep ? x.v[i * L::sc + j] : 0.0f;
+    }
+}
+}  // namespace detail
+
+// Shared memory that dot<LO, TA, TB, ...> needs, in bytes.
+template <long long M, long long N, long long K>
+struct DotSmem {
+  static constexpr int pa = (int)(K | 1);   // odd row pitch: the rows of A fall on different banks
+  static constexpr int pb = (int)N;
+  static constexpr long long bytes = (M * pa + K * pb) * 4;
+};
+
+// out[M, N] = acc + a[M, K] · b[K, N] in f32, k ascending (each step one fused multiply-add,
+// which dsl/SEMANTICS.md allows). Both operands are staged in
+// shared memory as f32; each thread then computes its own output slots (an outer product per
+// k). TA: `a` is the [K, M] source of a transposed operand (likewise TB: `b` is [N, K]), so a
+// transpose feeding a dot costs no extra exchange. With KMASK, k positions with kb + k >= ke
+// contribute nothing.
+template <class LO, bool TA, bool TB, bool KMASK, class LA, class LB>
+TJ_DEV Tile<float, LO> dot(const Tile<float, LA>& a, const Tile<float, LB>& b, const Tile<float, LO>& acc, long long kb,
+                           long long ke, void* smem) {
+  constexpr long long M = LO::er, N = LO::ec, K = TA ? LA::er : LA::ec;
+  static_assert((TA ? LA::ec : LA::er) == M, "dot: rows of a");
+  static_assert((TB ? LB::er : LB::ec) == N, "dot: columns of b");
+  static_assert((TB ? LB::ec : LB::er) == K, "dot: inner dimensions");
+  using S = DotSmem<M, N, K>;
+  float* sa = static_cast<float*>(smem);
+  float* sb = sa + M * S::pa;
+  __syncthreads();
+  detail::stage<TA ? 1 : S::pa, TA ? S::pa : 1, TA ? 0 : 1, KMASK>(a, sa, kb, ke);
+  detail::stage<TB ? 1 : S::pb, TB ? S::pb : 1, TB ? 1 : 0, KMASK>(b, sb, kb, ke);
+  __syncthreads();
+  Tile<float, LO> out = acc;
+  int ra[LO::sr], cb[LO::sc];
+#pragma unroll
+  for (int i = 0; i < LO::sr; ++i) ra[i] = LO::coord_r(i) * S::pa;
+#pragma unroll
+  for (int j = 0; j < LO::sc; ++j) cb[j] = LO::coord_c(j);
+#pragma unroll 4
+  for (int k = 0; k < (int)K; ++k) {
+    float av[LO::sr], bv[LO::sc];
+#pragma unroll
+    for (int i = 0; i < LO::sr; ++i) av[i] = sa[ra[i] + k];
+#pragma unroll
+    for (int j = 0; j < LO::sc; ++j) bv[j] = sb[k * S::pb + cb[j]];
+#pragma unroll
+    for (int i = 0; i < LO::sr; ++i)
+#pragma unroll
+      for (int j = 0; j < LO::sc; ++j) out.v[i * LO::sc + j] = fmaf(av[i], bv[j], out.v[i * LO::sc + j]);
+  }
+  return out;
+}
+
+template <class LO, bool TA, bool TB, bool KMASK, class LA, class LB>
+TJ_DEV Tile<float, LO> dot(const Tile<float, LA>& a, const Tile<float, LB>& b, long long kb, long long ke, void* smem) {
+  return dot<LO, TA, TB, KMASK>(a, b, full<LO>(0.0f), kb, ke, smem);
+}
+
+}  // namespace dev
+}  // namespace tj

@@ -1,0 +1,124 @@
+#pragma once
+// Layout assignment: where each IR value lives on the GPU (which thread holds which element).
+//
+// Kinds:
+//   scalar       rank-0 values: a C++ local computed identically by every thread.
+//   distributed  the SIMT register layout (codegen/device/tile.cuh, Blocked): the block's
+//                threads form a grid of thread rows x thread columns (an Arrangement); a tile
+//                has an extent along the rows and one along the columns, each covered
+//                cyclically (thread row r holds rows r, r + rows, ...; likewise columns).
+//                Rank-2 tiles [R, C] put R on the rows and C on the columns; a rank-1 tile lies
+//                along the rows (row slice: what a row reduction yields; expand_dims(1) and
+//                the broadcast to [R, C] are free) or the columns (column slice), or, in a
+//                kernel without rank-2 tiles, along the columns of the flat arrangement
+//                (thread t holds elements t, t + T, ... — coalesced 1-D access).
+//   mma_accumulator, mma_operand_a, mma_operand_b, shared
+//                placeholders for tensor-core lowering (wgmma on sm_90a, mma.sync on sm_80):
+//                not produced yet.
+//
+// Choice of the 2-D arrangement (one per kernel, so that every rank-2 tile shares it and
+// broadcasts along rows or columns never move data): lanes along the columns = the largest
+// power of two <= min(8, smallest column extent > 1); the other lanes go to the rows; warps go
+// to the rows as far as the smallest row extent > 1 allows, the rest to the columns. Config
+// knobs "simt_lanes_c" and "simt_warps_c" override the choice.
+//
+// Conversions between layouts are explicit steps (plan_conversion): the emitter asks for one
+// wherever an op needs its operand in another layout. A new layout kind adds conversions and op
+// implementations; the emitter's structure stays.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autotune/config.h"
+#include "codegen/target.h"
+#include "dsl/ir.h"
+
+namespace tj::codegen {
+
+enum class LayoutKind : uint8_t { scalar, distributed, mma_accumulator, mma_operand_a, mma_operand_b, shared };
+std::string_view name(LayoutKind k);
+
+// The block's threads as lanes_r x lanes_c lanes per warp and warps_r x warps_c warps.
+struct Arrangement {
+  int lanes_r = 1, lanes_c = 32, warps_r = 1, warps_c = 1;
+  int rows() const { return lanes_r * warps_r; }   // thread rows
+  int cols() const { return lanes_c * warps_c; }   // thread columns
+  int threads() const { return 32 * warps_r * warps_c; }
+  std::string cuda_type() const;                   // "tj::dev::Arr<4, 8, 4, 1>"
+  bool operator==(const Arrangement&) const = default;
+};
+
+struct Layout {
+  LayoutKind kind = LayoutKind::scalar;
+  int rank = 0;                     // of the tile
+  // distributed:
+  Arrangement arr;
+  int64_t extent_r = 1;             // tile extent along the thread rows (1: none)
+  int64_t extent_c = 1;             // tile extent along the thread columns (1: none)
+  bool dim0_on_cols = false;        // rank 1: the tile's dim lies along the columns
+
+  static Layout scalar();
+  // A rank-2 tile [rows, cols], or a rank-1 tile of `n` elements along the rows / columns.
+  static Layout blocked2(const Arrangement& a, int64_t rows, int64_t cols);
+  static Layout row_slice(const Arrangement& a, int64_t n);
+  static Layout col_slice(const Arrangement& a, int64_t n);
+
+  bool is_scalar() const { return kind == LayoutKind::scalar; }
+  bool is_distributed() const { return kind == LayoutKind::distributed; }
+  int slots_r() const;              // registers per thread along the rows
+  int slots_c() const;
+  int slots() const { return slots_r() * slots_c(); }   // elements per thread
+  // Arrangement axis (0 rows, 1 columns) that holds tile dim `d`.
+  int axis_of_dim(int d) const;
+  // Every thread holds the tile's only element.
+  bool replicated() const { return is_distributed() && extent_r == 1 && extent_c == 1; }
+  // Same register contents and device type (rank and tile-dim mapping aside).
+  bool same_registers(const Layout& o) const;
+  std::string cuda_type(const std::string& arr_name) const;   // "tj::dev::Blocked<A0, 64, 64>"
+  std::string str() const;          // for comments and errors
+};
+
+// How the emitter converts a value from one layout to another.
+struct Conversion {
+  enum class Kind : uint8_t {
+    none,        // same registers: use the value as is
+    broadcast,   // local: replicate along axes of extent 1 (no data exchange)
+    exchange,    // through shared memory
+    to_scalar,   // a replicated single element -> a scalar
+    from_scalar, // a scalar -> a distributed tile (every slot)
+  };
+  Kind kind = Kind::none;
+  int64_t smem_bytes = 0;
+  // Strides for `exchange` (write at r*sr + c*sc from the source, read at r*dr + c*dc).
+  int dr = 0, dc = 0, sr = 0, sc = 0;
+  // The device expression that converts `value` (a C++ expression of the source layout) to
+  // the destination layout, whose device type is `to_type`.
+  std::string expr(const std::string& value, const std::string& to_type) const;
+};
+
+// Plans the conversion of a tile of register type size `elem_bytes` from `from` to `to`
+// (both of the same logical shape; a broadcast may also widen extent-1 axes).
+Conversion plan_conversion(const Layout& from, const Layout& to, int elem_bytes);
+
+// The tile extents of `t` with the config's block sizes bound.
+std::vector<int64_t> bind_shape(const ir::Function& f, const Config& cfg, const TileType& t);
+
+// The result of layout assignment for one function.
+struct LayoutPlan {
+  std::vector<Layout> values;       // by value id (variables included)
+  bool has_2d = false;              // any rank-2 tile: `arr2` is in use
+  Arrangement arr2;                 // the arrangement of rank-2 tiles and their slices
+  Arrangement arr1;                 // the flat arrangement of stand-alone rank-1 tiles
+  int threads = 128;
+
+  const Layout& of(int value) const { return values.at(value); }
+  // The layout a tile of the given rank-1 or rank-2 extents gets on arr2 (rank 2) /
+  // as a row or column slice (rank 1).
+  Layout natural2(int64_t rows, int64_t cols) const { return Layout::blocked2(arr2, rows, cols); }
+};
+
+// Assigns a layout to every value of `f`. Throws DslError ("tiles of rank 3 are not
+// supported by the CUDA backend yet") at an op with a tile of rank > 2.
+LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target& target);
+
+}  // namespace tj::codegen

@@ -1,0 +1,26 @@
+#pragma once
+// The GPU architecture a kernel is generated for.
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tj::codegen {
+
+struct Target {
+  std::string arch = "sm_90a";   // "sm_80", "sm_89", "sm_90" or "sm_90a"
+
+  // Throws tj::Error naming the supported architectures when `arch` is not one of them.
+  static Target parse(std::string_view arch);
+  void validate() const;
+
+  int sm() const;                  // 80, 89, 90 (throws like validate() for an unknown arch)
+  bool has_wgmma() const;          // sm_90a: wgmma and the other arch-specific Hopper features
+  bool has_fp8() const;            // sm_89+: cvt to/from e4m3 / e5m2 in hardware
+  int64_t max_smem_per_block() const;   // opt-in dynamic shared memory per block, in bytes
+  bool operator==(const Target&) const = default;
+};
+
+// The architectures the code generator accepts, e.g. {"sm_80", "sm_89", "sm_90", "sm_90a"}.
+const std::vector<std::string>& supported_archs();
+
+}  // namespace tj::codegen

@@ -1,0 +1,66 @@
+#pragma once
+// The JIT path: trace a kernel for the arguments' types and shapes, generate CUDA, compile
+// it with NVRTC for the GPU's exact architecture, load it and launch it. Traces and
+// modules are cached in memory (a repeated launch costs a lookup) and CUBINs on disk
+// (a second process does not compile again).
+#include <cuda.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "autotune/config.h"
+#include "codegen/cuda_emitter.h"
+#include "dsl/kernel.h"
+#include "runtime/memory.h"
+#include "runtime/tensor.h"
+
+namespace tj {
+
+// A launch argument: a tensor, or a number for a Scalar or host parameter.
+using Arg = std::variant<TensorView, double, bool, int64_t>;
+
+struct LaunchOptions {
+  std::optional<Config> config;     // default: the tuned config if cached, else the default
+  CUstream stream = nullptr;
+  bool dynamic_shapes = false;      // trace with runtime sizes (one compile for all shapes)
+};
+
+// The specialization a set of arguments selects: tensors give dtype and shape (shape
+// dims become -1 with dynamic_shapes), Scalar slots take a float, host slots their value.
+std::vector<ArgSpec> specs_for(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes);
+
+// Code generated and compiled for one (kernel, specialization, config, arch).
+struct CompiledKernel {
+  ir::Function ir;
+  Config config;
+  codegen::GeneratedKernel generated;
+  std::string arch;
+  std::string ptx;                  // when asked for
+  std::vector<char> cubin;
+  double compile_ms = 0;            // NVRTC time (0 when the CUBIN came from disk)
+  bool from_disk_cache = false;
+  // Loaded state (only with a GPU).
+  std::unique_ptr<runtime::Module> module;
+  CUfunction function = nullptr;
+};
+
+struct CompileRequest {
+  std::string arch;                 // empty: the current GPU's
+  bool want_ptx = false;
+  bool load = true;                 // load the module (needs a GPU)
+};
+
+// Traces, generates and compiles (memory and disk caches), optionally loads.
+const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs, const Config& config,
+                              const CompileRequest& request);
+
+// Traces and launches `k` on the current GPU with `args` (device tensors).
+void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& options = {});
+
+// The key that identifies a compiled kernel: IR + config + arch + toolkit + device library.
+std::string compile_key(const std::string& cuda_source, const std::string& arch);
+
+}  // namespace tj

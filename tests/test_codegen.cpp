@@ -1,0 +1,623 @@
+// The CUDA code generator (codegen/): targets, layout assignment, and generated kernels
+// compiled with NVRTC for sm_90a and sm_80 (no GPU needed): PTX contents, `// @ file:line`
+// markers, masks, shared memory sizing, and the errors for unsupported IR and configs.
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autotune/config.h"
+#include "codegen/cuda_emitter.h"
+#include "codegen/device_library.h"
+#include "codegen/layout.h"
+#include "codegen/target.h"
+#include "dsl/error.h"
+#include "dsl/kernel.h"
+#include "kernels/library.h"
+#include "runtime/error.h"
+#include "runtime/nvrtc.h"
+
+using namespace tj;
+using codegen::GeneratedKernel;
+using codegen::Target;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+size_t count(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+  return n;
+}
+
+Config config(const char* json) { return Config::from_json(json); }
+
+std::vector<std::pair<std::string, std::string>> device_headers() {
+  std::vector<std::pair<std::string, std::string>> h;
+  for (const auto& f : codegen::device_library()) h.emplace_back(f.name, f.contents);
+  return h;
+}
+
+struct Compiled {
+  GeneratedKernel gen;
+  std::string ptx;
+};
+
+// Generates `f` for `arch` and compiles it with NVRTC; the generated source goes into the
+// test log when anything fails.
+Compiled compile(const ir::Function& f, const Config& cfg, const std::string& arch) {
+  Compiled c;
+  c.gen = codegen::generate_cuda(f, cfg, Target::parse(arch));
+  INFO("generated source for ", arch, ":\n", c.gen.source);
+  runtime::CompileOptions opts;
+  opts.arch = arch;
+  opts.want_cubin = false;   // PTX is what the checks read; ptxas runs in the sm_90a test below
+  opts.headers = device_headers();
+  try {
+    c.ptx = runtime::compile_cuda(c.gen.source, c.gen.name + ".cu", opts).ptx;
+  } catch (const CompileError& e) {
+    FAIL_CHECK("NVRTC rejected the generated code: ", e.what());
+  }
+  return c;
+}
+
+// Compiles for sm_90a and sm_80 and checks what every kernel must satisfy.
+void compile_and_check(const ir::Function& f, const Config& cfg, bool fp8_conversions = false) {
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    CAPTURE(arch);
+    CAPTURE(cfg.to_json());
+    Compiled c = compile(f, cfg, arch);
+    INFO("generated source:\n", c.gen.source);
+    CHECK(c.gen.threads == cfg.num_warps * 32);
+    CHECK(contains(c.gen.source, fmt::format("__launch_bounds__({})", c.gen.threads)));
+    CHECK(contains(c.ptx, ".entry " + c.gen.entry));
+    CHECK(contains(c.ptx, fmt::format(".target {}", arch)));
+    if (fp8_conversions && std::string(arch) == "sm_90a") {
+      CHECK(std::regex_search(c.ptx, std::regex(R"(cvt\.rn\.satfinite\.e4m3x2\.f32)")));
+      CHECK(std::regex_search(c.ptx, std::regex(R"(cvt\.rn\.f16x2\.e4m3x2)")));
+    }
+  }
+}
+
+TensorSpec T(DType t, std::vector<int64_t> shape) { return TensorSpec{t, std::move(shape)}; }
+
+ir::Function trace_attention(DType in, DType out, std::vector<int64_t> shape, bool causal, float scale = 0.125f) {
+  return kernels::attention().trace({T(in, shape), T(in, shape), T(in, shape), T(out, shape), RuntimeScalar{scale}, causal});
+}
+
+// `// @ file:line` markers of a generated source, in order.
+struct Marker {
+  std::string code;
+  std::string file;
+  int line = 0;
+};
+std::vector<Marker> markers(const std::string& source) {
+  std::vector<Marker> out;
+  std::istringstream in(source);
+  std::string l;
+  static const std::regex re(R"((.*)  // @ (.+):(\d+)$)");
+  std::smatch m;
+  while (std::getline(in, l))
+    if (std::regex_match(l, m, re)) out.push_back({m[1], m[2], std::stoi(m[3])});
+  return out;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  std::string l;
+  while (std::getline(in, l)) lines.push_back(l);
+  return lines;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+// ---- kernels that use every op the IR has (rank <= 2, every dtype) ----------------------------
+// (also run on the CPU by tests/test_codegen_emulated.cpp)
+namespace tj_codegen_test {
+
+const Kernel& k_elementwise2d() {
+  static const Kernel k = kernel("ew2d", {"x", "y", "o", "o2", "alpha"}, [](In x, In y, Out o, Out o2, Scalar alpha) {
+    auto [R, C] = x.shape<2>();
+    for (auto r : tile(R, block("r")))
+      for (auto c : tile(C, block("c"))) {
+        auto a = x.load(r, c);
+        auto b = y.load(c, r).T();   // a transpose that is not a dot operand: an exchange
+        auto s = a * b + 1.5;
+        auto f = s.to(DType::f32);
+        auto u = exp2(f * 0.25) + log2(abs(f) + 1.0) + sqrt(abs(f)) + rsqrt(abs(f) + 1.0) + tanh(f) - exp(-abs(f)) +
+                 log(abs(f) + 2.0);
+        auto m = (r.index().col() % 3) == (c.index().row() % 2);
+        o.store(r, c, (where(m, u, -u) * alpha).to(o.dtype()));
+        o2.store(r, c, maximum(s, a).to(o2.dtype()));
+      }
+  });
+  return k;
+}
+
+const Kernel& k_reductions() {
+  static const Kernel k = kernel("reductions", {"x", "rs", "cm"}, [](In x, Out rs, Out cm) {
+    auto [R, C] = x.shape<2>();
+    for (auto r : tile(R, block("r"))) {
+      Var acc = zeros({r}, DType::f32);
+      Var mn = full({r}, INFINITY, DType::f32);
+      for (auto c : tile(C, block("c"))) {
+        auto t = x.load(r, c).to(DType::f32);
+        acc = acc + sum(t, 1);
+        mn = minimum(mn, amin(t, 1));
+        cm.store(floordiv(r.begin(), r.block_size()), c, amax(t, 0) + sum(t * t, 0));
+      }
+      rs.store(r, (acc + mn).to(rs.dtype()));
+    }
+  });
+  return k;
+}
+
+const Kernel& k_matmul() {
+  static const Kernel k = kernel("matmul", {"a", "b", "a2", "o", "o2"}, [](In a, In b, In a2, Out o, Out o2) {
+    auto [M, K] = a.shape<2>();
+    auto N = b.dim(0);
+    for (auto m : tile(M, block("m")))
+      for (auto n : tile(N, block("n"))) {
+        Var acc = zeros({m, n}, DType::f32);
+        Var acc2 = zeros({m, n}, DType::f32);
+        for (auto k : tile(K, block("k"))) {
+          acc = dot(a.load(m, k), b.load(n, k).T(), acc);
+          acc2 = acc2 + dot(a2.load(k, m).T(), b.load(n, k).T());
+        }
+        o.store(m, n, acc.to(o.dtype()));
+        o2.store(m, n, acc2.to(o2.dtype()));
+      }
+  });
+  return k;
+}
+
+const Kernel& k_integers() {
+  static const Kernel k = kernel("integers", {"xi", "yl", "bm", "oi", "ol", "ob", "of"},
+                                 [](In xi, In yl, In bm, Out oi, Out ol, Out ob, Out of) {
+    for (auto i : tile(xi.dim(0), block("n"))) {
+      auto a = xi.load(i);
+      auto b = yl.load(i);
+      auto m = bm.load(i);
+      auto q = floordiv(a, 3) + a % 5 - a / 2 + floordiv(a, -4) + a % -3;
+      oi.store(i, where(m && (a > 0), q, -q));
+      ol.store(i, b * 3 - maximum(b, a.to(DType::i64)) + minimum(b, 7) + abs(b));
+      ob.store(i, (a >= 2) || !m);
+      auto fl = a.to(DType::f32) * 0.37 + m.to(DType::f32) + b.to(DType::f32);
+      of.store(i, fl + (fl * 1.7).to(DType::i32).to(DType::f32) + (fl > 0.5).to(DType::f32));
+    }
+  });
+  return k;
+}
+
+const Kernel& k_mixed_ranks() {
+  static const Kernel k = kernel("mixed_ranks", {"v", "w", "o", "o1", "s"}, [](In v, In w, Out o, Out o1, Out s) {
+    for (auto g : grid(1)) {
+      auto x = v.load(all);
+      auto t = x.col() + x.row();          // one of the two expands needs an exchange
+      auto t2 = w.load(all, all) + x;      // implicit broadcast [n] -> [n, n]
+      o.store(all, all, (t * t2 - g.to(DType::f32)).to(o.dtype()));
+      o1.store(all, v.load(all) * 2.0);
+      auto tot = sum(x, 0);
+      Var acc = constant(0.0, DType::f32);
+      for (auto j : grid(3)) acc = acc + tot * j.to(DType::f32);
+      s.store(0, acc.to(s.dtype()));
+      s.store(1, (v.load(3) + tot).to(s.dtype()));
+    }
+  });
+  return k;
+}
+
+}  // namespace tj_codegen_test
+
+using namespace tj_codegen_test;
+
+// ---- targets -------------------------------------------------------------------------------
+
+TEST_CASE("codegen: targets parse the supported architectures and reject others") {
+  CHECK(Target::parse("sm_90a").sm() == 90);
+  CHECK(Target::parse("sm_90a").has_wgmma());
+  CHECK(Target::parse("sm_90a").has_fp8());
+  CHECK_FALSE(Target::parse("sm_90").has_wgmma());
+  CHECK(Target::parse("sm_89").sm() == 89);
+  CHECK(Target::parse("sm_89").has_fp8());
+  CHECK(Target::parse("sm_80").sm() == 80);
+  CHECK_FALSE(Target::parse("sm_80").has_fp8());
+  CHECK(Target{}.arch == "sm_90a");
+  CHECK(Target::parse("sm_90a").max_smem_per_block() == 227 * 1024);
+  for (const char* bad : {"sm_75", "sm_100a", "compute_90a", "", "90"}) {
+    CAPTURE(bad);
+    try {
+      Target::parse(bad);
+      FAIL("accepted an unsupported arch");
+    } catch (const Error& e) {
+      CHECK(contains(e.what(), "unsupported target architecture"));
+      CHECK(contains(e.what(), "sm_80, sm_89, sm_90, sm_90a"));
+    }
+  }
+  CHECK_THROWS_AS(Target{"sm_61"}.sm(), Error);
+}
+
+// ---- layouts -------------------------------------------------------------------------------
+
+TEST_CASE("codegen: layout assignment puts row statistics on the rows and needs no exchange in attention") {
+  ir::Function f = trace_attention(DType::bf16, DType::bf16, {1, 2, 128, 64}, true);
+  Config cfg = config(R"({"blocks":{"m":64,"n":32},"num_warps":4})");
+  codegen::LayoutPlan plan = codegen::assign_layouts(f, cfg, Target{});
+  REQUIRE(plan.has_2d);
+  CHECK(plan.threads == 128);
+  CHECK(plan.arr2.threads() == 128);
+  CHECK(plan.arr2.lanes_r * plan.arr2.lanes_c == 32);
+  int rank1_rows = 0, rank1_cols = 0, scalars = 0;
+  for (size_t v = 0; v < f.values.size(); ++v) {
+    const codegen::Layout& l = plan.of(static_cast<int>(v));
+    const TileType& t = f.values[v].type;
+    CAPTURE(v);
+    if (t.rank() == 0) {
+      CHECK(l.is_scalar());
+      ++scalars;
+    } else if (t.rank() == 2) {
+      CHECK(l.is_distributed());
+      CHECK(l.arr == plan.arr2);
+      CHECK(l.slots() <= codegen::kMaxTileElementsPerThread);
+    } else {
+      // m_i, l_i, alpha, the row maxima and sums: the row slice; arange(n): the column slice.
+      (l.dim0_on_cols ? rank1_cols : rank1_rows)++;
+    }
+  }
+  CHECK(scalars > 0);
+  CHECK(rank1_rows > 0);
+  CHECK(rank1_cols == 1);   // n.index() only
+  GeneratedKernel g = codegen::generate_cuda(f, cfg, Target{});
+  INFO(g.source);
+  CHECK_FALSE(contains(g.source, "tj::dev::exchange"));   // broadcasts of row statistics are free
+  CHECK_FALSE(contains(g.source, "tj::dev::transpose"));  // k.T() is folded into the dot's staging
+  CHECK(count(g.source, "tj::dev::dot<") == 2);
+  CHECK(count(g.source, "tj::dev::reduce<tj::dev::op_max, 1") == 1);
+  CHECK(count(g.source, "tj::dev::reduce<tj::dev::op_sum, 1") == 1);
+}
+
+TEST_CASE("codegen: 1-D kernels use the flat arrangement (thread t holds t, t + T, ...)") {
+  ir::Function f = kernels::vector_add().trace({T(DType::f32, {-1}), T(DType::f32, {-1}), T(DType::f32, {-1})});
+  Config cfg = config(R"({"blocks":{"n":1024},"num_warps":8})");
+  codegen::LayoutPlan plan = codegen::assign_layouts(f, cfg, Target{});
+  CHECK_FALSE(plan.has_2d);
+  for (size_t v = 0; v < f.values.size(); ++v) {
+    if (f.values[v].type.rank() != 1) continue;
+    const codegen::Layout& l = plan.of(static_cast<int>(v));
+    CHECK(l.arr == codegen::Arrangement{1, 32, 1, 8});
+    CHECK(l.dim0_on_cols);
+    CHECK(l.slots() == 4);   // 1024 elements over 256 threads
+  }
+}
+
+TEST_CASE("codegen: layout conversions are explicit steps") {
+  using codegen::Conversion;
+  using codegen::Layout;
+  codegen::Arrangement a{4, 8, 4, 1};
+  Layout tile = Layout::blocked2(a, 64, 32), rows = Layout::row_slice(a, 64), cols = Layout::col_slice(a, 32);
+  CHECK(codegen::plan_conversion(rows, Layout::blocked2(a, 64, 1), 4).kind == Conversion::Kind::none);   // expand_dims(1)
+  CHECK(codegen::plan_conversion(Layout::blocked2(a, 64, 1), tile, 4).kind == Conversion::Kind::broadcast);
+  CHECK(codegen::plan_conversion(cols, tile, 4).kind == Conversion::Kind::broadcast);
+  CHECK(codegen::plan_conversion(Layout::scalar(), tile, 4).kind == Conversion::Kind::from_scalar);
+  Conversion x = codegen::plan_conversion(Layout::row_slice(a, 32), cols, 4);
+  CHECK(x.kind == Conversion::Kind::exchange);
+  CHECK(x.smem_bytes == 32 * 4);
+  CHECK(contains(x.expr("v7", "L1x32"), "tj::dev::exchange<L1x32"));
+  Layout flat = Layout::col_slice(codegen::Arrangement{1, 32, 1, 4}, 64);
+  CHECK(codegen::plan_conversion(flat, rows, 4).kind == Conversion::Kind::exchange);
+  CHECK(Layout::row_slice(a, 1).replicated());
+  CHECK(codegen::plan_conversion(Layout::row_slice(a, 1), Layout::scalar(), 4).kind == Conversion::Kind::to_scalar);
+}
+
+// ---- the library kernels, compiled with NVRTC ------------------------------------------------
+
+TEST_CASE("codegen: vector_add compiles for sm_90a and sm_80 (f32, bf16)") {
+  for (DType t : {DType::f32, DType::bf16}) {
+    CAPTURE(name(t));
+    ir::Function f = kernels::vector_add().trace({T(t, {-1}), T(t, {-1}), T(t, {-1})});
+    compile_and_check(f, config(R"({"blocks":{"n":64},"num_warps":4})"));
+    compile_and_check(f, config(R"({"blocks":{"n":1024},"num_warps":8})"));
+  }
+}
+
+TEST_CASE("codegen: softmax compiles for sm_90a and sm_80 (f32, f16, bf16)") {
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    CAPTURE(name(t));
+    ir::Function f = kernels::softmax().trace({T(t, {7, 300}), T(t, {7, 300})});
+    compile_and_check(f, config(R"({"blocks":{"c":64,"c2":64},"num_warps":4})"));
+    compile_and_check(f, config(R"({"blocks":{"c":256,"c2":32},"num_warps":2})"));
+  }
+  ir::Function dyn = kernels::softmax().trace({T(DType::bf16, {-1, -1}), T(DType::f32, {-1, -1})});
+  compile_and_check(dyn, config(R"({"blocks":{"c":128,"c2":128},"num_warps":4})"));
+}
+
+TEST_CASE("codegen: attention compiles for sm_90a and sm_80 (f32, f16, bf16; causal and not)") {
+  const Config cfgs[] = {config(R"({"blocks":{"m":64,"n":64},"num_warps":4})"),
+                         config(R"({"blocks":{"m":32,"n":16},"num_warps":2})")};
+  struct Variant {
+    DType t;
+    bool causal;
+    const Config& cfg;
+  };
+  for (const Variant& v : {Variant{DType::f32, false, cfgs[0]}, Variant{DType::f32, true, cfgs[1]},
+                           Variant{DType::f16, false, cfgs[1]}, Variant{DType::f16, true, cfgs[0]},
+                           Variant{DType::bf16, true, cfgs[0]}, Variant{DType::bf16, false, cfgs[1]}}) {
+    CAPTURE(name(v.t));
+    CAPTURE(v.causal);
+    compile_and_check(trace_attention(v.t, v.t, {2, 4, 100, 64}, v.causal), v.cfg);
+  }
+}
+
+TEST_CASE("codegen: e4m3 attention with bf16 output converts with cvt e4m3x2 on sm_90a") {
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    ir::Function f = trace_attention(DType::e4m3, DType::bf16, {1, 2, 128, 64}, causal);
+    compile_and_check(f, config(R"({"blocks":{"m":64,"n":32},"num_warps":4})"), /*fp8_conversions=*/true);
+  }
+  // sm_80 has no fp8 cvt: the device library decodes in software there.
+  Compiled c = compile(trace_attention(DType::e4m3, DType::bf16, {1, 2, 128, 64}, false),
+                       config(R"({"blocks":{"m":64,"n":32}})"), "sm_80");
+  CHECK_FALSE(contains(c.ptx, "e4m3x2"));
+}
+
+TEST_CASE("codegen: the sm_90a attention kernel assembles to a CUBIN without spills") {
+  ir::Function f = trace_attention(DType::bf16, DType::bf16, {1, 2, 128, 64}, true);
+  GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64},"num_warps":4})"), Target{});
+  INFO(g.source);
+  runtime::CompileOptions opts;
+  opts.headers = device_headers();
+  opts.extra_options = {"--ptxas-options=-v"};
+  runtime::CompileResult r = runtime::compile_cuda(g.source, "attention.cu", opts);
+  INFO(r.log);
+  CHECK(r.cubin.size() > 4);
+  CHECK(contains(r.log, "0 bytes spill stores"));
+}
+
+// ---- every op, all dtypes --------------------------------------------------------------------
+
+TEST_CASE("codegen: kernels using every op compile for sm_90a and sm_80") {
+  const DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, e4m3 = DType::e4m3, e5m2 = DType::e5m2;
+  SUBCASE("elementwise, transpose, where, integer tiles") {
+    compile_and_check(k_elementwise2d().trace({T(f32, {37, 45}), T(f32, {45, 37}), T(f32, {37, 45}), T(f32, {37, 45}),
+                                               RuntimeScalar{0.5f}}),
+                      config(R"({"blocks":{"r":16,"c":32}})"));
+    compile_and_check(k_elementwise2d().trace({T(bf16, {-1, -1}), T(bf16, {-1, -1}), T(f16, {-1, -1}),
+                                               T(bf16, {-1, -1}), RuntimeScalar{0.5f}}),
+                      config(R"({"blocks":{"r":8,"c":64},"num_warps":2})"));
+    compile_and_check(k_elementwise2d().trace({T(f16, {32, 32}), T(f16, {32, 32}), T(e4m3, {32, 32}),
+                                               T(e5m2, {32, 32}), RuntimeScalar{0.5f}}),
+                      config(R"({"blocks":{"r":32,"c":32},"num_warps":4,"knobs":{"fast_math":1}})"), true);
+  }
+  SUBCASE("reductions along both axes, warps across the reduced axis") {
+    compile_and_check(k_reductions().trace({T(f32, {50, 70}), T(f32, {50}), T(f32, {4, 70})}),
+                      config(R"({"blocks":{"r":16,"c":32},"num_warps":8})"));
+    compile_and_check(k_reductions().trace({T(bf16, {50, 70}), T(bf16, {50}), T(f32, {2, 70})}),
+                      config(R"({"blocks":{"r":32,"c":64},"num_warps":4,"knobs":{"simt_warps_c":2}})"));
+    compile_and_check(k_reductions().trace({T(f16, {-1, -1}), T(f16, {-1}), T(f32, {-1, -1})}),
+                      config(R"({"blocks":{"r":4,"c":128},"num_warps":4})"));
+  }
+  SUBCASE("dot with k ranges and transposed operands") {
+    compile_and_check(k_matmul().trace({T(bf16, {40, 70}), T(bf16, {24, 70}), T(bf16, {70, 40}), T(f32, {40, 24}),
+                                        T(bf16, {40, 24})}),
+                      config(R"({"blocks":{"m":32,"n":16,"k":32}})"));
+    compile_and_check(k_matmul().trace({T(e4m3, {-1, -1}), T(e4m3, {-1, -1}), T(e4m3, {-1, -1}), T(f32, {-1, -1}),
+                                        T(e4m3, {-1, -1})}),
+                      config(R"({"blocks":{"m":64,"n":64,"k":32},"num_warps":8})"), true);
+    compile_and_check(k_matmul().trace({T(e5m2, {64, 64}), T(e5m2, {64, 64}), T(e5m2, {64, 64}), T(f16, {64, 64}),
+                                        T(f32, {64, 64})}),
+                      config(R"({"blocks":{"m":16,"n":64,"k":16},"num_warps":1})"));
+  }
+  SUBCASE("i32, i64 and i1 tiles") {
+    compile_and_check(k_integers().trace({T(DType::i32, {-1}), T(DType::i64, {-1}), T(DType::i1, {-1}),
+                                          T(DType::i32, {-1}), T(DType::i64, {-1}), T(DType::i1, {-1}),
+                                          T(f32, {-1})}),
+                      config(R"({"blocks":{"n":256},"num_warps":4})"));
+  }
+  SUBCASE("rank-1 and rank-2 tiles together, scalar loads and stores, a sequential grid loop") {
+    compile_and_check(k_mixed_ranks().trace({T(f32, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f32, {24}),
+                                             T(f32, {2})}),
+                      config(R"({"num_warps":4})"));
+    compile_and_check(k_mixed_ranks().trace({T(bf16, {40}), T(bf16, {40, 40}), T(bf16, {40, 40}), T(bf16, {40}),
+                                             T(bf16, {2})}),
+                      config(R"({"num_warps":1})"));
+  }
+}
+
+// ---- readability, markers, masks -------------------------------------------------------------
+
+TEST_CASE("codegen: generated attention is readable and every op statement points at kernels/attention.cpp") {
+  ir::Function f = trace_attention(DType::bf16, DType::bf16, {2, 4, 100, 64}, true);
+  GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64},"num_warps":4})"), Target{});
+  INFO("generated source:\n", g.source);
+  CHECK(g.name == "attention");
+  CHECK(g.entry == "attention");
+  CHECK(g.threads == 128);
+  CHECK(g.dynamic_smem_bytes == (64 * 65 + 64 * 64) * 4);   // one dot's staging, reused
+  for (const auto& h : g.device_headers) {
+    CAPTURE(h);
+    CHECK(std::any_of(codegen::device_library().begin(), codegen::device_library().end(),
+                      [&](const auto& e) { return e.name == h; }));
+    CHECK(contains(g.source, "#include \"" + h + "\"") == (h == "tile.cuh"));
+  }
+  CHECK(contains(g.source, "extern \"C\" __global__ void __launch_bounds__(128) attention(tj::dev::TensorArg<4> q, "
+                           "tj::dev::TensorArg<4> k, tj::dev::TensorArg<4> v, tj::dev::TensorArg<4> o, float scale)"));
+  // Short: about one line per op.
+  const size_t lines = count(g.source, "\n");
+  CHECK(lines < 90);
+  CHECK(lines > 40);
+  // Every statement that calls into the device library carries a marker into the DSL source.
+  std::vector<Marker> ms = markers(g.source);
+  REQUIRE(ms.size() > 30);
+  std::istringstream in(g.source);
+  for (std::string l; std::getline(in, l);)
+    if (contains(l, "tj::dev::") && l.rfind("//", 0) != 0 && !contains(l, "using ") && !contains(l, "TensorArg<4> q")) {
+      CAPTURE(l);
+      CHECK(contains(l, "  // @ "));
+    }
+  std::vector<std::string> src;
+  for (const Marker& m : ms) {
+    CAPTURE(m.code);
+    CHECK(ends_with(m.file, "kernels/attention.cpp"));
+    if (src.empty()) src = read_lines(m.file);
+    if (src.empty()) continue;   // the source tree is not where the library was built
+    REQUIRE(m.line >= 1);
+    REQUIRE(m.line <= static_cast<int>(src.size()));
+    const std::string& dsl = src[m.line - 1];
+    CAPTURE(dsl);
+    if (contains(m.code, "tj::dev::dot<")) CHECK(contains(dsl, "dot("));
+    if (contains(m.code, "tj::dev::load<")) CHECK(contains(dsl, ".load("));
+    if (contains(m.code, "tj::dev::store<")) CHECK(contains(dsl, ".store("));
+    if (contains(m.code, "op_max")) CHECK(contains(dsl, "amax("));
+    if (contains(m.code, "exp2f(")) CHECK(contains(dsl, "exp2("));
+    if (contains(m.code, "for (")) CHECK(contains(dsl, "tile("));
+  }
+}
+
+TEST_CASE("codegen: an NVRTC error in generated code is reported at the DSL line") {
+  ir::Function f = trace_attention(DType::f16, DType::f16, {1, 2, 64, 64}, false);
+  GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64}})"), Target{});
+  // Break the first dot statement (as a device-library bug would) and compile.
+  size_t dot = g.source.find("tj::dev::dot<");
+  REQUIRE(dot != std::string::npos);
+  std::string broken = g.source;
+  broken.replace(dot, std::string("tj::dev::dot<").size(), "tj::dev::no_such_dot<");
+  size_t eol = broken.find('\n', dot);
+  std::vector<Marker> ms = markers(broken.substr(broken.rfind('\n', dot) + 1, eol - broken.rfind('\n', dot)));
+  REQUIRE(ms.size() == 1);
+  runtime::CompileOptions opts;
+  opts.headers = device_headers();
+  try {
+    runtime::compile_cuda(broken, "attention.cu", opts);
+    FAIL("NVRTC accepted a broken kernel");
+  } catch (const CompileError& e) {
+    CHECK(contains(e.what(), fmt::format("{}:{}", ms[0].file, ms[0].line)));
+  }
+}
+
+TEST_CASE("codegen: masks that are provably always true are omitted") {
+  Config cfg = config(R"({"blocks":{"m":64,"n":64},"num_warps":4})");
+  SUBCASE("S a multiple of the blocks: no masks on loads, stores and reductions") {
+    GeneratedKernel g = codegen::generate_cuda(trace_attention(DType::f32, DType::f32, {1, 2, 128, 64}, false), cfg, Target{});
+    INFO(g.source);
+    CHECK(count(g.source, "tj::dev::load<tj::dev::f32, L64x64, false, false>") == 3);
+    CHECK(count(g.source, "tj::dev::store<tj::dev::f32, L64x64, false, false>") == 1);
+    CHECK(contains(g.source, "tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>"));
+    CHECK(count(g.source, "tj::dev::dot<L64x64, false, true, false>") == 1);
+    CHECK(count(g.source, "tj::dev::dot<L64x64, false, false, false>") == 1);
+    CHECK_FALSE(contains(g.source, "in_range"));   // b = bh / H, h = bh % H are provably in range
+  }
+  SUBCASE("S not a multiple: rows are masked, the static head dim is not") {
+    GeneratedKernel g = codegen::generate_cuda(trace_attention(DType::f32, DType::f32, {1, 2, 100, 64}, false), cfg, Target{});
+    INFO(g.source);
+    CHECK(count(g.source, "tj::dev::load<tj::dev::f32, L64x64, true, false>") == 3);
+    CHECK(contains(g.source, "tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>"));
+    CHECK(count(g.source, "tj::dev::dot<L64x64, false, false, true>") == 1);
+  }
+  SUBCASE("dynamic sizes are always checked") {
+    ir::Function f = kernels::vector_add().trace({T(DType::f32, {-1}), T(DType::f32, {-1}), T(DType::f32, {-1})});
+    GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"n":256}})"), Target{});
+    INFO(g.source);
+    CHECK(count(g.source, "L256, false, true>") == 3);
+    CHECK(contains(g.source, "x.shape[0]"));
+  }
+}
+
+TEST_CASE("codegen: accurate math unless the fast_math knob is set") {
+  ir::Function f = kernels::softmax().trace({T(DType::f32, {4, 256}), T(DType::f32, {4, 256})});
+  GeneratedKernel accurate = codegen::generate_cuda(f, config(R"({"blocks":{"c":128,"c2":128}})"), Target{});
+  CHECK(contains(accurate.source, "exp2f("));
+  CHECK_FALSE(contains(accurate.source, "fast_exp2"));
+  Config fast = config(R"({"blocks":{"c":128,"c2":128},"knobs":{"fast_math":1}})");
+  Compiled c = compile(f, fast, "sm_90a");
+  CHECK(contains(c.gen.source, "tj::dev::fast_exp2("));
+  CHECK_FALSE(contains(c.gen.source, "exp2f("));
+  CHECK(contains(c.ptx, "ex2.approx.ftz.f32"));
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+TEST_CASE("codegen: a rank-3 tile is reported at its op") {
+  int load_line = 0;
+  const Kernel k = kernel("rank3", {"x", "o"}, [&](In x, Out o) {
+    for (auto i : tile(x.dim(0), block("b"))) {
+      load_line = __LINE__ + 1;
+      auto t = x.load(i, all, all);
+      o.store(i, all, all, t);
+    }
+  });
+  ir::Function f = k.trace({T(DType::f32, {8, 4, 16}), T(DType::f32, {8, 4, 16})});
+  try {
+    codegen::generate_cuda(f, default_config(f), Target{});
+    FAIL("a rank-3 tile was accepted");
+  } catch (const DslError& e) {
+    CHECK(e.what_only() == "tiles of rank 3 are not supported by the CUDA backend yet");
+    CHECK(e.where().line == load_line);
+    CHECK(ends_with(e.where().file, "test_codegen.cpp"));
+  }
+}
+
+TEST_CASE("codegen: configs whose register tiles cannot fit are rejected with the sizes") {
+  ir::Function f = trace_attention(DType::bf16, DType::bf16, {1, 2, 512, 64}, false);
+  try {
+    codegen::generate_cuda(f, config(R"({"blocks":{"m":256,"n":256},"num_warps":4})"), Target{});
+    FAIL("an oversize config was accepted");
+  } catch (const DslError&) {
+    FAIL("expected a config error, not a DSL error");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(contains(msg, "kernel 'attention'"));
+    CHECK(contains(msg, R"("m":256)"));
+    CHECK(contains(msg, "512 elements per thread with 128 threads"));
+    CHECK(contains(msg, "more than the 256"));
+    CHECK(contains(msg, "f32[m, n]"));
+  }
+  // Smaller blocks fit: 128 x 128 over 128 threads is 128 elements per thread.
+  CHECK_NOTHROW(codegen::generate_cuda(f, config(R"({"blocks":{"m":128,"n":128},"num_warps":4})"), Target{}));
+}
+
+TEST_CASE("codegen: configs that need more shared memory than the target has are rejected") {
+  ir::Function f = trace_attention(DType::bf16, DType::bf16, {1, 1, 512, 256}, false);
+  Config cfg = config(R"({"blocks":{"m":128,"n":128},"num_warps":8})");
+  try {
+    codegen::generate_cuda(f, cfg, Target{});
+    FAIL("a config needing more than 227 KB of shared memory was accepted");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(contains(msg, "kernel 'attention'"));
+    CHECK(contains(msg, "bytes of shared memory"));
+    CHECK(contains(msg, "232448 bytes (227 KB)"));
+    CHECK(contains(msg, "the dot at"));
+  }
+  // The same kernel with smaller blocks fits, and sm_80's smaller limit is applied.
+  CHECK(codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64},"num_warps":4})"), Target{}).dynamic_smem_bytes <=
+        227 * 1024);
+  Config mid = config(R"({"blocks":{"m":128,"n":64},"num_warps":8})");
+  GeneratedKernel g = codegen::generate_cuda(f, mid, Target{});
+  CHECK(g.dynamic_smem_bytes > 163 * 1024);
+  CHECK_THROWS_AS(codegen::generate_cuda(f, mid, Target::parse("sm_80")), Error);
+}
+
+TEST_CASE("codegen: parameter names that clash with generated names are renamed") {
+  const Kernel k = kernel("clash", {"v1", "int", "tj_smem"}, [](In a, In b, Out c) {
+    for (auto i : tile(a.dim(0), block("n"))) c.store(i, a.load(i) + b.load(i));
+  });
+  ir::Function f = k.trace({T(DType::f32, {-1}), T(DType::f32, {-1}), T(DType::f32, {-1})});
+  Compiled c = compile(f, default_config(f), "sm_90a");
+  CHECK(contains(c.gen.source, "tj::dev::TensorArg<1> p0_v1, tj::dev::TensorArg<1> p1_int, tj::dev::TensorArg<1> p2_tj_smem"));
+  CHECK(contains(c.ptx, ".entry clash"));
+}

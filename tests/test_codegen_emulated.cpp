@@ -1,0 +1,384 @@
+// Generated CUDA, run on the CPU: the kernel source from codegen::generate_cuda and the
+// embedded device library are compiled as host C++ with a small shim for the CUDA builtins
+// they use (threadIdx, blockIdx, __syncthreads as a barrier of one std::thread per CUDA
+// thread, __shfl_xor_sync through memory), loaded with dlopen, launched program by program
+// with the same argument packing as cuLaunchKernel, and compared with run_reference.
+// This checks the generator's numerics without a GPU. Needs a host C++20 compiler
+// ($TILEJIT_TEST_CXX, $CXX or c++); without one the tests print SKIPPED.
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autotune/config.h"
+#include "codegen/cuda_emitter.h"
+#include "codegen/device_library.h"
+#include "dsl/kernel.h"
+#include "kernels/library.h"
+#include "runtime/numerics.h"
+#include "runtime/reference.h"
+
+namespace tj_codegen_test {   // tests/test_codegen.cpp
+const tj::Kernel& k_elementwise2d();
+const tj::Kernel& k_reductions();
+const tj::Kernel& k_matmul();
+const tj::Kernel& k_integers();
+const tj::Kernel& k_mixed_ranks();
+}  // namespace tj_codegen_test
+
+using namespace tj;
+using namespace tj_codegen_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kShim = R"shim(// CUDA builtins for running generated kernels on the host (tests/test_codegen_emulated.cpp).
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+struct tj_emu_uint3 { unsigned x = 0, y = 0, z = 0; };
+inline thread_local tj_emu_uint3 threadIdx, blockIdx;
+inline tj_emu_uint3 gridDim, blockDim;
+inline std::barrier<>* tj_emu_barrier = nullptr;
+alignas(16) inline unsigned char tj_emu_smem[256 * 1024];
+inline float tj_emu_lanes[1024];
+inline void __syncthreads() { tj_emu_barrier->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  const unsigned t = threadIdx.x;
+  tj_emu_lanes[t] = v;
+  tj_emu_barrier->arrive_and_wait();
+  float r = tj_emu_lanes[t ^ lane_mask];
+  tj_emu_barrier->arrive_and_wait();
+  return r;
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int __float2int_rz(float x) {
+  if (std::isnan(x)) return 0;
+  if (x >= 2147483647.0f) return 2147483647;
+  if (x <= -2147483648.0f) return (-2147483647 - 1);
+  return (int)x;
+}
+inline long long __float2ll_rz(float x) {
+  if (std::isnan(x)) return 0;
+  if (x >= 9.2233720368547758e18f) return 9223372036854775807LL;
+  if (x <= -9.2233720368547758e18f) return (-9223372036854775807LL - 1);
+  return (long long)x;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__
+#define __launch_bounds__(x)
+#define __shared__
+#define __align__(x)
+#define tj_smem tj_emu_smem
+)shim";
+
+std::string host_compiler() {
+  for (const char* var : {"TILEJIT_TEST_CXX", "CXX"})
+    if (const char* v = std::getenv(var); v && *v) return v;
+  return "c++";
+}
+
+// Whether the host compiler builds C++20 with <barrier>; cached.
+const std::string& compiler_problem() {
+  static const std::string problem = [] {
+    fs::path dir = fs::temp_directory_path() / fmt::format("tilejit_emu_probe_{}", getpid());
+    fs::create_directories(dir);
+    std::ofstream(dir / "probe.cpp") << "#include <barrier>\nstd::barrier<> b(1);\nint main() { b.arrive_and_wait(); }\n";
+    std::string cmd = fmt::format("{} -std=c++20 -pthread {} -o {} > {} 2>&1", host_compiler(), (dir / "probe.cpp").string(),
+                                  (dir / "probe").string(), (dir / "log").string());
+    int rc = std::system(cmd.c_str());
+    fs::remove_all(dir);
+    return rc == 0 ? std::string() : fmt::format("no host C++20 compiler ('{}' failed)", host_compiler());
+  }();
+  return problem;
+}
+
+#define TJ_REQUIRE_HOST_COMPILER()                                                              \
+  do {                                                                                          \
+    if (!compiler_problem().empty()) {                                                          \
+      const std::string tj_msg_ = "SKIPPED: emulated codegen test: " + compiler_problem();      \
+      MESSAGE(tj_msg_);                                                                         \
+      std::cerr << tj_msg_ << std::endl;                                                        \
+      return;                                                                                   \
+    }                                                                                           \
+  } while (0)
+
+// A generated kernel compiled for the host and loaded.
+class EmulatedKernel {
+ public:
+  using Launch = void (*)(void** params, long long programs);
+
+  EmulatedKernel(const codegen::GeneratedKernel& g, const ir::Function& f) {
+    dir_ = fs::temp_directory_path() / fmt::format("tilejit_emu_{}_{}_{}", getpid(), g.entry, counter()++);
+    fs::create_directories(dir_);
+    for (const auto& h : codegen::device_library()) std::ofstream(dir_ / h.name) << h.contents;
+    std::ofstream(dir_ / "tj_emu_shim.h") << kShim;
+    std::ofstream(dir_ / "kernel.cu") << g.source;
+    std::string call = g.entry + "(";
+    for (size_t p = 0; p < f.params.size(); ++p) {
+      const ir::Param& prm = f.params[p];
+      call += p ? ", " : "";
+      if (prm.is_tensor()) call += fmt::format("*static_cast<tj::dev::TensorArg<{}>*>(params[{}])", prm.rank(), p);
+      else if (prm.kind == ir::ParamKind::scalar_f32) call += fmt::format("*static_cast<float*>(params[{}])", p);
+      else call += fmt::format("*static_cast<long long*>(params[{}])", p);
+    }
+    call += ")";
+    std::ofstream(dir_ / "launch.cpp") << fmt::format(R"(#include "tj_emu_shim.h"
+#include "kernel.cu"
+// One std::thread per CUDA thread; they run the programs one block after another.
+extern "C" void tj_emu_launch(void** params, long long programs) {{
+  const int threads = {threads};
+  std::barrier<> bar(threads);
+  tj_emu_barrier = &bar;
+  gridDim.x = (unsigned)programs;
+  blockDim.x = threads;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {{
+      threadIdx.x = t;
+      for (long long b = 0; b < programs; ++b) {{
+        blockIdx.x = (unsigned)b;
+        {call};
+        bar.arrive_and_wait();
+      }}
+    }});
+  for (auto& th : pool) th.join();
+}}
+)",
+                                                      fmt::arg("threads", g.threads), fmt::arg("call", call));
+    const fs::path lib = dir_ / "kernel.so";
+    std::string cmd = fmt::format("cd {} && {} -std=c++20 -O1 -w -fPIC -shared -pthread -I. launch.cpp -o {} > build.log 2>&1",
+                                  dir_.string(), host_compiler(), lib.string());
+    if (std::system(cmd.c_str()) != 0) {
+      std::ifstream log(dir_ / "build.log");
+      std::stringstream ss;
+      ss << log.rdbuf();
+      throw std::runtime_error("host compilation of the generated kernel failed:\n" + ss.str().substr(0, 6000) +
+                               "\n--- generated source ---\n" + g.source);
+    }
+    handle_ = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle_) throw std::runtime_error(std::string("dlopen: ") + dlerror());
+    launch_ = reinterpret_cast<Launch>(dlsym(handle_, "tj_emu_launch"));
+    if (!launch_) throw std::runtime_error("tj_emu_launch not found");
+  }
+  ~EmulatedKernel() {
+    if (handle_) dlclose(handle_);
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  EmulatedKernel(const EmulatedKernel&) = delete;
+  EmulatedKernel& operator=(const EmulatedKernel&) = delete;
+
+  void operator()(void** params, long long programs) const { launch_(params, programs); }
+
+ private:
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  fs::path dir_;
+  void* handle_ = nullptr;
+  Launch launch_ = nullptr;
+};
+
+// A host tensor: its bytes, its view, and the TensorArg<R> words a launch passes.
+struct HostTensor {
+  TensorView view;
+  std::vector<unsigned char> bytes;
+  std::vector<int64_t> words;   // data pointer, shape[R], stride[R]
+};
+
+// Inputs random (normal floats, small integers, random bits), outputs filled with -777 (so
+// elements a kernel does not store compare equal). `strided` lays every tensor out with a
+// gap after each element and each row.
+HostTensor make_tensor(DType t, const std::vector<int64_t>& shape, bool output, bool strided, std::mt19937& rng) {
+  HostTensor h;
+  h.view.dtype = t;
+  h.view.shape = shape;
+  int64_t storage = 1;
+  for (int64_t d : shape) storage *= d;
+  if (strided) {
+    h.view.strides.resize(shape.size());
+    int64_t s = 2;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      h.view.strides[d] = s;
+      s *= shape[d] + (d + 1 == static_cast<int>(shape.size()) ? 0 : 1);
+    }
+    storage = s;
+  }
+  h.bytes.assign(static_cast<size_t>(storage * size_bytes(t)), 0);
+  std::normal_distribution<double> normal(0.0, 1.5);
+  for (int64_t i = 0; i < storage; ++i) {
+    double x = output ? -777.0 : is_int(t) ? std::floor(normal(rng) * 15) : t == DType::i1 ? double(normal(rng) > 0) : normal(rng);
+    numerics::store_element(h.bytes.data(), t, i, x);
+  }
+  h.view.data = h.bytes.data();
+  return h;
+}
+
+void pack(HostTensor& h) {
+  h.words.clear();
+  h.words.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(h.bytes.data())));
+  for (int64_t d : h.view.shape) h.words.push_back(d);
+  for (int64_t s : h.view.effective_strides()) h.words.push_back(s);
+}
+
+struct EmuCase {
+  std::string name;
+  const Kernel& (*kernel)();
+  std::vector<ArgSpec> specs;
+  std::string config;
+  std::vector<std::vector<int64_t>> shapes = {};   // actual tensor shapes (for dynamic specs)
+  bool strided = false;
+};
+
+// Generates, emulates and compares every output element with the reference executor.
+void run_case(const EmuCase& c) {
+  CAPTURE(c.name);
+  ir::Function f = c.kernel().trace(c.specs);
+  Config cfg = Config::from_json(c.config);
+  codegen::GeneratedKernel g = codegen::generate_cuda(f, cfg, codegen::Target{});
+  INFO("generated source:\n", g.source);
+  EmulatedKernel emu(g, f);
+
+  std::mt19937 rng(1234);
+  std::vector<HostTensor> ref, out;
+  std::vector<size_t> param_of;   // parameter index of each tensor
+  std::vector<ArgValue> ref_args, emu_args;
+  std::vector<float> scalars;
+  scalars.reserve(c.specs.size());
+  size_t tensor = 0;
+  for (const ArgSpec& s : c.specs) {
+    if (const auto* t = std::get_if<TensorSpec>(&s)) {
+      const ir::Param& p = f.params.at(ref_args.size());
+      std::vector<int64_t> shape = c.shapes.empty() ? t->shape : c.shapes.at(tensor);
+      ++tensor;
+      param_of.push_back(ref_args.size());
+      ref.push_back(make_tensor(t->dtype, shape, p.kind == ir::ParamKind::tensor_out, c.strided, rng));
+      ref_args.emplace_back(ref.back().view);
+      emu_args.emplace_back(ref.back().view);   // replaced below by the copies' views
+    } else if (const auto* r = std::get_if<RuntimeScalar>(&s)) {
+      ref_args.emplace_back(r->value);
+      emu_args.emplace_back(r->value);
+    }
+  }
+  out = ref;   // same contents, own buffers
+  std::vector<void*> params;
+  size_t ti = 0;
+  for (size_t a = 0; a < emu_args.size(); ++a) {
+    if (std::holds_alternative<TensorView>(emu_args[a])) {
+      HostTensor& h = out[ti++];
+      h.view.data = h.bytes.data();
+      pack(h);
+      emu_args[a] = h.view;
+      params.push_back(h.words.data());
+    } else {
+      scalars.push_back(std::get<float>(emu_args[a]));
+      params.push_back(&scalars.back());
+    }
+  }
+  for (auto& h : ref) h.view.data = h.bytes.data();
+  for (size_t a = 0, i = 0; a < ref_args.size(); ++a)
+    if (std::holds_alternative<TensorView>(ref_args[a])) ref_args[a] = ref[i++].view;
+
+  run_reference(f, cfg, ref_args);
+  LaunchShape ls = launch_shape(f, cfg, emu_args);
+  emu(params.data(), ls.programs);
+
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const ir::Param& p = f.params[param_of[i]];
+    if (!p.writes()) continue;
+    const DType t = ref[i].view.dtype;
+    const int64_t n = static_cast<int64_t>(ref[i].bytes.size()) / size_bytes(t);
+    // f32: summation order and fma differ from the reference; narrower types: one unit in
+    // the last place of the output format.
+    const double rtol = t == DType::f32 ? 3e-5 : t == DType::f16 ? 1.5e-3 : t == DType::bf16 ? 8e-3 : 0.07;
+    double scale = 0;
+    for (int64_t e = 0; e < n; ++e) scale = std::max(scale, std::abs(numerics::load_element(ref[i].bytes.data(), t, e)));
+    int bad = 0;
+    for (int64_t e = 0; e < n; ++e) {
+      const double want = numerics::load_element(ref[i].bytes.data(), t, e);
+      const double got = numerics::load_element(out[i].bytes.data(), t, e);
+      const bool ok = (std::isnan(want) && std::isnan(got)) || std::abs(got - want) <= rtol * std::abs(want) + 1e-6 * scale;
+      if (!ok && bad++ < 5)
+        FAIL_CHECK(fmt::format("output '{}' element {}: generated code gives {}, the reference {}", p.name, e, got,
+                               want));
+    }
+    CHECK_MESSAGE(bad == 0, fmt::format("output '{}': {} of {} elements differ", p.name, bad, n));
+  }
+}
+
+TensorSpec T(DType t, std::vector<int64_t> shape) { return TensorSpec{t, std::move(shape)}; }
+
+const Kernel& attention() { return kernels::attention(); }
+const Kernel& softmax() { return kernels::softmax(); }
+const Kernel& vector_add() { return kernels::vector_add(); }
+
+constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, e4m3 = DType::e4m3;
+
+}  // namespace
+
+TEST_CASE("codegen (emulated): attention matches the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  const std::vector<int64_t> s70{1, 2, 70, 32}, s64{1, 2, 64, 32};
+  run_case({"bf16 causal, ragged", &attention, {T(bf16, s70), T(bf16, s70), T(bf16, s70), T(bf16, s70), RuntimeScalar{0.25f}, true},
+            R"({"blocks":{"m":32,"n":16},"num_warps":4})"});
+  run_case({"e4m3 in, bf16 out", &attention, {T(e4m3, s64), T(e4m3, s64), T(e4m3, s64), T(bf16, s64), RuntimeScalar{0.25f}, false},
+            R"({"blocks":{"m":32,"n":32},"num_warps":4})"});
+  run_case({"f32, warps across the rows' columns", &attention,
+            {T(f32, s70), T(f32, s70), T(f32, s70), T(f32, s70), RuntimeScalar{0.2f}, true},
+            R"({"blocks":{"m":16,"n":64},"num_warps":8})"});
+}
+
+TEST_CASE("codegen (emulated): softmax and vector_add match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  run_case({"softmax bf16 -> f32", &softmax, {T(bf16, {5, 333}), T(f32, {5, 333})}, R"({"blocks":{"c":128,"c2":64},"num_warps":2})"});
+  run_case({"vector_add f16, dynamic, strided", &vector_add, {T(f16, {-1}), T(f16, {-1}), T(f16, {-1})},
+            R"({"blocks":{"n":256},"num_warps":4})", {{1000}, {1000}, {1000}}, true});
+}
+
+TEST_CASE("codegen (emulated): elementwise ops, transposes and integer tiles match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  run_case({"ew2d f32", &k_elementwise2d, {T(f32, {37, 45}), T(f32, {45, 37}), T(f32, {37, 45}), T(f32, {37, 45}), RuntimeScalar{0.75f}},
+            R"({"blocks":{"r":16,"c":32}})"});
+  run_case({"ew2d bf16/f16 dynamic strided", &k_elementwise2d,
+            {T(bf16, {-1, -1}), T(bf16, {-1, -1}), T(f16, {-1, -1}), T(bf16, {-1, -1}), RuntimeScalar{-1.25f}},
+            R"({"blocks":{"r":8,"c":64},"num_warps":2})", {{37, 45}, {45, 37}, {37, 45}, {37, 45}}, true});
+  run_case({"integers", &k_integers,
+            {T(DType::i32, {-1}), T(DType::i64, {-1}), T(DType::i1, {-1}), T(DType::i32, {-1}), T(DType::i64, {-1}),
+             T(DType::i1, {-1}), T(f32, {-1})},
+            R"({"blocks":{"n":64},"num_warps":1})", {{300}, {300}, {300}, {300}, {300}, {300}, {300}}, true});
+}
+
+TEST_CASE("codegen (emulated): reductions, dots and mixed-rank layouts match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  run_case({"reductions, warps along the columns", &k_reductions, {T(bf16, {50, 70}), T(bf16, {50}), T(f32, {2, 70})},
+            R"({"blocks":{"r":32,"c":64},"num_warps":4,"knobs":{"simt_warps_c":2}})"});
+  run_case({"reductions, 8 warps", &k_reductions, {T(f32, {50, 70}), T(f32, {50}), T(f32, {4, 70})},
+            R"({"blocks":{"r":16,"c":32},"num_warps":8})"});
+  run_case({"matmul e4m3", &k_matmul, {T(e4m3, {40, 70}), T(e4m3, {24, 70}), T(e4m3, {70, 40}), T(f32, {40, 24}), T(bf16, {40, 24})},
+            R"({"blocks":{"m":16,"n":32,"k":16},"num_warps":2})"});
+  run_case({"matmul f32 dynamic strided", &k_matmul,
+            {T(f32, {-1, -1}), T(f32, {-1, -1}), T(f32, {-1, -1}), T(f32, {-1, -1}), T(f16, {-1, -1})},
+            R"({"blocks":{"m":64,"n":32,"k":64},"num_warps":8})", {{40, 70}, {24, 70}, {70, 40}, {40, 24}, {40, 24}}, true});
+  run_case({"mixed ranks", &k_mixed_ranks, {T(f16, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f16, {24}), T(f32, {2})},
+            R"({"num_warps":4})"});
+}

@@ -1,0 +1,162 @@
+// Library kernels on the GPU against the CPU reference executor, through the whole JIT path
+// (trace -> CUDA -> NVRTC -> driver). Outputs are poisoned before each launch.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "gpu.h"
+#include "kernels/library.h"
+#include "runtime/jit.h"
+#include "runtime/owned_tensor.h"
+#include "runtime/reference.h"
+
+using namespace tj;
+
+namespace {
+
+HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double scale = 1.0) {
+  HostTensor t(dt, std::move(shape));
+  std::normal_distribution<double> n(0.0, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, n(rng));
+  return t;
+}
+
+struct Outcome {
+  double max_abs_err = 0;
+  double max_ref = 0;
+  int64_t nan_count = 0;
+};
+
+// Runs `k` on the CPU reference and on the GPU with the same inputs and config, and compares
+// the tensor at `out_index`.
+Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, const std::vector<Arg>& extra_tail, size_t out_index,
+                 const std::optional<Config>& config = std::nullopt) {
+  std::vector<Arg> host_args, dev_args;
+  std::vector<DeviceTensor> dev;
+  dev.reserve(tensors.size());
+  for (auto& t : tensors) {
+    host_args.push_back(t.view());
+    dev.push_back(DeviceTensor::from_host(t));
+  }
+  for (auto& d : dev) dev_args.push_back(d.view());
+  for (const auto& a : extra_tail) {
+    host_args.push_back(a);
+    dev_args.push_back(a);
+  }
+  tensors[out_index].fill_bytes(0xFF);
+  dev[out_index].fill_bytes(0xFF);
+
+  auto specs = specs_for(k, host_args, false);
+  ir::Function f = k.trace(specs);
+  Config cfg = config ? *config : default_config(f);
+  std::vector<ArgValue> ref_args;
+  for (size_t i = 0; i < host_args.size(); ++i) {
+    if (k.slots()[i].is_host()) continue;
+    if (auto* t = std::get_if<TensorView>(&host_args[i])) ref_args.emplace_back(*t);
+    else ref_args.emplace_back(static_cast<float>(std::get<double>(host_args[i])));
+  }
+  run_reference(f, cfg, ref_args);
+
+  LaunchOptions opts;
+  opts.config = cfg;
+  launch(k, dev_args, opts);
+  runtime::synchronize();
+  HostTensor got = dev[out_index].to_host();
+  Outcome o;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    double r = tensors[out_index].at(i), g = got.at(i);
+    if (std::isnan(g) || std::isnan(r)) {
+      ++o.nan_count;
+      continue;
+    }
+    o.max_abs_err = std::max(o.max_abs_err, std::abs(r - g));
+    o.max_ref = std::max(o.max_ref, std::abs(r));
+  }
+  return o;
+}
+
+double tolerance(DType out) {
+  switch (out) {
+    case DType::f32: return 2e-5;
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1.6e-2;
+    default: return 0.13;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpu: vector_add matches the reference for lengths that are not a multiple of the block") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(1);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t n : {1, 1000, 4099}) {
+      std::vector<HostTensor> t = {random_tensor(dt, {n}, rng), random_tensor(dt, {n}, rng), HostTensor(dt, {n})};
+      Outcome o = run_both(kernels::vector_add(), t, {}, 2);
+      INFO(fmt::format("{} n={}", name(dt), n));
+      CHECK(o.nan_count == 0);
+      CHECK(o.max_abs_err <= tolerance(dt) * std::max(1.0, o.max_ref));
+    }
+  }
+}
+
+TEST_CASE("gpu: softmax matches the reference") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(2);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (auto shape : std::vector<std::vector<int64_t>>{{5, 300}, {64, 1024}, {3, 7}}) {
+      std::vector<HostTensor> t = {random_tensor(dt, shape, rng, 3.0), HostTensor(dt, shape)};
+      Outcome o = run_both(kernels::softmax(), t, {}, 1);
+      INFO(fmt::format("{} [{}]", name(dt), fmt::join(shape, ", ")));
+      CHECK(o.nan_count == 0);
+      CHECK(o.max_abs_err <= tolerance(dt));
+    }
+  }
+}
+
+TEST_CASE("gpu: attention matches the reference (f32, f16, bf16, e4m3; causal and not; ragged lengths)") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  struct Case { DType in, out; int64_t B, H, S, D; bool causal; };
+  std::vector<Case> cases = {
+      {DType::f32, DType::f32, 1, 2, 100, 64, false}, {DType::f32, DType::f32, 2, 1, 77, 32, true},
+      {DType::f16, DType::f16, 1, 2, 128, 64, true},  {DType::bf16, DType::bf16, 2, 2, 130, 64, false},
+      {DType::bf16, DType::bf16, 1, 1, 64, 128, true}, {DType::e4m3, DType::bf16, 1, 2, 96, 64, false},
+  };
+  for (const Case& c : cases) {
+    std::vector<int64_t> shape = {c.B, c.H, c.S, c.D};
+    std::vector<HostTensor> t = {random_tensor(c.in, shape, rng), random_tensor(c.in, shape, rng),
+                                 random_tensor(c.in, shape, rng), HostTensor(c.out, shape)};
+    double scale = 1.4426950408889634 / std::sqrt(double(c.D));
+    Outcome o = run_both(kernels::attention(), t, {Arg(scale), Arg(c.causal)}, 3);
+    INFO(fmt::format("{}->{} [{}] causal={}", name(c.in), name(c.out), fmt::join(shape, ", "), c.causal));
+    CHECK(o.nan_count == 0);
+    CHECK(o.max_abs_err <= tolerance(c.out) * std::max(1.0, o.max_ref));
+  }
+}
+
+TEST_CASE("gpu: attention gives the same answer for several block configs") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  std::vector<int64_t> shape = {1, 2, 200, 64};
+  for (auto [bm, bn, warps] : std::vector<std::tuple<int, int, int>>{{16, 32, 2}, {32, 64, 4}, {64, 16, 8}}) {
+    std::vector<HostTensor> t = {random_tensor(DType::f32, shape, rng), random_tensor(DType::f32, shape, rng),
+                                 random_tensor(DType::f32, shape, rng), HostTensor(DType::f32, shape)};
+    Config cfg;
+    cfg.blocks = {{"m", bm}, {"n", bn}};
+    cfg.num_warps = warps;
+    Outcome o = run_both(kernels::attention(), t, {Arg(0.18), Arg(true)}, 3, cfg);
+    INFO(cfg.to_json());
+    CHECK(o.nan_count == 0);
+    CHECK(o.max_abs_err <= 2e-5);
+  }
+}
+
+TEST_CASE("gpu: launch rejects host tensors with a clear message") {
+  TJ_REQUIRE_GPU();
+  HostTensor x(DType::f32, {16}), y(DType::f32, {16}), out(DType::f32, {16});
+  CHECK_THROWS_WITH_AS(launch(kernels::vector_add(), {x.view(), y.view(), out.view()}),
+                       doctest::Contains("is in host memory"), Error);
+}

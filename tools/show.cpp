@@ -1,0 +1,36 @@
+// `tilejit show`: what the compiler makes of a kernel — its IR, CUDA source or PTX.
+#include <fmt/format.h>
+
+#include "codegen/target.h"
+#include "dsl/ir.h"
+#include "runtime/device.h"
+#include "runtime/driver.h"
+#include "tools/problem.h"
+
+namespace tj::tools {
+
+std::string default_arch(const std::string& requested) {
+  if (!requested.empty()) return requested;
+  if (runtime::driver().available()) return runtime::current_device().arch();
+  return "sm_90a";
+}
+
+int show(const ProblemOptions& o, bool ir, bool ptx) {
+  ResolvedProblem r = resolve(o);
+  if (ir) {
+    fmt::print("{}", ir::print(r.ir));
+    return 0;
+  }
+  CompileRequest req;
+  req.arch = default_arch(o.arch);
+  req.want_ptx = ptx;
+  req.load = false;
+  const CompiledKernel& ck = compile(r.entry->get(), r.specs, r.config, req);
+  if (ptx) fmt::print("{}", ck.ptx);
+  else fmt::print("// tilejit: kernel {} for {}, config {}\n// {} threads, {} bytes of dynamic shared memory\n{}",
+                  r.entry->name, ck.arch, r.config.to_json(), ck.generated.threads, ck.generated.dynamic_smem_bytes,
+                  ck.generated.source);
+  return 0;
+}
+
+}  // namespace tj::tools
