@@ -930,8 +930,34 @@ GeneratedKernel Emitter::run() {
 
 }  // namespace
 
-GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t) {
+GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t) {
   return Emitter(f, cfg, t).run();
+}
+
+namespace {
+std::vector<PatternLowering>& lowering_registry() {
+  static std::vector<PatternLowering> registry;
+  return registry;
+}
+}  // namespace
+
+bool register_lowering(PatternLowering l) {
+  lowering_registry().push_back(std::move(l));
+  return true;
+}
+
+const std::vector<PatternLowering>& lowerings() { return lowering_registry(); }
+
+GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t) {
+  if (cfg.knob("lowering", 1) != 0) {
+    for (const PatternLowering& l : lowerings()) {
+      if (auto g = l.try_lower(f, cfg, t)) {
+        g->lowering = l.name;
+        return *std::move(g);
+      }
+    }
+  }
+  return generate_simt(f, cfg, t);
 }
 
 }  // namespace tj::codegen

@@ -14,6 +14,7 @@
 // blockIdx.y * gridDim.x, blocks past the last program return at once. Launch-loop indices
 // are decoded from the program id with the innermost launch loop varying fastest.
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,18 @@
 
 namespace tj::codegen {
 
+// A TMA tensor map the launcher builds (cuTensorMapEncodeTiled) for one tensor parameter and
+// passes, after all of f.params, as `const __grid_constant__ tj::dev::TmaDescriptor`, in the
+// order of GeneratedKernel::tma. Dims are listed outermost first, like the tensor's own.
+struct TmaOperand {
+  int param = -1;                          // index into f.params (a tensor)
+  std::vector<int> box;                    // elements per tensor dim copied at once (1 = one index)
+  int swizzle_bytes = 128;                 // 0 (none), 32, 64 or 128
+  // Dims to view as one (e.g. {0, 1, 2} folds [B, H, S] of a contiguous [B, H, S, D] into a
+  // single dim), so the map has fewer than 6 dims; empty: keep every dim.
+  std::vector<int> fold_outer_dims;
+};
+
 struct GeneratedKernel {
   std::string name;                        // the IR function's name
   std::string entry;                       // the extern "C" __global__ function
@@ -30,9 +43,34 @@ struct GeneratedKernel {
   int threads = 0;                         // threads per block = num_warps * 32
   size_t dynamic_smem_bytes = 0;           // dynamic shared memory per block
   std::vector<std::string> device_headers; // names of the device_library() files it includes
+  // Launch shape beyond the SIMT defaults (set by tensor-core lowerings):
+  std::vector<TmaOperand> tma;             // extra descriptor parameters, in order
+  int cluster_x = 1;                       // thread-block cluster size along x
+  // Persistent kernels: at most sm_count * blocks_per_sm blocks, each looping over programs;
+  // the program count is passed after the descriptors as `long long tj_programs`.
+  bool persistent = false;
+  int blocks_per_sm = 1;
+  std::string lowering = "simt";           // which lowering produced it (for `tilejit show`)
 };
 
-// Generates the CUDA source of `f` (launch loops marked) for `cfg` on `t`.
+// A lowering that recognizes whole kernels (e.g. a K-loop of dots on sm_90a) and emits
+// tensor-core code for them. Lowerings are tried in registration order before the SIMT
+// path; one that returns nothing leaves the kernel to the next.
+struct PatternLowering {
+  std::string name;
+  // Empty when the kernel, config or target does not fit; throws tj::Error when it fits the
+  // pattern but the config cannot work (explaining why).
+  std::optional<GeneratedKernel> (*try_lower)(const ir::Function& f, const Config& cfg, const Target& t);
+};
+// Registers a lowering at static-initialization time; returns a dummy for `static const bool`.
+bool register_lowering(PatternLowering l);
+const std::vector<PatternLowering>& lowerings();
+
+// The SIMT path alone (what generate_cuda falls back to).
+GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t);
+
+// Generates the CUDA source of `f` (launch loops marked) for `cfg` on `t`: the first pattern
+// lowering that accepts it, else the SIMT path. Config knob "lowering" = 0 forces SIMT.
 // Throws tj::DslError at the op for IR the backend does not support (tiles of rank > 2), and
 // tj::Error naming the kernel and the sizes for configs that cannot work (a register tile of
 // more than 256 elements per thread, shared memory beyond the target's limit).

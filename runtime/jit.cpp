@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
+#include "autotune/launch_plan.h"
 #include "codegen/device_library.h"
 #include "codegen/target.h"
 #include "runtime/device.h"
@@ -103,6 +105,12 @@ std::vector<ArgSpec> specs_for(const Kernel& k, const std::vector<Arg>& args, bo
   return specs;
 }
 
+namespace {
+std::atomic<uint64_t> g_nvrtc_compiles{0};
+}  // namespace
+
+uint64_t nvrtc_compile_count() { return g_nvrtc_compiles.load(std::memory_order_relaxed); }
+
 const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs, const Config& config,
                               const CompileRequest& request) {
   std::string arch = request.arch;
@@ -141,6 +149,7 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
       opts.want_ptx = request.want_ptx;
       opts.headers = device_headers();
       auto result = runtime::compile_cuda(ck->generated.source, ck->generated.name + ".cu", opts);
+      g_nvrtc_compiles.fetch_add(1, std::memory_order_relaxed);
       ck->cubin = std::move(result.cubin);
       ck->ptx = std::move(result.ptx);
       ck->compile_ms = result.milliseconds;
@@ -175,12 +184,91 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
 namespace {
 
 // Packs one argument per kernel parameter exactly as the generated signature expects:
-// tensors as tj::dev::TensorArg<R> {data, shape[R], stride[R]}, scalars as float.
+// tensors as tj::dev::TensorArg<R> {data, shape[R], stride[R]}, scalars as float, then the
+// TMA descriptors and (persistent kernels) the program count.
 struct PackedArgs {
   std::vector<std::vector<int64_t>> tensors;
   std::vector<float> scalars;
+  std::vector<CUtensorMap> maps;
+  long long programs = 0;
   std::vector<void*> pointers;
 };
+
+CUtensorMapDataType tma_type(DType t) {
+  switch (t) {
+    case DType::f32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    case DType::f16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    case DType::i32: return CU_TENSOR_MAP_DATA_TYPE_INT32;
+    default: return CU_TENSOR_MAP_DATA_TYPE_UINT8;   // fp8: raw bytes
+  }
+}
+
+}  // namespace
+
+CUtensorMap encode_tma(const std::string& kernel, const std::string& param, const TensorView& t, const codegen::TmaOperand& op) {
+  auto fail = [&](const std::string& why) {
+    return Error(fmt::format("kernel '{}': tensor '{}' ({}) cannot be read with the tensor copy engine (TMA): {}", kernel,
+                             param, t.describe(), why));
+  };
+  std::vector<int64_t> shape = t.shape, strides = t.effective_strides();
+  std::vector<int> box = op.box;
+  if (box.size() != shape.size()) throw fail("internal error: box rank differs from the tensor's");
+  if (!op.fold_outer_dims.empty()) {
+    // Merge dims fold_outer_dims[0..] (consecutive) into one; they must be contiguous.
+    int first = op.fold_outer_dims.front(), last = op.fold_outer_dims.back();
+    int64_t merged = 1, box_merged = 1;
+    for (int d = first; d <= last; ++d) {
+      if (d < last && strides[d] != strides[d + 1] * shape[d + 1])
+        throw fail(fmt::format("dims {}..{} must be contiguous to be viewed as one", first, last));
+      merged *= shape[d];
+      box_merged *= box[d];
+    }
+    int64_t merged_stride = strides[last];
+    shape.erase(shape.begin() + first, shape.begin() + last + 1);
+    strides.erase(strides.begin() + first, strides.begin() + last + 1);
+    box.erase(box.begin() + first, box.begin() + last + 1);
+    shape.insert(shape.begin() + first, merged);
+    strides.insert(strides.begin() + first, merged_stride);
+    box.insert(box.begin() + first, static_cast<int>(box_merged));
+  }
+  const int rank = static_cast<int>(shape.size());
+  if (rank > 5) throw fail("more than 5 dims");
+  const int64_t elem = size_bytes(t.dtype);
+  if (strides.back() != 1) throw fail("the last dim must be contiguous (stride 1)");
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw fail("the base address must be 16-byte aligned");
+  cuuint64_t dims[5], gstrides[5];
+  cuuint32_t boxes[5], estrides[5];
+  for (int j = 0; j < rank; ++j) {
+    int d = rank - 1 - j;   // innermost first
+    dims[j] = static_cast<cuuint64_t>(shape[d]);
+    boxes[j] = static_cast<cuuint32_t>(box[d]);
+    estrides[j] = 1;
+    if (box[d] < 1 || box[d] > 256) throw fail(fmt::format("box size {} outside [1, 256]", box[d]));
+    if (j > 0) {
+      int64_t bytes = strides[d] * elem;
+      if (bytes % 16 != 0)
+        throw fail(fmt::format("dim {} has a stride of {} bytes, not a multiple of 16 (pad the last dim to a multiple of {} "
+                               "elements)",
+                               d, bytes, 16 / elem));
+      gstrides[j - 1] = static_cast<cuuint64_t>(bytes);
+    }
+  }
+  auto swizzle = op.swizzle_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                 : op.swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                 : op.swizzle_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                          : CU_TENSOR_MAP_SWIZZLE_NONE;
+  auto& drv = runtime::driver();
+  auto encode = drv.require(drv.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
+  CUtensorMap map;
+  runtime::check(encode(&map, tma_type(t.dtype), static_cast<cuuint32_t>(rank), t.data, dims, gstrides, boxes, estrides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                 "cuTensorMapEncodeTiled");
+  return map;
+}
+
+namespace {
 
 PackedArgs pack(const Kernel& k, const ir::Function& f, const std::vector<Arg>& args) {
   PackedArgs p;
@@ -215,37 +303,53 @@ PackedArgs pack(const Kernel& k, const ir::Function& f, const std::vector<Arg>& 
   return p;
 }
 
+// Appends the TMA descriptors the lowering asked for.
+void pack_tma(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args, PackedArgs& p) {
+  p.maps.reserve(ck.generated.tma.size());
+  for (const codegen::TmaOperand& op : ck.generated.tma) {
+    // The param-th tensor/scalar parameter is the argument of the param-th non-host slot.
+    int seen = -1;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (k.slots()[i].is_host()) continue;
+      if (++seen == op.param) {
+        p.maps.push_back(encode_tma(k.name(), k.slots()[i].name, std::get<TensorView>(args[i]), op));
+        p.pointers.push_back(&p.maps.back());
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& options) {
-  auto specs = specs_for(k, args, options.dynamic_shapes);
-  Config config;
-  if (options.config) {
-    config = *options.config;
+  const CompiledKernel* ck = nullptr;
+  int64_t programs = 0;
+  if (!options.config) {
+    // The tuned config from the tuning cache, else the default; after the first launch of a
+    // specialization this is one hash-map lookup (autotune/launch_plan.h).
+    autotune::LaunchPlan plan = autotune::plan_launch(k, args, options.dynamic_shapes);
+    ck = plan.kernel;
+    programs = plan.programs;
   } else {
-    // The default for this specialization (the tuner fills in tuned configs later).
-    config = default_config(k.trace(specs));
+    auto specs = specs_for(k, args, options.dynamic_shapes);
+    ck = &compile(k, specs, *options.config, CompileRequest{});
+    // Host values are not parameters: keep only tensors and runtime scalars.
+    std::vector<ArgValue> param_args;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (k.slots()[i].is_host()) continue;
+      const Arg& a = args[i];
+      if (const auto* t = std::get_if<TensorView>(&a)) param_args.emplace_back(*t);
+      else if (const auto* d = std::get_if<double>(&a)) param_args.emplace_back(static_cast<float>(*d));
+      else if (const auto* n = std::get_if<int64_t>(&a)) param_args.emplace_back(static_cast<float>(*n));
+      else param_args.emplace_back(0.0f);
+    }
+    programs = launch_shape(ck->ir, ck->config, param_args).programs;
   }
-  const CompiledKernel& ck = compile(k, specs, config, CompileRequest{});
-  std::vector<ArgValue> shapes;
-  for (const Arg& a : args) {
-    if (const auto* t = std::get_if<TensorView>(&a)) shapes.emplace_back(*t);
-    else if (const auto* d = std::get_if<double>(&a)) shapes.emplace_back(static_cast<float>(*d));
-    else if (const auto* n = std::get_if<int64_t>(&a)) shapes.emplace_back(static_cast<float>(*n));
-    else shapes.emplace_back(0.0f);
-  }
-  // Host values are not parameters: keep only tensors and runtime scalars.
-  std::vector<ArgValue> param_args;
-  for (size_t i = 0; i < args.size(); ++i)
-    if (!k.slots()[i].is_host()) param_args.push_back(shapes[i]);
-  LaunchShape shape = launch_shape(ck.ir, ck.config, param_args);
-  if (shape.programs == 0) return;
-  if (shape.programs > 0x7fffffffLL)
-    throw Error(fmt::format("kernel '{}' needs {} programs; at most 2^31-1 fit one launch", k.name(), shape.programs));
-  PackedArgs packed = pack(k, ck.ir, args);
-  runtime::launch(ck.function, runtime::Dim3(static_cast<unsigned>(shape.programs)),
-                  runtime::Dim3(static_cast<unsigned>(ck.generated.threads)), ck.generated.dynamic_smem_bytes, options.stream,
-                  packed.pointers.data());
+  if (programs == 0) return;
+  autotune::LaunchGeometry g = autotune::launch_geometry(*ck, programs);
+  PackedArgs packed = pack(k, ck->ir, args);
+  runtime::launch(ck->function, g.grid, g.block, g.dynamic_smem, options.stream, packed.pointers.data());
 }
 
 }  // namespace tj

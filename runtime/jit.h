@@ -24,6 +24,7 @@ using Arg = std::variant<TensorView, double, bool, int64_t>;
 
 struct LaunchOptions {
   std::optional<Config> config;     // default: the tuned config if cached, else the default
+                                    // ($TILEJIT_TUNING=off: always the default)
   CUstream stream = nullptr;
   bool dynamic_shapes = false;      // trace with runtime sizes (one compile for all shapes)
 };
@@ -57,8 +58,20 @@ struct CompileRequest {
 const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs, const Config& config,
                               const CompileRequest& request);
 
-// Traces and launches `k` on the current GPU with `args` (device tensors).
+// NVRTC compilations compile() has run in this process (CUBINs found in the memory or disk
+// cache do not count): a second process that finds everything on disk reports 0.
+uint64_t nvrtc_compile_count();
+
+// Traces and launches `k` on the current GPU with `args` (device tensors). Without
+// options.config: the config `tilejit tune` / autotune::tune() stored for this kernel, GPU
+// and shape bucket (autotune/cache.h), else the default; repeated launches of the same
+// specialization cost a hash-map lookup and argument packing (autotune/launch_plan.h).
 void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& options = {});
+
+// The tensor map a lowering's TmaOperand describes, for `t`; throws tj::Error naming the
+// kernel and parameter when the layout forbids TMA (alignment, strides, contiguity).
+CUtensorMap encode_tma(const std::string& kernel, const std::string& param, const TensorView& t,
+                       const codegen::TmaOperand& op);
 
 // The key that identifies a compiled kernel: IR + config + arch + toolkit + device library.
 std::string compile_key(const std::string& cuda_source, const std::string& arch);
