@@ -1,0 +1,247 @@
+// Tracing and its errors: every mistake a user can make in a kernel body is reported at the
+// user's line with a message that says what to do.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "autotune/config.h"
+#include "dsl/kernel.h"
+#include "dsl/passes.h"
+
+using namespace tj;
+
+namespace {
+
+TensorSpec t(DType d, std::vector<int64_t> shape) { return TensorSpec{d, std::move(shape)}; }
+
+// Traces `k` expecting a DslError whose message contains `text` and which points at this file.
+void expect_dsl_error(const Kernel& k, const std::vector<ArgSpec>& args, const std::string& text) {
+  try {
+    k.trace(args);
+    FAIL("expected a DslError containing: " << text);
+  } catch (const DslError& e) {
+    INFO(e.what());
+    CHECK(e.what_only().find(text) != std::string::npos);
+    CHECK(e.where().file.find("test_dsl.cpp") != std::string::npos);
+    CHECK(e.where().line > 0);
+    // The message shows the offending source line.
+    CHECK(std::string(e.what()).find(" | ") != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dsl: tracing records ops, source lines and launch loops") {
+  Kernel k = kernel("add", {"x", "y", "out"}, [](In x, In y, Out out) {
+    for (auto i : tile(x.dim(0), block("n"))) out.store(i, x.load(i) + y.load(i));
+  });
+  ir::Function f = k.trace({t(DType::f32, {1000}), t(DType::f32, {1000}), t(DType::f32, {1000})});
+  REQUIRE(f.blocks.size() == 1);
+  CHECK(f.blocks[0].name == "n");
+  int loops = 0, launch = 0, stores = 0;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    loops += op.kind == ir::OpKind::loop;
+    launch += op.kind == ir::OpKind::loop && op.launch;
+    if (op.kind == ir::OpKind::store) {
+      ++stores;
+      CHECK(op.loc.file.find("test_dsl.cpp") != std::string::npos);
+    }
+  });
+  CHECK(loops == 1);
+  CHECK(launch == 1);
+  CHECK(stores == 1);
+  std::string text = ir::print(f);
+  CHECK(text.find("store out[") != std::string::npos);
+  CHECK(text.find("// launch") != std::string::npos);
+}
+
+TEST_CASE("dsl: host values specialize the trace; Scalar stays a runtime parameter") {
+  Kernel k = kernel("scale", {"x", "out", "s", "negate"}, [](In x, Out out, Scalar s, bool negate) {
+    for (auto i : tile(x.dim(0))) {
+      auto v = x.load(i) * s;
+      out.store(i, negate ? -v : v);
+    }
+  });
+  auto specs = [](bool neg) {
+    return std::vector<ArgSpec>{t(DType::f32, {64}), t(DType::f32, {64}), RuntimeScalar{2.0f}, neg};
+  };
+  std::string a = ir::print(k.trace(specs(false))), b = ir::print(k.trace(specs(true)));
+  CHECK(a != b);
+  CHECK(b.find("neg") != std::string::npos);
+  CHECK(a.find("param s") != std::string::npos);
+}
+
+TEST_CASE("dsl: loop-carried state through tj::Var") {
+  Kernel k = kernel("rowsum", {"x", "out"}, [](In x, Out out) {
+    auto [rows, cols] = x.shape<2>();
+    for (auto r : grid(rows)) {
+      Var total = constant(0.0, DType::f32);
+      for (auto c : tile(cols)) total = total + sum(x.load(r, c), 0);
+      out.store(r, total);
+    }
+  });
+  ir::Function f = k.trace({t(DType::f32, {4, 100}), t(DType::f32, {4})});
+  int writes = 0;
+  ir::walk(f.body, [&](const ir::Op& op, int) { writes += op.kind == ir::OpKind::var_write; });
+  CHECK(writes == 1);
+}
+
+TEST_CASE("dsl: errors point at the user's line") {
+  auto f32 = [](std::vector<int64_t> s) { return t(DType::f32, s); };
+
+  SUBCASE("storing the wrong dtype") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0))) o.store(i, x.load(i));
+    });
+    expect_dsl_error(k, {f32({8}), t(DType::bf16, {8})}, "storing a f32 tile into 'o', which holds bf16");
+  }
+  SUBCASE("storing into an input") {
+    Kernel k = kernel("k", {"x"}, [](In x) {
+      for (auto i : tile(x.dim(0))) x.store(i, x.load(i));
+    });
+    expect_dsl_error(k, {f32({8})}, "'x' is an input (tj::In)");
+  }
+  SUBCASE("loading an output") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0))) o.store(i, o.load(i));
+    });
+    expect_dsl_error(k, {f32({8}), f32({8})}, "'o' is an output (tj::Out)");
+  }
+  SUBCASE("wrong number of indices") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0))) o.store(i, x.load(i));
+    });
+    expect_dsl_error(k, {f32({8, 8}), f32({8})}, "'x' has rank 2 but 1 indices were given");
+  }
+  SUBCASE("tj::all on a dynamic dimension") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0))) o.store(i, all, x.load(i, all));
+    });
+    expect_dsl_error(k, {f32({8, -1}), f32({8, -1})}, "tj::all needs a static size, but dimension 1 of 'x' is dynamic");
+  }
+  SUBCASE("shapes that do not broadcast") {
+    Kernel k = kernel("k", {"x", "y", "o"}, [](In x, In y, Out o) {
+      for (auto i : tile(x.dim(0), block("a")))
+        for (auto j : tile(y.dim(0), block("b"))) o.store(i, x.load(i) + y.load(j));
+    });
+    expect_dsl_error(k, {f32({8}), f32({8}), f32({8})}, "do not broadcast");
+  }
+  SUBCASE("dot with mismatched inner dimensions") {
+    Kernel k = kernel("k", {"a", "b", "o"}, [](In a, In b, Out o) {
+      for (auto m : tile(a.dim(0))) o.store(m, all, dot(a.load(m, all), b.load(all, all)));
+    });
+    expect_dsl_error(k, {f32({8, 16}), f32({32, 8}), f32({8, 8})}, "dot: inner dimensions differ");
+  }
+  SUBCASE("dot with mixed dtypes") {
+    Kernel k = kernel("k", {"a", "b", "o"}, [](In a, In b, Out o) {
+      for (auto m : tile(a.dim(0))) o.store(m, all, dot(a.load(m, all), b.load(all, all)));
+    });
+    expect_dsl_error(k, {t(DType::bf16, {8, 16}), f32({16, 8}), f32({8, 8})}, "dot operands must have the same dtype");
+  }
+  SUBCASE("arithmetic on fp8") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0))) o.store(i, (x.load(i) * 2.0).to(DType::f32));
+    });
+    expect_dsl_error(k, {t(DType::e4m3, {8}), f32({8})}, "arithmetic on e4m3 tiles is not supported");
+  }
+  SUBCASE("a value used after the loop that computed it") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto r : grid(x.dim(0))) {
+        Tile last = constant(0.0, DType::f32);
+        for (auto c : tile(x.dim(1))) last = sum(x.load(r, c), 0);
+        o.store(r, last);
+      }
+    });
+    expect_dsl_error(k, {f32({4, 8}), f32({4})}, "must be a tj::Var declared before the loop");
+  }
+  SUBCASE("assigning the wrong dtype to a Var") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto r : grid(x.dim(0))) {
+        Var acc = constant(0.0, DType::f32);
+        for (auto c : tile(x.dim(1))) acc = sum(x.load(r, c), 0);
+        o.store(r, acc.to(DType::f32));
+      }
+    });
+    expect_dsl_error(k, {t(DType::bf16, {4, 8}), f32({4})}, "assigning a bf16 tile to a tj::Var of f32");
+  }
+  SUBCASE("reduction axis out of range") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto r : grid(x.dim(0))) o.store(r, amax(x.load(r, all), 1));
+    });
+    expect_dsl_error(k, {f32({4, 8}), f32({4})}, "reduction axis 1 is out of range for a rank-1 tile");
+  }
+  SUBCASE("where with a non-boolean condition") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0))) o.store(i, where(x.load(i), 1.0, x.load(i)));
+    });
+    expect_dsl_error(k, {f32({8}), f32({8})}, "where: the condition must be a boolean tile");
+  }
+  SUBCASE("two tile loops with the same name") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0), block("m")))
+        for (auto j : tile(x.dim(1), block("m"))) o.store(i, j, x.load(i, j));
+    });
+    expect_dsl_error(k, {f32({8, 8}), f32({8, 8})}, "two tile loops are named 'm'");
+  }
+}
+
+TEST_CASE("dsl: DSL calls outside a trace are an error, not a crash") {
+  CHECK_THROWS_WITH_AS(constant(1.0, DType::f32), doctest::Contains("only be used inside a kernel body"), DslError);
+}
+
+TEST_CASE("dsl: arguments that do not fit the kernel's parameters") {
+  Kernel k = kernel("k", {"x", "s", "flag"}, [](In x, Scalar s, bool flag) {});
+  CHECK_THROWS_WITH_AS(k.trace({t(DType::f32, {4})}), doctest::Contains("takes 3 arguments, 1 were given"), Error);
+  CHECK_THROWS_WITH_AS(k.trace({t(DType::f32, {4}), true, true}),
+                       doctest::Contains("argument 1 ('s') must be tj::Scalar, got a bool"), Error);
+  CHECK_THROWS_WITH_AS(k.trace({RuntimeScalar{1}, RuntimeScalar{1}, true}),
+                       doctest::Contains("argument 0 ('x') must be tj::In, got a runtime scalar"), Error);
+}
+
+TEST_CASE("dsl: the verifier rejects IR that breaks the rules") {
+  Kernel k = kernel("add", {"x", "out"}, [](In x, Out out) {
+    for (auto i : tile(x.dim(0))) out.store(i, x.load(i) + x.load(i));
+  });
+  ir::Function f = k.trace({t(DType::f32, {64}), t(DType::f32, {64})});
+  ir::Region& body = *f.body.ops.back().body;
+  SUBCASE("result type differs from the inferred one") {
+    for (ir::Op& op : body.ops)
+      if (op.kind == ir::OpKind::binary) f.values[op.result].type.dtype = DType::bf16;
+    CHECK_THROWS_WITH_AS(passes::verify(f), doctest::Contains("differs from the inferred"), DslError);
+  }
+  SUBCASE("an operand defined in a scope that has ended") {
+    int inner = body.ops.front().result;
+    ir::Op use;
+    use.kind = ir::OpKind::unary;
+    use.unary = ir::UnaryFn::neg;
+    use.operands = {inner};
+    use.result = static_cast<int>(f.values.size());
+    f.values.push_back(f.values[inner]);
+    f.body.ops.push_back(std::move(use));
+    CHECK_THROWS_WITH_AS(passes::verify(f), doctest::Contains("is not defined in an enclosing scope"), DslError);
+  }
+  SUBCASE("a store into an input") {
+    f.params[1].kind = ir::ParamKind::tensor_in;
+    CHECK_THROWS_WITH_AS(passes::verify(f), doctest::Contains("store to input 'out'"), DslError);
+  }
+}
+
+TEST_CASE("config: JSON round trip and errors") {
+  Config c;
+  c.blocks = {{"m", 128}, {"n", 64}};
+  c.num_warps = 8;
+  c.knobs["cluster"] = 2;
+  CHECK(Config::from_json(c.to_json()) == c);
+  CHECK_THROWS_WITH_AS(Config::from_json("{"), doctest::Contains("not valid JSON"), Error);
+  CHECK_THROWS_WITH_AS(Config::from_json(R"({"warps": 4})"), doctest::Contains("unknown key 'warps'"), Error);
+  CHECK_THROWS_WITH_AS(Config::from_json(R"({"num_warps": 64})"), doctest::Contains("num_warps must be in [1, 32]"), Error);
+  Kernel k = kernel("add", {"x", "out"}, [](In x, Out out) {
+    for (auto i : tile(x.dim(0), block("n"))) out.store(i, x.load(i));
+  });
+  ir::Function f = k.trace({t(DType::f32, {64}), t(DType::f32, {64})});
+  Config bad;
+  bad.blocks = {{"m", 64}};
+  CHECK_THROWS_WITH_AS(check_config(f, bad), doctest::Contains("config sets block 'm', but kernel 'add' has blocks: n"), Error);
+  bad.blocks = {{"n", 48}};
+  CHECK_THROWS_WITH_AS(check_config(f, bad), doctest::Contains("must be a power of two"), Error);
+}
