@@ -35,6 +35,7 @@ std::vector<Point> all_points(const std::vector<int>& sizes) {
 namespace {
 
 struct Memo {
+  explicit Memo(const BatchCost& f) : fn(f) {}
   const BatchCost& fn;
   std::map<Point, double> cost;
   int batches = 0;
@@ -77,18 +78,27 @@ int chebyshev(const Point& a, const Point& b) {
 }
 
 std::vector<Point> latin_hypercube(const std::vector<int>& sizes, int n, uint64_t seed) {
-  std::vector<Point> out(static_cast<size_t>(std::max(n, 0)), Point(sizes.size(), 0));
+  std::vector<Point> out;
   if (n <= 0) return out;
+  // Column d of the sample: a random permutation of n strata of dimension d.
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<std::vector<int>> columns;
   for (size_t d = 0; d < sizes.size(); ++d) {
     std::vector<int> perm(static_cast<size_t>(n));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int> column;
     for (int i = 0; i < n; ++i) {
-      double x = (perm[i] + u(rng)) / n;
-      out[i][d] = std::min(sizes[d] - 1, static_cast<int>(x * sizes[d]));
+      double x = (perm[static_cast<size_t>(i)] + u(rng)) / n;
+      column.push_back(std::min(sizes[d] - 1, static_cast<int>(x * sizes[d])));
     }
+    columns.push_back(std::move(column));
+  }
+  for (int i = 0; i < n; ++i) {
+    Point p;
+    for (const auto& column : columns) p.push_back(column[static_cast<size_t>(i)]);
+    out.push_back(std::move(p));
   }
   return out;
 }
@@ -148,14 +158,14 @@ SearchResult finish(const Memo& m, Strategy s, bool stopped) {
 }
 
 SearchResult exhaustive(const std::vector<int>& sizes, const BatchCost& cost) {
-  Memo m{cost};
+  Memo m(cost);
   std::vector<Point> pts = all_points(sizes);
   m.eval(pts, static_cast<int>(std::min<size_t>(pts.size(), 1u << 30)));
   return finish(m, Strategy::exhaustive, false);
 }
 
 SearchResult pattern(const std::vector<int>& sizes, const BatchCost& cost, const SearchOptions& o) {
-  Memo m{cost};
+  Memo m(cost);
   auto stop = [&] { return o.stop && o.stop(); };
   auto left = [&] { return o.max_evaluations - m.evaluations(); };
 
@@ -184,7 +194,11 @@ SearchResult pattern(const std::vector<int>& sizes, const BatchCost& cost, const
       for (const Center& q : out) near_pick |= chebyshev(p, q.p) <= 1;
       if (near_pick) continue;
       used.insert(p);
-      out.push_back(Center{p, c, std::max(1, o.initial_step)});
+      Center centre;
+      centre.p = p;
+      centre.cost = c;
+      centre.step = std::max(1, o.initial_step);
+      out.push_back(std::move(centre));
     }
     return out;
   };

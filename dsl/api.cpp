@@ -287,6 +287,14 @@ Int TensorArg::dim(int axis, Loc l) const {
   return Tile::from_value(b.emit(std::move(op), TileType{DType::i64, {}}));
 }
 
+std::optional<int64_t> TensorArg::static_dim(int axis, Loc l) const {
+  auto loc = to_loc(l);
+  const auto& p = B(loc).function().params.at(param_);
+  if (axis < 0 || axis >= p.rank()) fail(loc, fmt::format("'{}' has rank {}: no dimension {}", p.name, p.rank(), axis));
+  if (p.static_shape[axis] < 0) return std::nullopt;
+  return p.static_shape[axis];
+}
+
 namespace {
 // Resolves load/store indices: one operand per tensor dimension and the tile's shape.
 Shape resolve_indices(const ir::Param& p, std::vector<IndexArg>& idx, Op& op, const ir::SourceLoc& loc) {

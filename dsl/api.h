@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <type_traits>
@@ -138,6 +139,10 @@ class TensorArg {
   int rank() const;
   DType dtype() const;
   Int dim(int axis, Loc loc = Loc::current()) const;
+  // The size of dimension `axis` when the trace compiles it in (a static shape), else
+  // nullopt (a dynamic dim, known only at run time). Lets a kernel specialize on shapes,
+  // e.g. a [1] scale tensor (per tensor) against an [M] one (per row).
+  std::optional<int64_t> static_dim(int axis, Loc loc = Loc::current()) const;
   template <int R>
   std::array<Int, R> shape(Loc loc = Loc::current()) const {
     check_rank(R, loc);

@@ -37,6 +37,49 @@ std::vector<ArgSpec> attention_args(const Problem& p) {
   return {t, t, t, TensorSpec{out_type(p), p.shape}, RuntimeScalar{static_cast<float>(scale)}, p.causal};
 }
 
+// fp8_gemm's inputs: e4m3 unless --dtype says e5m2 (then b is e5m2: the e4m3 x e5m2 mix);
+// the CLI's default f32 means e4m3.
+std::vector<ArgSpec> fp8_gemm_args(const Problem& p) {
+  expect_rank(p, 3, "fp8_gemm", "[M, N, K]");
+  if (!is_fp8(p.dtype) && p.dtype != DType::f32)
+    throw Error(fmt::format("fp8_gemm takes e4m3 or e5m2 inputs, not {} (the gemm kernel takes 16-bit inputs)", name(p.dtype)));
+  const int64_t M = p.shape[0], N = p.shape[1], K = p.shape[2];
+  const DType b_type = p.dtype == DType::e5m2 ? DType::e5m2 : DType::e4m3;
+  return {TensorSpec{DType::e4m3, {M, K}}, TensorSpec{b_type, {N, K}}, TensorSpec{DType::f32, {1}},
+          TensorSpec{DType::f32, {1}},     TensorSpec{DType::f32, {0}},   TensorSpec{p.out_dtype.value_or(DType::bf16), {M, N}}};
+}
+
+std::vector<ArgSpec> gemm_args(const Problem& p) {
+  expect_rank(p, 3, "gemm", "[M, N, K]");
+  const int64_t M = p.shape[0], N = p.shape[1], K = p.shape[2];
+  return {TensorSpec{p.dtype, {M, K}}, TensorSpec{p.dtype, {N, K}}, TensorSpec{out_type(p), {M, N}}};
+}
+
+double gemm_flops(const Problem& p) {
+  return 2.0 * static_cast<double>(p.shape[0]) * static_cast<double>(p.shape[1]) * static_cast<double>(p.shape[2]);
+}
+
+// attention_fp8 ([B, H, S, D]): fp8 inputs take V transposed ([B, H, D, S rounded up to 16]).
+std::vector<ArgSpec> attention_fp8_args(const Problem& p) {
+  expect_rank(p, 4, "attention_fp8", "[batch, heads, seq, head_dim]");
+  const int64_t B = p.shape[0], H = p.shape[1], S = p.shape[2], D = p.shape[3];
+  TensorSpec t{p.dtype, p.shape};
+  TensorSpec v = is_fp8(p.dtype) ? TensorSpec{p.dtype, {B, H, D, (S + 15) / 16 * 16}} : t;
+  TensorSpec ds{DType::f32, {B, H}};
+  double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
+  return {t, t, v, ds, ds, ds, TensorSpec{out_type(p), p.shape}, TensorSpec{DType::f32, {B, H, S}},
+          RuntimeScalar{static_cast<float>(scale)}, RuntimeScalar{1.0f}, p.causal, true};
+}
+
+// quantize_fp8 / quantize_transpose_fp8 ([B, H, S, D]; --dtype is x's type, --out-dtype the fp8 type).
+std::vector<ArgSpec> quantize_args(const Problem& p, bool transpose) {
+  expect_rank(p, 4, transpose ? "quantize_transpose_fp8" : "quantize_fp8", "[batch, heads, seq, head_dim]");
+  const int64_t B = p.shape[0], H = p.shape[1], S = p.shape[2], D = p.shape[3];
+  DType q = p.out_dtype && is_fp8(*p.out_dtype) ? *p.out_dtype : DType::e4m3;
+  TensorSpec y = transpose ? TensorSpec{q, {B, H, D, (S + 15) / 16 * 16}} : TensorSpec{q, p.shape};
+  return {TensorSpec{p.dtype, p.shape}, y, TensorSpec{DType::f32, {B, H}}};
+}
+
 double numel(const Problem& p) {
   double n = 1;
   for (int64_t d : p.shape) n *= static_cast<double>(d);
@@ -56,6 +99,24 @@ const std::vector<LibraryEntry>& library() {
          double s = static_cast<double>(p.shape[2]);
          return 4.0 * numel(p) * s * (p.causal ? 0.5 : 1.0);
        }},
+      {"fp8_gemm", &fp8_gemm,
+       "c = (a·bᵀ)·scale_a·scale_b (+ bias): a [M,K] e4m3, b [N,K] e4m3 (e5m2 with --dtype e5m2), per-tensor scales, "
+       "bf16 out ([M, N, K])",
+       {512, 512, 512}, &fp8_gemm_args, &gemm_flops},
+      {"gemm", &gemm, "c = a·bᵀ: a [M,K], b [N,K] of --dtype (bf16 for tensor cores), fp32 accumulation ([M, N, K])",
+       {512, 512, 512}, &gemm_args, &gemm_flops},
+      {"attention_fp8", &attention_fp8,
+       "scaled FP8 attention forward (descales per (b, h), P offset, V transposed; bf16/f16 too) ([B, H, S, D])",
+       {1, 2, 256, 64}, &attention_fp8_args,
+       [](const Problem& p) {
+         double s = static_cast<double>(p.shape[2]);
+         return 4.0 * numel(p) * s * (p.causal ? 0.5 : 1.0);
+       }},
+      {"quantize_fp8", &quantize_fp8, "per-(b, h) amax -> descale, x -> e4m3 ([B, H, S, D])", {1, 2, 256, 64},
+       [](const Problem& p) { return quantize_args(p, false); }, [](const Problem& p) { return 3 * numel(p); }},
+      {"quantize_transpose_fp8", &quantize_transpose_fp8, "quantize_fp8 writing the transpose [B, H, D, S_pad]",
+       {1, 2, 256, 64}, [](const Problem& p) { return quantize_args(p, true); },
+       [](const Problem& p) { return 3 * numel(p); }},
   };
   return entries;
 }

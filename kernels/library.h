@@ -21,6 +21,30 @@ const Kernel& softmax();
 // (aligned at the top-left). A plain tiled loop; tensor-core lowering is the compiler's job.
 const Kernel& attention();
 
+// c = (a · bᵀ) · scale_a · scale_b + bias, an FP8 scaled GEMM (kernels/gemm.cpp).
+// a [M, K] and b [N, K] e4m3 or e5m2 (K-major: b holds the rows of Bᵀ, as torch._scaled_mm's
+// second operand transposed); scale_a f32 [1] (per tensor) or [M] (per row); scale_b f32 [1]
+// or [N] (per column); bias f32 [N], or [0] for none; c [M, N] f32, bf16 or f16 (any float).
+// fp32 accumulation; the epilogue runs in fp32 and rounds once to c's dtype.
+const Kernel& fp8_gemm();
+
+// c = a · bᵀ for a [M, K], b [N, K] of one dtype (bf16, f16, ...), fp32 accumulation,
+// c [M, N] of any float dtype.
+const Kernel& gemm();
+
+// Scaled FP8 attention forward (FlashAttention-3's recipe; kernels/attention_fp8.cpp): q [B,H,Sq,D],
+// k [B,Hkv,Skv,D], fp8: vt [B,Hkv,D,Skv_pad] (V transposed by quantize_transpose_fp8), 16-bit: v
+// [B,Hkv,Skv,D]; q/k/v_descale [B,Hkv] f32; o [B,H,Sq,D] (bf16/f16, or e4m3 scaled by o_scale);
+// lse [B,H,Sq] f32 (written when with_lse); scale = softmax scale * log2(e). Lowered to the
+// TMA + wgmma main loop (codegen/device/hopper_attention.cuh) on sm_90a.
+const Kernel& attention_fp8();
+
+// FP8 quantization of a [B,H,S,D] tensor (kernels/quantize.cpp): descale [B,H] f32 = amax / fp8_max
+// per (b, h), y = fp8(x / descale) [B,H,S,D]; the _transpose variant writes yt [B,H,D,S_pad] (the
+// pad past S gets zeros when S_pad - S < the block size of "s2"; keep S_pad = S rounded up to 16).
+const Kernel& quantize_fp8();
+const Kernel& quantize_transpose_fp8();
+
 // A problem to run a library kernel on, as the CLI and tests describe it.
 struct Problem {
   DType dtype = DType::f32;                  // input element type

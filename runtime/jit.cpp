@@ -324,13 +324,14 @@ void pack_tma(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>&
 
 void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& options) {
   const CompiledKernel* ck = nullptr;
-  int64_t programs = 0;
+  autotune::LaunchGeometry g;
   if (!options.config) {
     // The tuned config from the tuning cache, else the default; after the first launch of a
     // specialization this is one hash-map lookup (autotune/launch_plan.h).
     autotune::LaunchPlan plan = autotune::plan_launch(k, args, options.dynamic_shapes);
+    if (plan.programs == 0) return;
     ck = plan.kernel;
-    programs = plan.programs;
+    g = plan.geometry;
   } else {
     auto specs = specs_for(k, args, options.dynamic_shapes);
     ck = &compile(k, specs, *options.config, CompileRequest{});
@@ -344,12 +345,17 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
       else if (const auto* n = std::get_if<int64_t>(&a)) param_args.emplace_back(static_cast<float>(*n));
       else param_args.emplace_back(0.0f);
     }
-    programs = launch_shape(ck->ir, ck->config, param_args).programs;
+    int64_t programs = launch_shape(ck->ir, ck->config, param_args).programs;
+    if (programs == 0) return;
+    g = autotune::launch_geometry(*ck, programs, runtime::current_device().sm_count);
   }
-  if (programs == 0) return;
-  autotune::LaunchGeometry g = autotune::launch_geometry(*ck, programs);
   PackedArgs packed = pack(k, ck->ir, args);
-  runtime::launch(ck->function, g.grid, g.block, g.dynamic_smem, options.stream, packed.pointers.data());
+  pack_tma(k, *ck, args, packed);
+  if (g.persistent) {
+    packed.programs = g.programs;
+    packed.pointers.push_back(&packed.programs);
+  }
+  runtime::launch(ck->function, g.grid, g.block, g.dynamic_smem, options.stream, packed.pointers.data(), g.cluster);
 }
 
 }  // namespace tj

@@ -1,6 +1,12 @@
 #pragma once
 // Subcommands of the `tilejit` program. Each returns the process exit status.
+#include <cstdint>
 #include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
 
 namespace tj::tools {
 
@@ -25,5 +31,46 @@ enum class CheckMode { automatic, always, never };   // automatic: when the CPU 
 int run(const ProblemOptions& p, CheckMode check, int repeats);
 // `tilejit demo`: trace, generate, compile and check kernels end to end, on any machine.
 int demo();
+
+// `tilejit export`: CUBINs + an LLVM-emitted launcher object + a C header per kernel, for
+// applications that link only the CUDA driver (tools/export.cpp, codegen/host_launcher.h).
+// It lives in the `tilejit-export` program, which links LLVM; `tilejit export ARGS` runs
+// `tilejit-export ARGS` from the same directory (export_forward), so `tilejit` itself does
+// not need LLVM.
+struct ExportOptions {
+  std::vector<std::string> kernels;
+  std::string archs = "sm_90a";                // comma-separated
+  std::vector<std::string> shapes;             // [KERNEL:]DIMS|dynamic[@DTYPE]
+  std::string dtypes = "f32";                  // comma-separated
+  std::string out_dtype;
+  std::string causal = "off";                  // off, on, both
+  std::string config;                          // JSON forced for every specialization
+  std::string out_dir;
+  std::string lib_name = "tilejit_exports";
+  bool test_data = false;
+  double test_data_max_flops = 2e8;
+  bool emit_llvm = false;
+  bool quiet = false;
+};
+void add_export_options(CLI::App* cmd, ExportOptions& o);
+int export_kernels(const ExportOptions& o);
+// Replaces this process with `tilejit-export` (next to the running program) and `args`;
+// returns only on failure (with a message on stderr) and then returns 1.
+int export_forward(const std::vector<std::string>& args);
+// `tilejit tune`: autotune a library kernel for one problem on this GPU and store the winner.
+struct TuneCliOptions {
+  std::string effort = "full";    // none, quick, full, exhaustive
+  double budget_s = 0;            // 0: the effort's budget
+  double timeout_s = 30;          // per candidate in the worker (hang detection)
+  int threads = 0;                // NVRTC threads; 0: hardware threads - 1
+  int repeats = 0;                // timed samples per candidate; 0: the effort's
+  int top = 10;                   // rows of the final table
+  bool force = false;             // tune even when the cache has a result
+  bool no_store = false;          // do not write the tuning cache
+  bool in_process = false;        // benchmark in this process (no fault isolation)
+  uint64_t seed = 1;
+  std::vector<std::string> only;  // "name=v1,v2": restrict a dimension of the space
+};
+int tune(const ProblemOptions& p, const TuneCliOptions& t);
 
 }  // namespace tj::tools

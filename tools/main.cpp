@@ -1,9 +1,13 @@
 // The `tilejit` command-line program.
 #include <CLI/CLI.hpp>
 
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "autotune/worker.h"
 #include "runtime/error.h"
 #include "tools/commands.h"
 
@@ -20,8 +24,26 @@ void add_problem_options(CLI::App* cmd, tj::tools::ProblemOptions& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The tuner's benchmark worker (autotune/worker.h): `tilejit __tune-worker --fd N`, started
+  // by the tuner, not by people.
+  if (argc >= 2 && std::strcmp(argv[1], "__tune-worker") == 0) {
+    int fd = argc >= 4 && std::strcmp(argv[2], "--fd") == 0 ? std::atoi(argv[3]) : 3;
+    try {
+      return tj::autotune::worker_main(fd);
+    } catch (const std::exception& e) {
+      std::cerr << "tilejit __tune-worker: " << e.what() << "\n";
+      return 2;
+    }
+  }
+
+  // `tilejit export ...` runs the tilejit-export program, which links LLVM (tools/export.cpp).
+  if (argc >= 2 && std::strcmp(argv[1], "export") == 0)
+    return tj::tools::export_forward(std::vector<std::string>(argv + 2, argv + argc));
+
   CLI::App app{"tilejit: a tile-level kernel language for C++ (trace -> CUDA C++ -> NVRTC -> GPU)"};
   app.require_subcommand(1);
+  app.add_subcommand("export", "Write CUBINs + an LLVM-emitted launcher object + a C header for applications that "
+                               "link only the CUDA driver (tilejit export --help)");
 
   auto* doctor = app.add_subcommand("doctor", "Check the CUDA driver, GPU, NVRTC and cache, and say what works here");
   auto* demo = app.add_subcommand("demo", "Trace, generate, compile and check a kernel end to end (works without a GPU)");
@@ -42,12 +64,32 @@ int main(int argc, char** argv) {
   run->add_flag("--no-check", no_check, "skip the CPU reference check");
   run->add_option("--repeats", repeats, "timed launches (median reported)")->capture_default_str();
 
+  tj::tools::ProblemOptions tune_opts;
+  tj::tools::TuneCliOptions tune_cli;
+  auto* tune = app.add_subcommand("tune", "Autotune a kernel for a problem on this GPU and remember the winner");
+  add_problem_options(tune, tune_opts);
+  tune->add_option("--effort", tune_cli.effort, "none (default config), quick, full, or exhaustive (every point, no budget)")
+      ->capture_default_str();
+  tune->add_option("--budget", tune_cli.budget_s, "time budget in seconds (default: quick 20, full 50, exhaustive none)");
+  tune->add_option("--timeout", tune_cli.timeout_s, "seconds a candidate may take before it counts as a hang")
+      ->capture_default_str();
+  tune->add_option("--threads", tune_cli.threads, "NVRTC compile threads (default: hardware threads - 1)");
+  tune->add_option("--repeats", tune_cli.repeats, "timed samples per candidate (default: quick 5, full 10)");
+  tune->add_option("--top", tune_cli.top, "rows in the table of the best configs")->capture_default_str();
+  tune->add_option("--seed", tune_cli.seed, "seed of the search's random sample and the inputs")->capture_default_str();
+  tune->add_flag("--force", tune_cli.force, "tune even when the tuning cache has a result");
+  tune->add_flag("--no-store", tune_cli.no_store, "do not store the winner in the tuning cache");
+  tune->add_flag("--in-process", tune_cli.in_process, "benchmark in this process (no fault isolation; for debugging)");
+  tune->add_option("--only", tune_cli.only,
+                   "restrict a dimension of the space, e.g. --only num_warps=4 --only m=64,128 (repeatable)");
+
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (*doctor) return tj::tools::doctor();
     if (*demo) return tj::tools::demo();
     if (*show) return tj::tools::show(show_opts, show_ir, show_ptx);
+    if (*tune) return tj::tools::tune(tune_opts, tune_cli);
     if (*run) {
       if (no_check && force_check) throw tj::Error("--check and --no-check contradict each other");
       using tj::tools::CheckMode;

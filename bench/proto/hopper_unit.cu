@@ -367,7 +367,9 @@ __global__ void wg_rs_kernel(const unsigned char* A, const unsigned char* B1,
     rowstat[(acc_row(2 * h, t)) * 8 + (t & 3) * 2 + 0] = mx[h];
     rowstat[(acc_row(2 * h, t)) * 8 + (t & 3) * 2 + 1] = sum[h];
   }
-  unsigned a[N1 / 8];
+  // 16-bit fragments take N1/4 registers (fp8: N1/8); sizing this N1/8 for bf16 made
+  // acc_to_a_bf16 write, and the RS wgmmas read, past the end of the array.
+  unsigned a[a_frag_regs<N1, es>()];
   if (MODE == 0) acc_to_a_bf16<N1>(s, a);
   else if (MODE == 1) acc_to_a_fp8<N1>(s, a);
   else acc_to_a_fp8_kperm<N1>(s, a);

@@ -521,11 +521,20 @@ __device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned s
 }
 
 // f32 accumulator (64xN, as above) -> A-operand register fragments for the next wgmma (RS) with
-// K = N: the accumulator's columns become A's K index. a[] receives N/8 registers: 4 per wgmma
-// K step (k16 for 16-bit: N/16 steps; k32 for fp8: N/32 steps); pass a + 4*s to mma_async_rs.
+// K = N: the accumulator's columns become A's K index. 4 registers per wgmma K step; pass a + 4*s
+// to mma_async_rs for step s. a[] must hold a_frag_regs<N, element bytes>() registers:
+//   16-bit (k16 steps, N/16 of them): N/4 registers (2 elements each)
+//   fp8    (k32 steps, N/32 of them): N/8 registers (4 elements each)
+// (A 16-bit fragment array sized N/8 -- the fp8 count -- is overrun by acc_to_a_bf16/f16: that
+// was the "RS chain bf16" failure of bench/proto/hopper_unit.cu, whose buffer was a[N1 / 8].)
 //
 // 16-bit A fragment (m64k16), register j of thread t: row r0 + 8*(j%2), k = 2*(t%4) + 8*(j/2)
 // (+0/+1 in the low/high half): exactly the accumulator's pairs, so no data moves.
+template <int N, int ElemBytes>
+TJ_HD constexpr int a_frag_regs() {
+  static_assert(ElemBytes == 1 || ElemBytes == 2, "fp8 or 16-bit A fragments");
+  return ElemBytes == 2 ? N / 4 : N / 8;
+}
 template <int N>
 __device__ __forceinline__ void acc_to_a_bf16(const float* d, unsigned* a) {
   static_assert(N % 16 == 0, "bf16 A fragments need N % 16 == 0");

@@ -1,29 +1,54 @@
 #pragma once
-// tilejit device library: proof-of-concept FP8 GEMM main loop for sm_90a, built only from the
-// hopper.cuh building blocks (this is the structure the code generator emits for `dot`).
+// tilejit device library: the warp-specialized TMA + wgmma GEMM main loop for sm_90a, built
+// only from the hopper.cuh building blocks. The code generator (codegen/lower_gemm_sm90.cpp)
+// instantiates Sm90Gemm<Cfg> in a generated kernel and writes the epilogue itself, from the
+// IR ops that follow the K loop; fp8_gemm_kernel<Cfg> below is the same main loop with a
+// fixed FP8 scaled-GEMM epilogue (the prototype that bench/proto measures).
 //
-//   C[M,N] = (A[M,K] . B[N,K]^T) * scale_a * scale_b * row_scale[m] * col_scale[n] + bias[n]
+//   D[M,N] = A[M,K] . B[N,K]^T   (fp32 accumulation in wgmma registers)
 //
-// A, B: e4m3, K-major (row-major A MxK, row-major B NxK), loaded by TMA (2-D tensor maps, box
-// {128 B of K, rows}, CU_TENSOR_MAP_SWIZZLE_128B, zero fill) into a kStages-deep ring of shared
-// memory stages guarded by full/empty mbarriers. fp32 accumulation in wgmma registers; output
-// bf16 or f32, row-major with leading dimension ldc; masked for M/N tails.
+// A, B: K-major (row-major A MxK, row-major B NxK), e4m3/e5m2 (any pair) or bf16/f16 (both the
+// same), loaded by TMA (2-D tensor maps with box {W bytes of K, rows}, W = min(BK bytes, 128),
+// CU_TENSOR_MAP_SWIZZLE_<W>B, zero fill) into a kStages-deep ring of shared-memory stages
+// guarded by full/empty mbarriers. A stage holds BK bytes of K of the A tile (BM rows) and of
+// the B tile (BN rows), each as BK/W column blocks of [rows][W bytes]. One wgmma consumes 32
+// bytes of K (k32 for fp8, k16 for 16-bit types).
 //
 // Warp specialization: 384 threads = 3 warpgroups. WG0 = producer (setmaxnreg.dec<40>, one
 // thread issues TMA), WG1/WG2 = consumers (setmaxnreg.inc<232>).
-//   cooperative (kPingpong = false): a tile is (2*kWgM) x kBN; consumer c computes rows
-//     [c*kWgM, (c+1)*kWgM) of every tile; both consume every stage.
-//   pingpong (kPingpong = true): a tile is kWgM x kBN; consumer c takes every other tile of the
-//     CTA's sequence, so one consumer's epilogue overlaps the other's main loop.
-// Persistent: grid = (number of clusters that fit) * kClusterM CTAs; cluster tiles
-// ((kClusterM * BM) x kBN) are visited in a grouped raster order (group_m cluster-tile rows per
-// group, for L2 reuse). kClusterM = 2: the two CTAs of a cluster share the B tile; each loads
-// half of it and multicasts it to both (TMA .multicast::cluster).
-// kPromote: accumulate each 128-wide K block in a separate register tile and add it into the
-// fp32 accumulator (like cuBLASLt without fast accumulation); needs twice the registers.
+//   cooperative (kPingpong = false): a tile is BM x BN with BM = 2 * kWgM; consumer c computes
+//     rows [c*kWgM, (c+1)*kWgM) of every tile; both consume every stage.
+//   pingpong (kPingpong = true): a tile is BM x BN with BM = kWgM; consumer c takes every other
+//     tile of the CTA's sequence, so one consumer's epilogue overlaps the other's main loop.
+// Persistent: any grid that is a multiple of kClusterM works (typically the number of clusters
+// that fit at once); cluster tiles ((kClusterM * BM) x BN) are visited in a grouped raster
+// order (group_m cluster-tile rows per group, for L2 reuse). kClusterM = 2: the two CTAs of a
+// cluster share the B tile; each loads half of it and multicasts it to both.
+// kPromote (the tensor core's FP8 accumulation keeps fewer bits than fp32): P > 0 = accumulate
+// P stages' K blocks (P * BK elements of K) in a separate register tile, then wait for it and
+// add it into the fp32 accumulator (like cuBLASLt without fast accumulation); twice the
+// registers. P = 1 waits for the tensor cores at every stage; larger P waits every P stages
+// (CUTLASS's "promotion interval") and keeps a stage in flight in between.
 //
-// Host side: see bench/proto/fp8_gemm_proto.cu (tensor maps, launch with cluster dims,
-// dynamic shared memory = Cfg::kSmemBytes).
+// Use (every thread of the block runs this):
+//   tj::dev::Sm90Gemm<Cfg> g;
+//   g.init(smem, tj::dev::GemmProblem{M, N, K, group_m});   // M, N: tile loops; K: the K loop
+//   if (g.is_producer()) {
+//     g.produce(&tma_a, &tma_b);
+//   } else {
+//     g.consumer_begin();
+//     float acc[Cfg::kMBlocks][Cfg::kBN / 2];
+//     g.zero(acc);
+//     for (; g.tile_valid(); g.next_tile()) {
+//       g.mainloop(acc);
+//       // epilogue: acc[mb][i] is D[g.m0 + 64*mb + acc_row(i, g.tid)][g.n0 + acc_col(i, g.tid)]
+//     }
+//   }
+//   g.finish();
+//
+// Host side: tensor maps as above (box rows: Cfg::kABoxRows for A, Cfg::kBBoxRows for B),
+// launch with cluster dims (kClusterM, 1, 1), 384 threads, dynamic shared memory
+// Cfg::kSmemBytes; see bench/proto/fp8_gemm_proto.cu and runtime/jit.cpp.
 
 #include "hopper.cuh"
 
@@ -32,31 +57,34 @@ namespace dev {
 
 enum GemmOutType : int { GEMM_OUT_BF16 = 0, GEMM_OUT_F32 = 1 };
 
-struct Fp8GemmParams {
+// The problem the main loop walks: tiles over [0, M) x [0, N), K blocks over [0, K).
+struct GemmProblem {
   int M, N, K;
-  void* C;                 // row-major M x N, element type per Cfg::kOut
-  long long ldc;           // leading dimension of C in elements
-  const float* scale_a;    // [1] per-tensor scale of A, or nullptr (1)
-  const float* scale_b;    // [1] per-tensor scale of B, or nullptr (1)
-  const float* row_scale;  // [M] per-row scale, or nullptr
-  const float* col_scale;  // [N] per-column scale, or nullptr
-  const float* bias;       // [N] added after scaling, or nullptr
   int group_m;             // raster group height in cluster tiles (>= 1)
 };
 
-template <int kWgM_, int kBN_, int kStages_, bool kPingpong_, int kClusterM_, bool kPromote_,
-          int kOut_>
-struct Fp8GemmCfg {
-  static constexpr int kWgM = kWgM_;          // rows per consumer warpgroup per tile: 64 or 128
+template <int kTA_, int kTB_, int kBM_, int kBN_, int kBKBytes_, int kStages_, bool kPingpong_,
+          int kClusterM_, int kPromote_>
+struct Sm90GemmCfg {
+  static constexpr int kTA = kTA_;            // WgType of A and of B
+  static constexpr int kTB = kTB_;
+  static constexpr bool kFp8 = kTA == WG_E4M3 || kTA == WG_E5M2;
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;
+  static constexpr int kBM = kBM_;            // tile rows (the whole CTA's tile)
   static constexpr int kBN = kBN_;            // tile columns: multiple of 16, <= 256
   static constexpr int kStages = kStages_;
   static constexpr bool kPingpong = kPingpong_;
   static constexpr int kClusterM = kClusterM_;  // 1 or 2 (B multicast)
-  static constexpr bool kPromote = kPromote_;
-  static constexpr int kOut = kOut_;
+  static constexpr int kPromote = kPromote_;   // promotion interval in stages; 0: none
 
-  static constexpr int kBK = 128;             // K bytes per stage = one 128B swizzle row
-  static constexpr int kBM = kPingpong ? kWgM : 2 * kWgM;
+  static constexpr int kWgM = kPingpong ? kBM : kBM / 2;  // rows per consumer warpgroup
+  static constexpr int kBK = kBKBytes_;       // K bytes per stage
+  static constexpr int kSwzBytes = kBK < 128 ? kBK : 128;  // W: one swizzle row
+  static constexpr int kSwizzle =
+      kSwzBytes == 128 ? SWIZZLE_128B : kSwzBytes == 64 ? SWIZZLE_64B : SWIZZLE_32B;
+  static constexpr int kKBlocks = kBK / kSwzBytes;         // column blocks per stage
+  static constexpr int kBKElems = kBK / kElemBytes;        // K elements per stage
+  static constexpr int kSwzElems = kSwzBytes / kElemBytes; // TMA box inner extent (elements)
   static constexpr int kMBlocks = kWgM / 64;  // wgmma m64 blocks per consumer
   static constexpr int kAccRegs = kMBlocks * kBN / 2;
   static constexpr int kThreads = 384;
@@ -70,12 +98,26 @@ struct Fp8GemmCfg {
   // dynamic smem: 1024 B alignment slack + stages + full/empty barriers + 2 order barriers
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + (2 * kStages + 2) * 8;
 
-  static_assert(kWgM == 64 || kWgM == 128, "kWgM must be 64 or 128");
-  static_assert(kBN % 16 == 0 && kBN >= 16 && kBN <= 256, "kBN: multiple of 16 in [16, 256]");
+  static_assert(kFp8 == (kTB == WG_E4M3 || kTB == WG_E5M2), "A and B: both fp8 or both 16-bit");
+  static_assert(kFp8 || kTA == kTB, "16-bit wgmma needs A and B of the same type");
+  static_assert(kWgM == 64 || kWgM == 128, "rows per consumer warpgroup must be 64 or 128");
+  static_assert(kBN % 16 == 0 && kBN >= 16 && kBN <= 256, "BN: multiple of 16 in [16, 256]");
+  static_assert(kBK == 32 || kBK == 64 || kBK == 128 || kBK == 256 || kBK == 512,
+                "BK bytes: 32, 64, 128, 256 or 512");
   static_assert(kClusterM == 1 || kClusterM == 2, "kClusterM must be 1 or 2");
   static_assert(kBBoxRows % 8 == 0, "B half tile must be a multiple of 8 rows");
+  static_assert(kPromote >= 0 && kPromote <= 16, "kPromote: 0 (off) or a promotion interval in stages");
   static_assert(kAccRegs * (kPromote ? 2 : 1) <= 160, "accumulators exceed the register budget");
+  static_assert(kStages >= 1, "at least one stage");
   static_assert(kSmemBytes <= 232448, "shared memory exceeds 227 KB");
+};
+
+// The prototype's FP8 configuration (e4m3 x e4m3, 128-byte K blocks): kWgM rows per consumer.
+template <int kWgM_, int kBN_, int kStages_, bool kPingpong_, int kClusterM_, bool kPromote_,
+          int kOut_>
+struct Fp8GemmCfg : Sm90GemmCfg<WG_E4M3, WG_E4M3, kPingpong_ ? kWgM_ : 2 * kWgM_, kBN_, 128,
+                                kStages_, kPingpong_, kClusterM_, kPromote_> {
+  static constexpr int kOut = kOut_;
 };
 
 namespace detail {
@@ -98,17 +140,341 @@ struct TileRaster {
   }
 };
 
+}  // namespace detail
+
+// Stores two adjacent output elements of a row of an output tensor of element type E (tile.cuh's
+// tags carry the conversion). `p` points at the row's element in column `col0` (a thread's first
+// column of the tile), `col_left` = number of columns from col0 to the end of the tensor
+// (clamped to int), `jcol` the pair's offset from col0 (a compile-time constant once the caller's
+// loop is unrolled, so addresses are immediate offsets), `s1` the column stride in elements.
+// `vec_ok`: s1 == 1 and p + jcol is aligned to two elements whenever jcol is even, so an
+// in-bounds pair is one store.
+template <class Mem>
+struct GemmPair;
+template <>
+struct GemmPair<float> { struct alignas(8) T { float x, y; }; };
+template <>
+struct GemmPair<unsigned short> { struct alignas(4) T { unsigned short x, y; }; };
+template <>
+struct GemmPair<unsigned char> { struct alignas(2) T { unsigned char x, y; }; };
+
+template <class E>
+__device__ __forceinline__ void gemm_store_pair(typename E::mem* p, bool row_ok, int col_left, int jcol,
+                                                long long s1, float v0, float v1, bool vec_ok) {
+  typedef typename E::mem M;
+  if (!row_ok) return;
+  if (vec_ok && jcol + 1 < col_left) {
+    typename GemmPair<M>::T pr;
+    E::st(&pr.x, v0);
+    E::st(&pr.y, v1);
+    *reinterpret_cast<typename GemmPair<M>::T*>(p + jcol) = pr;
+    return;
+  }
+  if (jcol < col_left) E::st(p + jcol * s1, v0);
+  if (jcol + 1 < col_left) E::st(p + (jcol + 1) * s1, v1);
+}
+
+#if TJ_SM90A_ENABLED
+
 template <class Cfg>
-__device__ __forceinline__ void release_stage(unsigned long long* empty_bar) {
-  if ((threadIdx.x & 31u) == 0u) {
-    if (Cfg::kClusterM == 1) {
-      mbar_arrive(empty_bar);
+struct Sm90Gemm {
+  static constexpr int S = Cfg::kStages;
+  static constexpr int BN = Cfg::kBN;
+  static constexpr int BM = Cfg::kBM;
+  static constexpr int CM = Cfg::kClusterM;
+  static constexpr int W = Cfg::kSwzBytes;
+
+  unsigned char* sA;                 // [S][kKBlocks][BM][W]
+  unsigned char* sB;                 // [S][kKBlocks][BN][W]
+  unsigned long long* full_bar;
+  unsigned long long* empty_bar;
+  // Pingpong only: order_bar[c] completes a phase when consumer c has passed every full-barrier
+  // wait of its current tile. The other consumer waits for it before its next tile, so that
+  // the two never wait on the same stage barrier more than one phase apart (parity waits
+  // cannot tell phase r from r+2) -- and it serializes their main loops, as intended.
+  unsigned long long* order_bar;
+  detail::TileRaster rs;
+  int num_kb;
+  int cluster_id, num_clusters;
+  int wg;
+  unsigned rank;
+  // consumer state
+  int c;           // consumer index 0/1
+  int tid;         // thread within the warpgroup (0..127)
+  int t, t_step;   // current cluster tile, step to the next one
+  int local;       // pingpong: index of this tile in the CTA's tile sequence (c, c+2, ...)
+  unsigned it;     // k-block counter of this consumer in the CTA's stage sequence
+  int m0, n0;      // this consumer's current rows start at m0 (its first row), columns at n0
+
+  // Every thread of the block: carve shared memory, init the barriers, synchronize.
+  __device__ __forceinline__ void init(unsigned char* smem_raw, const GemmProblem& p) {
+    // 1024-byte alignment for the 128B swizzle (the descriptor's base offset is 0).
+    const unsigned raw_addr = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+    sA = smem;
+    sB = smem + S * Cfg::kABytes;
+    full_bar = reinterpret_cast<unsigned long long*>(smem + S * Cfg::kStageBytes);
+    empty_bar = full_bar + S;
+    order_bar = empty_bar + S;
+    wg = warpgroup_idx();
+    rank = (CM > 1) ? cluster_ctarank() : 0u;
+    if (threadIdx.x == 0) {
+#pragma unroll 1
+      for (int s = 0; s < S; ++s) {
+        mbar_init(&full_bar[s], 1);
+        mbar_init(&empty_bar[s], Cfg::kEmptyArrivals);
+      }
+      mbar_init(&order_bar[0], 1);
+      mbar_init(&order_bar[1], 1);
+      fence_mbarrier_init();
+    }
+    if (CM > 1) {
+      cluster_sync();
     } else {
+      __syncthreads();
+    }
+    const int tiles_m_cta = (p.M + BM - 1) / BM;
+    rs.tiles_m = (tiles_m_cta + CM - 1) / CM;
+    rs.tiles_n = (p.N + BN - 1) / BN;
+    rs.total = rs.tiles_m * rs.tiles_n;
+    rs.group_m = p.group_m < 1 ? 1 : p.group_m;
+    num_kb = (p.K + Cfg::kBKElems - 1) / Cfg::kBKElems;
+    // Hide a compile-time K (static shapes) from the optimizer: it would unroll the K loops
+    // whole (e.g. 64 copies of the promote loop), ignoring `#pragma unroll 1`.
+    asm volatile("mov.b32 %0, %0;" : "+r"(num_kb));
+    cluster_id = blockIdx.x / CM;
+    num_clusters = gridDim.x / CM;
+  }
+
+  __device__ __forceinline__ bool is_producer() const { return wg == 0; }
+
+  // Warpgroup 0: one thread streams A and B tiles into the stage ring.
+  __device__ __forceinline__ void produce(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b) {
+    setmaxnreg_dec<40>();
+    if (warp_idx_in_warpgroup() == 0 && lane_id() == 0) {
+      prefetch_tma_descriptor(tma_a);
+      prefetch_tma_descriptor(tma_b);
+      int s = 0;
+      unsigned ph = 0;
+#pragma unroll 1
+      for (int tt = cluster_id; tt < rs.total; tt += num_clusters) {
+        int tm, tn;
+        rs.get(tt, tm, tn);
+        const int tile_m0 = (tm * CM + (int)rank) * BM;
+        const int tile_n0 = tn * BN;
+#pragma unroll 1
+        for (int kb = 0; kb < num_kb; ++kb) {
+          mbar_wait(&empty_bar[s], ph ^ 1u);
+          mbar_arrive_expect_tx(&full_bar[s], (unsigned)Cfg::kStageBytes);
 #pragma unroll
-      for (int r = 0; r < Cfg::kClusterM; ++r) mbar_arrive_cluster(empty_bar, (unsigned)r);
+          for (int cb = 0; cb < Cfg::kKBlocks; ++cb) {
+            const int kc = kb * Cfg::kBKElems + cb * Cfg::kSwzElems;
+            tma_load_2d(sA + s * Cfg::kABytes + cb * (BM * W), tma_a, &full_bar[s], kc, tile_m0);
+            if (CM == 1) {
+              tma_load_2d(sB + s * Cfg::kBBytes + cb * (BN * W), tma_b, &full_bar[s], kc, tile_n0);
+            } else {
+              tma_load_2d_multicast(sB + s * Cfg::kBBytes + cb * (BN * W) +
+                                        rank * (Cfg::kBBoxRows * W),
+                                    tma_b, &full_bar[s], kc, tile_n0 + (int)rank * Cfg::kBBoxRows,
+                                    (unsigned short)((1u << CM) - 1u));
+            }
+          }
+          if (++s == S) {
+            s = 0;
+            ph ^= 1u;
+          }
+        }
+      }
     }
   }
-}
+
+  __device__ __forceinline__ void set_tile() {
+    if (t < rs.total) {
+      int tm, tn;
+      rs.get(t, tm, tn);
+      m0 = (tm * CM + (int)rank) * BM + (Cfg::kPingpong ? 0 : c * Cfg::kWgM);
+      n0 = tn * BN;
+    }
+  }
+
+  // Warpgroups 1 and 2: take the register budget and the first tile.
+  __device__ __forceinline__ void consumer_begin() {
+    setmaxnreg_inc<232>();
+    c = wg - 1;
+    tid = (int)(threadIdx.x & 127u);
+    t = Cfg::kPingpong ? cluster_id + c * num_clusters : cluster_id;
+    t_step = Cfg::kPingpong ? 2 * num_clusters : num_clusters;
+    it = Cfg::kPingpong ? (unsigned)(c * num_kb) : 0u;
+    local = c;
+    set_tile();
+  }
+  __device__ __forceinline__ bool tile_valid() const { return t < rs.total; }
+  __device__ __forceinline__ void next_tile() {
+    t += t_step;
+    local += 2;
+    set_tile();
+  }
+
+  __device__ __forceinline__ void zero(float (&acc)[Cfg::kMBlocks][BN / 2]) {
+#pragma unroll
+    for (int mb = 0; mb < Cfg::kMBlocks; ++mb) acc_fill<BN>(acc[mb], 0.0f);
+  }
+
+  __device__ __forceinline__ void release_stage(unsigned long long* bar) {
+    if ((threadIdx.x & 31u) == 0u) {
+      if (CM == 1) {
+        mbar_arrive(bar);
+      } else {
+#pragma unroll
+        for (int r = 0; r < CM; ++r) mbar_arrive_cluster(bar, (unsigned)r);
+      }
+    }
+  }
+
+  // One K step (32 bytes of K) of every m64 block: offsets inside the stage's column blocks.
+  static __device__ __forceinline__ unsigned a_koff(int kk) {
+    return (unsigned)(((32 * kk) / W) * (BM * W) + (32 * kk) % W);
+  }
+  static __device__ __forceinline__ unsigned b_koff(int kk) {
+    return (unsigned)(((32 * kk) / W) * (BN * W) + (32 * kk) % W);
+  }
+
+  // The K loop of the current tile: acc = A[m0.., :] . B[n0.., :]^T.
+  __device__ __forceinline__ void mainloop(float (&acc)[Cfg::kMBlocks][BN / 2]) {
+    constexpr int TA = Cfg::kTA, TB = Cfg::kTB;
+    if constexpr (Cfg::kPingpong) {
+      // wait until the other consumer has passed all stage waits of tile local-1
+      if (local >= 1) mbar_wait(&order_bar[1 - c], (unsigned)(((local - 1) >> 1) & 1));
+    }
+    const int row_off = Cfg::kPingpong ? 0 : c * Cfg::kWgM;
+    // Descriptors of stage 0, this consumer's first m64 block, k slice 0.
+    const unsigned long long da0 = make_desc_kmajor<Cfg::kSwizzle>(sA + row_off * W);
+    const unsigned long long db0 = make_desc_kmajor<Cfg::kSwizzle>(sB);
+    int prev_s = 0;
+    float tmp[Cfg::kPromote ? Cfg::kMBlocks : 1][Cfg::kPromote ? BN / 2 : 1];
+    if constexpr (Cfg::kPromote) zero(tmp);
+    if constexpr (Cfg::kPromote) {
+      // P = kPromote stages accumulate in tmp (fresh at each interval's first stage) with one
+      // batch kept in flight, then tmp is added into acc once every wgmma is done. (The reads
+      // of tmp sit after an inner loop, where ptxas can see that no wgmma is in flight;
+      // reading it inside the K loop makes ptxas serialize every wgmma, C7514.)
+#pragma unroll 1
+      for (int kb0 = 0; kb0 < num_kb; kb0 += Cfg::kPromote) {
+        const int kend = kb0 + Cfg::kPromote < num_kb ? kb0 + Cfg::kPromote : num_kb;
+        int pending = -1;
+#pragma unroll 1
+        for (int kb = kb0; kb < kend; ++kb, ++it) {
+          const int s = (int)(it % (unsigned)S);
+          mbar_wait(&full_bar[s], (it / (unsigned)S) & 1u);
+          const unsigned long long da = desc_advance(da0, (unsigned)(s * Cfg::kABytes));
+          const unsigned long long db = desc_advance(db0, (unsigned)(s * Cfg::kBBytes));
+#pragma unroll
+          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < Cfg::kBK / 32; ++kk) {
+#pragma unroll
+            for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
+              mma_async_ss<BN, TA, TB>(tmp[mb],
+                                       desc_advance(da, (unsigned)(mb * 64 * W) + a_koff(kk)),
+                                       desc_advance(db, b_koff(kk)), (kb > kb0 || kk > 0) ? 1 : 0);
+            }
+          }
+          wgmma_commit();
+#pragma unroll
+          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
+          wgmma_wait<1>();
+#pragma unroll
+          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
+          if (pending >= 0) release_stage(&empty_bar[pending]);
+          pending = s;
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
+        release_stage(&empty_bar[pending]);
+#pragma unroll
+        for (int mb = 0; mb < Cfg::kMBlocks; ++mb)
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i)
+            acc[mb][i] = (kb0 == 0) ? tmp[mb][i] : acc[mb][i] + tmp[mb][i];
+      }
+    }
+#pragma unroll 1
+    for (int kb = 0; kb < (Cfg::kPromote ? 0 : num_kb); ++kb, ++it) {
+      const int s = (int)(it % (unsigned)S);
+      const unsigned ph = (it / (unsigned)S) & 1u;
+      mbar_wait(&full_bar[s], ph);
+      const unsigned long long da = desc_advance(da0, (unsigned)(s * Cfg::kABytes));
+      const unsigned long long db = desc_advance(db0, (unsigned)(s * Cfg::kBBytes));
+      if constexpr (Cfg::kPromote == 0) {
+#pragma unroll
+        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Cfg::kBK / 32; ++kk) {
+#pragma unroll
+          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
+            mma_async_ss<BN, TA, TB>(acc[mb],
+                                     desc_advance(da, (unsigned)(mb * 64 * W) + a_koff(kk)),
+                                     desc_advance(db, b_koff(kk)), (kb > 0 || kk > 0) ? 1 : 0);
+          }
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
+        // Keep one batch in flight: the previous k block's wgmmas are done after this.
+        wgmma_wait<1>();
+#pragma unroll
+        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
+        if (kb > 0) release_stage(&empty_bar[prev_s]);
+        prev_s = s;
+      }
+    }
+    if constexpr (Cfg::kPingpong) {
+      // Every full-barrier phase of this tile has completed (warp 0 waited for all of them;
+      // that the other warps may still be inside their waits does not matter).
+      if (tid == 0) mbar_arrive(&order_bar[c]);
+    }
+    if constexpr (!Cfg::kPromote) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
+      if (num_kb > 0) release_stage(&empty_bar[prev_s]);
+    }
+    (void)prev_s;
+    // (K = 0 never gets here: a tensor map cannot describe an empty dimension.)
+    if constexpr (Cfg::kPingpong) it += (unsigned)num_kb;   // the other consumer's tile
+  }
+
+  // Every thread of the block, at the end.
+  __device__ __forceinline__ void finish() {
+    if (CM > 1) {
+      // No CTA may exit while its peer can still arrive on its barriers / multicast into it.
+      __syncwarp();
+      cluster_sync();
+    }
+  }
+};
+
+#endif  // TJ_SM90A_ENABLED
+
+// ------------------------------------------------------------------ the prototype kernel
+//   C[M,N] = (A[M,K] . B[N,K]^T) * scale_a * scale_b * row_scale[m] * col_scale[n] + bias[n]
+// A, B e4m3, output bf16 or f32, row-major with leading dimension ldc; masked for M/N tails.
+struct Fp8GemmParams {
+  int M, N, K;
+  void* C;                 // row-major M x N, element type per Cfg::kOut
+  long long ldc;           // leading dimension of C in elements
+  const float* scale_a;    // [1] per-tensor scale of A, or nullptr (1)
+  const float* scale_b;    // [1] per-tensor scale of B, or nullptr (1)
+  const float* row_scale;  // [M] per-row scale, or nullptr
+  const float* col_scale;  // [N] per-column scale, or nullptr
+  const float* bias;       // [N] added after scaling, or nullptr
+  int group_m;             // raster group height in cluster tiles (>= 1)
+};
+
+namespace detail {
 
 template <class Cfg>
 __device__ __forceinline__ void store_pair(const Fp8GemmParams& p, int row, int col, float v0,
@@ -145,204 +511,32 @@ template <class Cfg>
 __global__ void __launch_bounds__(384, 1)
     fp8_gemm_kernel(const __grid_constant__ TmaDescriptor tma_a,
                     const __grid_constant__ TmaDescriptor tma_b, const Fp8GemmParams p) {
-  constexpr int S = Cfg::kStages;
   constexpr int BN = Cfg::kBN;
-  constexpr int BM = Cfg::kBM;
-  constexpr int CM = Cfg::kClusterM;
-
   extern __shared__ unsigned char smem_raw[];
-  // 1024-byte alignment for the 128B swizzle (the descriptor's base offset is 0).
-  const unsigned raw_addr = smem_u32(smem_raw);
-  unsigned char* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
-  unsigned char* sA = smem;                                  // [S][kABytes]
-  unsigned char* sB = smem + S * Cfg::kABytes;               // [S][kBBytes]
-  unsigned long long* full_bar =
-      reinterpret_cast<unsigned long long*>(smem + S * Cfg::kStageBytes);
-  unsigned long long* empty_bar = full_bar + S;
-  // Pingpong only: order_bar[c] completes a phase when consumer c has passed every full-barrier
-  // wait of its current tile. The other consumer waits for it before its next tile, so that
-  // the two never wait on the same stage barrier more than one phase apart (parity waits
-  // cannot tell phase r from r+2) -- and it serializes their main loops, as intended.
-  unsigned long long* order_bar = empty_bar + S;
-
-  const int wg = warpgroup_idx();
-  const unsigned rank = (CM > 1) ? cluster_ctarank() : 0u;
-
-  if (threadIdx.x == 0) {
-#pragma unroll 1
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full_bar[s], 1);
-      mbar_init(&empty_bar[s], Cfg::kEmptyArrivals);
-    }
-    mbar_init(&order_bar[0], 1);
-    mbar_init(&order_bar[1], 1);
-    fence_mbarrier_init();
-  }
-  if (CM > 1) {
-    cluster_sync();
+  Sm90Gemm<Cfg> g;
+  GemmProblem prob;
+  prob.M = p.M;
+  prob.N = p.N;
+  prob.K = p.K;
+  prob.group_m = p.group_m;
+  g.init(smem_raw, prob);
+  if (g.is_producer()) {
+    g.produce(&tma_a, &tma_b);
   } else {
-    __syncthreads();
-  }
-
-  detail::TileRaster rs;
-  const int tiles_m_cta = (p.M + BM - 1) / BM;
-  rs.tiles_m = (tiles_m_cta + CM - 1) / CM;
-  rs.tiles_n = (p.N + BN - 1) / BN;
-  rs.total = rs.tiles_m * rs.tiles_n;
-  rs.group_m = p.group_m < 1 ? 1 : p.group_m;
-  const int num_kb = (p.K + Cfg::kBK - 1) / Cfg::kBK;
-  const int cluster_id = blockIdx.x / CM;
-  const int num_clusters = gridDim.x / CM;
-
-  if (wg == 0) {
-    // ------------------------------------------------------------------ producer
-    setmaxnreg_dec<40>();
-    if (warp_idx_in_warpgroup() == 0 && lane_id() == 0) {
-      prefetch_tma_descriptor(&tma_a);
-      prefetch_tma_descriptor(&tma_b);
-      int s = 0;
-      unsigned ph = 0;
-#pragma unroll 1
-      for (int t = cluster_id; t < rs.total; t += num_clusters) {
-        int tm, tn;
-        rs.get(t, tm, tn);
-        const int m0 = (tm * CM + (int)rank) * BM;
-        const int n0 = tn * BN;
-#pragma unroll 1
-        for (int kb = 0; kb < num_kb; ++kb) {
-          mbar_wait(&empty_bar[s], ph ^ 1u);
-          mbar_arrive_expect_tx(&full_bar[s], (unsigned)Cfg::kStageBytes);
-          tma_load_2d(sA + s * Cfg::kABytes, &tma_a, &full_bar[s], kb * Cfg::kBK, m0);
-          if (CM == 1) {
-            tma_load_2d(sB + s * Cfg::kBBytes, &tma_b, &full_bar[s], kb * Cfg::kBK, n0);
-          } else {
-            tma_load_2d_multicast(sB + s * Cfg::kBBytes + rank * (Cfg::kBBoxRows * Cfg::kBK),
-                                  &tma_b, &full_bar[s], kb * Cfg::kBK,
-                                  n0 + (int)rank * Cfg::kBBoxRows,
-                                  (unsigned short)((1u << CM) - 1u));
-          }
-          if (++s == S) {
-            s = 0;
-            ph ^= 1u;
-          }
-        }
-      }
-    }
-  } else {
-    // ------------------------------------------------------------------ consumers
-    setmaxnreg_inc<232>();
-    const int c = wg - 1;                       // consumer index 0/1
-    const int tid = (int)(threadIdx.x & 127u);  // thread within the warpgroup
+    g.consumer_begin();
     const float sab = (p.scale_a ? p.scale_a[0] : 1.0f) * (p.scale_b ? p.scale_b[0] : 1.0f);
     const bool vec_ok = (p.ldc & 1LL) == 0;
-
-    // Descriptor of stage 0, this consumer's first m64 block, k slice 0.
-    const int row_off = Cfg::kPingpong ? 0 : c * Cfg::kWgM;
-    const unsigned long long da0 = make_desc_kmajor<SWIZZLE_128B>(sA + row_off * Cfg::kBK);
-    const unsigned long long db0 = make_desc_kmajor<SWIZZLE_128B>(sB);
-
     float acc[Cfg::kMBlocks][BN / 2];
-    float tmp[Cfg::kPromote ? Cfg::kMBlocks : 1][Cfg::kPromote ? BN / 2 : 1];
-#pragma unroll
-    for (int mb = 0; mb < Cfg::kMBlocks; ++mb) acc_fill<BN>(acc[mb], 0.0f);
-    if constexpr (Cfg::kPromote) {
-#pragma unroll
-      for (int mb = 0; mb < Cfg::kMBlocks; ++mb) acc_fill<BN>(tmp[mb], 0.0f);
-    }
-
-    const int t_first = Cfg::kPingpong ? cluster_id + c * num_clusters : cluster_id;
-    const int t_step = Cfg::kPingpong ? 2 * num_clusters : num_clusters;
-    // k-block counter of this consumer's first tile in the CTA's stage sequence
-    unsigned it = Cfg::kPingpong ? (unsigned)(c * num_kb) : 0u;
-    const unsigned it_skip = Cfg::kPingpong ? (unsigned)num_kb : 0u;  // other consumer's tile
-
-    int local = c;  // pingpong: index of this tile in the CTA's tile sequence (c, c+2, ...)
+    g.zero(acc);
 #pragma unroll 1
-    for (int t = t_first; t < rs.total; t += t_step, local += 2) {
-      int tm, tn;
-      rs.get(t, tm, tn);
-      const int m0 = (tm * CM + (int)rank) * BM + row_off;
-      const int n0 = tn * BN;
-      if constexpr (Cfg::kPingpong) {
-        // wait until the other consumer has passed all stage waits of tile local-1
-        if (local >= 1) mbar_wait(&order_bar[1 - c], (unsigned)(((local - 1) >> 1) & 1));
-      }
-
-      int prev_s = 0;
-#pragma unroll 1
-      for (int kb = 0; kb < num_kb; ++kb, ++it) {
-        const int s = (int)(it % (unsigned)S);
-        const unsigned ph = (it / (unsigned)S) & 1u;
-        mbar_wait(&full_bar[s], ph);
-        const unsigned long long da = desc_advance(da0, (unsigned)(s * Cfg::kABytes));
-        const unsigned long long db = desc_advance(db0, (unsigned)(s * Cfg::kBBytes));
-        if constexpr (Cfg::kPromote) {
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < Cfg::kBK / 32; ++k) {
-#pragma unroll
-            for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
-              mma_async_ss<BN, WG_E4M3, WG_E4M3>(
-                  tmp[mb], desc_advance(da, (unsigned)(mb * 64 * Cfg::kBK + 32 * k)),
-                  desc_advance(db, (unsigned)(32 * k)), k > 0 ? 1 : 0);
-            }
-          }
-          wgmma_commit();
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-          wgmma_wait<0>();
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-          detail::release_stage<Cfg>(&empty_bar[s]);
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb)
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i)
-              acc[mb][i] = (kb == 0) ? tmp[mb][i] : acc[mb][i] + tmp[mb][i];
-        } else {
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < Cfg::kBK / 32; ++k) {
-#pragma unroll
-            for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
-              mma_async_ss<BN, WG_E4M3, WG_E4M3>(
-                  acc[mb], desc_advance(da, (unsigned)(mb * 64 * Cfg::kBK + 32 * k)),
-                  desc_advance(db, (unsigned)(32 * k)), (kb > 0 || k > 0) ? 1 : 0);
-            }
-          }
-          wgmma_commit();
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
-          // Keep one batch in flight: the previous k block's wgmmas are done after this.
-          wgmma_wait<1>();
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
-          if (kb > 0) detail::release_stage<Cfg>(&empty_bar[prev_s]);
-          prev_s = s;
-        }
-      }
-      if constexpr (Cfg::kPingpong) {
-        // Every full-barrier phase of this tile has completed (warp 0 waited for all of them;
-        // that the other warps may still be inside their waits does not matter).
-        if (tid == 0) mbar_arrive(&order_bar[c]);
-      }
-      if constexpr (!Cfg::kPromote) {
-        wgmma_wait<0>();
-#pragma unroll
-        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
-        if (num_kb > 0) detail::release_stage<Cfg>(&empty_bar[prev_s]);
-      }
-      it += it_skip;
-
+    for (; g.tile_valid(); g.next_tile()) {
+      g.mainloop(acc);
       // ---------------------------------------------------------------- epilogue
+      const int tid = g.tid;
       const int q2 = 2 * (tid & 3);
 #pragma unroll
       for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
-        const int r0 = m0 + mb * 64 + acc_row(0, tid);
+        const int r0 = g.m0 + mb * 64 + acc_row(0, tid);
         float rsc[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -351,7 +545,7 @@ __global__ void __launch_bounds__(384, 1)
         }
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
-          const int col = n0 + 8 * j + q2;
+          const int col = g.n0 + 8 * j + q2;
           float cs0 = 1.0f, cs1 = 1.0f, b0 = 0.0f, b1 = 0.0f;
           if (p.col_scale) {
             if (col < p.N) cs0 = p.col_scale[col];
@@ -374,12 +568,7 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
   }
-
-  if (CM > 1) {
-    // No CTA may exit while its peer can still arrive on its barriers / multicast into it.
-    __syncwarp();
-    cluster_sync();
-  }
+  g.finish();
 }
 
 #endif  // TJ_SM90A_ENABLED

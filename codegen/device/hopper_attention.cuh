@@ -1,0 +1,591 @@
+#pragma once
+// tilejit device library: flash-attention forward main loop for sm_90a (FP8 e4m3 and 16-bit),
+// built from the hopper.cuh building blocks. This is what the attention lowering
+// (codegen/lower_attention_sm90.cpp) instantiates for the DSL kernel kernels/attention_fp8.cpp,
+// and what bench/attention/attn_proto.cu runs directly.
+//
+//   O[b,h,i,:] = sum_j softmax_j(q_i . k_j * softmax_scale) v_j   (online softmax in exp2)
+//
+// Inputs (all loaded by TMA into 128B/64B-swizzled shared memory, 3-D tensor maps with the
+// per-head sequence as its own dimension so that tails are zero-filled per head):
+//   Q  [B*H,   Sq,  D]  K-major            map dims {D, Sq, B*H},    box {W/es, BM, 1}
+//   K  [B*Hkv, Skv, D]  K-major            map dims {D, Skv, B*Hkv}, box {W/es, BN, 1}
+//   fp8: Vt [B*Hkv, D, Skv_pad] (V transposed: FP8 wgmma needs both operands K-major)
+//                                          map dims {Skv, D, B*Hkv}, box {Wv, D, 1}
+//   16-bit: V [B*Hkv, Skv, D] natural (MN-major B operand, wgmma transpose bit)
+//                                          map dims {D, Skv, B*Hkv}, box {64, BN, 1}
+// (W = min(D bytes, 128) for Q/K; Wv = 128 if BN % 128 == 0 else 64; es = element bytes.)
+//
+// Scaling (FlashAttention-3's FP8 recipe): descales per (batch, kv-head) as f32 arrays with
+// strides (0, 0 = per-tensor broadcast; nullptr = 1). The score scale is one constant
+// c = (score_scale * q_descale) * k_descale (score_scale = softmax scale * log2 e) applied to
+// the raw e4m3 dot product; P = exp2(s*c - (m - 8)) lies in [0, 256] (the fixed power-of-two
+// offset puts it in e4m3's range with full relative precision) and is quantized to e4m3 for the
+// P.V wgmma; the row sum l accumulates the same (unquantized, f32) P, so the offset cancels in
+// O = acc / l; the V descale is folded into that final normalization. 16-bit inputs use
+// offset 0. c < 0 (negative descales) works too; c == 0 is not supported (masked scores).
+//   LSE (natural log) = (m - offset + log2 l) * ln 2; rows without any key: O = 0, LSE = -inf.
+// This is exactly kernels/attention_fp8.cpp's computation (the same ascending key blocks of BN,
+// the same running max), so the CPU reference executor reproduces every P quantization.
+//
+// Preconditions: Q/K/V rows 16-byte aligned (TMA); Vt's pad columns [Skv, map width) finite
+// (zeros from the quantize pre-pass: P is 0 there, but 0 * NaN would poison O). kVPerm needs
+// the Vt map to cover whole 32-key groups (width = Skv rounded up to 32).
+//
+// Structure (per CTA: one BM = 64*kConsumers row tile of one (b, h); kConsumers = 1, 2 or 3):
+//   warpgroup 0 = producer (setmaxnreg.dec), one thread issues TMA: Q once, then K_j and V_j
+//   for j = 0, 1, ... (ascending, the order of the DSL's tile loop, so the online-softmax
+//   running max -- and with it every P quantization -- matches the CPU reference executor
+//   block for block) through a kStages ring with separate full/empty mbarriers for K and V.
+//   warpgroups 1..kConsumers = consumers, 64 query rows each: S = Q.K^T (SS wgmma, f32 acc),
+//   masking only on boundary blocks (KV tail, causal diagonal), online softmax on the
+//   accumulator registers (quad shuffles), P -> A fragment in registers, O += P.V (RS wgmma).
+//   kOverlap: FA3's intra-warpgroup pipelining -- S_{j} = Q.K_j^T and O += P_{j-1}.V_{j-1}
+//   are issued together and the softmax of S_j runs while the P.V wgmma is in flight.
+//   kWgSync: FA3's inter-warpgroup schedule -- named barriers make the consumers take turns
+//   issuing their GEMMs so one's softmax overlaps the other's tensor-core work.
+//   kVPerm (fp8 only): Vt's key index is permuted inside every 32-key group the way
+//   acc_to_a_fp8_kperm expects (the caller's transpose wrote it so), which makes the P
+//   conversion shuffle-free; otherwise acc_to_a_fp8 (exact, 2 shuffles per 32 keys and row).
+// Causal masking is top-left aligned (key j visible to query i iff j <= i), like
+// torch.nn.functional.scaled_dot_product_attention(is_causal=True).
+//
+// Launch: grid (ceil(Sq/BM), B*H), block kThreads, dynamic smem kSmemBytes (opt in). The
+// m-tile index is the fast grid dimension (CTAs that run together share K/V in L2); causal
+// tiles run longest first. attn_fwd_device() is the body for code that computes (bh, m_tile)
+// itself (the generated kernels: program id = bh * m_tiles + m_tile).
+
+#include "hopper.cuh"
+
+namespace tj {
+namespace dev {
+
+enum AttnOutType : int { ATTN_OUT_BF16 = 0, ATTN_OUT_F16 = 1, ATTN_OUT_E4M3 = 2 };
+
+struct AttnParams {
+  int B, H, Hkv;              // heads; kv head of head h = h / (H / Hkv)
+  int Sq, Skv;
+  void* O;                    // [B, H, Sq, D], element type per kOut; strides in elements
+  long long o_sb, o_sh, o_ss, o_sd;
+  float* lse;                 // [B, H, Sq] f32 (natural log) or nullptr; strides in elements
+  long long lse_sb, lse_sh, lse_ss;
+  const float* q_descale;     // [B, Hkv] f32 with strides (0, 0 broadcasts one value), or
+  long long qd_sb, qd_sh;     // nullptr (= 1)
+  const float* k_descale;
+  long long kd_sb, kd_sh;
+  const float* v_descale;
+  long long vd_sb, vd_sh;
+  float score_scale;          // softmax scale * log2(e): q.k -> log2 units (before descales)
+  float o_scale;              // e4m3 output: O is multiplied by this before the cast
+  float* o_amax;              // e4m3 output: atomic max of |O| (before o_scale), or nullptr
+};
+
+template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
+          bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false>
+struct AttnCfg {
+  static constexpr int kD = kD_;
+  static constexpr int kBN = kBN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kIn = kIn_;
+  static constexpr int kOut = kOut_;
+  static constexpr bool kCausal = kCausal_;
+  static constexpr bool kOverlap = kOverlap_;
+  static constexpr bool kWgSync = kWgSync_ && kConsumers_ == 2;
+  static constexpr bool kFp8 = (kIn_ == WG_E4M3 || kIn_ == WG_E5M2);
+  static constexpr bool kVPerm = kVPerm_ && kFp8;
+
+  static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
+  static constexpr int kBM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kDBytes = kD * kEs;
+  static constexpr int kWq = kDBytes >= 128 ? 128 : kDBytes;   // Q/K swizzle width (bytes)
+  static constexpr int kQkSwizzle = kWq == 128 ? SWIZZLE_128B : SWIZZLE_64B;
+  static constexpr int kQkBlocks = kDBytes / kWq;
+  static constexpr int kWv = kFp8 ? ((kBN % 128 == 0) ? 128 : 64) : 128;
+  static constexpr int kVSwizzle = kWv == 128 ? SWIZZLE_128B : SWIZZLE_64B;
+  static constexpr int kVBlocks = kFp8 ? kBN / kWv : kD / 64;
+  static constexpr int kQBytes = kBM * kDBytes;
+  static constexpr int kKBytes = kBN * kDBytes;                // per stage
+  static constexpr int kVBytes = kBN * kDBytes;                // per stage
+  static constexpr int kKStep = 32 / kEs;                      // K elements per wgmma
+  static constexpr int kPRegs = kFp8 ? kBN / 8 : kBN / 4;      // A-fragment registers
+  static constexpr float kPOffset = kFp8 ? 8.0f : 0.0f;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  // 1024 alignment slack + Q + stages + barriers (q, 4 per stage)
+  static constexpr int kSmemBytes =
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 4 * kStages) * 8;
+
+  static_assert(kD == 64 || kD == 128 || kD == 256, "head dim must be 64, 128 or 256");
+  static_assert(kConsumers >= 1 && kConsumers <= 3, "1, 2 or 3 consumer warpgroups");
+  static_assert(kIn == WG_E4M3 || kIn == WG_BF16 || kIn == WG_F16, "input type");
+  static_assert(kBN % 32 == 0 && kBN >= 64 && kBN <= 256, "BN: multiple of 32 in [64, 256]");
+  static_assert(!kFp8 || kBN % 64 == 0, "fp8: BN must be a multiple of 64 (Vt swizzle blocks)");
+  static_assert(kFp8 || kBN % 16 == 0, "16-bit: BN must be a multiple of 16");
+  static_assert(kSmemBytes <= 232448, "shared memory exceeds 227 KB");
+  static_assert(kStages >= 1 && kStages <= 8, "stages");
+};
+
+namespace attn_detail {
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+#if TJ_SM90_ENABLED
+// Named barriers 1.. (0 is __syncthreads): `count` threads (multiple of 32) take part.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+#endif
+
+// m[h] = min(m[h], min of accumulator row h), quad-reduced (acc_row_max's twin).
+template <int N>
+__device__ __forceinline__ void acc_row_min(const float* d, float* m) {
+  float a = m[0], b = m[1];
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 4) {
+    a = fminf(a, fminf(d[i], d[i + 1]));
+    b = fminf(b, fminf(d[i + 2], d[i + 3]));
+  }
+  a = fminf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+  a = fminf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+  b = fminf(b, __shfl_xor_sync(0xffffffffu, b, 1));
+  b = fminf(b, __shfl_xor_sync(0xffffffffu, b, 2));
+  m[0] = a;
+  m[1] = b;
+}
+
+#if TJ_SM90_ENABLED
+// One arrive per consumer warp (lane 0), after this warp's wgmmas that read the stage are done.
+__device__ __forceinline__ void release(unsigned long long* bar) {
+  if ((threadIdx.x & 31u) == 0u) mbar_arrive(bar);
+}
+#endif
+
+// Stores O[row, col] and O[row, col + 1] (col even); `row_ptr` points at O[row, 0].
+template <class Cfg>
+__device__ __forceinline__ void store_out_pair(const AttnParams& p, char* row_ptr, int col,
+                                               float v0, float v1) {
+  if (p.o_sd == 1) {
+    if (Cfg::kOut == ATTN_OUT_BF16) {
+      *reinterpret_cast<unsigned*>(row_ptr + 2 * col) = f32x2_to_bf16x2(v0, v1);
+    } else if (Cfg::kOut == ATTN_OUT_F16) {
+      *reinterpret_cast<unsigned*>(row_ptr + 2 * col) = f32x2_to_f16x2(v0, v1);
+    } else {
+      *reinterpret_cast<unsigned short*>(row_ptr + col) =
+          f32x2_to_e4m3x2(v0 * p.o_scale, v1 * p.o_scale);
+    }
+  } else {   // strided last dim (rare): element stores
+    const long long e0 = (long long)col * p.o_sd, e1 = e0 + p.o_sd;
+    if (Cfg::kOut == ATTN_OUT_BF16) {
+      reinterpret_cast<unsigned short*>(row_ptr)[e0] = f32_to_bf16(v0);
+      reinterpret_cast<unsigned short*>(row_ptr)[e1] = f32_to_bf16(v1);
+    } else if (Cfg::kOut == ATTN_OUT_F16) {
+      reinterpret_cast<unsigned short*>(row_ptr)[e0] = f32_to_f16(v0);
+      reinterpret_cast<unsigned short*>(row_ptr)[e1] = f32_to_f16(v1);
+    } else {
+      reinterpret_cast<unsigned char*>(row_ptr)[e0] = f32_to_e4m3(v0 * p.o_scale);
+      reinterpret_cast<unsigned char*>(row_ptr)[e1] = f32_to_e4m3(v1 * p.o_scale);
+    }
+  }
+}
+
+}  // namespace attn_detail
+
+#if TJ_SM90A_ENABLED
+
+// The CTA body: query tile `m_tile` (rows m_tile*BM ...) of head `bh` = b*H + h.
+template <class Cfg>
+__device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
+                                                const TmaDescriptor* tma_k,
+                                                const TmaDescriptor* tma_v,
+                                                const AttnParams& p, int bh, int m_tile) {
+  constexpr int S = Cfg::kStages;
+  constexpr int BN = Cfg::kBN;
+  constexpr int BM = Cfg::kBM;
+  constexpr int D = Cfg::kD;
+  constexpr int WQ = Cfg::kWq;
+  constexpr int TY = Cfg::kIn;
+
+  extern __shared__ unsigned char smem_raw[];
+  const unsigned raw_addr = smem_u32(smem_raw);
+  unsigned char* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+  unsigned char* sQ = smem;                                     // [kQkBlocks][BM][WQ]
+  unsigned char* sK = sQ + Cfg::kQBytes;                        // [S][kQkBlocks][BN][WQ]
+  unsigned char* sV = sK + S * Cfg::kKBytes;                    // [S][...]
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sV + S * Cfg::kVBytes);
+  unsigned long long* q_bar = bars;
+  unsigned long long* full_k = bars + 1;
+  unsigned long long* full_v = full_k + S;
+  unsigned long long* empty_k = full_v + S;
+  unsigned long long* empty_v = empty_k + S;
+
+  const int b = bh / p.H;
+  const int h = bh - b * p.H;
+  const int hk = h / (p.H / p.Hkv);
+  const int bhk = b * p.Hkv + hk;
+  const int m0 = m_tile * BM;
+  // keys this tile needs: [0, n_end)
+  const int n_end = (Cfg::kCausal && m0 + BM < p.Skv) ? m0 + BM : p.Skv;
+  const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+
+  const int wg = warpgroup_idx();
+  if (threadIdx.x == 0) {
+    mbar_init(q_bar, 1);
+#pragma unroll 1
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full_k[s], 1);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty_k[s], 4 * Cfg::kConsumers);
+      mbar_init(&empty_v[s], 4 * Cfg::kConsumers);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (warp_idx_in_warpgroup() == 0 && lane_id() == 0) {
+      prefetch_tma_descriptor(tma_q);
+      prefetch_tma_descriptor(tma_k);
+      prefetch_tma_descriptor(tma_v);
+      mbar_arrive_expect_tx(q_bar, (unsigned)Cfg::kQBytes);
+#pragma unroll
+      for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
+        tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
+#pragma unroll 1
+      for (int j = 0; j < n_blocks; ++j) {
+        const int s = j % S;
+        const unsigned ph = (unsigned)((j / S) & 1);
+        const int n0 = j * BN;
+        mbar_wait(&empty_k[s], ph ^ 1u);
+        mbar_arrive_expect_tx(&full_k[s], (unsigned)Cfg::kKBytes);
+        unsigned char* k_dst = sK + s * Cfg::kKBytes;
+#pragma unroll
+        for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
+          tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+        mbar_wait(&empty_v[s], ph ^ 1u);
+        mbar_arrive_expect_tx(&full_v[s], (unsigned)Cfg::kVBytes);
+        unsigned char* v_dst = sV + s * Cfg::kVBytes;
+        if constexpr (Cfg::kFp8) {
+#pragma unroll
+          for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
+            tma_load_3d(v_dst + blk * D * Cfg::kWv, tma_v, &full_v[s], n0 + blk * Cfg::kWv, 0,
+                        bhk);
+        } else {
+#pragma unroll
+          for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
+            tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
+        }
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int c = wg - 1;
+  const int tid = (int)(threadIdx.x & 127u);
+  const int rb = m0 + 64 * c;                       // first row of this consumer
+  const int r0 = acc_row(0, tid);                   // this thread's rows: rb + r0, rb + r0 + 8
+  const int q2 = 2 * (tid & 3);
+
+  const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)hk * p.qd_sh] : 1.0f;
+  const float kd = p.k_descale ? p.k_descale[(long long)b * p.kd_sb + (long long)hk * p.kd_sh] : 1.0f;
+  const float vd = p.v_descale ? p.v_descale[(long long)b * p.vd_sb + (long long)hk * p.vd_sh] : 1.0f;
+  // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd
+  const float sc = (p.score_scale * qd) * kd;
+  // Masked scores hold -inf after scaling: the raw value is -inf (sc > 0) or +inf (sc < 0).
+  const bool sc_neg = sc < 0.0f;
+  const float masked_raw = sc_neg ? -attn_detail::neg_inf() : attn_detail::neg_inf();
+
+  float o[D / 2];
+  float s[BN / 2];
+  unsigned pa[Cfg::kPRegs];
+  float m_run[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
+  float l_run[2] = {0.0f, 0.0f};
+  acc_fill<D>(o, 0.0f);
+#pragma unroll
+  for (int i = 0; i < Cfg::kPRegs; ++i) pa[i] = 0u;
+
+  // descriptors: Q (this consumer's 64 rows), stage-0 K / V
+  const unsigned long long dq0 = make_desc_kmajor<Cfg::kQkSwizzle>(sQ + 64 * c * WQ);
+  const unsigned long long dk0 = make_desc_kmajor<Cfg::kQkSwizzle>(sK);
+  const unsigned long long dv0 = Cfg::kFp8 ? make_desc_kmajor<Cfg::kVSwizzle>(sV)
+                                           : make_desc_mnmajor<SWIZZLE_128B>(sV, BN * 128, 1024);
+
+  // S = Q . K_s^T (issue only)
+  auto issue_qk = [&](int st) {
+    const unsigned long long dk = desc_advance(dk0, (unsigned)(st * Cfg::kKBytes));
+#pragma unroll
+    for (int k = 0; k < Cfg::kDBytes / 32; ++k) {
+      const unsigned blk = (unsigned)((32 * k) / WQ), in = (unsigned)((32 * k) % WQ);
+      mma_async_ss<BN, TY, TY>(s, desc_advance(dq0, blk * BM * WQ + in),
+                               desc_advance(dk, blk * BN * WQ + in), k > 0 ? 1 : 0);
+    }
+  };
+  // O += P . V_s (issue only)
+  auto issue_pv = [&](int st) {
+    const unsigned long long dv = desc_advance(dv0, (unsigned)(st * Cfg::kVBytes));
+#pragma unroll
+    for (int k = 0; k < BN / Cfg::kKStep; ++k) {
+      if constexpr (Cfg::kFp8) {
+        const unsigned blk = (unsigned)((32 * k) / Cfg::kWv), in = (unsigned)((32 * k) % Cfg::kWv);
+        mma_async_rs<D, TY, TY>(o, pa + 4 * k, desc_advance(dv, blk * D * Cfg::kWv + in), 1);
+      } else {
+        mma_async_rs<D, TY, TY, 1, 1, 1>(o, pa + 4 * k, desc_advance(dv, (unsigned)(k * 16 * 128)),
+                                         1);
+      }
+    }
+  };
+  // Masks s for block n0 when it crosses the KV end or the causal diagonal.
+  auto mask = [&](int n0) {
+    const bool tail = n0 + BN > p.Skv;
+    const bool diag = Cfg::kCausal && (n0 + BN - 1 > rb);
+    if (tail || diag) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        const int row = rb + r0 + 8 * ((i >> 1) & 1);
+        const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+        bool bad = col >= p.Skv;
+        if (Cfg::kCausal) bad = bad || col > row;
+        if (bad) s[i] = masked_raw;
+      }
+    }
+  };
+  // Online softmax on s (in place -> P); returns the rescale factors of the running O.
+  auto softmax = [&](float* alpha) {
+    // row max of s * sc = (max of s) * sc for sc >= 0, (min of s) * sc for sc < 0 (uniform)
+    float mx[2];
+    if (!sc_neg) {
+      mx[0] = mx[1] = attn_detail::neg_inf();
+      acc_row_max<BN>(s, mx);
+    } else {
+      mx[0] = mx[1] = -attn_detail::neg_inf();
+      attn_detail::acc_row_min<BN>(s, mx);
+    }
+    float bias[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float m_new = fmaxf(m_run[hh], mx[hh] * sc);
+      const float m_use = m_new == attn_detail::neg_inf() ? 0.0f : m_new;
+      alpha[hh] = attn_detail::ex2(m_run[hh] - m_use);
+      m_run[hh] = m_new;
+      bias[hh] = Cfg::kPOffset - m_use;
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = attn_detail::ex2(fmaf(s[i], sc, bias[(i >> 1) & 1]));
+    float rs[2] = {0.0f, 0.0f};
+    acc_row_sum_partial<BN>(s, rs);
+    l_run[0] = l_run[0] * alpha[0] + rs[0];
+    l_run[1] = l_run[1] * alpha[1] + rs[1];
+  };
+  auto to_a = [&]() {
+    if constexpr (Cfg::kFp8) {
+      if constexpr (Cfg::kVPerm) acc_to_a_fp8_kperm<BN, TY>(s, pa);
+      else acc_to_a_fp8<BN, TY>(s, pa);
+    } else if constexpr (TY == WG_BF16) {
+      acc_to_a_bf16<BN>(s, pa);
+    } else {
+      acc_to_a_f16<BN>(s, pa);
+    }
+  };
+  auto fence_pa = [&]() {
+#pragma unroll
+    for (int i = 0; i < Cfg::kPRegs; ++i) fence_operand(pa[i]);
+  };
+
+  mbar_wait(q_bar, 0u);
+
+  if (n_blocks > 0) {
+    if constexpr (Cfg::kWgSync) {
+      // consumer 0 issues first: consumer 1 pre-arrives on consumer 0's barrier
+      if (c == 1) attn_detail::named_bar_arrive(1, 256);
+    }
+    if constexpr (Cfg::kOverlap) {
+      // ---- iteration 0: S_0, softmax, P_0
+      mbar_wait(&full_k[0], 0u);
+      if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
+      wgmma_fence();
+      issue_qk(0);
+      wgmma_commit();
+      if constexpr (Cfg::kWgSync) {
+        if (!(c == 1 && n_blocks == 1)) attn_detail::named_bar_arrive(2 - c, 256);
+      }
+      fence_acc<BN / 2>(s);
+      wgmma_wait<0>();
+      fence_acc<BN / 2>(s);
+      attn_detail::release(&empty_k[0]);
+      mask(0);
+      float alpha[2];
+      softmax(alpha);
+      to_a();
+      // ---- steady state (FA3's order): issue S_j = Q.K_j^T; rescale O by alpha_{j-1} while it
+      // runs; issue O += P_{j-1}.V_{j-1}; softmax of S_j while the P.V wgmma is in flight; after
+      // the wait only the P conversion is left.
+#pragma unroll 1
+      for (int j = 1; j < n_blocks; ++j) {
+        const int st = j % S, pst = (j - 1) % S;
+        const unsigned ph = (unsigned)((j / S) & 1), pph = (unsigned)(((j - 1) / S) & 1);
+        mbar_wait(&full_k[st], ph);
+        mbar_wait(&full_v[pst], pph);
+        if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
+        fence_acc<BN / 2>(s);
+        wgmma_fence();
+        issue_qk(st);
+        wgmma_commit();
+        acc_scale_rows<D>(o, alpha);
+        fence_acc<D / 2>(o);
+        fence_pa();
+        wgmma_fence();
+        issue_pv(pst);
+        wgmma_commit();
+        if constexpr (Cfg::kWgSync) {
+          if (!(c == 1 && j == n_blocks - 1)) attn_detail::named_bar_arrive(2 - c, 256);
+        }
+        fence_acc<BN / 2>(s);
+        wgmma_wait<1>();
+        fence_acc<BN / 2>(s);
+        mask(j * BN);
+        softmax(alpha);
+        // Release K_j only now, predicated on a softmax result (always true: l >= 0 or NaN).
+        // ptxas keeps the mbarrier arrive before the wgmma wait below, so this data dependency
+        // pins the softmax above the wait in SASS; without it ptxas hoists the wait to the top
+        // of the softmax and the P.V wgmma no longer overlaps the exp2s (checked in the SASS:
+        // bench/attention/sass_check.py).
+        if ((threadIdx.x & 31u) == 0u && !(l_run[0] < -1.0f || l_run[1] < -1.0f))
+          mbar_arrive(&empty_k[st]);
+        // The volatile fences take the softmax results as operands and volatile asm keeps its
+        // order, so the exp2s also stay above the wait at the PTX level.
+        fence_acc<BN / 2>(s);
+        fence_operand(alpha[0]);
+        fence_operand(alpha[1]);
+        fence_operand(l_run[0]);
+        fence_operand(l_run[1]);
+        fence_operand(m_run[0]);
+        fence_operand(m_run[1]);
+        wgmma_wait<0>();
+        fence_acc<D / 2>(o);
+        fence_pa();
+        attn_detail::release(&empty_v[pst]);
+        to_a();
+      }
+      // ---- last P.V
+      {
+        const int pst = (n_blocks - 1) % S;
+        const unsigned pph = (unsigned)(((n_blocks - 1) / S) & 1);
+        mbar_wait(&full_v[pst], pph);
+        acc_scale_rows<D>(o, alpha);
+        fence_acc<D / 2>(o);
+        fence_pa();
+        wgmma_fence();
+        issue_pv(pst);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc<D / 2>(o);
+        fence_pa();
+        attn_detail::release(&empty_v[pst]);
+      }
+    } else {
+      // ---- simple schedule: S_j, softmax, P_j.V_j, one after the other
+#pragma unroll 1
+      for (int j = 0; j < n_blocks; ++j) {
+        const int st = j % S;
+        const unsigned ph = (unsigned)((j / S) & 1);
+        mbar_wait(&full_k[st], ph);
+        if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
+        fence_acc<BN / 2>(s);
+        wgmma_fence();
+        issue_qk(st);
+        wgmma_commit();
+        if constexpr (Cfg::kWgSync) {
+          if (!(c == 1 && j == n_blocks - 1)) attn_detail::named_bar_arrive(2 - c, 256);
+        }
+        fence_acc<BN / 2>(s);
+        wgmma_wait<0>();
+        fence_acc<BN / 2>(s);
+        attn_detail::release(&empty_k[st]);
+        mask(j * BN);
+        float alpha[2];
+        softmax(alpha);
+        acc_scale_rows<D>(o, alpha);
+        to_a();
+        mbar_wait(&full_v[st], ph);
+        fence_acc<D / 2>(o);
+        fence_pa();
+        wgmma_fence();
+        issue_pv(st);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc<D / 2>(o);
+        fence_pa();
+        attn_detail::release(&empty_v[st]);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ epilogue
+  float inv[2], lse[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float l = quad_allreduce_sum(l_run[hh]);
+    inv[hh] = l > 0.0f ? vd / l : 0.0f;
+    const float m_use = m_run[hh] == attn_detail::neg_inf() ? 0.0f : m_run[hh];
+    lse[hh] = l > 0.0f ? (m_use - Cfg::kPOffset + attn_detail::lg2(l)) * 0.6931471805599453f
+                       : attn_detail::neg_inf();
+  }
+  acc_scale_rows<D>(o, inv);
+  float amax = 0.0f;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = rb + r0 + 8 * hh;
+    if (row < p.Sq) {
+      char* row_ptr = reinterpret_cast<char*>(p.O) +
+                      ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) *
+                          (Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2);
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj) {
+        const float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
+        if (Cfg::kOut == ATTN_OUT_E4M3) amax = fmaxf(amax, fmaxf(fabsf(v0), fabsf(v1)));
+        attn_detail::store_out_pair<Cfg>(p, row_ptr, 8 * jj + q2, v0, v1);
+      }
+      if (p.lse && (tid & 3) == 0)
+        p.lse[(long long)b * p.lse_sb + (long long)h * p.lse_sh + (long long)row * p.lse_ss] = lse[hh];
+    }
+  }
+  if (Cfg::kOut == ATTN_OUT_E4M3 && p.o_amax) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if ((tid & 31) == 0 && amax > 0.0f)
+      atomicMax(reinterpret_cast<int*>(p.o_amax), __float_as_int(amax));
+  }
+}
+
+// Grid: (ceil(Sq / BM), B * H). Causal tiles run longest first.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    attn_fwd_kernel(const __grid_constant__ TmaDescriptor tma_q,
+                    const __grid_constant__ TmaDescriptor tma_k,
+                    const __grid_constant__ TmaDescriptor tma_v, const AttnParams p) {
+  const int m_tile = Cfg::kCausal ? (int)(gridDim.x - 1u - blockIdx.x) : (int)blockIdx.x;
+  attn_fwd_device<Cfg>(&tma_q, &tma_k, &tma_v, p, (int)blockIdx.y, m_tile);
+}
+
+#endif  // TJ_SM90A_ENABLED
+
+}  // namespace dev
+}  // namespace tj

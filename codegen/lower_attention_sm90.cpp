@@ -1,0 +1,286 @@
+// The sm_90a attention lowering (see lower_attention_sm90.h).
+#include "codegen/lower_attention_sm90.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "autotune/space.h"
+#include "dsl/ir.h"
+#include "kernels/library.h"
+#include "runtime/error.h"
+
+namespace tj::codegen {
+
+namespace {
+
+// ---- IR identity (names, block names and source locations aside) ------------------------------
+
+bool same_double(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+bool same_region(const ir::Region& a, const ir::Region& b);
+
+bool same_op(const ir::Op& a, const ir::Op& b) {
+  if (a.kind != b.kind || a.result != b.result || a.operands != b.operands) return false;
+  if (!same_double(a.fval, b.fval) || a.ival != b.ival || a.param != b.param || a.axis != b.axis ||
+      a.block_id != b.block_id || a.unary != b.unary || a.binary != b.binary || a.reduce != b.reduce ||
+      a.loop_kind != b.loop_kind || a.body_index != b.body_index)
+    return false;
+  if (a.indices.size() != b.indices.size()) return false;
+  for (size_t i = 0; i < a.indices.size(); ++i)
+    if (a.indices[i].kind != b.indices[i].kind || a.indices[i].block_id != b.indices[i].block_id) return false;
+  if (static_cast<bool>(a.body) != static_cast<bool>(b.body)) return false;
+  return !a.body || same_region(*a.body, *b.body);
+}
+
+bool same_region(const ir::Region& a, const ir::Region& b) {
+  if (a.ops.size() != b.ops.size()) return false;
+  for (size_t i = 0; i < a.ops.size(); ++i)
+    if (!same_op(a.ops[i], b.ops[i])) return false;
+  return true;
+}
+
+bool same_function(const ir::Function& a, const ir::Function& b) {
+  if (a.params.size() != b.params.size() || a.values.size() != b.values.size() || a.blocks.size() != b.blocks.size())
+    return false;
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    const auto &p = a.params[i], &q = b.params[i];
+    if (p.kind != q.kind || p.dtype != q.dtype || p.static_shape != q.static_shape) return false;
+  }
+  for (size_t i = 0; i < a.values.size(); ++i)
+    if (!(a.values[i].type == b.values[i].type) || a.values[i].is_var != b.values[i].is_var) return false;
+  for (size_t i = 0; i < a.blocks.size(); ++i)
+    if (a.blocks[i].fixed != b.blocks[i].fixed) return false;
+  return same_region(a.body, b.body);
+}
+
+// The library kernel's parameter layout: q k v q_descale k_descale v_descale (in), o lse (out),
+// scale o_scale (f32 scalars).
+bool params_fit(const ir::Function& f) {
+  using K = ir::ParamKind;
+  static const K kinds[] = {K::tensor_in,  K::tensor_in,  K::tensor_in,  K::tensor_in,  K::tensor_in,
+                            K::tensor_in,  K::tensor_out, K::tensor_out, K::scalar_f32, K::scalar_f32};
+  if (f.params.size() != std::size(kinds)) return false;
+  for (size_t i = 0; i < f.params.size(); ++i)
+    if (f.params[i].kind != kinds[i]) return false;
+  for (int i : {0, 1, 2, 6})
+    if (f.params[i].rank() != 4) return false;
+  for (int i : {3, 4, 5})
+    if (f.params[i].rank() != 2 || f.params[i].dtype != DType::f32) return false;
+  return true;
+}
+
+std::optional<AttentionMatch> match_uncached(const ir::Function& f) {
+  if (!params_fit(f)) return std::nullopt;
+  std::vector<ArgSpec> specs;
+  for (const auto& p : f.params) {
+    if (p.is_tensor()) specs.push_back(TensorSpec{p.dtype, p.static_shape});
+    else specs.push_back(RuntimeScalar{1.0f});
+  }
+  specs.push_back(false);   // causal
+  specs.push_back(false);   // with_lse
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool causal = variant & 1, with_lse = variant & 2;
+    specs[specs.size() - 2] = causal;
+    specs[specs.size() - 1] = with_lse;
+    try {
+      ir::Function canonical = kernels::attention_fp8().trace(specs);
+      if (same_function(f, canonical)) return AttentionMatch{causal, with_lse};
+    } catch (const std::exception&) {
+      return std::nullopt;   // the library kernel does not take these types / shapes
+    }
+  }
+  return std::nullopt;
+}
+
+std::string identifier_of(const std::string& name) {
+  std::string out = "tj_attn_";
+  for (char c : name) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
+  return out;
+}
+
+const char* wg_type(DType t) {
+  switch (t) {
+    case DType::e4m3: return "tj::dev::WG_E4M3";
+    case DType::bf16: return "tj::dev::WG_BF16";
+    default: return "tj::dev::WG_F16";
+  }
+}
+const char* out_type(DType t) {
+  switch (t) {
+    case DType::bf16: return "tj::dev::ATTN_OUT_BF16";
+    case DType::f16: return "tj::dev::ATTN_OUT_F16";
+    default: return "tj::dev::ATTN_OUT_E4M3";
+  }
+}
+
+// Largest key block BN whose S / O / P registers fit a consumer warpgroup's budget (measured
+// with ptxas: no spills at these sizes; see bench/attention/build.sh resources.txt).
+int max_bn(bool fp8, int64_t D, int consumers) {
+  if (consumers == 3) {
+    if (D == 64) return 128;
+    if (D == 128) return 64;
+    return 0;
+  }
+  if (fp8) return D == 64 ? 256 : (D == 128 ? 192 : 128);
+  return D == 256 ? 64 : 128;
+}
+
+std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cfg, const Target& t) {
+  if (!t.has_wgmma()) return std::nullopt;
+  auto m = match_attention_fp8(f);
+  if (!m) return std::nullopt;
+  const ir::Param &q = f.params[0], &k = f.params[1], &v = f.params[2], &o = f.params[6];
+  const DType in = q.dtype;
+  if (in != DType::e4m3 && in != DType::bf16 && in != DType::f16) return std::nullopt;
+  if (k.dtype != in || v.dtype != in) return std::nullopt;
+  if (o.dtype != DType::bf16 && o.dtype != DType::f16 && o.dtype != DType::e4m3) return std::nullopt;
+  const bool fp8 = is_fp8(in);
+  const int64_t D = q.static_shape[3];
+  if (D != 64 && D != 128 && D != 256) return std::nullopt;
+  if (k.static_shape[3] != D || (fp8 ? v.static_shape[2] : v.static_shape[3]) != D) return std::nullopt;
+  // Static Vt rows that TMA cannot start at 16-byte multiples: leave it to the SIMT path.
+  if (fp8 && v.static_shape[3] >= 0 && v.static_shape[3] % 16 != 0) return std::nullopt;
+
+  // ---- config
+  const int64_t bm = cfg.block(f, 0), bn = cfg.block(f, 1);
+  const int stages = cfg.num_stages;
+  const bool overlap = cfg.knob("attn_overlap", 1) != 0;
+  const bool wgsync = cfg.knob("attn_wgsync", 0) != 0;
+  auto fail = [&](const std::string& why) {
+    return Error(fmt::format("kernel '{}' with config {} cannot use the sm_90a attention lowering: {}", f.name,
+                             cfg.to_json(), why));
+  };
+  if (bm != 64 && bm != 128 && bm != 192)
+    throw fail(fmt::format("block m (the query tile) must be 64, 128 or 192 (1-3 consumer warpgroups), not {} "
+                           "(config knob lowering = 0 selects the SIMT path)",
+                           bm));
+  const int consumers = static_cast<int>(bm / 64);
+  const int limit = max_bn(fp8, D, consumers);
+  const int64_t bn_mult = fp8 ? 64 : 16;
+  const bool bn_defined = bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 256;   // wgmma wrappers
+  if (bn % bn_mult != 0 || bn < 64 || bn > limit || !bn_defined)
+    throw fail(fmt::format("block n (the key block) must be a multiple of {} in [64, {}] among 64, 96, 128, 192, 256 "
+                           "for head dim {} with {} consumer warpgroup(s), not {}",
+                           bn_mult, limit, D, consumers, bn));
+  if (stages < 1 || stages > 4) throw fail(fmt::format("num_stages must be in [1, 4], not {}", stages));
+  if (wgsync && consumers != 2) throw fail("knob attn_wgsync = 1 needs block m = 128 (two consumer warpgroups)");
+  const int es = fp8 ? 1 : 2;
+  const int64_t dbytes = D * es;
+  const int64_t smem = 1024 + bm * dbytes + stages * 2 * bn * dbytes + (1 + 4 * stages) * 8;
+  if (smem > t.max_smem_per_block())
+    throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
+                           smem, stages, t.max_smem_per_block()));
+  const int threads = 128 * (1 + consumers);
+  const int wq = static_cast<int>(dbytes >= 128 ? 128 : dbytes);
+  const int wv = fp8 ? ((bn % 128 == 0) ? 128 : 64) : 128;
+
+  // ---- source
+  const std::string entry = identifier_of(f.name);
+  std::string src;
+  src += fmt::format("// tilejit: kernel '{}' for {}, generated by the sm_90a attention lowering "
+                     "(codegen/lower_attention_sm90.cpp).\n",
+                     f.name, t.arch);
+  src += fmt::format("// config: {}\n", cfg.to_json());
+  src += fmt::format("// Recognized as kernels/attention_fp8.cpp (causal: {}, with_lse: {}): {} inputs, {} output, head "
+                     "dim {}.\n",
+                     m->causal ? "yes" : "no", m->with_lse ? "yes" : "no", name(in), name(o.dtype), D);
+  src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
+                     "{}, {} K/V stages;\n// warpgroups: one TMA producer, {} wgmma consumer(s) of 64 rows{}{}. "
+                     "The main loop is codegen/device/hopper_attention.cuh.\n",
+                     bm, D, bm, bn, stages, consumers, overlap ? ", softmax overlapped with P.V" : "",
+                     wgsync ? ", inter-warpgroup schedule" : "");
+  src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n\n";
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, false>;\n\n", D, bn, stages,
+                     consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false", overlap ? "true" : "false",
+                     wgsync ? "true" : "false");
+  std::vector<std::string> params;
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    const ir::Param& p = f.params[i];
+    if (p.is_tensor()) params.push_back(fmt::format("tj::dev::TensorArg<{}> p{} /* {} */", p.rank(), i, p.name));
+    else params.push_back(fmt::format("float p{} /* {} */", i, p.name));
+  }
+  params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_q");
+  params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_k");
+  params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_v");
+  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, 1) {}({}) {{\n", threads, entry,
+                     fmt::join(params, ",\n    "));
+  auto line = [&](const std::string& s) { src += "  " + s + "\n"; };
+  line(fmt::format("const long long tj_m_tiles = (p0.shape[2] + {}) / {};", bm - 1, bm));
+  line("const long long tj_programs = p0.shape[0] * p0.shape[1] * tj_m_tiles;");
+  line("const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * gridDim.x;");
+  line("if (tj_pid >= tj_programs) return;");
+  line("tj::dev::AttnParams tj_p;");
+  line("tj_p.B = (int)p0.shape[0];");
+  line("tj_p.H = (int)p0.shape[1];");
+  line("tj_p.Sq = (int)p0.shape[2];");
+  line("tj_p.Hkv = (int)p1.shape[1];");
+  line("tj_p.Skv = (int)p1.shape[2];");
+  line("tj_p.O = p6.data;");
+  line("tj_p.o_sb = p6.stride[0]; tj_p.o_sh = p6.stride[1]; tj_p.o_ss = p6.stride[2]; tj_p.o_sd = p6.stride[3];");
+  if (m->with_lse) {
+    line("tj_p.lse = (float*)p7.data;");
+    line("tj_p.lse_sb = p7.stride[0]; tj_p.lse_sh = p7.stride[1]; tj_p.lse_ss = p7.stride[2];");
+  } else {
+    line("tj_p.lse = nullptr;   // with_lse = false");
+    line("tj_p.lse_sb = tj_p.lse_sh = tj_p.lse_ss = 0;");
+  }
+  line("tj_p.q_descale = (const float*)p3.data; tj_p.qd_sb = p3.stride[0]; tj_p.qd_sh = p3.stride[1];");
+  line("tj_p.k_descale = (const float*)p4.data; tj_p.kd_sb = p4.stride[0]; tj_p.kd_sh = p4.stride[1];");
+  line("tj_p.v_descale = (const float*)p5.data; tj_p.vd_sb = p5.stride[0]; tj_p.vd_sh = p5.stride[1];");
+  line("tj_p.score_scale = p8;");
+  line("tj_p.o_scale = p9;");
+  line("tj_p.o_amax = nullptr;");
+  line("const int tj_bh = (int)(tj_pid / tj_m_tiles);");
+  line("int tj_mt = (int)(tj_pid - (long long)tj_bh * tj_m_tiles);");
+  if (m->causal) line("tj_mt = (int)tj_m_tiles - 1 - tj_mt;   // longest causal tiles first");
+  line("tj::dev::attn_fwd_device<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt);");
+  src += "}\n";
+
+  GeneratedKernel g;
+  g.name = f.name;
+  g.entry = entry;
+  g.source = std::move(src);
+  g.threads = threads;
+  g.dynamic_smem_bytes = static_cast<size_t>(smem);
+  g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "hopper_attention.cuh"};
+  const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);
+  g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {0, 1}});
+  g.tma.push_back(TmaOperand{1, {1, 1, nb, wq / es}, wq, {0, 1}});
+  if (fp8) g.tma.push_back(TmaOperand{2, {1, 1, d, wv}, wv, {0, 1}});
+  else g.tma.push_back(TmaOperand{2, {1, 1, nb, 64}, 128, {0, 1}});
+  return g;
+}
+
+const bool registered = [] {
+  register_lowering(PatternLowering{"sm90_attention", &try_lower});
+  autotune::register_knob_provider("sm90_attention", [](const ir::Function& f, const std::string& arch) {
+    std::vector<autotune::Knob> knobs;
+    if (arch != "sm_90a" || !match_attention_fp8(f)) return knobs;
+    knobs.push_back({"attn_overlap", {1, 0}, 1});
+    knobs.push_back({"attn_wgsync", {0, 1}, 0});
+    return knobs;
+  });
+  return true;
+}();
+
+}  // namespace
+
+std::optional<AttentionMatch> match_attention_fp8(const ir::Function& f) {
+  // Four traces of the library kernel (~1 ms) per call; only kernels with the library kernel's
+  // parameter layout get this far.
+  return match_uncached(f);
+}
+
+std::optional<GeneratedKernel> lower_attention_sm90(const ir::Function& f, const Config& cfg, const Target& t) {
+  return try_lower(f, cfg, t);
+}
+
+}  // namespace tj::codegen

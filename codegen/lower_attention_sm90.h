@@ -1,0 +1,46 @@
+#pragma once
+// The sm_90a attention lowering: recognizes the flash-attention forward of
+// kernels/attention_fp8.cpp (online softmax in exp2, two dots, loop-carried m/l/acc, scaled FP8
+// or 16-bit inputs) and emits an instantiation of the warp-specialized TMA + wgmma main loop
+// in codegen/device/hopper_attention.cuh. Registered with the pattern-lowering registry at
+// static initialization (name "sm90_attention"); these entry points are for tests and tools.
+//
+// Recognition is exact: the function must be, op for op, the IR that tracing
+// tj::kernels::attention_fp8() gives for the same parameter types and shapes (names, block
+// names and source locations aside) for one of its host specializations (causal, with_lse).
+// A lowering that substitutes a hand-scheduled main loop for the traced ops must be sure they
+// mean the same thing; IR identity guarantees it (and yields causal / with_lse), where a
+// looser structural match could lower a kernel that differs in a constant or an operand.
+// Everything else -- other kernels, e5m2 / f32 inputs, f32 / e5m2 outputs, dynamic head dims,
+// head dims other than 64/128/256 -- is left to the next lowering (SIMT).
+//
+// Config: block "m" (the query tile: 64, 128 or 192 rows = 1, 2 or 3 consumer warpgroups),
+// block "n" (the key block BN; fp8: a multiple of 64, 16-bit: of 16, within the register budget
+// of the head dim), num_stages (K/V pipeline depth, 1..4); knobs "attn_overlap" (default 1:
+// FA3's intra-warpgroup overlap of softmax and P.V) and "attn_wgsync" (default 0; 1: FA3's
+// inter-warpgroup schedule, 2 consumers only). Configs that match but cannot work throw
+// tj::Error naming the limit.
+//
+// Launch: one CTA per program of the DSL's launch nest [B*H][ceil(Sq/BM)] (program id =
+// bh * m_tiles + m_tile; causal tiles run longest first within a head), 128*(1 + consumers)
+// threads, TMA maps for q, k and v (dims [B,H] folded into one so sequence tails zero-fill per
+// head). Preconditions beyond the DSL's (documented in hopper_attention.cuh): 16-byte aligned
+// rows (TMA; encode_tma reports violations), and for fp8 a finite pad in vt's columns
+// [Skv, Skv_pad) (quantize_transpose_fp8 writes zeros).
+#include <optional>
+
+#include "codegen/cuda_emitter.h"
+
+namespace tj::codegen {
+
+// The host specialization `f` was traced with, when it is the attention_fp8 kernel.
+struct AttentionMatch {
+  bool causal = false;
+  bool with_lse = false;
+};
+std::optional<AttentionMatch> match_attention_fp8(const ir::Function& f);
+
+// The lowering itself (what the registry calls): empty when `f`, `cfg` or `t` do not fit.
+std::optional<GeneratedKernel> lower_attention_sm90(const ir::Function& f, const Config& cfg, const Target& t);
+
+}  // namespace tj::codegen
