@@ -13,7 +13,7 @@
 //                            unscaled cast (negative case, emulated), bf16 for scale
 //   attn_proto --bench       the issue's shapes (B*S = 16k, H*D = 2048), causal and not
 //   attn_proto --sanitize    tiny shapes, one launch each (for compute-sanitizer)
-//   --config SUBSTR|=NAME (repeatable)  --shape B,H,Sq,Skv,D (repeatable)  --causal 0|1|both
+//   --config SUBSTR|=NAME (repeatable)  --skip NAME (repeatable)  --shape B,H,Sq,Skv,D (repeatable)  --causal 0|1|both
 //   --reps R  --csv FILE (bench rows)  --list  --seq S (bench: only this S)  --d D
 //
 // Inputs: bf16 N(0,1) (optionally + N(0,10^2)*Bernoulli(0.001) outliers), generated on the GPU.
@@ -826,7 +826,7 @@ static int mode_bench(const std::vector<Runner>& runners, const std::vector<Shap
 
 int main(int argc, char** argv) {
   std::string mode = "test";
-  std::vector<std::string> filt;
+  std::vector<std::string> filt, skip;
   std::vector<Shape> shapes;
   std::vector<int> causal_modes = {0, 1};
   int reps = 20, only_seq = 0, only_d = 0;
@@ -837,6 +837,7 @@ int main(int argc, char** argv) {
     if (a == "--test" || a == "--bench" || a == "--accuracy" || a == "--sanitize") mode = a.substr(2);
     else if (a == "--list") list = true;
     else if (a == "--config" && i + 1 < argc) filt.push_back(argv[++i]);
+    else if (a == "--skip" && i + 1 < argc) skip.push_back(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = atoi(argv[++i]);
     else if (a == "--seq" && i + 1 < argc) only_seq = atoi(argv[++i]);
     else if (a == "--d" && i + 1 < argc) only_d = atoi(argv[++i]);
@@ -860,7 +861,7 @@ int main(int argc, char** argv) {
   g_threads = std::max(2u, std::min(32u, std::thread::hardware_concurrency()));
   std::vector<Runner> runners;
   for (auto& r : all_runners())
-    if (matches(r, filt)) runners.push_back(std::move(r));
+    if (matches(r, filt) && std::find(skip.begin(), skip.end(), r.name) == skip.end()) runners.push_back(std::move(r));
   if (list) {
     for (auto& r : runners)
       printf("%-32s D=%d BM=%d BN=%d smem=%d %s\n", r.name.c_str(), r.D, r.bm, r.BN, r.smem, r.causal ? "causal" : "");

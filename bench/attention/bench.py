@@ -53,16 +53,21 @@ def torch_peers(args):
     try:
         import torch
         import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
     except Exception as e:  # noqa: BLE001
         print("torch: not available (%s); peers skipped" % e)
         return res, None
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backends = [("sdpa_flash_bf16", lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)),
+                    ("sdpa_cudnn_bf16", lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION))]
+    except Exception:  # noqa: BLE001  (torch < 2.3)
+        backends = [("sdpa_flash_bf16", lambda: torch.backends.cuda.sdp_kernel(
+            enable_flash=True, enable_math=False, enable_mem_efficient=False))]
     if not torch.cuda.is_available():
         print("torch: no CUDA device; peers skipped")
         return res, None
     dev = torch.cuda.get_device_name(0)
     print("torch %s, %s, cuDNN %s" % (torch.__version__, dev, torch.backends.cudnn.version()))
-    backends = [("sdpa_flash_bf16", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn_bf16", SDPBackend.CUDNN_ATTENTION)]
     for B, H, S, D in shapes(args.seq, args.d):
         torch.manual_seed(0)
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
@@ -72,7 +77,7 @@ def torch_peers(args):
             row = {}
             for name, be in backends:
                 try:
-                    with sdpa_kernel(be):
+                    with be():
                         fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
                         ms = time_ms(torch, fn, args.reps)
                     row[name] = (ms, flops(B, H, S, D, causal) / (ms * 1e-3) / 1e12)
