@@ -52,6 +52,13 @@ bool host_computable(const ir::Function& f, const DefMap& defs, int value) {
 
 }  // namespace
 
+// Scalar work every program may recompute: scalar arithmetic and scalar loads (reads have
+// no side effects), e.g. a per-(batch, head) descale loaded between two launch loops.
+bool is_per_program_op(const ir::Function& f, const Op& op) {
+  if (is_scalar_op(f, op)) return true;
+  return (op.kind == OpKind::load || op.kind == OpKind::where) && f.type(op.result).is_scalar();
+}
+
 void mark_launch_loops(ir::Function& f) {
   DefMap defs;
   collect_defs(f.body, defs);
@@ -63,7 +70,7 @@ void mark_launch_loops(ir::Function& f) {
       if (op.kind == OpKind::loop) {
         if (only_loop) perfect = false;
         only_loop = &op;
-      } else if (!is_scalar_op(f, op) || only_loop) {
+      } else if (!is_per_program_op(f, op) || only_loop) {
         perfect = false;   // work beside the loop, or anything after it
       }
     }
