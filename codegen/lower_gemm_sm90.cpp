@@ -1,6 +1,7 @@
 // The sm_90a GEMM lowering (see lower_gemm_sm90.h): pattern match, then CUDA emission that
 // instantiates tj::dev::Sm90Gemm (codegen/device/hopper_gemm.cuh) and generates the epilogue.
 #include "codegen/lower_gemm_sm90.h"
+#include "codegen/scalar_expr.h"
 
 #include <fmt/format.h>
 
@@ -23,6 +24,16 @@ using ir::BinaryFn;
 using ir::Op;
 using ir::OpKind;
 using ir::UnaryFn;
+using scalar::cast_expr;
+using scalar::dtag;
+using scalar::literal;
+using scalar::reg_type;
+using scalar::rounding;
+using scalar::float_literal;
+using scalar::int_literal;
+using scalar::round_host;
+using scalar::unary_expr;
+using scalar::binary_expr;
 
 namespace {
 
@@ -337,105 +348,7 @@ bool match(const ir::Function& f, Gemm& g) {
   return true;
 }
 
-// ---- expressions (the SIMT emitter's conventions: f32 registers, rounded to the dtype) -------
-
-const char* reg_type(DType t) {
-  switch (t) {
-    case DType::i32: return "int";
-    case DType::i64: return "long long";
-    case DType::i1: return "bool";
-    default: return "float";
-  }
-}
-
-std::string dtag(DType t) { return fmt::format("tj::dev::{}", name(t)); }
-
-std::string rounding(DType t, const std::string& e) {
-  switch (t) {
-    case DType::f16: return fmt::format("tj::dev::round_f16({})", e);
-    case DType::bf16: return fmt::format("tj::dev::round_bf16({})", e);
-    case DType::e4m3: return fmt::format("tj::dev::round_e4m3({})", e);
-    case DType::e5m2: return fmt::format("tj::dev::round_e5m2({})", e);
-    default: return e;
-  }
-}
-
-std::string float_literal(float x) {
-  if (std::isnan(x)) return "tj::dev::nan()";
-  if (std::isinf(x)) return x > 0 ? "tj::dev::inf()" : "(-tj::dev::inf())";
-  std::string s = fmt::format("{}", x);
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
-  s += "f";
-  return x < 0 || (x == 0 && std::signbit(x)) ? "(" + s + ")" : s;
-}
-
-std::string int_literal(int64_t v, DType t) {
-  if (t == DType::i1) return v ? "true" : "false";
-  if (v == std::numeric_limits<int64_t>::min()) return "(-9223372036854775807LL - 1)";
-  std::string s = t == DType::i64 ? fmt::format("{}LL", v) : fmt::format("{}", v);
-  return v < 0 ? "(" + s + ")" : s;
-}
-
-std::string literal(double fval, int64_t ival, DType t) {
-  if (is_float(t)) return float_literal(static_cast<float>(numerics::round_double_to(t, fval)));
-  return int_literal(ival, t);
-}
-
-std::string unary_expr(UnaryFn fn, DType t, const std::string& x, bool fm) {
-  switch (fn) {
-    case UnaryFn::neg: return fmt::format("-{}", x);
-    case UnaryFn::abs: return is_float(t) ? fmt::format("fabsf({})", x) : fmt::format("tj::dev::iabs({})", x);
-    case UnaryFn::exp2: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_exp2({})" : "exp2f({})"), x));
-    case UnaryFn::log2: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_log2({})" : "log2f({})"), x));
-    case UnaryFn::exp: return rounding(t, fmt::format(fmt::runtime(fm ? "__expf({})" : "expf({})"), x));
-    case UnaryFn::log: return rounding(t, fmt::format(fmt::runtime(fm ? "__logf({})" : "logf({})"), x));
-    case UnaryFn::sqrt: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_sqrt({})" : "sqrtf({})"), x));
-    case UnaryFn::rsqrt: return rounding(t, fmt::format("rsqrtf({})", x));
-    case UnaryFn::tanh: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_tanh({})" : "tanhf({})"), x));
-    case UnaryFn::logical_not: return fmt::format("!{}", x);
-  }
-  return x;
-}
-
-std::string binary_expr(BinaryFn fn, DType od, DType rd, const std::string& a, const std::string& b) {
-  const bool flt = is_float(od);
-  switch (fn) {
-    case BinaryFn::add: return rounding(rd, fmt::format("{} + {}", a, b));
-    case BinaryFn::sub: return rounding(rd, fmt::format("{} - {}", a, b));
-    case BinaryFn::mul: return rounding(rd, fmt::format("{} * {}", a, b));
-    case BinaryFn::div: return rounding(rd, fmt::format("{} / {}", a, b));
-    case BinaryFn::maximum: return flt ? fmt::format("fmaxf({}, {})", a, b) : fmt::format("tj::dev::imax({}, {})", a, b);
-    case BinaryFn::minimum: return flt ? fmt::format("fminf({}, {})", a, b) : fmt::format("tj::dev::imin({}, {})", a, b);
-    case BinaryFn::mod: return fmt::format("tj::dev::mod({}, {})", a, b);
-    case BinaryFn::floordiv: return fmt::format("tj::dev::floordiv({}, {})", a, b);
-    case BinaryFn::lt: return fmt::format("{} < {}", a, b);
-    case BinaryFn::le: return fmt::format("{} <= {}", a, b);
-    case BinaryFn::gt: return fmt::format("{} > {}", a, b);
-    case BinaryFn::ge: return fmt::format("{} >= {}", a, b);
-    case BinaryFn::eq: return fmt::format("{} == {}", a, b);
-    case BinaryFn::ne: return fmt::format("{} != {}", a, b);
-    case BinaryFn::logical_and: return fmt::format("{} && {}", a, b);
-    case BinaryFn::logical_or: return fmt::format("{} || {}", a, b);
-  }
-  return a;
-}
-
-std::string cast_expr(DType from, DType to, const std::string& x) {
-  if (from == to) return x;
-  if (is_float(from)) {
-    if (is_float(to)) return rounding(to, x);
-    if (to == DType::i32) return fmt::format("__float2int_rz({})", x);
-    if (to == DType::i64) return fmt::format("__float2ll_rz({})", x);
-    return fmt::format("({} != 0.0f)", x);
-  }
-  if (from == DType::i1) {
-    if (is_float(to)) return fmt::format("({} ? 1.0f : 0.0f)", x);
-    return fmt::format("({})({})", reg_type(to), x);
-  }
-  if (is_float(to)) return rounding(to, fmt::format("(float)({})", x));
-  if (to == DType::i1) return fmt::format("({} != 0)", x);
-  return fmt::format("({})({})", reg_type(to), x);
-}
+// ---- expressions: codegen/scalar_expr.h ----------------------------------------------------
 
 bool reserved_name(const std::string& s) {
   static const std::set<std::string> words = {
