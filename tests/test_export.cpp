@@ -858,20 +858,8 @@ TEST_CASE("export: tilejit export writes headers, objects, a library and test da
   CHECK(run(fmt::format("env -i LD_LIBRARY_PATH={} {} {}", (dir / "driver").string(), exe, out.string()), &ran, 77) == 77);
   CHECK(ran.find("no CUDA GPU") != std::string::npos);
 
-  // End to end on a host-memory fake libcuda (it computes vector_add only): the example's
-  // typed calls, its test-data reader and launchv, its error path and its /proc/self/maps check.
-  fs::create_directories(dir / "fake");
-  REQUIRE(run(fmt::format("cc -shared -fPIC -o {}/libcuda.so.1 {}/tests/test_export_fake_libcuda.c", (dir / "fake").string(),
-                          TJ_SOURCE_DIR)) == 0);
-  CHECK(run(fmt::format("env -i LD_LIBRARY_PATH={} {} {} --bench", (dir / "fake").string(), exe, out.string()), &ran, 1) == 1);
-  INFO(ran);
-  for (const char* line : {"vector_add_launch f32[4096] (a static specialization)      OK",
-                           "vector_add_launch f32[100003] (the dynamic-shape specialization) OK",
-                           "vector_add_launchv x=f32[1000] y=f32[1000] out=f32[1000] (expected: the CPU reference executor) OK",
-                           "vector_add_launchv x=f32[4096] y=f32[4096] out=f32[4096] (expected: the CPU reference executor) OK",
-                           "error path returns TJ_ERROR_DTYPE                          OK",
-                           "no NVRTC, tilejit or LLVM library is loaded                OK", "launch overhead: exported"})
-    CHECK_MESSAGE(ran.find(line) != std::string::npos, line);
+  // Running the example for real happens on the GPU (scripts/embed_gpu_check.sh): no stand-in
+  // driver computes results here.
 
   // The example's CMake project builds against the same directory.
   if (run("cmake --version") == 0) {
