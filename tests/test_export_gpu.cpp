@@ -71,8 +71,11 @@ F sym(const char* name) {
   return reinterpret_cast<F>(p);
 }
 
-TjTensor c_tensor(const TensorView& v) {
-  return TjTensor{v.data, static_cast<int32_t>(v.dtype), v.rank(), v.shape.data(), nullptr};
+// The shape pointer must outlive the call: take it from the tensor that owns it, not from a
+// temporary view.
+TjTensor c_tensor(const DeviceTensor& t) {
+  return TjTensor{t.view().data, static_cast<int32_t>(t.dtype()), static_cast<int32_t>(t.shape().size()), t.shape().data(),
+                  nullptr};
 }
 
 HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng) {
@@ -111,7 +114,7 @@ TEST_CASE("export (GPU): exported vector_add and attention match the JIT path an
                  jit(DType::f32, {n});
     exported.fill_bytes(0xFF);
     jit.fill_bytes(0xFF);
-    TjTensor tx = c_tensor(dx.view()), ty = c_tensor(dy.view()), to = c_tensor(exported.view());
+    TjTensor tx = c_tensor(dx), ty = c_tensor(dy), to = c_tensor(exported);
     REQUIRE_MESSAGE(vector_add(nullptr, &tx, &ty, &to) == 0, va_error());
     launch(kernels::vector_add(), {dx.view(), dy.view(), jit.view()});
     runtime::synchronize();
@@ -131,7 +134,7 @@ TEST_CASE("export (GPU): exported vector_add and attention match the JIT path an
     exported.fill_bytes(0xFF);
     jit.fill_bytes(0xFF);
     const float scale = static_cast<float>(1.4426950408889634 / 8.0);
-    TjTensor tq = c_tensor(dq.view()), tk = c_tensor(dk.view()), tv = c_tensor(dv.view()), to = c_tensor(exported.view());
+    TjTensor tq = c_tensor(dq), tk = c_tensor(dk), tv = c_tensor(dv), to = c_tensor(exported);
     REQUIRE_MESSAGE(attention(nullptr, &tq, &tk, &tv, &to, scale, causal) == 0, at_error());
     launch(kernels::attention(), {dq.view(), dk.view(), dv.view(), jit.view(), static_cast<double>(scale), causal != 0});
     runtime::synchronize();
@@ -154,7 +157,7 @@ TEST_CASE("export (GPU): host time per launch, exported launcher vs the JIT path
   DeviceTensor x(DType::f32, {n}), y(DType::f32, {n}), out(DType::f32, {n});
   x.fill_bytes(0);
   y.fill_bytes(0);
-  TjTensor tx = c_tensor(x.view()), ty = c_tensor(y.view()), to = c_tensor(out.view());
+  TjTensor tx = c_tensor(x), ty = c_tensor(y), to = c_tensor(out);
   std::vector<Arg> args{x.view(), y.view(), out.view()};
 
   // The floor: cuLaunchKernel with arguments packed once, on the JIT's compiled kernel.
