@@ -1,5 +1,8 @@
 #include "tools/problem.h"
 
+#include "autotune/cache.h"
+#include "runtime/driver.h"
+
 #include <fmt/format.h>
 
 #include <charconv>
@@ -41,7 +44,14 @@ ResolvedProblem resolve(const ProblemOptions& o) {
   r.problem.causal = o.causal;
   r.specs = r.entry->arguments(r.problem);
   r.ir = r.entry->get().trace(r.specs);
-  r.config = o.config.empty() ? default_config(r.ir) : Config::from_json(o.config);
+  if (!o.config.empty()) {
+    r.config = Config::from_json(o.config);
+  } else {
+    // The tuned config for this GPU and shape bucket when `tilejit tune` stored one.
+    std::optional<Config> tuned;
+    if (runtime::driver().available()) tuned = autotune::tuned_config(r.entry->get(), r.specs, false);
+    r.config = tuned ? *tuned : default_config(r.ir);
+  }
   check_config(r.ir, r.config);
   return r;
 }
