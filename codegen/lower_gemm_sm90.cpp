@@ -32,6 +32,8 @@ using scalar::rounding;
 using scalar::float_literal;
 using scalar::int_literal;
 using scalar::round_host;
+using scalar::identifier;
+using scalar::reserved_name;
 using scalar::unary_expr;
 using scalar::binary_expr;
 
@@ -350,32 +352,7 @@ bool match(const ir::Function& f, Gemm& g) {
 
 // ---- expressions: codegen/scalar_expr.h ----------------------------------------------------
 
-bool reserved_name(const std::string& s) {
-  static const std::set<std::string> words = {
-      "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
-      "constexpr", "continue", "decltype", "default", "delete", "do", "double", "else", "enum", "explicit", "extern",
-      "false", "float", "for", "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new",
-      "noexcept", "not", "nullptr", "operator", "or", "private", "protected", "public", "register", "return", "short",
-      "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "try", "typedef",
-      "typeid", "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "while", "xor", "threadIdx",
-      "blockIdx", "blockDim", "gridDim", "warpSize", "exp2f", "log2f", "expf", "logf", "sqrtf", "rsqrtf", "tanhf",
-      "fabsf", "fmaxf", "fminf", "fmaf", "main", "concept", "requires", "co_await", "co_return", "co_yield",
-      "export", "import", "module", "char8_t", "char16_t", "char32_t", "wchar_t"};
-  if (words.count(s)) return true;
-  if (s.rfind("tj", 0) == 0 || s.rfind("__", 0) == 0) return true;
-  for (const char* prefix : {"v", "var", "L"}) {
-    std::string p(prefix);
-    if (s.size() > p.size() && s.rfind(p, 0) == 0 && std::isdigit(static_cast<unsigned char>(s[p.size()]))) return true;
-  }
-  return false;
-}
 
-std::string identifier(const std::string& s) {
-  std::string out;
-  for (char ch : s) out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ? ch : '_';
-  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "_" + out;
-  return out;
-}
 
 const char* wg_type(DType t) {
   switch (t) {

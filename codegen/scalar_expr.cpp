@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
+#include <set>
 #include <limits>
 
 #include "runtime/numerics.h"
@@ -111,6 +113,34 @@ std::string cast_expr(DType from, DType to, const std::string& x) {
   if (is_float(to)) return rounding(to, fmt::format("(float)({})", x));
   if (to == DType::i1) return fmt::format("({} != 0)", x);
   return fmt::format("({})({})", reg_type(to), x);
+}
+
+bool reserved_name(const std::string& s) {
+  static const std::set<std::string> words = {
+      "alignas", "alignof", "and", "asm", "auto", "bool", "break", "case", "catch", "char", "class", "const",
+      "constexpr", "continue", "decltype", "default", "delete", "do", "double", "else", "enum", "explicit", "extern",
+      "false", "float", "for", "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new",
+      "noexcept", "not", "nullptr", "operator", "or", "private", "protected", "public", "register", "return", "short",
+      "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "try", "typedef",
+      "typeid", "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "while", "xor", "threadIdx",
+      "blockIdx", "blockDim", "gridDim", "warpSize", "exp2f", "log2f", "expf", "logf", "sqrtf", "rsqrtf", "tanhf",
+      "fabsf", "fmaxf", "fminf", "fmaf", "Arr1d", "Arr2d", "a", "b", "c", "main", "concept", "requires", "co_await",
+      "co_return", "co_yield", "export", "import", "module", "char8_t", "char16_t", "char32_t", "wchar_t"};
+  if (words.count(s)) return true;
+  if (s.rfind("tj", 0) == 0 || s.rfind("__", 0) == 0) return true;
+  // v12, v12_x3, var12, L64, L64x1: names the generated code uses
+  for (const char* prefix : {"v", "var", "L"}) {
+    std::string p(prefix);
+    if (s.size() > p.size() && s.rfind(p, 0) == 0 && std::isdigit(static_cast<unsigned char>(s[p.size()]))) return true;
+  }
+  return false;
+}
+
+std::string identifier(const std::string& s) {
+  std::string out;
+  for (char ch : s) out += std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ? ch : '_';
+  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "_" + out;
+  return out;
 }
 
 }  // namespace tj::codegen::scalar

@@ -20,4 +20,9 @@ std::string unary_expr(ir::UnaryFn fn, DType t, const std::string& x, bool fast_
 std::string binary_expr(ir::BinaryFn fn, DType operand, DType result, const std::string& a, const std::string& b);
 std::string cast_expr(DType from, DType to, const std::string& x);
 
+// Names in generated code: a user's name made a C++ identifier, and whether it would clash with
+// C++, CUDA builtins or the names the generators use themselves (v12, var3, L64x1, tj_*).
+std::string identifier(const std::string& s);
+bool reserved_name(const std::string& s);
+
 }  // namespace tj::codegen::scalar
