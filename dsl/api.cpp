@@ -543,4 +543,9 @@ Tile amin(const Tile& x, int axis, Loc l) { return reduce(ir::ReduceFn::min, x, 
 Tile dot(const Tile& a, const Tile& b, Loc l) { return dot_impl(a, b, nullptr, to_loc(l)); }
 Tile dot(const Tile& a, const Tile& b, const Tile& acc, Loc l) { return dot_impl(a, b, &acc, to_loc(l)); }
 
+TagScope::TagScope(std::string tag, Loc loc) { B(to_loc(loc)).push_tag(std::move(tag)); }
+TagScope::~TagScope() {
+  if (dsl::Builder::active()) dsl::Builder::current({}).pop_tag();
+}
+
 }  // namespace tj

@@ -188,6 +188,16 @@ class Scalar : public Tile {
   explicit Scalar(int value) { value_ = value; }
 };
 
+// Tags every op traced while it lives (ir::Op::tag), e.g. the user's hook inside a library
+// kernel, so that a lowering can find that code again. Changes nothing the ops compute.
+class TagScope {
+ public:
+  explicit TagScope(std::string tag, Loc loc = Loc::current());
+  ~TagScope();
+  TagScope(const TagScope&) = delete;
+  TagScope& operator=(const TagScope&) = delete;
+};
+
 // ---- loops -----------------------------------------------------------------------------
 namespace detail {
 class LoopRange {

@@ -33,6 +33,7 @@ bool Builder::active() { return g_current != nullptr; }
 
 int Builder::emit(ir::Op op, std::optional<TileType> result_type, bool is_var) {
   if (op.loc.known()) last_loc_ = op.loc;
+  if (!tags_.empty() && op.tag.empty()) op.tag = tags_.back();
   for (int v : op.operands) check_visible(v, op.loc);
   if (result_type) {
     op.result = static_cast<int>(f_.values.size());

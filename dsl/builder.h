@@ -49,6 +49,10 @@ class Builder {
   struct BlockScope { int begin = -1; int end = -1; bool open = false; };
   const BlockScope& block_scope(int block_id) const { return block_scopes_.at(block_id); }
 
+  // Ops emitted while a tag is pushed carry it (ir::Op::tag); tags nest, the innermost wins.
+  void push_tag(std::string tag) { tags_.push_back(std::move(tag)); }
+  void pop_tag() { tags_.pop_back(); }
+
   const ir::SourceLoc& last_loc() const { return last_loc_; }
   // Where the op that defined `value` was traced (the last op's location if unknown).
   const ir::SourceLoc& loc_of(int value) const;
@@ -62,6 +66,7 @@ class Builder {
   std::vector<BlockScope> block_scopes_;
   std::vector<int> loop_blocks_;                  // block id per open loop (-1 for grid)
   ir::SourceLoc last_loc_;
+  std::vector<std::string> tags_;
   Builder* previous_ = nullptr;
 };
 

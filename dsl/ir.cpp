@@ -152,7 +152,8 @@ void print_region(const Function& f, const Region& r, int depth, std::string& ou
       default: text = fmt::format("{} {}", name(op.kind), args); break;
     }
     std::string type = op.result >= 0 ? " : " + type_str(f, f.type(op.result)) : "";
-    out += fmt::format("{}{}{}{}\n", pad, lhs, text, type);
+    std::string tag = op.tag.empty() ? "" : "  #" + op.tag;
+    out += fmt::format("{}{}{}{}{}\n", pad, lhs, text, type, tag);
   }
 }
 

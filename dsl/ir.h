@@ -100,6 +100,10 @@ struct Op {
   std::vector<Index> indices;   // load / store
   std::unique_ptr<Region> body; // loop; its first value is the loop index (`body_index`)
   int body_index = -1;          // loop: value id of the index inside the body
+  // The named part of the user's code that traced this op (tj::TagScope), e.g. "score_mod" for
+  // an attention hook; empty otherwise. Lowerings use it to find user code spliced into a
+  // library kernel; it never changes what the op computes.
+  std::string tag;
 };
 
 struct Region {

@@ -12,11 +12,18 @@
 //   written when `with_lse` (natural-log logsumexp of the scaled scores; else any tensor).
 //   scale: softmax scale * log2(e) (e.g. log2(e)/sqrt(D)), a runtime scalar.
 //
+// Head dims: q and k share one (Dqk), v and o another (Dv); usually equal, Dqk = 2 Dv for the
+// Q-residual scheme (kernels/attention_fp8.h).
+//
 // Numerics: the q·k descales and the scale fold into one constant per (b, h); scores and the
 // online softmax are f32 in exp2; P = exp2(s - (m - 8)) lies in [0, 256] -- e4m3's full
 // relative precision -- and is quantized to the input type for the second dot; l accumulates
 // the same f32 P, so the offset cancels in acc / l; the V descale folds into that final
-// normalization. Causal masking is top-left aligned (key j <= query i).
+// normalization. Causal masking is top-left aligned (key j <= query i). Rows that see no key
+// (masks) get O = 0 and lse = -inf: the running max is used as 0 while it is -inf.
+//
+// Variants (kernels/attention_variant.h) trace their hooks right after the scores: score_mod on
+// the natural-log score, then mask_mod as where(keep, s, -inf).
 //
 // On sm_90a, codegen/lower_attention_sm90.cpp recognizes this kernel and lowers it to the
 // warp-specialized TMA + wgmma main loop of codegen/device/hopper_attention.cuh (block "n" is
@@ -29,53 +36,115 @@
 
 #include <cmath>
 
+#include "kernels/attention_variant.h"
 #include "kernels/library.h"
 #include "runtime/error.h"
 #include "runtime/jit.h"
 
 namespace tj::kernels {
 
+namespace {
+
+constexpr double kLn2 = 0.6931471805599453;
+constexpr double kLog2e = 1.4426950408889634;
+
+// The variant's hooks on the scores s (log2 units) of query tile m and key tile n.
+Tile apply_hooks(const AttentionVariant& v, Tile s, const Int& b, const Int& h, const TileIndex& m,
+                 const TileIndex& n, const std::vector<In>& inputs) {
+  if (v.score_mod) {
+    TagScope tag("score_mod");
+    ScoreIndex at{b, h, m.index().col(), n.index().row(), inputs};
+    Tile modded = v.score_mod(s * kLn2, at);
+    if (!modded.valid() || !is_float(modded.dtype()))
+      throw Error(fmt::format("attention variant '{}': score_mod must return a float tile (the new score)", v.name));
+    s = (modded * kLog2e).to(DType::f32);
+  }
+  if (v.mask_mod) {
+    TagScope tag("mask_mod");
+    ScoreIndex at{b, h, m.index().col(), n.index().row(), inputs};
+    Tile keep = v.mask_mod(at);
+    if (!keep.valid() || keep.dtype() != DType::i1)
+      throw Error(fmt::format("attention variant '{}': mask_mod must return a boolean tile (a comparison), not {}",
+                              v.name, keep.valid() ? std::string(name(keep.dtype())) : "nothing"));
+    s = where(keep, s, -INFINITY);
+  }
+  return s;
+}
+
+// The kernel body, shared by attention_fp8 (no hooks) and attention_variant.
+void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, Out o, Out lse, Scalar scale,
+                    Scalar o_scale, bool causal, bool with_lse, const AttentionVariant* hooks,
+                    const std::vector<In>& inputs) {
+  const bool fp8 = is_fp8(q.dtype());
+  const double p_offset = fp8 ? 8.0 : 0.0;   // P in [0, 2^8]: e4m3's range, full precision
+  auto [B, H, S, D] = q.shape<4>();
+  auto Dv = fp8 ? v.dim(2) : v.dim(3);
+  auto Hkv = k.dim(1);
+  auto S_kv = k.dim(2);
+  for (auto bh : grid(B * H)) {
+    auto b = floordiv(bh, H);
+    auto h = bh % H;
+    auto hk = floordiv(h, floordiv(H, Hkv));
+    auto qk_scale = scale * q_descale.load(b, hk) * k_descale.load(b, hk);   // one constant
+    auto v_scale = v_descale.load(b, hk);
+    for (auto m : tile(S, block("m"))) {
+      Var m_i = full({m}, -INFINITY, DType::f32);
+      Var l_i = zeros({m}, DType::f32);
+      Var acc = zeros({m, Dv}, DType::f32);
+      auto qt = q.load(b, h, m, all);
+      for (auto n : tile(causal ? minimum(m.end(), S_kv) : S_kv, block("n"))) {
+        auto s = dot(qt, k.load(b, hk, n, all).T()) * qk_scale;
+        if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
+        if (hooks) s = apply_hooks(*hooks, s, b, h, m, n, inputs);
+        auto m_new = maximum(m_i, amax(s, 1));
+        auto m_use = where(m_new == -INFINITY, 0.0, m_new);   // no key yet: exp2(-inf - 0) = 0
+        auto p = exp2(s - (m_use - p_offset).col());
+        auto alpha = exp2(m_i - m_use);
+        l_i = l_i * alpha + sum(p, 1);
+        auto vn = fp8 ? v.load(b, hk, all, n).T() : v.load(b, hk, n, all);
+        acc = dot(p.to(q.dtype()), vn, acc * alpha.col());
+        m_i = m_new;
+      }
+      auto out = acc * where(l_i > 0.0, v_scale / l_i, 0.0).col();
+      if (is_fp8(o.dtype())) out = out * o_scale;
+      o.store(b, h, m, all, out.to(o.dtype()));
+      if (with_lse) lse.store(b, h, m, (m_i - p_offset + log2(l_i)) * kLn2);
+    }
+  }
+}
+
+const std::vector<std::string> kParamNames = {"q",         "k", "v",   "q_descale", "k_descale", "v_descale",
+                                              "o",         "lse", "scale", "o_scale", "causal",   "with_lse"};
+
+}  // namespace
+
 const Kernel& attention_fp8() {
   static const Kernel k = kernel(
-      "attention_fp8",
-      {"q", "k", "v", "q_descale", "k_descale", "v_descale", "o", "lse", "scale", "o_scale", "causal", "with_lse"},
+      "attention_fp8", kParamNames,
       [](In q, In k, In v, In q_descale, In k_descale, In v_descale, Out o, Out lse, Scalar scale, Scalar o_scale,
          bool causal, bool with_lse) {
-        const bool fp8 = is_fp8(q.dtype());
-        const double p_offset = fp8 ? 8.0 : 0.0;   // P in [0, 2^8]: e4m3's range, full precision
-        auto [B, H, S, D] = q.shape<4>();
-        auto Hkv = k.dim(1);
-        auto S_kv = k.dim(2);
-        for (auto bh : grid(B * H)) {
-          auto b = floordiv(bh, H);
-          auto h = bh % H;
-          auto hk = floordiv(h, floordiv(H, Hkv));
-          auto qk_scale = scale * q_descale.load(b, hk) * k_descale.load(b, hk);   // one constant
-          auto v_scale = v_descale.load(b, hk);
-          for (auto m : tile(S, block("m"))) {
-            Var m_i = full({m}, -INFINITY, DType::f32);
-            Var l_i = zeros({m}, DType::f32);
-            Var acc = zeros({m, D}, DType::f32);
-            auto qt = q.load(b, h, m, all);
-            for (auto n : tile(causal ? minimum(m.end(), S_kv) : S_kv, block("n"))) {
-              auto s = dot(qt, k.load(b, hk, n, all).T()) * qk_scale;
-              if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
-              auto m_new = maximum(m_i, amax(s, 1));
-              auto p = exp2(s - (m_new - p_offset).col());
-              auto alpha = exp2(m_i - m_new);
-              l_i = l_i * alpha + sum(p, 1);
-              auto vn = fp8 ? v.load(b, hk, all, n).T() : v.load(b, hk, n, all);
-              acc = dot(p.to(q.dtype()), vn, acc * alpha.col());
-              m_i = m_new;
-            }
-            auto out = acc * (v_scale / l_i).col();
-            if (is_fp8(o.dtype())) out = out * o_scale;
-            o.store(b, h, m, all, out.to(o.dtype()));
-            if (with_lse) lse.store(b, h, m, (m_i - p_offset + log2(l_i)) * 0.6931471805599453);
-          }
-        }
+        attention_body(q, k, v, q_descale, k_descale, v_descale, o, lse, scale, o_scale, causal, with_lse, nullptr, {});
       });
   return k;
+}
+
+Kernel attention_variant(const AttentionVariant& variant) {
+  if (variant.name.empty()) throw Error("attention_variant: the variant needs a name (it names the kernel)");
+  std::vector<Slot> slots;
+  const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,
+                            SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_out, SlotKind::tensor_out,
+                            SlotKind::scalar_f32, SlotKind::scalar_f32, SlotKind::host_bool,  SlotKind::host_bool};
+  for (size_t i = 0; i < kParamNames.size(); ++i) slots.push_back(Slot{kParamNames[i], kinds[i]});
+  for (const auto& in : variant.inputs) slots.push_back(Slot{in, SlotKind::tensor_in});
+  Kernel::Body body = [variant](const detail::TraceArgs& a) {
+    using detail::make_arg;
+    std::vector<In> inputs;
+    for (size_t i = 0; i < variant.inputs.size(); ++i) inputs.push_back(make_arg<In>(a, kParamNames.size() + i));
+    attention_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
+                   make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Out>(a, 7), make_arg<Scalar>(a, 8),
+                   make_arg<Scalar>(a, 9), make_arg<bool>(a, 10), make_arg<bool>(a, 11), &variant, inputs);
+  };
+  return Kernel(variant.name, std::move(slots), std::move(body), Loc::current());
 }
 
 }  // namespace tj::kernels

@@ -81,9 +81,10 @@ struct AttnParams {
 };
 
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
-          bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false>
+          bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_>
 struct AttnCfg {
-  static constexpr int kD = kD_;
+  static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
+  static constexpr int kDv = kDv_;   // head dim of V and O
   static constexpr int kBN = kBN_;
   static constexpr int kStages = kStages_;
   static constexpr int kConsumers = kConsumers_;
@@ -104,10 +105,10 @@ struct AttnCfg {
   static constexpr int kQkBlocks = kDBytes / kWq;
   static constexpr int kWv = kFp8 ? ((kBN % 128 == 0) ? 128 : 64) : 128;
   static constexpr int kVSwizzle = kWv == 128 ? SWIZZLE_128B : SWIZZLE_64B;
-  static constexpr int kVBlocks = kFp8 ? kBN / kWv : kD / 64;
+  static constexpr int kVBlocks = kFp8 ? kBN / kWv : kDv / 64;
   static constexpr int kQBytes = kBM * kDBytes;
   static constexpr int kKBytes = kBN * kDBytes;                // per stage
-  static constexpr int kVBytes = kBN * kDBytes;                // per stage
+  static constexpr int kVBytes = kBN * kDv * kEs;               // per stage
   static constexpr int kKStep = 32 / kEs;                      // K elements per wgmma
   static constexpr int kPRegs = kFp8 ? kBN / 8 : kBN / 4;      // A-fragment registers
   static constexpr float kPOffset = kFp8 ? 8.0f : 0.0f;
@@ -117,7 +118,8 @@ struct AttnCfg {
   static constexpr int kSmemBytes =
       1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 4 * kStages) * 8;
 
-  static_assert(kD == 64 || kD == 128 || kD == 256, "head dim must be 64, 128 or 256");
+  static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
+  static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "1, 2 or 3 consumer warpgroups");
   static_assert(kIn == WG_E4M3 || kIn == WG_BF16 || kIn == WG_F16, "input type");
   static_assert(kBN % 32 == 0 && kBN >= 64 && kBN <= 256, "BN: multiple of 32 in [64, 256]");
@@ -125,6 +127,24 @@ struct AttnCfg {
   static_assert(kFp8 || kBN % 16 == 0, "16-bit: BN must be a multiple of 16");
   static_assert(kSmemBytes <= 232448, "shared memory exceeds 227 KB");
   static_assert(kStages >= 1 && kStages <= 8, "stages");
+};
+
+// User code spliced into the main loop (attention variants: kernels/attention_variant.h). The
+// sm_90a lowering generates a struct like this from the kernel's score_mod / mask_mod ops;
+// NoHooks is the plain kernel.
+//   score(s, q, kv): the modified score, both in log2 units (s = q.k * descales * scale)
+//   keep(q, kv): whether key kv stays visible to query q
+//   classify(q_lo, q_hi, kv_lo, kv_hi): what keep() is over that box of positions (interval
+//     arithmetic over the mask's ops): 0 never kept (the block is skipped: not loaded, not
+//     computed), 1 always kept (no per-element mask), 2 either (mask per element).
+//   kSkipBlocks = false evaluates keep() on every element of every block (block skipping off).
+struct NoHooks {
+  static constexpr bool kScoreMod = false;
+  static constexpr bool kMask = false;
+  static constexpr bool kSkipBlocks = false;
+  __device__ __forceinline__ float score(float s, int, int) const { return s; }
+  __device__ __forceinline__ bool keep(int, int) const { return true; }
+  __device__ __forceinline__ int classify(int, int, int, int) const { return 1; }
 };
 
 namespace attn_detail {
@@ -208,15 +228,16 @@ __device__ __forceinline__ void store_out_pair(const AttnParams& p, char* row_pt
 #if TJ_SM90A_ENABLED
 
 // The CTA body: query tile `m_tile` (rows m_tile*BM ...) of head `bh` = b*H + h.
-template <class Cfg>
+template <class Cfg, class Hooks = NoHooks>
 __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
                                                 const TmaDescriptor* tma_k,
                                                 const TmaDescriptor* tma_v,
-                                                const AttnParams& p, int bh, int m_tile) {
+                                                const AttnParams& p, int bh, int m_tile,
+                                                const Hooks& hooks = Hooks()) {
   constexpr int S = Cfg::kStages;
   constexpr int BN = Cfg::kBN;
   constexpr int BM = Cfg::kBM;
-  constexpr int D = Cfg::kD;
+  constexpr int D = Cfg::kDv;   // V / O columns (Q/K use kDBytes)
   constexpr int WQ = Cfg::kWq;
   constexpr int TY = Cfg::kIn;
 
@@ -241,6 +262,24 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // keys this tile needs: [0, n_end)
   const int n_end = (Cfg::kCausal && m0 + BM < p.Skv) ? m0 + BM : p.Skv;
   const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+  // What the mask hook makes of key block j for this CTA's rows (NoHooks: 1, all kept). The
+  // producer and the consumers walk the same blocks: the ones not classified 0.
+  const int m_last = (m0 + BM < p.Sq ? m0 + BM : p.Sq) - 1;
+  auto block_class = [&](int j) -> int {
+    if constexpr (!Hooks::kMask) {
+      return 1;
+    } else {
+      if (!Hooks::kSkipBlocks) return 2;
+      const int n0 = j * BN;
+      return hooks.classify(m0, m_last, n0, (n0 + BN < p.Skv ? n0 + BN : p.Skv) - 1);
+    }
+  };
+  auto next_block = [&](int j) {
+    if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
+      while (j < n_blocks && block_class(j) == 0) ++j;
+    }
+    return j;
+  };
 
   const int wg = warpgroup_idx();
   if (threadIdx.x == 0) {
@@ -267,10 +306,11 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll
       for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
         tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
+      int t = 0;   // blocks loaded so far: picks the stage and its phase
 #pragma unroll 1
-      for (int j = 0; j < n_blocks; ++j) {
-        const int s = j % S;
-        const unsigned ph = (unsigned)((j / S) & 1);
+      for (int j = next_block(0); j < n_blocks; j = next_block(j + 1), ++t) {
+        const int s = t % S;
+        const unsigned ph = (unsigned)((t / S) & 1);
         const int n0 = j * BN;
         mbar_wait(&empty_k[s], ph ^ 1u);
         mbar_arrive_expect_tx(&full_k[s], (unsigned)Cfg::kKBytes);
@@ -309,8 +349,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const float vd = p.v_descale ? p.v_descale[(long long)b * p.vd_sb + (long long)hk * p.vd_sh] : 1.0f;
   // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd
   const float sc = (p.score_scale * qd) * kd;
-  // Masked scores hold -inf after scaling: the raw value is -inf (sc > 0) or +inf (sc < 0).
-  const bool sc_neg = sc < 0.0f;
+  // A score hook rewrites s into scaled log2 units itself; the softmax then scales by 1.
+  const float scm = Hooks::kScoreMod ? 1.0f : sc;
+  // Masked scores hold -inf after scaling: the raw value is -inf (scm > 0) or +inf (scm < 0).
+  const bool sc_neg = scm < 0.0f;
   const float masked_raw = sc_neg ? -attn_detail::neg_inf() : attn_detail::neg_inf();
 
   float o[D / 2];
@@ -352,17 +394,28 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
     }
   };
-  // Masks s for block n0 when it crosses the KV end or the causal diagonal.
-  auto mask = [&](int n0) {
+  // The score hook on block n0, then the masks: the KV end, the causal diagonal, and the mask
+  // hook where the block's class (block_class) is 2.
+  auto mask = [&](int n0, int cls) {
+    if constexpr (Hooks::kScoreMod) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        const int row = rb + r0 + 8 * ((i >> 1) & 1);
+        const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+        s[i] = hooks.score(s[i] * sc, row, col);
+      }
+    }
     const bool tail = n0 + BN > p.Skv;
     const bool diag = Cfg::kCausal && (n0 + BN - 1 > rb);
-    if (tail || diag) {
+    const bool hook = Hooks::kMask && cls == 2;
+    if (tail || diag || hook) {
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) {
         const int row = rb + r0 + 8 * ((i >> 1) & 1);
         const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
         bool bad = col >= p.Skv;
         if (Cfg::kCausal) bad = bad || col > row;
+        if (Hooks::kMask && hook) bad = bad || !hooks.keep(row, col);
         if (bad) s[i] = masked_raw;
       }
     }
@@ -381,14 +434,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     float bias[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const float m_new = fmaxf(m_run[hh], mx[hh] * sc);
+      const float m_new = fmaxf(m_run[hh], mx[hh] * scm);
       const float m_use = m_new == attn_detail::neg_inf() ? 0.0f : m_new;
       alpha[hh] = attn_detail::ex2(m_run[hh] - m_use);
       m_run[hh] = m_new;
       bias[hh] = Cfg::kPOffset - m_use;
     }
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] = attn_detail::ex2(fmaf(s[i], sc, bias[(i >> 1) & 1]));
+    for (int i = 0; i < BN / 2; ++i) s[i] = attn_detail::ex2(fmaf(s[i], scm, bias[(i >> 1) & 1]));
     float rs[2] = {0.0f, 0.0f};
     acc_row_sum_partial<BN>(s, rs);
     l_run[0] = l_run[0] * alpha[0] + rs[0];
@@ -411,36 +464,42 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 
   mbar_wait(q_bar, 0u);
 
-  if (n_blocks > 0) {
+  // The key blocks this CTA computes: j0, then next_block(j + 1) ... (all of them without a
+  // mask hook); t counts them and picks the stage and its phase, like the producer's loop.
+  const int j0 = next_block(0);
+  if (j0 < n_blocks) {
     if constexpr (Cfg::kWgSync) {
       // consumer 0 issues first: consumer 1 pre-arrives on consumer 0's barrier
       if (c == 1) attn_detail::named_bar_arrive(1, 256);
     }
     if constexpr (Cfg::kOverlap) {
-      // ---- iteration 0: S_0, softmax, P_0
+      // ---- block j0: S, softmax, P
+      int j_next = next_block(j0 + 1);
       mbar_wait(&full_k[0], 0u);
       if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
       wgmma_fence();
       issue_qk(0);
       wgmma_commit();
       if constexpr (Cfg::kWgSync) {
-        if (!(c == 1 && n_blocks == 1)) attn_detail::named_bar_arrive(2 - c, 256);
+        if (!(c == 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(2 - c, 256);
       }
       fence_acc<BN / 2>(s);
       wgmma_wait<0>();
       fence_acc<BN / 2>(s);
       attn_detail::release(&empty_k[0]);
-      mask(0);
+      mask(j0 * BN, block_class(j0));
       float alpha[2];
       softmax(alpha);
       to_a();
-      // ---- steady state (FA3's order): issue S_j = Q.K_j^T; rescale O by alpha_{j-1} while it
-      // runs; issue O += P_{j-1}.V_{j-1}; softmax of S_j while the P.V wgmma is in flight; after
+      // ---- steady state (FA3's order): issue S_t = Q.K_t^T; rescale O by alpha_{t-1} while it
+      // runs; issue O += P_{t-1}.V_{t-1}; softmax of S_t while the P.V wgmma is in flight; after
       // the wait only the P conversion is left.
+      int t = 1;
 #pragma unroll 1
-      for (int j = 1; j < n_blocks; ++j) {
-        const int st = j % S, pst = (j - 1) % S;
-        const unsigned ph = (unsigned)((j / S) & 1), pph = (unsigned)(((j - 1) / S) & 1);
+      for (int j = j_next; j < n_blocks; j = j_next, ++t) {
+        j_next = next_block(j + 1);
+        const int st = t % S, pst = (t - 1) % S;
+        const unsigned ph = (unsigned)((t / S) & 1), pph = (unsigned)(((t - 1) / S) & 1);
         mbar_wait(&full_k[st], ph);
         mbar_wait(&full_v[pst], pph);
         if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
@@ -455,14 +514,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         issue_pv(pst);
         wgmma_commit();
         if constexpr (Cfg::kWgSync) {
-          if (!(c == 1 && j == n_blocks - 1)) attn_detail::named_bar_arrive(2 - c, 256);
+          if (!(c == 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(2 - c, 256);
         }
         fence_acc<BN / 2>(s);
         wgmma_wait<1>();
         fence_acc<BN / 2>(s);
-        mask(j * BN);
+        mask(j * BN, block_class(j));
         softmax(alpha);
-        // Release K_j only now, predicated on a softmax result (always true: l >= 0 or NaN).
+        // Release K_t only now, predicated on a softmax result (always true: l >= 0 or NaN).
         // ptxas keeps the mbarrier arrive before the wgmma wait below, so this data dependency
         // pins the softmax above the wait in SASS; without it ptxas hoists the wait to the top
         // of the softmax and the P.V wgmma no longer overlaps the exp2s (checked in the SASS:
@@ -486,8 +545,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
       // ---- last P.V
       {
-        const int pst = (n_blocks - 1) % S;
-        const unsigned pph = (unsigned)(((n_blocks - 1) / S) & 1);
+        const int pst = (t - 1) % S;
+        const unsigned pph = (unsigned)(((t - 1) / S) & 1);
         mbar_wait(&full_v[pst], pph);
         acc_scale_rows<D>(o, alpha);
         fence_acc<D / 2>(o);
@@ -501,11 +560,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         attn_detail::release(&empty_v[pst]);
       }
     } else {
-      // ---- simple schedule: S_j, softmax, P_j.V_j, one after the other
+      // ---- simple schedule: S_t, softmax, P_t.V_t, one after the other
+      int t = 0;
 #pragma unroll 1
-      for (int j = 0; j < n_blocks; ++j) {
-        const int st = j % S;
-        const unsigned ph = (unsigned)((j / S) & 1);
+      for (int j = j0; j < n_blocks; ++t) {
+        const int j_next = next_block(j + 1);
+        const int st = t % S;
+        const unsigned ph = (unsigned)((t / S) & 1);
         mbar_wait(&full_k[st], ph);
         if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
         fence_acc<BN / 2>(s);
@@ -513,13 +574,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         issue_qk(st);
         wgmma_commit();
         if constexpr (Cfg::kWgSync) {
-          if (!(c == 1 && j == n_blocks - 1)) attn_detail::named_bar_arrive(2 - c, 256);
+          if (!(c == 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(2 - c, 256);
         }
         fence_acc<BN / 2>(s);
         wgmma_wait<0>();
         fence_acc<BN / 2>(s);
         attn_detail::release(&empty_k[st]);
-        mask(j * BN);
+        mask(j * BN, block_class(j));
         float alpha[2];
         softmax(alpha);
         acc_scale_rows<D>(o, alpha);
@@ -534,6 +595,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         fence_acc<D / 2>(o);
         fence_pa();
         attn_detail::release(&empty_v[st]);
+        j = j_next;
       }
     }
   }

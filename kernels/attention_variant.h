@@ -1,0 +1,51 @@
+#pragma once
+// Attention variants in a few lines: FlexAttention-style hooks spliced into the FP8/16-bit flash
+// attention kernel (kernels/attention_fp8.cpp).
+//
+//   AttentionVariant sliding{"sliding_window_1024"};
+//   sliding.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q && at.q - at.kv < 1024; };
+//   Kernel k = attention_variant(sliding);   // launch with attention_fp8's arguments
+//
+// The hooks are DSL code, traced inside the key loop of the kernel (tagged "score_mod" and
+// "mask_mod" in the IR): the CPU reference executor and the SIMT path run them as written, and
+// the sm_90a lowering inlines them into the tensor-core main loop, evaluating the mask on whole
+// key blocks by interval arithmetic to skip blocks it rules out entirely (block sparsity derived
+// from the mask: see codegen/lower_attention_sm90.h).
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dsl/kernel.h"
+
+namespace tj::kernels {
+
+// Where a score sits. q and kv are absolute positions (i32 tiles [m, 1] and [1, n]: combine them
+// with operators and they broadcast to the score tile [m, n]); b and h are the batch and the
+// query head (i64 scalars); inputs are the variant's extra input tensors, in declaration order.
+struct ScoreIndex {
+  Int b, h;
+  Tile q, kv;
+  std::vector<In> inputs;
+};
+
+// score_mod(score, at) -> the new score: f32 [m, n], on the scaled score q.k * softmax_scale in
+// natural-log units (like torch's flex_attention). mask_mod(at) -> i1 tile broadcastable to
+// [m, n]: true where the key stays visible. Either may be empty. Fully masked rows give O = 0 and
+// lse = -inf.
+using ScoreMod = std::function<Tile(const Tile& score, const ScoreIndex& at)>;
+using MaskMod = std::function<Tile(const ScoreIndex& at)>;
+
+struct AttentionVariant {
+  std::string name;                    // the kernel's name (caches, generated code, errors)
+  ScoreMod score_mod;
+  MaskMod mask_mod;
+  std::vector<std::string> inputs;     // names of extra input tensors, passed after attention_fp8's
+                                       // arguments; hooks may read them with scalar indices
+};
+
+// The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,
+// k_descale, v_descale, o, lse, scale, o_scale, causal, with_lse) followed by one tensor per
+// v.inputs. Throws tj::Error for an empty name.
+Kernel attention_variant(const AttentionVariant& v);
+
+}  // namespace tj::kernels
