@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autotune/space.h"
+#include "codegen/attention_hooks.h"
 #include "dsl/ir.h"
 #include "kernels/library.h"
 #include "runtime/error.h"
@@ -77,7 +78,7 @@ bool params_fit(const ir::Function& f) {
   return true;
 }
 
-std::optional<AttentionMatch> match_uncached(const ir::Function& f) {
+std::optional<AttentionMatch> match_library(const ir::Function& f) {
   if (!params_fit(f)) return std::nullopt;
   std::vector<ArgSpec> specs;
   for (const auto& p : f.params) {
@@ -98,6 +99,43 @@ std::optional<AttentionMatch> match_uncached(const ir::Function& f) {
     }
   }
   return std::nullopt;
+}
+
+// The hooked kernel's skeleton must be the library kernel; returns the hooks too.
+std::optional<AttentionMatch> match_uncached(const ir::Function& f, std::optional<AttentionHooks>* hooks_out) {
+  auto hooks = split_attention_hooks(f, nullptr);
+  std::optional<AttentionMatch> m = match_library(hooks ? hooks->skeleton : f);
+  if (!m) return std::nullopt;
+  if (hooks) {
+    m->score_mod = hooks->score_mod;
+    m->mask_mod = hooks->mask_mod;
+  }
+  if (hooks_out) *hooks_out = std::move(hooks);
+  return m;
+}
+
+// The skeleton values hook code reads: b and h (the launch nest's floordiv / mod of bh) and the
+// starts of the query and key tiles.
+HookSymbols hook_symbols(const ir::Function& f) {
+  HookSymbols s;
+  const ir::Op* grid = nullptr;
+  for (const auto& op : f.body.ops)
+    if (op.kind == ir::OpKind::loop) grid = &op;
+  if (!grid) return s;
+  const int bh = grid->body_index;
+  const ir::Op* m_loop = nullptr;
+  for (const auto& op : grid->body->ops) {
+    if (op.kind == ir::OpKind::binary && !op.operands.empty() && op.operands[0] == bh) {
+      if (op.binary == ir::BinaryFn::floordiv && s.b < 0) s.b = op.result;
+      if (op.binary == ir::BinaryFn::mod && s.h < 0) s.h = op.result;
+    }
+    if (op.kind == ir::OpKind::loop && !m_loop) m_loop = &op;
+  }
+  if (!m_loop) return s;
+  s.m_start = m_loop->body_index;
+  for (const auto& op : m_loop->body->ops)
+    if (op.kind == ir::OpKind::loop) s.n_start = op.body_index;
+  return s;
 }
 
 std::string identifier_of(const std::string& name) {
@@ -135,7 +173,8 @@ int max_bn(bool fp8, int64_t D, int consumers) {
 
 std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cfg, const Target& t) {
   if (!t.has_wgmma()) return std::nullopt;
-  auto m = match_attention_fp8(f);
+  std::optional<AttentionHooks> hooks;
+  auto m = match_uncached(f, &hooks);
   if (!m) return std::nullopt;
   const ir::Param &q = f.params[0], &k = f.params[1], &v = f.params[2], &o = f.params[6];
   const DType in = q.dtype;
@@ -143,9 +182,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (k.dtype != in || v.dtype != in) return std::nullopt;
   if (o.dtype != DType::bf16 && o.dtype != DType::f16 && o.dtype != DType::e4m3) return std::nullopt;
   const bool fp8 = is_fp8(in);
-  const int64_t D = q.static_shape[3];
-  if (D != 64 && D != 128 && D != 256) return std::nullopt;
-  if (k.static_shape[3] != D || (fp8 ? v.static_shape[2] : v.static_shape[3]) != D) return std::nullopt;
+  const int64_t Dqk = q.static_shape[3];
+  const int64_t D = fp8 ? v.static_shape[2] : v.static_shape[3];   // V / O head dim
+  auto head_dim_ok = [](int64_t d) { return d == 64 || d == 128 || d == 256; };
+  if (!head_dim_ok(Dqk) || !head_dim_ok(D) || k.static_shape[3] != Dqk || o.static_shape[3] != D) return std::nullopt;
   // Static Vt rows that TMA cannot start at 16-byte multiples: leave it to the SIMT path.
   if (fp8 && v.static_shape[3] >= 0 && v.static_shape[3] % 16 != 0) return std::nullopt;
 
@@ -154,6 +194,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const int stages = cfg.num_stages;
   const bool overlap = cfg.knob("attn_overlap", 1) != 0;
   const bool wgsync = cfg.knob("attn_wgsync", 0) != 0;
+  const bool block_skip = cfg.knob("attn_block_skip", 1) != 0;
   auto fail = [&](const std::string& why) {
     return Error(fmt::format("kernel '{}' with config {} cannot use the sm_90a attention lowering: {}", f.name,
                              cfg.to_json(), why));
@@ -173,14 +214,22 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (stages < 1 || stages > 4) throw fail(fmt::format("num_stages must be in [1, 4], not {}", stages));
   if (wgsync && consumers != 2) throw fail("knob attn_wgsync = 1 needs block m = 128 (two consumer warpgroups)");
   const int es = fp8 ? 1 : 2;
-  const int64_t dbytes = D * es;
-  const int64_t smem = 1024 + bm * dbytes + stages * 2 * bn * dbytes + (1 + 4 * stages) * 8;
+  const int64_t dbytes = Dqk * es;   // a Q / K row
+  const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (1 + 4 * stages) * 8;
   if (smem > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
                            smem, stages, t.max_smem_per_block()));
   const int threads = 128 * (1 + consumers);
   const int wq = static_cast<int>(dbytes >= 128 ? 128 : dbytes);
   const int wv = fp8 ? ((bn % 128 == 0) ? 128 : 64) : 128;
+
+  // ---- hooks
+  std::optional<HooksSource> hooks_src;
+  if (hooks) {
+    std::string why;
+    hooks_src = hooks_source(f, *hooks, hook_symbols(f), "tj_hooks", "tj_hk", block_skip, &why);
+    if (!hooks_src) return std::nullopt;   // e.g. a hook that loads a tile: the SIMT path runs it
+  }
 
   // ---- source
   const std::string entry = identifier_of(f.name);
@@ -189,18 +238,23 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                      "(codegen/lower_attention_sm90.cpp).\n",
                      f.name, t.arch);
   src += fmt::format("// config: {}\n", cfg.to_json());
-  src += fmt::format("// Recognized as kernels/attention_fp8.cpp (causal: {}, with_lse: {}): {} inputs, {} output, head "
-                     "dim {}.\n",
-                     m->causal ? "yes" : "no", m->with_lse ? "yes" : "no", name(in), name(o.dtype), D);
+  src += fmt::format("// Recognized as kernels/attention_fp8.cpp (causal: {}, with_lse: {}{}{}): {} inputs, {} output, "
+                     "head dims {} (q, k) and {} (v, o).\n",
+                     m->causal ? "yes" : "no", m->with_lse ? "yes" : "no", m->score_mod ? ", score_mod hook" : "",
+                     m->mask_mod ? (block_skip ? ", mask_mod hook with block skipping" : ", mask_mod hook") : "",
+                     name(in), name(o.dtype), Dqk, D);
   src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
                      "{}, {} K/V stages;\n// warpgroups: one TMA producer, {} wgmma consumer(s) of 64 rows{}{}. "
                      "The main loop is codegen/device/hopper_attention.cuh.\n",
                      bm, D, bm, bn, stages, consumers, overlap ? ", softmax overlapped with P.V" : "",
                      wgsync ? ", inter-warpgroup schedule" : "");
-  src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, false>;\n\n", D, bn, stages,
-                     consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false", overlap ? "true" : "false",
-                     wgsync ? "true" : "false");
+  src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n";
+  if (hooks_src) src += "#include \"interval.cuh\"\n";
+  src += "\n";
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, false, {}>;\n\n", Dqk, bn,
+                     stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
+                     overlap ? "true" : "false", wgsync ? "true" : "false", D);
+  if (hooks_src) src += "// The variant's hooks (codegen/attention_hooks.cpp), from the ops tagged in its trace.\n" + hooks_src->decl + "\n";
   std::vector<std::string> params;
   for (size_t i = 0; i < f.params.size(); ++i) {
     const ir::Param& p = f.params[i];
@@ -241,7 +295,18 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   line("const int tj_bh = (int)(tj_pid / tj_m_tiles);");
   line("int tj_mt = (int)(tj_pid - (long long)tj_bh * tj_m_tiles);");
   if (m->causal) line("tj_mt = (int)tj_m_tiles - 1 - tj_mt;   // longest causal tiles first");
-  line("tj::dev::attn_fwd_device<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt);");
+  if (hooks_src) {
+    line("const long long tj_b = tj_bh / p0.shape[1], tj_h = tj_bh % p0.shape[1];");
+    std::string init = hooks_src->init;
+    for (size_t pos = 0, next; pos < init.size(); pos = next + 1) {
+      next = init.find('\n', pos);
+      if (next == std::string::npos) next = init.size();
+      if (next > pos) line(init.substr(pos, next - pos));
+    }
+    line("tj::dev::attn_fwd_device<tj_cfg, tj_hooks>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt, tj_hk);");
+  } else {
+    line("tj::dev::attn_fwd_device<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt);");
+  }
   src += "}\n";
 
   GeneratedKernel g;
@@ -251,6 +316,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.threads = threads;
   g.dynamic_smem_bytes = static_cast<size_t>(smem);
   g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "hopper_attention.cuh"};
+  if (hooks_src) g.device_headers.push_back("interval.cuh");
   const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);
   g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {0, 1}});
   g.tma.push_back(TmaOperand{1, {1, 1, nb, wq / es}, wq, {0, 1}});
@@ -276,7 +342,7 @@ const bool registered = [] {
 std::optional<AttentionMatch> match_attention_fp8(const ir::Function& f) {
   // Four traces of the library kernel (~1 ms) per call; only kernels with the library kernel's
   // parameter layout get this far.
-  return match_uncached(f);
+  return match_uncached(f, nullptr);
 }
 
 std::optional<GeneratedKernel> lower_attention_sm90(const ir::Function& f, const Config& cfg, const Target& t) {

@@ -11,6 +11,13 @@
 // A lowering that substitutes a hand-scheduled main loop for the traced ops must be sure they
 // mean the same thing; IR identity guarantees it (and yields causal / with_lse), where a
 // looser structural match could lower a kernel that differs in a constant or an operand.
+// Attention variants (kernels/attention_variant.h) match when removing their hooks (the ops
+// tagged "score_mod" / "mask_mod", see codegen/attention_hooks.h) leaves exactly that IR; the
+// hooks are then written into the main loop per score element, and the mask hook also per key
+// block as interval arithmetic: blocks it rules out are skipped (not loaded, not computed),
+// blocks it keeps whole are not masked (knob "attn_block_skip", default 1; 0 masks every
+// element of every block, for comparison). Hooks the writer cannot express (tile loads, dots,
+// reductions) leave the kernel to the SIMT path.
 // Everything else -- other kernels, e5m2 / f32 inputs, f32 / e5m2 outputs, dynamic head dims,
 // head dims other than 64/128/256 -- is left to the next lowering (SIMT).
 //
@@ -37,6 +44,8 @@ namespace tj::codegen {
 struct AttentionMatch {
   bool causal = false;
   bool with_lse = false;
+  bool score_mod = false;   // an attention variant's hooks (kernels/attention_variant.h)
+  bool mask_mod = false;
 };
 std::optional<AttentionMatch> match_attention_fp8(const ir::Function& f);
 

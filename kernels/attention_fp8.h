@@ -1,6 +1,35 @@
 #pragma once
 // Host-side helpers for the FP8 attention pipeline (kernels/attention_fp8.cpp, kernels/quantize.cpp):
 // from bf16/f16 Q, K, V on the GPU to the attention output, quantizing on the way.
+//
+// Recipes (AttentionFp8Options), all e4m3 with one descale per (b, h) for Q, K and V, P in
+// [0, 256] quantized to e4m3. Output error against float64 attention of the unquantized inputs,
+// from a float64 emulation of each recipe (bench/attention/accuracy_emulation.py, S = 2048,
+// D = 128, one head, seed 0; "outliers": N(0,1) + N(0,10²)·Bernoulli(0.001)):
+//
+//   recipe                    N(0,1) rel RMSE, cosine   outliers RMSE   QKᵀ work
+//   plain (FA3's)             5.3e-2, 0.99858           2.05e-2         1×
+//   hadamard                  5.3e-2, 0.99859           1.14e-2         1× (+ rotation pre-pass)
+//   q_residual                4.6e-2, 0.99894           1.55e-2         2× (QK head dim 2D)
+//   hadamard + q_residual     4.6e-2, 0.99895           0.85e-2         2× (+ rotation pre-pass)
+//
+// hadamard: Q and K are rotated by the orthonormal Sylvester Hadamard H [D, D] before
+//   quantization ((QH)(KH)ᵀ = QKᵀ: softmax is unchanged); an outlier spreads over its row
+//   instead of setting the scale for the whole (b, h), which is what helps outlier inputs. No
+//   help on N(0,1) (already spread). D must be a power of two. The rotation runs as a SIMT `dot`
+//   in each of the quantizer's two passes (2·D² flops per row each, one program per (b, h) like
+//   the other quantizers): O(D) more pre-pass work, not yet timed on a GPU.
+// q_residual: Q ≈ Q_hi + Q_lo (Q_lo = e4m3 of Q_hi's rounding error, same scale), and
+//   attention_fp8 runs on qq = [Q_hi | Q_lo] and kk = [K | K] (QK head dim 2D, V's D): Q is
+//   then exact to ~6e-4 and the error left is K's, V's and P's. The QKᵀ dot doubles, so expect
+//   ~2/3 of the plain FP8 speed (QKᵀ is half of the FLOPs: 3 units of work instead of 2).
+// Per-block (128-row) Q/K scales are not offered: in the same emulation they change nothing on
+//   N(0,1) (5.33e-2 both), and with the rotation outlier RMSE moves within noise (1.14e-2 ->
+//   1.09e-2 at seed 0, 0.99e-2 -> 1.01e-2 at seed 1 over 4 heads; hadamard + q_residual 0.85e-2 ->
+//   0.88e-2). Only the unrotated plain recipe gains on outliers (2.05e-2 -> 1.68e-2 at seed 0,
+//   1.74e-2 -> 1.68e-2 at seed 1), less than the rotation gives, and it would need per-block
+//   descales in attention_fp8.
+// The softmax scale stays 1/sqrt(D) of the original head dim (not of 2D).
 #include <cuda.h>
 
 #include <optional>
@@ -18,25 +47,39 @@ struct AttentionFp8Options {
   std::optional<Config> attention_config;    // default: attention_fp8_default_config(...)
   std::optional<TensorView> lse;             // f32 [B, H, Sq] to fill with the row logsumexp
   float o_scale = 1.0f;                      // e4m3 outputs: o = e4m3(O * o_scale)
+  bool hadamard = false;                     // rotate Q and K by a Hadamard before quantizing (see above)
+  bool q_residual = false;                   // Q as e4m3 high + low parts, QK head dim 2D (see above)
   CUstream stream = nullptr;
 };
 
-// Device scratch of attention_fp8_forward (fp8 copies of q and k, Vᵀ, the descales), reused
-// across calls (reallocated when shapes change).
+// Device scratch of attention_fp8_forward (fp8 copies of q and k -- [.., 2D] with q_residual --,
+// Vᵀ, the descales, the Hadamard matrix), reused across calls (reallocated when shapes change).
 struct AttentionFp8Workspace {
-  std::optional<DeviceTensor> q8, k8, vt8, qd, kd, vd, ones, no_lse;
+  std::optional<DeviceTensor> q8, k8, vt8, qd, kd, vd, ones, no_lse, hadamard;
 };
 
 // o = attention(q, k, v) for device tensors q [B, H, Sq, D], k / v [B, Hkv, Skv, D] (bf16 or
-// f16) and o [B, H, Sq, D] (bf16, f16 or e4m3): quantize_fp8 (q, k), quantize_transpose_fp8 (v)
-// -- e4m3 with per-(b, h) descales -- then attention_fp8, all through tj::launch on
-// opt.stream (the attention itself through the sm_90a tensor-core lowering on Hopper).
+// f16) and o [B, H, Sq, D] (bf16, f16 or e4m3): the Q and K quantizers of the recipe
+// (quantize_fp8, quantize_hadamard_fp8, or quantize_residual_fp8 + quantize_duplicate_fp8),
+// quantize_transpose_fp8 (v) -- e4m3 with per-(b, h) descales -- then attention_fp8, all
+// through tj::launch on opt.stream (the attention itself through the sm_90a tensor-core
+// lowering on Hopper).
 void attention_fp8_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const AttentionFp8Options& opt, AttentionFp8Workspace& ws);
 
 // The config attention_fp8_forward uses by default: block m 128 (two consumer warpgroups), block
 // n the largest key block whose registers fit the head dim (bench/attention/RESULTS: the
-// harness's fastest per head dim), 2 stages.
-Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal);
+// harness's fastest per head dim), 2 stages. qk_head_dim: q/k's head dim when it differs from
+// v's `head_dim` (2·D with q_residual; 0: the same): shared memory holds the Q tile and two
+// stages of K, so a QK head dim above 256 takes key blocks of 64.
+Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0);
+
+// The config of attention_fp8_forward's quantizer launches (they run SIMT): rows in blocks of 64
+// ("s", "s2"); with `rotate`, columns of x·H in blocks of 64 too ("d", "d2").
+Config attention_fp8_quantize_config(bool rotate);
+
+// Sylvester's Hadamard matrix of order d, normalized (entries ±1/√d, H·Hᵀ = I), f32 [d, d]:
+// the rotation the hadamard option passes to the quantizers. d must be a power of two.
+HostTensor hadamard_matrix(int64_t d);
 
 }  // namespace tj::kernels

@@ -10,10 +10,13 @@
 
 namespace tj::kernels {
 
-Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal) {
+Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim) {
   Config c;
   int64_t bn = 128;
   if (!is_fp8(in) && head_dim == 256) bn = 64;
+  // fp8, block m 128, 2 stages: Q (128·Dqk) + K (2·bn·Dqk) + Vᵀ (2·bn·D) bytes; Dqk 512 (D 256
+  // with q_residual) needs 256 KB at bn 128, over the 227 KB of an sm_90 block.
+  if (qk_head_dim > 256) bn = 64;
   c.blocks = {{"m", 128}, {"n", bn}};
   c.num_stages = 2;
   (void)causal;
@@ -21,26 +24,98 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal) {
 }
 
 namespace {
+
+void require_power_of_two(int64_t d) {
+  if (d < 1 || (d & (d - 1)) != 0)
+    throw Error(fmt::format("hadamard: the head dim must be a power of two (Sylvester's construction), got {}", d));
+}
+
 void ensure(std::optional<DeviceTensor>& t, DType dt, const std::vector<int64_t>& shape, bool zero = false) {
   if (t && t->dtype() == dt && t->shape() == shape) return;
   t.emplace(dt, shape);
   if (zero) t->fill_bytes(0);
 }
+
+// [B, H, S, 2D] seen as [B, H, S, 2, D]: the split quantizers write the two halves of each row.
+TensorView as_halves(const TensorView& t) {
+  TensorView v = t;
+  v.shape = {t.shape[0], t.shape[1], t.shape[2], 2, t.shape[3] / 2};
+  v.strides.clear();
+  return v;
+}
+
+// Fills ws.q8 / ws.k8 (and their descales) with the recipe's Q and K.
+void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Options& opt, AttentionFp8Workspace& ws,
+                 const LaunchOptions& lo) {
+  const int64_t B = q.shape[0], H = q.shape[1], Sq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Skv = k.shape[2];
+  const int64_t Dqk = opt.q_residual ? 2 * D : D;
+  ensure(ws.q8, DType::e4m3, {B, H, Sq, Dqk});
+  ensure(ws.k8, DType::e4m3, {B, Hkv, Skv, Dqk});
+  ensure(ws.qd, DType::f32, {B, H});
+  ensure(ws.kd, DType::f32, {B, Hkv});
+  if (opt.hadamard && (!ws.hadamard || ws.hadamard->shape() != std::vector<int64_t>{D, D}))
+    ws.hadamard.emplace(DeviceTensor::from_host(hadamard_matrix(D)));
+  // Without a rotation the quantizers never read it; any tensor fills the slot.
+  const TensorView rotation = opt.hadamard ? ws.hadamard->view() : ws.qd->view();
+  LaunchOptions qo = lo;
+  qo.config = attention_fp8_quantize_config(opt.hadamard);
+  if (opt.q_residual) {
+    launch(quantize_residual_fp8(), {q, rotation, as_halves(ws.q8->view()), ws.qd->view(), opt.hadamard}, qo);
+    launch(quantize_duplicate_fp8(), {k, rotation, as_halves(ws.k8->view()), ws.kd->view(), opt.hadamard}, qo);
+  } else if (opt.hadamard) {
+    launch(quantize_hadamard_fp8(), {q, rotation, ws.q8->view(), ws.qd->view()}, qo);
+    launch(quantize_hadamard_fp8(), {k, rotation, ws.k8->view(), ws.kd->view()}, qo);
+  } else {
+    launch(quantize_fp8(), {q, ws.q8->view(), ws.qd->view()}, qo);
+    launch(quantize_fp8(), {k, ws.k8->view(), ws.kd->view()}, qo);
+  }
+}
+
 }  // namespace
+
+// Rows of 64 (a multiple of 16 keeps Vᵀ's pad zero); with a rotation, columns of x·H in tiles
+// of 64, so the SIMT dot stages at most 64·(D+1) + D·64 floats in shared memory (131 KB at D = 256).
+Config attention_fp8_quantize_config(bool rotate) {
+  Config c;
+  c.blocks = {{"s", 64}, {"s2", 64}};
+  if (rotate) {
+    c.blocks["d"] = 64;
+    c.blocks["d2"] = 64;
+  }
+  return c;
+}
+
+HostTensor hadamard_matrix(int64_t d) {
+  require_power_of_two(d);
+  HostTensor h(DType::f32, {d, d});
+  const double entry = 1.0 / std::sqrt(static_cast<double>(d));
+  // H[i][j] = (-1)^popcount(i & j) / √d: Sylvester's [[H, H], [H, -H]] unrolled.
+  for (int64_t i = 0; i < d; ++i)
+    for (int64_t j = 0; j < d; ++j) h.set(i * d + j, __builtin_popcountll(static_cast<uint64_t>(i & j)) % 2 ? -entry : entry);
+  return h;
+}
 
 void attention_fp8_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const AttentionFp8Options& opt, AttentionFp8Workspace& ws) {
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || o.rank() != 4)
     throw Error("attention_fp8_forward: q, k, v and o must be rank 4 ([B, H, S, D])");
-  const int64_t B = q.shape[0], H = q.shape[1], Sq = q.shape[2], D = q.shape[3];
+  const int64_t B = q.shape[0], H = q.shape[1], D = q.shape[3];
   const int64_t Hkv = k.shape[1], Skv = k.shape[2];
   if (k.shape[0] != B || v.shape != k.shape || k.shape[3] != D || o.shape != q.shape)
     throw Error(fmt::format("attention_fp8_forward: shapes q {} k {} v {} o {} do not fit", q.describe(), k.describe(),
                             v.describe(), o.describe()));
+  if (!opt.quantize && (opt.hadamard || opt.q_residual))
+    throw Error("attention_fp8_forward: hadamard and q_residual are quantization recipes; with quantize = false the "
+                "16-bit inputs run as given");
+  if (opt.hadamard) require_power_of_two(D);   // before anything runs
   LaunchOptions lo;
   lo.stream = opt.stream;
+  // D is the original head dim (also v's): q_residual doubles only the QK operands' width.
   const double scale = opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(D))) * 1.4426950408889634;
-  Config cfg = opt.attention_config.value_or(attention_fp8_default_config(opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal));
+  const int64_t Dqk = opt.quantize && opt.q_residual ? 2 * D : D;
+  Config cfg = opt.attention_config.value_or(
+      attention_fp8_default_config(opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk));
   ensure(ws.no_lse, DType::f32, {1});
   TensorView lse = opt.lse.value_or(ws.no_lse->view());
   const bool with_lse = opt.lse.has_value();
@@ -61,20 +136,12 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   if (H != Hkv)
     throw Error("attention_fp8_forward: grouped-query inputs (H != Hkv) need q descales per kv head; not supported yet");
   const int64_t S_pad = (Skv + 15) / 16 * 16;
-  ensure(ws.q8, DType::e4m3, {B, H, Sq, D});
-  ensure(ws.k8, DType::e4m3, {B, Hkv, Skv, D});
   ensure(ws.vt8, DType::e4m3, {B, Hkv, D, S_pad}, /*zero=*/true);   // the pad past Skv must be finite
-  ensure(ws.qd, DType::f32, {B, H});
-  ensure(ws.kd, DType::f32, {B, Hkv});
   ensure(ws.vd, DType::f32, {B, Hkv});
-  // The pre-pass kernels run SIMT; blocks of 64 rows (a multiple of 16 keeps Vt's pad zero).
-  Config qcfg;
-  qcfg.blocks = {{"s", 64}, {"s2", 64}};
-  LaunchOptions qo = lo;
-  qo.config = qcfg;
-  launch(quantize_fp8(), {q, ws.q8->view(), ws.qd->view()}, qo);
-  launch(quantize_fp8(), {k, ws.k8->view(), ws.kd->view()}, qo);
-  launch(quantize_transpose_fp8(), {v, ws.vt8->view(), ws.vd->view()}, qo);
+  quantize_qk(q, k, opt, ws, lo);
+  LaunchOptions vo = lo;
+  vo.config = attention_fp8_quantize_config(/*rotate=*/false);
+  launch(quantize_transpose_fp8(), {v, ws.vt8->view(), ws.vd->view()}, vo);
   launch(attention_fp8(),
          {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse, scale,
           static_cast<double>(opt.o_scale), opt.causal, with_lse},

@@ -80,11 +80,26 @@ std::vector<ArgSpec> quantize_args(const Problem& p, bool transpose) {
   return {TensorSpec{p.dtype, p.shape}, y, TensorSpec{DType::f32, {B, H}}};
 }
 
+// The rotating / splitting quantizers ([B, H, S, D]; --dtype is x's type, --out-dtype the fp8
+// type): rotation f32 [D, D] (random from the CLI: any matrix exercises the kernel; the pipeline
+// passes a Hadamard), y [B, H, S, D] or, split, [B, H, S, 2, D]; split ones rotate too.
+std::vector<ArgSpec> rotate_quantize_args(const Problem& p, const char* kernel, bool split) {
+  expect_rank(p, 4, kernel, "[batch, heads, seq, head_dim]");
+  const int64_t B = p.shape[0], H = p.shape[1], S = p.shape[2], D = p.shape[3];
+  DType q = p.out_dtype && is_fp8(*p.out_dtype) ? *p.out_dtype : DType::e4m3;
+  TensorSpec x{p.dtype, p.shape}, rotation{DType::f32, {D, D}}, descale{DType::f32, {B, H}};
+  if (!split) return {x, rotation, TensorSpec{q, p.shape}, descale};
+  return {x, rotation, TensorSpec{q, {B, H, S, 2, D}}, descale, true};
+}
+
 double numel(const Problem& p) {
   double n = 1;
   for (int64_t d : p.shape) n *= static_cast<double>(d);
   return n;
 }
+
+// Two passes, each rotating (2·D flops per element), plus the scaling.
+double rotate_quantize_flops(const Problem& p) { return (4.0 * static_cast<double>(p.shape[3]) + 3.0) * numel(p); }
 
 }  // namespace
 
@@ -117,6 +132,15 @@ const std::vector<LibraryEntry>& library() {
       {"quantize_transpose_fp8", &quantize_transpose_fp8, "quantize_fp8 writing the transpose [B, H, D, S_pad]",
        {1, 2, 256, 64}, [](const Problem& p) { return quantize_args(p, true); },
        [](const Problem& p) { return 3 * numel(p); }},
+      {"quantize_hadamard_fp8", &quantize_hadamard_fp8,
+       "x·R (R [D, D], a Hadamard in the pipeline) -> per-(b, h) descale, e4m3 ([B, H, S, D])", {1, 2, 256, 64},
+       [](const Problem& p) { return rotate_quantize_args(p, "quantize_hadamard_fp8", false); }, &rotate_quantize_flops},
+      {"quantize_residual_fp8", &quantize_residual_fp8,
+       "x·R -> e4m3 hi and residual lo halves [B, H, S, 2, D], one descale per (b, h) ([B, H, S, D])", {1, 2, 256, 64},
+       [](const Problem& p) { return rotate_quantize_args(p, "quantize_residual_fp8", true); }, &rotate_quantize_flops},
+      {"quantize_duplicate_fp8", &quantize_duplicate_fp8,
+       "x·R -> e4m3 in both halves [B, H, S, 2, D] (K for a residual Q) ([B, H, S, D])", {1, 2, 256, 64},
+       [](const Problem& p) { return rotate_quantize_args(p, "quantize_duplicate_fp8", true); }, &rotate_quantize_flops},
   };
   return entries;
 }

@@ -45,6 +45,19 @@ const Kernel& attention_fp8();
 const Kernel& quantize_fp8();
 const Kernel& quantize_transpose_fp8();
 
+// The Q/K quantizers of attention_fp8_forward's hadamard / q_residual options (kernels/quantize.cpp).
+// rotation: f32 [D, D] orthonormal (Sylvester's Hadamard from hadamard_matrix in
+// kernels/attention_fp8.h); descale [B,H] f32 = amax / fp8_max of the values quantized.
+//   quantize_hadamard_fp8 (x, rotation, y [B,H,S,D], descale): y = fp8(x·R / descale).
+//   quantize_residual_fp8 (x, rotation, y [B,H,S,2,D], descale, rotate): the halves of each
+//     [2D] row: hi = fp8(x' / descale), lo = fp8(x' / descale - hi), x' = x·R when `rotate`, else x.
+//   quantize_duplicate_fp8 (same arguments): hi in both halves (K for a q_residual Q:
+//     [Q_hi | Q_lo]·[K | K]ᵀ = (Q_hi + Q_lo)·Kᵀ).
+// Blocks "s"/"s2" (rows of the amax / write pass), "d"/"d2" (columns of x·R, with a rotation).
+const Kernel& quantize_hadamard_fp8();
+const Kernel& quantize_residual_fp8();
+const Kernel& quantize_duplicate_fp8();
+
 // A problem to run a library kernel on, as the CLI and tests describe it.
 struct Problem {
   DType dtype = DType::f32;                  // input element type

@@ -7,7 +7,38 @@
 // descale never leaves the program). quantize_transpose_fp8 writes yᵀ [B, H, D, S_pad] instead
 // -- the layout FP8 wgmma needs for P·V (both operands K-major) -- so attention can take V in
 // its natural layout. fp8_max is 448 for e4m3 outputs and 57344 for e5m2.
+//
+// The Q/K variants for attention (kernels/attention_fp8.h: options hadamard, q_residual):
+//
+//   quantize_hadamard_fp8   x is first rotated, x·R with R [D, D] orthonormal (the pipeline
+//                           passes Sylvester's Hadamard, ±1/√D): (QR)(KR)ᵀ = QKᵀ, so softmax is
+//                           unchanged, while an outlier spreads over the whole row and no longer
+//                           sets the scale of everything else. The amax is of the rotated values.
+//   quantize_residual_fp8   y [B, H, S, 2, D] (= [B, H, S, 2D] row-major): y[..., 0, :] = hi =
+//                           fp8(x / descale), y[..., 1, :] = fp8(x / descale - hi): Q ≈ (hi + lo)
+//                           · descale to ~6e-4 relative instead of hi's 2.6e-2 (e4m3: 3 bits).
+//   quantize_duplicate_fp8  y [B, H, S, 2, D]: hi in both halves, so [Q_hi | Q_lo]·[K | K]ᵀ =
+//                           (Q_hi + Q_lo)·Kᵀ: attention_fp8 with a QK head dim 2D and one
+//                           descale per (b, h) for each operand, unchanged.
+//   (both take `rotate`: rotate by R first, as quantize_hadamard_fp8.)
+//
+// The low part uses the same scale as the high part (no 2^p shift with K's copy scaled by
+// 2^-p): e4m3 is floating point, so the residual (at most 2^-4 of its entry) keeps its 3
+// mantissa bits down to e4m3's subnormals (2^-6); only entries below 2^-2 -- 1/1800 of the
+// amax at 448 -- lose residual bits, and they weigh nothing in q·k. A 2^4 shift gave the same
+// output error to 4 digits in a float64 emulation
+// (bench/attention/accuracy_emulation.py) and would make K's copy inexact (its small entries
+// fall into the subnormals: 1e-3 of them on N(0,1), 1e-2 with outliers). With the same scale
+// K's copy is exact by construction.
+//
+// The rotation is a `dot` of the row tile [s, D] with column tiles [D, d] of R ("d"/"d2"
+// blocks): both operands f32 (R's ±1/√D rounded once), and column tiles bound what the SIMT
+// path stages in shared memory to s·(D+1) + D·d floats (R whole would be 256 KB at D = 256).
+// It is computed in both passes rather than stored.
+#include <fmt/format.h>
+
 #include "kernels/library.h"
+#include "runtime/error.h"
 
 namespace tj::kernels {
 
@@ -23,6 +54,89 @@ Tile slice_amax(const In& x, const Tile& b, const Tile& h, const Tile& S, const 
     mx = maximum(mx, amax(amax(t, 1), 0));
   }
   return mx;
+}
+
+// x's head dim D when the trace compiles it in (rotations need it: R is [D, D], loaded whole
+// along its rows).
+int64_t static_head_dim(const In& x, const char* kernel) {
+  auto d = x.static_dim(3);
+  if (!d) throw Error(fmt::format("{}: x's head dim (dim 3) must be static (a rotation loads R [D, D] whole)", kernel));
+  return *d;
+}
+
+// R must be [D, D] for x's head dim D.
+void check_rotation(const In& x, const In& rotation, const char* kernel) {
+  const int64_t D = static_head_dim(x, kernel);
+  if (rotation.rank() != 2 || rotation.static_dim(0) != D || rotation.static_dim(1) != D)
+    throw Error(fmt::format("{}: the rotation must be f32 [{}, {}] (x's head dim), got a rank-{} tensor{}", kernel, D, D,
+                            rotation.rank(), rotation.rank() == 2 ? fmt::format(" [{}, {}]", rotation.static_dim(0).value_or(-1),
+                                                                                 rotation.static_dim(1).value_or(-1))
+                                                                  : std::string()));
+  if (rotation.dtype() != DType::f32)
+    throw Error(fmt::format("{}: the rotation must be f32 (so ±1/√D is exact to f32), got {}", kernel, name(rotation.dtype())));
+}
+
+// y [B, H, S, 2, D] for x [B, H, S, D]: two halves of a [B, H, S, 2D] row.
+void check_halves(const In& x, const Out& y, const char* kernel) {
+  const int64_t D = static_head_dim(x, kernel);
+  if (y.rank() != 5 || y.static_dim(3) != 2 || y.static_dim(4) != D)
+    throw Error(fmt::format("{}: y must be [B, H, S, 2, {}] (the [B, H, S, {}] output seen as two halves of each row), "
+                            "got a rank-{} tensor",
+                            kernel, D, 2 * D, y.rank()));
+}
+
+// Calls `use(columns, values)` with the rows s of x[b, h] as f32: once with all columns, or
+// (rotate) once per tile of block `column_block` of the columns of x·R.
+template <class Use>
+void for_each_column_tile(const In& x, const In& rotation, const Tile& b, const Tile& h, const TileIndex& s, bool rotate,
+                          const char* column_block, Use use) {
+  auto rows = x.load(b, h, s, all).to(DType::f32);
+  if (!rotate) {
+    use(IndexArg(all), rows);
+    return;
+  }
+  for (auto c : tile(x.dim(3), block(column_block))) use(IndexArg(c), dot(rows, rotation.load(all, c)));
+}
+
+// amax of |x[b, h]| (rotate: of |x[b, h]·R|) over rows in tiles of block "s" (columns "d").
+Tile rows_amax(const In& x, const In& rotation, const Tile& b, const Tile& h, bool rotate) {
+  Var mx = constant(0.0, DType::f32);
+  for (auto s : tile(x.dim(2), block("s")))
+    for_each_column_tile(x, rotation, b, h, s, rotate, "d",
+                         [&](const IndexArg&, const Tile& t) { mx = maximum(mx, amax(amax(abs(t), 1), 0)); });
+  return mx;
+}
+
+// What the second pass writes for each scaled tile x / descale.
+enum class Written { rows, hi_and_residual, hi_twice };
+
+// The body shared by the rotating / splitting quantizers: descale[b, h] from the amax, then y.
+void quantize_rows(const In& x, const In& rotation, const Out& y, const Out& descale, bool rotate, Written written) {
+  auto B = x.dim(0), H = x.dim(1), S = x.dim(2);
+  for (auto bh : grid(B * H)) {
+    auto b = floordiv(bh, H);
+    auto h = bh % H;
+    auto mx = rows_amax(x, rotation, b, h, rotate);
+    auto ds = where(mx > 0.0, mx * (1.0 / fp8_max(y.dtype())), 1.0);
+    descale.store(b, h, ds);
+    auto inv = 1.0 / ds;
+    for (auto s : tile(S, block("s2")))
+      for_each_column_tile(x, rotation, b, h, s, rotate, "d2", [&](const IndexArg& c, const Tile& t) {
+        auto scaled = t * inv;
+        auto hi = scaled.to(y.dtype());
+        switch (written) {
+          case Written::rows: y.store(b, h, s, c, hi); break;
+          case Written::hi_and_residual:
+            y.store(b, h, s, 0, c, hi);
+            y.store(b, h, s, 1, c, (scaled - hi.to(DType::f32)).to(y.dtype()));
+            break;
+          case Written::hi_twice:
+            y.store(b, h, s, 0, c, hi);
+            y.store(b, h, s, 1, c, hi);
+            break;
+        }
+      });
+  }
 }
 
 }  // namespace
@@ -64,6 +178,35 @@ const Kernel& quantize_transpose_fp8() {
           }
         }
       });
+  return k;
+}
+
+const Kernel& quantize_hadamard_fp8() {
+  static const Kernel k = kernel("quantize_hadamard_fp8", {"x", "rotation", "y", "descale"},
+                                 [](In x, In rotation, Out y, Out descale) {
+                                   check_rotation(x, rotation, "quantize_hadamard_fp8");
+                                   quantize_rows(x, rotation, y, descale, /*rotate=*/true, Written::rows);
+                                 });
+  return k;
+}
+
+const Kernel& quantize_residual_fp8() {
+  static const Kernel k = kernel("quantize_residual_fp8", {"x", "rotation", "y", "descale", "rotate"},
+                                 [](In x, In rotation, Out y, Out descale, bool rotate) {
+                                   if (rotate) check_rotation(x, rotation, "quantize_residual_fp8");
+                                   check_halves(x, y, "quantize_residual_fp8");
+                                   quantize_rows(x, rotation, y, descale, rotate, Written::hi_and_residual);
+                                 });
+  return k;
+}
+
+const Kernel& quantize_duplicate_fp8() {
+  static const Kernel k = kernel("quantize_duplicate_fp8", {"x", "rotation", "y", "descale", "rotate"},
+                                 [](In x, In rotation, Out y, Out descale, bool rotate) {
+                                   if (rotate) check_rotation(x, rotation, "quantize_duplicate_fp8");
+                                   check_halves(x, y, "quantize_duplicate_fp8");
+                                   quantize_rows(x, rotation, y, descale, rotate, Written::hi_twice);
+                                 });
   return k;
 }
 

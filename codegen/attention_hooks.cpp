@@ -1,0 +1,387 @@
+#include "codegen/attention_hooks.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <memory>
+#include <set>
+
+#include "codegen/scalar_expr.h"
+
+namespace tj::codegen {
+
+namespace {
+
+using ir::Op;
+using ir::OpKind;
+
+constexpr size_t kLibraryParams = 10;   // attention_fp8's tensors and scalars
+
+bool fail(std::string* why, std::string msg) {
+  if (why) *why = std::move(msg);
+  return false;
+}
+
+// Tagged ops (with the region holding them) in trace order.
+void collect_tagged(const ir::Region& r, std::vector<std::pair<const Op*, const ir::Region*>>& out) {
+  for (const Op& op : r.ops) {
+    if (!op.tag.empty()) out.push_back({&op, &r});
+    if (op.body) collect_tagged(*op.body, out);
+  }
+}
+
+// Copies region `src` without its tagged ops, renaming values through `remap`; false when an
+// untagged op reads a value that has no name in the copy or an extra parameter.
+bool copy_untagged(const ir::Region& src, ir::Region& dst, const std::vector<int>& remap) {
+  dst.id = src.id;
+  for (const Op& op : src.ops) {
+    if (!op.tag.empty()) continue;
+    if (op.param >= static_cast<int>(kLibraryParams)) return false;
+    Op c;
+    c.kind = op.kind;
+    c.result = op.result >= 0 ? remap[op.result] : -1;
+    for (int v : op.operands) {
+      if (remap[v] < 0) return false;
+      c.operands.push_back(remap[v]);
+    }
+    c.loc = op.loc;
+    c.fval = op.fval;
+    c.ival = op.ival;
+    c.param = op.param;
+    c.axis = op.axis;
+    c.block_id = op.block_id;
+    c.unary = op.unary;
+    c.binary = op.binary;
+    c.reduce = op.reduce;
+    c.loop_kind = op.loop_kind;
+    c.launch = op.launch;
+    c.indices = op.indices;
+    c.body_index = op.body_index >= 0 ? remap[op.body_index] : -1;
+    if (op.body) {
+      c.body = std::make_unique<ir::Region>();
+      if (!copy_untagged(*op.body, *c.body, remap)) return false;
+    }
+    dst.ops.push_back(std::move(c));
+  }
+  return true;
+}
+
+bool is_score_tile(const ir::Function& f, int v) {
+  const TileType& t = f.type(v);
+  return t.dtype == DType::f32 && t.rank() == 2;
+}
+
+}  // namespace
+
+std::optional<AttentionHooks> split_attention_hooks(const ir::Function& f, std::string* why) {
+  std::vector<std::pair<const Op*, const ir::Region*>> tagged;
+  collect_tagged(f.body, tagged);
+  if (tagged.empty()) return std::nullopt;
+  AttentionHooks h;
+  std::vector<bool> hook_value(f.values.size(), false);
+  const ir::Region* region = tagged.front().second;
+  for (auto [op, r] : tagged) {
+    if (r != region) return fail(why, "hook ops sit in more than one loop body"), std::nullopt;
+    if (op->tag != "score_mod" && op->tag != "mask_mod")
+      return fail(why, fmt::format("unknown tag '{}'", op->tag)), std::nullopt;
+    if (op->body || op->kind == OpKind::store || op->kind == OpKind::var_write || op->kind == OpKind::var_decl)
+      return fail(why, fmt::format("a hook may not hold a {}", ir::name(op->kind))), std::nullopt;
+    if (op->result >= 0) hook_value[op->result] = true;
+    h.ops.push_back(op);
+    (op->tag == "score_mod" ? h.score_mod : h.mask_mod) = true;
+  }
+  // The score the hooks read: the one untagged score tile they use.
+  std::set<int> inputs;
+  for (const Op* op : h.ops)
+    for (int v : op->operands)
+      if (!hook_value[v] && is_score_tile(f, v)) inputs.insert(v);
+  if (inputs.size() != 1) return fail(why, "the hooks do not read exactly one score tile"), std::nullopt;
+  h.score_in = *inputs.begin();
+  // The score the kernel goes on with: the one hook value untagged ops read.
+  std::set<int> outputs;
+  ir::walk(f.body, [&](const Op& op, int) {
+    if (!op.tag.empty()) return;
+    for (int v : op.operands)
+      if (hook_value[v]) outputs.insert(v);
+  });
+  if (outputs.size() != 1 || !is_score_tile(f, *outputs.begin()))
+    return fail(why, "the kernel does not read exactly one score tile from the hooks"), std::nullopt;
+  h.result = *outputs.begin();
+  for (const Op* op : h.ops) {
+    if (op->tag == "score_mod") h.score_out = op->result;   // the last one
+  }
+  if (h.mask_mod) {
+    const Op* last = h.ops.back();
+    if (last->tag != "mask_mod" || last->kind != OpKind::where || last->result != h.result)
+      return fail(why, "the mask hook does not end in where(keep, score, -inf)"), std::nullopt;
+    h.keep = last->operands[0];
+  } else if (h.score_out != h.result) {
+    return fail(why, "the score hook's last op is not the kernel's score"), std::nullopt;
+  }
+
+  // The skeleton: f without the tagged ops, their score in place of the hooks' result.
+  std::vector<int> remap(f.values.size(), -1);
+  ir::Function& g = h.skeleton;
+  for (size_t v = 0; v < f.values.size(); ++v) {
+    if (hook_value[v]) continue;
+    remap[v] = static_cast<int>(g.values.size());
+    g.values.push_back(f.values[v]);
+  }
+  remap[h.result] = remap[h.score_in];
+  g.name = f.name;
+  if (f.params.size() < kLibraryParams) return fail(why, "too few parameters"), std::nullopt;
+  for (size_t i = kLibraryParams; i < f.params.size(); ++i)
+    if (f.params[i].kind != ir::ParamKind::tensor_in)
+      return fail(why, fmt::format("extra parameter '{}' is not an input tensor", f.params[i].name)), std::nullopt;
+  g.params.assign(f.params.begin(), f.params.begin() + kLibraryParams);
+  g.blocks = f.blocks;
+  g.num_regions = f.num_regions;
+  if (!copy_untagged(f.body, g.body, remap))
+    return fail(why, "code outside the hooks reads hook values or the variant's inputs"), std::nullopt;
+  return h;
+}
+
+// ---- writing the hooks -----------------------------------------------------------------------
+
+namespace {
+
+class HookWriter {
+ public:
+  HookWriter(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym) : f_(f), h_(h), sym_(sym) {}
+
+  std::optional<HooksSource> run(const std::string& type, const std::string& var, bool skip_blocks,
+                                 std::string* why);
+
+ private:
+  enum class Ctx { init, member };
+  DType dtype(int v) const { return f_.type(v).dtype; }
+  bool scalar(int v) const { return f_.type(v).rank() == 0; }
+  std::string field(int v) const { return fmt::format("v{}", v); }
+  std::string value(int v, Ctx ctx, const std::string& var) const;
+  std::optional<std::string> scalar_expr(const Op& op, const std::string& var, std::string* why) const;
+  std::optional<std::string> element_expr(const Op& op, std::string* why) const;
+  std::string interval(int v) const;
+  std::string interval_expr(const Op& op) const;
+
+  const ir::Function& f_;
+  const AttentionHooks& h_;
+  const HookSymbols& sym_;
+  std::map<int, const Op*> def_;        // hook value -> its op
+  static constexpr int kQ = -2, kKv = -3;
+  std::map<int, int> alias_;            // tile values that are positions (kQ, kKv) or copies of a value
+};
+
+// How code reads value v: in init (through `var.`) or inside a member function.
+std::string HookWriter::value(int v, Ctx ctx, const std::string& var) const {
+  const std::string pre = ctx == Ctx::init ? var + "." : "";
+  if (v == sym_.b) return pre + "b";
+  if (v == sym_.h) return pre + "h";
+  if (v == h_.score_in) return "tj_s";
+  if (auto a = alias_.find(v); a != alias_.end())
+    return a->second == kQ ? "q" : a->second == kKv ? "kv" : value(a->second, ctx, var);
+  auto d = def_.find(v);
+  if (d != def_.end() && d->second->kind == OpKind::const_value)
+    return scalar::literal(d->second->fval, d->second->ival, dtype(v));
+  if (scalar(v)) return pre + field(v);
+  return field(v);
+}
+
+std::optional<std::string> HookWriter::scalar_expr(const Op& op, const std::string& var, std::string* why) const {
+  auto in = [&](size_t i) { return "(" + value(op.operands[i], Ctx::init, var) + ")"; };
+  const DType rd = dtype(op.result);
+  switch (op.kind) {
+    case OpKind::tensor_dim: return fmt::format("(long long)p{}.shape[{}]", op.param, op.axis);
+    case OpKind::scalar_param: return fmt::format("p{}", op.param);
+    case OpKind::unary: return scalar::unary_expr(op.unary, rd, in(0), false);
+    case OpKind::binary:
+      return scalar::binary_expr(op.binary, dtype(op.operands[0]), rd, in(0), in(1));
+    case OpKind::where: return fmt::format("({} ? {} : {})", in(0), in(1), in(2));
+    case OpKind::cast: return scalar::cast_expr(dtype(op.operands[0]), rd, in(0));
+    case OpKind::load: {
+      const ir::Param& p = f_.params.at(op.param);
+      if (p.dtype != DType::f32 && p.dtype != DType::i32 && p.dtype != DType::i64) {
+        fail(why, fmt::format("a hook loads '{}' of type {} (f32, i32 and i64 inputs are supported)", p.name,
+                              name(p.dtype)));
+        return std::nullopt;
+      }
+      std::string inside = "true", offset = "0";
+      for (size_t i = 0; i < op.indices.size(); ++i) {
+        if (op.indices[i].kind != ir::Index::Kind::scalar) {
+          fail(why, fmt::format("a hook loads a tile of '{}' (only scalar indices are supported)", p.name));
+          return std::nullopt;
+        }
+        const std::string ix = "(long long)" + in(i);
+        inside += fmt::format(" && {} >= 0 && {} < p{}.shape[{}]", ix, ix, op.param, i);
+        offset += fmt::format(" + {} * p{}.stride[{}]", ix, op.param, i);
+      }
+      // Out-of-range scalar loads give 0, as everywhere in the DSL.
+      return fmt::format("(({}) ? ((const {}*)p{}.data)[{}] : ({})0)", inside, scalar::reg_type(p.dtype), op.param,
+                         offset, scalar::reg_type(p.dtype));
+    }
+    default: break;
+  }
+  fail(why, fmt::format("a hook computes a scalar with '{}' (at {})", ir::name(op.kind), op.loc.str()));
+  return std::nullopt;
+}
+
+std::optional<std::string> HookWriter::element_expr(const Op& op, std::string* why) const {
+  auto in = [&](size_t i) { return "(" + value(op.operands[i], Ctx::member, "") + ")"; };
+  const DType rd = dtype(op.result);
+  switch (op.kind) {
+    case OpKind::full: return scalar::literal(op.fval, op.ival, rd);
+    case OpKind::unary: return scalar::unary_expr(op.unary, rd, in(0), false);
+    case OpKind::binary: return scalar::binary_expr(op.binary, dtype(op.operands[0]), rd, in(0), in(1));
+    case OpKind::where: return fmt::format("({} ? {} : {})", in(0), in(1), in(2));
+    case OpKind::cast: return scalar::cast_expr(dtype(op.operands[0]), rd, in(0));
+    default: break;
+  }
+  fail(why, fmt::format("a hook computes a tile with '{}' (at {}); hooks are elementwise", ir::name(op.kind),
+                        op.loc.str()));
+  return std::nullopt;
+}
+
+// The interval (Iv / IvB) expression of value v over a block of positions.
+std::string HookWriter::interval(int v) const {
+  const bool boolean = dtype(v) == DType::i1;
+  if (auto a = alias_.find(v); a != alias_.end())
+    return a->second == kQ ? "tj_q" : a->second == kKv ? "tj_kv" : interval(a->second);
+  if (v == h_.score_in) return "tj::dev::iv_any()";
+  auto d = def_.find(v);
+  const bool tile_op = d != def_.end() && !scalar(v) && d->second->kind != OpKind::const_value;
+  if (tile_op) return fmt::format("iv{}", v);
+  const std::string x = value(v, Ctx::member, "");
+  return boolean ? fmt::format("tj::dev::ivb_point({})", x) : fmt::format("tj::dev::iv_point((double)({}))", x);
+}
+
+std::string HookWriter::interval_expr(const Op& op) const {
+  using ir::BinaryFn;
+  using ir::UnaryFn;
+  const bool boolean = dtype(op.result) == DType::i1;
+  const std::string any = boolean ? "tj::dev::ivb_any()" : "tj::dev::iv_any()";
+  auto in = [&](size_t i) { return interval(op.operands[i]); };
+  switch (op.kind) {
+    case OpKind::full:
+      return boolean ? fmt::format("tj::dev::ivb_point({})", op.ival != 0)
+                     : fmt::format("tj::dev::iv_point({})", scalar::literal(op.fval, op.ival, dtype(op.result)));
+    case OpKind::where: return fmt::format("tj::dev::iv_where({}, {}, {})", in(0), in(1), in(2));
+    case OpKind::unary:
+      switch (op.unary) {
+        case UnaryFn::neg: return fmt::format("tj::dev::iv_neg({})", in(0));
+        case UnaryFn::abs: return fmt::format("tj::dev::iv_abs({})", in(0));
+        case UnaryFn::logical_not: return fmt::format("tj::dev::iv_not({})", in(0));
+        case UnaryFn::exp2: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return exp2(x); }})", in(0));
+        case UnaryFn::exp: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return exp(x); }})", in(0));
+        case UnaryFn::log2: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return log2(x); }})", in(0));
+        case UnaryFn::log: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return log(x); }})", in(0));
+        case UnaryFn::sqrt: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return sqrt(x); }})", in(0));
+        case UnaryFn::tanh: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return tanh(x); }})", in(0));
+        default: return any;
+      }
+    case OpKind::binary: {
+      const bool int_operands = !is_float(dtype(op.operands[0]));
+      const char* fn = nullptr;
+      switch (op.binary) {
+        case BinaryFn::add: fn = "iv_add"; break;
+        case BinaryFn::sub: fn = "iv_sub"; break;
+        case BinaryFn::mul: fn = "iv_mul"; break;
+        case BinaryFn::div: fn = int_operands ? "iv_div_int" : "iv_div_float"; break;
+        case BinaryFn::maximum: fn = "iv_max"; break;
+        case BinaryFn::minimum: fn = "iv_min"; break;
+        case BinaryFn::floordiv: fn = int_operands ? "iv_floordiv" : nullptr; break;
+        case BinaryFn::mod: fn = int_operands ? "iv_mod" : nullptr; break;
+        case BinaryFn::lt: fn = "iv_lt"; break;
+        case BinaryFn::le: fn = "iv_le"; break;
+        case BinaryFn::gt: fn = "iv_gt"; break;
+        case BinaryFn::ge: fn = "iv_ge"; break;
+        case BinaryFn::eq: fn = dtype(op.operands[0]) == DType::i1 ? nullptr : "iv_eq"; break;
+        case BinaryFn::ne: fn = dtype(op.operands[0]) == DType::i1 ? nullptr : "iv_ne"; break;
+        case BinaryFn::logical_and: fn = "iv_and"; break;
+        case BinaryFn::logical_or: fn = "iv_or"; break;
+      }
+      return fn ? fmt::format("tj::dev::{}({}, {})", fn, in(0), in(1)) : any;
+    }
+    case OpKind::cast: {
+      const DType from = dtype(op.operands[0]), to = dtype(op.result);
+      if (from == DType::i1 && to == DType::i1) return in(0);
+      if (from == DType::i1) return fmt::format("tj::dev::iv_from_bool({})", in(0));
+      if (to == DType::i1) return fmt::format("tj::dev::iv_to_bool({})", in(0));
+      if (is_float(from) && !is_float(to)) return fmt::format("tj::dev::iv_trunc({})", in(0));
+      return in(0);   // widening ints, int -> float, float -> float: the ends stay the ends
+    }
+    default: return any;
+  }
+}
+
+std::optional<HooksSource> HookWriter::run(const std::string& type, const std::string& var, bool skip_blocks,
+                                           std::string* why) {
+  for (const Op* op : h_.ops)
+    if (op->result >= 0) def_[op->result] = op;
+  // Positions and copies: arange of a tile start is the element's q / kv; shape ops copy.
+  for (const Op* op : h_.ops) {
+    if (op->kind == OpKind::arange) {
+      if (op->operands[0] == sym_.m_start) alias_[op->result] = kQ;
+      else if (op->operands[0] == sym_.n_start) alias_[op->result] = kKv;
+      else return fail(why, "a hook builds positions from something other than the query / key tile"), std::nullopt;
+    } else if (op->kind == OpKind::expand_dims || op->kind == OpKind::broadcast) {
+      alias_[op->result] = op->operands[0];
+    }
+  }
+  HooksSource out;
+  std::string fields, score_body, keep_body, classify_body;
+  for (const Op* op : h_.ops) {
+    if (op->result < 0) return fail(why, "a hook op without a result"), std::nullopt;
+    if (alias_.count(op->result) || op->kind == OpKind::const_value) continue;
+    const int v = op->result;
+    const bool mask_op = op->tag == "mask_mod";
+    if (mask_op && v == h_.result) continue;   // the final where: the main loop masks
+    if (scalar(v)) {
+      auto e = scalar_expr(*op, var, why);
+      if (!e) return std::nullopt;
+      fields += fmt::format("  {} {};\n", scalar::reg_type(dtype(v)), field(v));
+      out.init += fmt::format("{}.{} = {};   // {}\n", var, field(v), *e, op->loc.str());
+      continue;
+    }
+    auto e = element_expr(*op, why);
+    if (!e) return std::nullopt;
+    (mask_op ? keep_body : score_body) +=
+        fmt::format("    const {} {} = {};   // {}\n", scalar::reg_type(dtype(v)), field(v), *e, op->loc.str());
+    if (mask_op) {
+      const char* iv = dtype(v) == DType::i1 ? "tj::dev::IvB" : "tj::dev::Iv";
+      classify_body += fmt::format("    const {} iv{} = {};\n", iv, v, interval_expr(*op));
+    }
+  }
+  std::string& d = out.decl;
+  d += fmt::format("struct {} {{\n", type);
+  d += fmt::format("  static constexpr bool kScoreMod = {};\n", h_.score_mod ? "true" : "false");
+  d += fmt::format("  static constexpr bool kMask = {};\n", h_.mask_mod ? "true" : "false");
+  d += fmt::format("  static constexpr bool kSkipBlocks = {};\n", skip_blocks && h_.mask_mod ? "true" : "false");
+  d += "  long long b, h;\n" + fields;
+  d += "  __device__ __forceinline__ float score(float tj_s, int q, int kv) const {\n";
+  if (h_.score_mod) d += score_body + fmt::format("    return {};\n", value(h_.score_out, Ctx::member, ""));
+  else d += "    return tj_s;\n";
+  d += "  }\n";
+  d += "  __device__ __forceinline__ bool keep(int q, int kv) const {\n";
+  if (h_.mask_mod) d += keep_body + fmt::format("    return {};\n", value(h_.keep, Ctx::member, ""));
+  else d += "    return true;\n";
+  d += "  }\n";
+  d += "  __device__ __forceinline__ int classify(int q_lo, int q_hi, int kv_lo, int kv_hi) const {\n";
+  if (h_.mask_mod) {
+    d += "    const tj::dev::Iv tj_q{(double)q_lo, (double)q_hi}, tj_kv{(double)kv_lo, (double)kv_hi};\n";
+    d += classify_body + fmt::format("    return tj::dev::iv_block_class({});\n", interval(h_.keep));
+  } else {
+    d += "    return 1;\n";
+  }
+  d += "  }\n};\n";
+  out.init = fmt::format("{} {};\n{}.b = tj_b;\n{}.h = tj_h;\n", type, var, var, var) + out.init;
+  return out;
+}
+
+}  // namespace
+
+std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym,
+                                        const std::string& type, const std::string& var, bool skip_blocks,
+                                        std::string* why) {
+  return HookWriter(f, h, sym).run(type, var, skip_blocks, why);
+}
+
+}  // namespace tj::codegen

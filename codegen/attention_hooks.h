@@ -1,0 +1,55 @@
+#pragma once
+// Attention variants' hooks (kernels/attention_variant.h) inside a traced kernel: finding them
+// (the ops tagged "score_mod" / "mask_mod") and writing them as the device struct the sm_90a
+// attention main loop calls (NoHooks in codegen/device/hopper_attention.cuh documents it).
+//
+// Splitting: the tagged ops must sit together in one region and form a chain the rest of the
+// kernel sees as one value: they read the score s (f32 [m, n]) plus scalars and positions, and
+// the kernel reads only their final score. Removing them and using s in its place gives the
+// skeleton, which a lowering compares with its library kernel. Extra tensor parameters (the
+// variant's inputs) may be read only by tagged ops; the skeleton drops them.
+//
+// Writing: scalar ops (rank 0: loads of an input at scalar indices, dims, arithmetic on b and h)
+// run once per CTA and become fields; tile ops run per score element with the element's
+// position (q, kv); the mask's ops also run once per key block as interval arithmetic
+// (codegen/device/interval.cuh) to classify the block.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsl/ir.h"
+
+namespace tj::codegen {
+
+struct AttentionHooks {
+  ir::Function skeleton;               // the kernel without its hooks (and their extra params)
+  bool score_mod = false, mask_mod = false;
+  int score_in = -1;                   // value ids in the hooked function: the score the hooks get,
+  int score_out = -1;                  // score_mod's result (-1 without one),
+  int keep = -1;                       // mask_mod's boolean (-1 without one),
+  int result = -1;                     // and the score the kernel goes on with
+  std::vector<const ir::Op*> ops;      // the tagged ops, in trace order (point into the function)
+};
+
+// The hooks of `f`; nullopt when `f` has no tagged ops or (with *why set) when they do not have
+// the shape above.
+std::optional<AttentionHooks> split_attention_hooks(const ir::Function& f, std::string* why);
+
+// Values of the skeleton the hook code may read besides the score (ids in the hooked function).
+struct HookSymbols {
+  int b = -1, h = -1;                  // batch and query head (i64 scalars)
+  int m_start = -1, n_start = -1;      // starts of the query and key tiles (tile loop indices)
+};
+
+struct HooksSource {
+  std::string decl;                    // `struct <type> { ... };`
+  std::string init;                    // statements setting up `<var>` in the kernel body, given
+                                       // the variables tj_b and tj_h (long long)
+};
+// The device struct for `h`; nullopt (with *why) when an op cannot be written per element /
+// per block. Kernel parameters are spelled p0, p1, ... (TensorArg<R> / float).
+std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym,
+                                        const std::string& type, const std::string& var, bool skip_blocks,
+                                        std::string* why);
+
+}  // namespace tj::codegen

@@ -1,0 +1,54 @@
+// Each variant below is the whole of its user code.
+#include "kernels/attention_variants.h"
+
+#include <fmt/format.h>
+
+namespace tj::kernels {
+
+AttentionVariant causal_variant() {
+  AttentionVariant v{"attention_causal"};
+  v.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q; };
+  return v;
+}
+
+AttentionVariant sliding_window_variant(int64_t window) {
+  AttentionVariant v{fmt::format("attention_sliding_{}", window)};
+  v.mask_mod = [window](const ScoreIndex& at) { return at.kv <= at.q && at.q - at.kv < window; };
+  return v;
+}
+
+AttentionVariant alibi_variant(int64_t heads, bool causal) {
+  AttentionVariant v{fmt::format("attention_alibi_{}{}", heads, causal ? "_causal" : "")};
+  v.score_mod = [heads](const Tile& score, const ScoreIndex& at) {
+    // slope of head h: 2^(-8 (h + 1) / heads), the geometric sequence of the ALiBi paper
+    auto slope = exp2((at.h + 1).to(DType::f32) * (-8.0 / static_cast<double>(heads)));
+    return score + slope * (at.kv - at.q).to(DType::f32);
+  };
+  if (causal) v.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q; };
+  return v;
+}
+
+AttentionVariant softcap_variant(double cap, bool causal) {
+  AttentionVariant v{fmt::format("attention_softcap_{}{}", cap, causal ? "_causal" : "")};
+  v.score_mod = [cap](const Tile& score, const ScoreIndex&) { return tanh(score * (1.0 / cap)) * cap; };
+  if (causal) v.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q; };
+  return v;
+}
+
+AttentionVariant prefix_lm_variant() {
+  AttentionVariant v{"attention_prefix_lm"};
+  v.inputs = {"prefix_len"};
+  v.mask_mod = [](const ScoreIndex& at) {
+    auto prefix = at.inputs[0].load(at.b).to(DType::i32);
+    return at.kv <= at.q || at.kv < prefix;
+  };
+  return v;
+}
+
+AttentionVariant segment_variant(int64_t segment) {
+  AttentionVariant v{fmt::format("attention_segment_{}", segment)};
+  v.mask_mod = [segment](const ScoreIndex& at) { return floordiv(at.q, segment) == floordiv(at.kv, segment); };
+  return v;
+}
+
+}  // namespace tj::kernels

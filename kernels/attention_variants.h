@@ -1,0 +1,25 @@
+#pragma once
+// A library of attention variants, each a few lines of user code on kernels/attention_variant.h
+// (what a user of tilejit writes for their own variant). Launch the kernel that
+// attention_variant(v) returns with attention_fp8's arguments (+ the variant's inputs).
+// Masks are top-left aligned: query i and key j are positions in their own sequences.
+// Grouped-query / multi-query attention needs no variant: k and v with fewer heads than q
+// (Hkv dividing H) work with every kernel here.
+#include <cstdint>
+
+#include "kernels/attention_variant.h"
+
+namespace tj::kernels {
+
+AttentionVariant causal_variant();                                  // key j <= query i
+AttentionVariant sliding_window_variant(int64_t window);            // causal, i - j < window
+AttentionVariant alibi_variant(int64_t heads, bool causal);         // + slope_h * (j - i)
+AttentionVariant softcap_variant(double cap, bool causal);          // cap * tanh(score / cap)
+// Prefix-LM: bidirectional inside each sequence's prefix, causal after it. Input prefix_len
+// [B] (i32 or i64): the prefix length of each batch entry.
+AttentionVariant prefix_lm_variant();
+// Block-diagonal (segments of `segment` keys see only their own segment) -- the building block of
+// dilated attention (kernels/dilated_attention.h) on a strided view of the sequence.
+AttentionVariant segment_variant(int64_t segment);
+
+}  // namespace tj::kernels
