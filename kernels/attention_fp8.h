@@ -33,8 +33,10 @@
 #include <cuda.h>
 
 #include <optional>
+#include <vector>
 
 #include "autotune/config.h"
+#include "dsl/kernel.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/tensor.h"
 
@@ -49,6 +51,10 @@ struct AttentionFp8Options {
   float o_scale = 1.0f;                      // e4m3 outputs: o = e4m3(O * o_scale)
   bool hadamard = false;                     // rotate Q and K by a Hadamard before quantizing (see above)
   bool q_residual = false;                   // Q as e4m3 high + low parts, QK head dim 2D (see above)
+  // An attention variant (kernels/attention_variant.h: attention_variant(...)) to run instead of
+  // attention_fp8, and its extra input tensors, in order. Must outlive the call.
+  const Kernel* kernel = nullptr;
+  std::vector<TensorView> inputs;
   CUstream stream = nullptr;
 };
 

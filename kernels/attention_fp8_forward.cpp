@@ -96,6 +96,14 @@ HostTensor hadamard_matrix(int64_t d) {
   return h;
 }
 
+namespace {
+// attention_fp8 (or opt.kernel, with opt.inputs after the library kernel's arguments).
+void launch_attention(const AttentionFp8Options& opt, std::vector<Arg> args, const LaunchOptions& lo) {
+  for (const TensorView& t : opt.inputs) args.push_back(t);
+  launch(opt.kernel ? *opt.kernel : attention_fp8(), args, lo);
+}
+}  // namespace
+
 void attention_fp8_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const AttentionFp8Options& opt, AttentionFp8Workspace& ws) {
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || o.rank() != 4)
@@ -128,7 +136,8 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
       ws.ones.emplace(DeviceTensor::from_host(h));
     }
     TensorView one = ws.ones->view();
-    launch(attention_fp8(), {q, k, v, one, one, one, o, lse, scale, static_cast<double>(opt.o_scale), opt.causal, with_lse}, ao);
+    launch_attention(opt, {q, k, v, one, one, one, o, lse, scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},
+                     ao);
     return;
   }
   // q's descales are per query head; attention_fp8 reads them per (b, kv head): fine when H == Hkv
@@ -142,10 +151,10 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   LaunchOptions vo = lo;
   vo.config = attention_fp8_quantize_config(/*rotate=*/false);
   launch(quantize_transpose_fp8(), {v, ws.vt8->view(), ws.vd->view()}, vo);
-  launch(attention_fp8(),
-         {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse, scale,
-          static_cast<double>(opt.o_scale), opt.causal, with_lse},
-         ao);
+  launch_attention(opt,
+                   {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse,
+                    scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},
+                   ao);
 }
 
 }  // namespace tj::kernels

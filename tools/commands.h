@@ -19,6 +19,9 @@ struct ProblemOptions {
   bool causal = false;
   std::string config;             // JSON; empty: the default config
   std::string arch;               // empty: the GPU's, or sm_90a without one
+  // `tilejit run attention` only (tools/attention.h): the shape by its parts instead of --shape;
+  // 0 = not given.
+  int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
 };
 
 // `tilejit doctor`: what this machine can do (driver, GPU, NVRTC, features, cache).
@@ -29,6 +32,28 @@ int show(const ProblemOptions& p, bool ir, bool ptx);
 // without a GPU).
 enum class CheckMode { automatic, always, never };   // automatic: when the CPU can afford it
 int run(const ProblemOptions& p, CheckMode check, int repeats);
+// `tilejit run attention --dtype e4m3|bf16|f16` (run() sends it there): the FP8 pipeline or the
+// 16-bit tensor-core path, checked against float64 of the unquantized inputs (tools/attention.h).
+int run_attention(const ProblemOptions& p, CheckMode check, int repeats);
+
+// `tilejit bench attention`: tilejit FP8 (kernel alone and whole pipeline) and bf16 over the
+// issue's shape grid, then the peers (bench/attention/peers.py: PyTorch SDPA bf16 flash and
+// cuDNN, a Triton FP8 flash attention) in a subprocess, merged into one markdown table.
+struct BenchAttentionOptions {
+  int64_t seq = 0;                // 0: every S of the grid (1024 .. 16384)
+  int64_t head_dim = 0;           // 0: 64, 128 and 256
+  bool causal = false, non_causal = false, both = false;   // at most one; none: both
+  int reps = 20;                  // timed launches per implementation and shape (median)
+  int warmup = 3;
+  bool peers = true;
+  bool quick = false;             // one shape (S 2048, D 128, unless --seq/--head-dim), causal and not: a smoke test
+  std::string out;                // markdown file; empty: stdout only
+  std::string python = "python3";
+  std::string peers_script;       // empty: bench/attention/peers.py (from here or the source tree)
+  uint64_t seed = 20261122;
+};
+int bench_attention(const BenchAttentionOptions& o);
+
 // `tilejit demo`: trace, generate, compile and check kernels end to end, on any machine.
 int demo();
 

@@ -1,5 +1,6 @@
 // The `tilejit` command-line program.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstring>
 #include <exception>
@@ -14,7 +15,9 @@
 namespace {
 void add_problem_options(CLI::App* cmd, tj::tools::ProblemOptions& p) {
   cmd->add_option("kernel", p.kernel, "library kernel: vector_add, softmax, attention")->required();
-  cmd->add_option("--dtype", p.dtype, "input element type: f32, f16, bf16, e4m3, e5m2")->capture_default_str();
+  cmd->add_option("--dtype", p.dtype,
+                  "input element type: f32, f16, bf16, e4m3, e5m2 (`run attention`: e4m3 = the FP8 pipeline, bf16/f16 = "
+                  "attention_fp8 on tensor cores, f32 = the SIMT kernel)")->capture_default_str();
   cmd->add_option("--out-dtype", p.out_dtype, "output element type (default: the input's; bf16 for fp8)");
   cmd->add_option("--shape", p.shape, "problem shape, e.g. 2,8,1024,64 for attention [B,H,S,D]");
   cmd->add_flag("--causal", p.causal, "causal mask (attention)");
@@ -63,6 +66,30 @@ int main(int argc, char** argv) {
   run->add_flag("--check", force_check, "always run the CPU reference check, even for large problems");
   run->add_flag("--no-check", no_check, "skip the CPU reference check");
   run->add_option("--repeats", repeats, "timed launches (median reported)")->capture_default_str();
+  // `tilejit run attention`: the shape by its parts (the grid fills in B = 16384 / S, H = 2048 / D).
+  run->add_option("--batch", run_opts.batch, "attention: batch B (default 16384 / S with --seq)");
+  run->add_option("--heads", run_opts.heads, "attention: heads H (default 2048 / D with --head-dim)");
+  run->add_option("--seq", run_opts.seq, "attention: sequence length S (default 4096 when another of these is given)");
+  run->add_option("--head-dim", run_opts.head_dim, "attention: head dim D, 64/128/256 for e4m3/bf16/f16 (default 128)");
+
+  tj::tools::BenchAttentionOptions bench_opts;
+  std::string bench_what;
+  auto* bench = app.add_subcommand("bench", "Benchmark a kernel family against its peers on this GPU (attention)");
+  bench->add_option("what", bench_what, "what to benchmark: attention")->required();
+  bench->add_option("--seq", bench_opts.seq, "one sequence length of the grid (1024 .. 16384; default all)");
+  bench->add_option("--head-dim", bench_opts.head_dim, "one head dim of the grid (64, 128, 256; default all)");
+  bench->add_flag("--causal", bench_opts.causal, "causal shapes only");
+  bench->add_flag("--non-causal", bench_opts.non_causal, "non-causal shapes only");
+  bench->add_flag("--both", bench_opts.both, "causal and non-causal shapes (the default)");
+  bench->add_option("--reps", bench_opts.reps, "timed launches per implementation and shape (median)")->capture_default_str();
+  bench->add_option("--warmup", bench_opts.warmup, "untimed launches before them")->capture_default_str();
+  bench->add_flag("--peers,!--no-peers", bench_opts.peers,
+                  "run the peers (bench/attention/peers.py: PyTorch SDPA, Triton fp8) after tilejit (default: yes)");
+  bench->add_flag("--quick", bench_opts.quick, "smoke test: S 2048, D 128 (unless --seq/--head-dim), causal and not");
+  bench->add_option("--out", bench_opts.out, "also write the markdown table to this file");
+  bench->add_option("--python", bench_opts.python, "the Python that runs the peers")->capture_default_str();
+  bench->add_option("--peers-script", bench_opts.peers_script, "the peers' script (default: bench/attention/peers.py)");
+  bench->add_option("--seed", bench_opts.seed, "seed of the random inputs")->capture_default_str();
 
   tj::tools::ProblemOptions tune_opts;
   tj::tools::TuneCliOptions tune_cli;
@@ -90,6 +117,10 @@ int main(int argc, char** argv) {
     if (*demo) return tj::tools::demo();
     if (*show) return tj::tools::show(show_opts, show_ir, show_ptx);
     if (*tune) return tj::tools::tune(tune_opts, tune_cli);
+    if (*bench) {
+      if (bench_what != "attention") throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention)", bench_what));
+      return tj::tools::bench_attention(bench_opts);
+    }
     if (*run) {
       if (no_check && force_check) throw tj::Error("--check and --no-check contradict each other");
       using tj::tools::CheckMode;

@@ -17,6 +17,8 @@ DType parse_dtype(const std::string& s, const char* what) {
   return *t;
 }
 
+}  // namespace
+
 std::vector<int64_t> parse_shape(const std::string& s) {
   std::vector<int64_t> out;
   size_t pos = 0;
@@ -33,7 +35,6 @@ std::vector<int64_t> parse_shape(const std::string& s) {
   }
   return out;
 }
-}  // namespace
 
 ResolvedProblem resolve(const ProblemOptions& o) {
   ResolvedProblem r;

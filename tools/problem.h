@@ -22,6 +22,9 @@ struct ResolvedProblem {
 
 ResolvedProblem resolve(const ProblemOptions& o);
 
+// "2,4,1024,64" (or "2x4x1024x64") -> {2, 4, 1024, 64}; throws tj::Error for anything else.
+std::vector<int64_t> parse_shape(const std::string& s);
+
 // Host tensors for the tensor arguments (random N(0,1) inputs, outputs poisoned) and the
 // launch arguments that refer to `views` of them.
 struct HostArguments {

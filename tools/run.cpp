@@ -6,6 +6,7 @@
 
 #include "runtime/device.h"
 #include "runtime/driver.h"
+#include "tools/attention.h"
 #include "tools/problem.h"
 
 namespace tj::tools {
@@ -34,7 +35,16 @@ int out_tensor(const ResolvedProblem& r, const HostArguments& a) {
 
 }  // namespace
 
-int run(const ProblemOptions& o, CheckMode check, int repeats) {
+int run(const ProblemOptions& given, CheckMode check, int repeats) {
+  // attention with e4m3 / bf16 / f16: the FP8 pipeline or the 16-bit tensor-core path.
+  if (runs_attention_pipeline(given)) return run_attention(given, check, repeats);
+  ProblemOptions o = given;
+  if (o.batch || o.heads || o.seq || o.head_dim) {
+    if (o.kernel != "attention")
+      throw Error(fmt::format("--batch/--heads/--seq/--head-dim apply to `tilejit run attention` only; give {} a --shape", o.kernel));
+    o.shape = fmt::format("{}", fmt::join(attention_shape(o), ","));   // f32: the SIMT library kernel
+    o.batch = o.heads = o.seq = o.head_dim = 0;
+  }
   ResolvedProblem r = resolve(o);
   std::mt19937 rng(20261121);
   HostArguments host = make_host_arguments(r, rng);

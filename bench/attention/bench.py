@@ -3,7 +3,11 @@
 
 Shapes: B*S = 16384, H*D = 2048, S in {1k, 2k, 4k, 8k, 16k}, D in {64, 128, 256}, causal and
 not. TFLOP/s = 4*B*H*S^2*D / time (half for causal). Peers: PyTorch SDPA in bf16 with the
-flash and the cuDNN backends (median of CUDA-event-timed launches after warm-up).
+flash and the cuDNN backends, run and timed by peers.py (median of CUDA-event-timed launches
+after warm-up, L2 flushed before each).
+
+This merges the attn_proto harness's CSV (bench/attention/run.sh). The DSL path's own benchmark,
+with a Triton FP8 peer too, is `tilejit bench attention` (README.md).
 
 tilejit's rows come from `attn_proto --bench --csv FILE` (bench/attention/run.sh), which runs
 the same device code the sm_90a attention lowering instantiates (and checks every config it
@@ -14,12 +18,8 @@ usage: bench.py [--tilejit-csv FILE] [--out FILE.md] [--reps N] [--seq S] [--d D
 """
 import argparse
 import csv
-import math
+import os
 import sys
-
-
-def flops(B, H, S, D, causal):
-    return 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
 
 
 def shapes(only_seq=0, only_d=0):
@@ -30,66 +30,24 @@ def shapes(only_seq=0, only_d=0):
             yield 16384 // S, 2048 // D, S, D
 
 
-def time_ms(torch, fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def torch_peers(args):
-    """{(S, D, causal): {peer: (ms, tflops)}}"""
-    res = {}
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception as e:  # noqa: BLE001
-        print("torch: not available (%s); peers skipped" % e)
-        return res, None
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        backends = [("sdpa_flash_bf16", lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)),
-                    ("sdpa_cudnn_bf16", lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION))]
-    except Exception:  # noqa: BLE001  (torch < 2.3)
-        backends = [("sdpa_flash_bf16", lambda: torch.backends.cuda.sdp_kernel(
-            enable_flash=True, enable_math=False, enable_mem_efficient=False))]
-    if not torch.cuda.is_available():
-        print("torch: no CUDA device; peers skipped")
-        return res, None
-    dev = torch.cuda.get_device_name(0)
-    print("torch %s, %s, cuDNN %s" % (torch.__version__, dev, torch.backends.cudnn.version()))
-    for B, H, S, D in shapes(args.seq, args.d):
-        torch.manual_seed(0)
-        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn_like(q)
-        v = torch.randn_like(q)
-        for causal in (False, True):
-            row = {}
-            for name, be in backends:
-                try:
-                    with be():
-                        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-                        ms = time_ms(torch, fn, args.reps)
-                    row[name] = (ms, flops(B, H, S, D, causal) / (ms * 1e-3) / 1e12)
-                except Exception as e:  # noqa: BLE001
-                    row[name] = None
-                    print("  %s S=%d D=%d causal=%d: unavailable (%s)" % (name, S, D, causal, str(e).splitlines()[0][:120]))
-            res[(S, D, causal)] = row
-            print("  S=%5d D=%3d causal=%d  %s" % (S, D, causal, "  ".join(
-                "%s %.1f" % (n, r[1]) if r else "%s n/a" % n for n, r in row.items())))
-        del q, k, v
-        torch.cuda.empty_cache()
-    return res, dev
+    """{(S, D, causal): {peer: (ms, tflops)}}: PyTorch SDPA bf16 (flash, cuDNN) through peers.py,
+    which times them like `tilejit bench attention` does (L2 flushed, median)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import peers
+    pargs = argparse.Namespace(shapes=None, seq=args.seq, head_dim=args.d, causal=False, non_causal=False, quick=False,
+                               reps=args.reps, warmup=3, seed=20261122, csv=None, only="sdpa_flash_bf16,sdpa_cudnn_bf16",
+                               verbose=False)
+    res = peers.run(pargs)
+    out = {}
+    for (B, H, S, D, causal), peer, ms, tf, rr, ok, note in res.rows:
+        out.setdefault((S, D, causal), {})[peer] = (ms, tf)
+    dev = None
+    for n in res.notes:
+        if n.startswith("peers: torch ") and ", " in n:   # "peers: torch 2.11.0, NVIDIA H200, cuDNN ..."
+            parts = n.split(", ")
+            dev = parts[1] if len(parts) > 1 else None
+    return out, dev
 
 
 def tilejit_rows(path):

@@ -3,16 +3,19 @@
 # against PyTorch SDPA, the DSL path (tilejit tests and CLI), compute-sanitizer.
 # Run from the repository root:  bash bench/attention/run.sh [PHASE...]
 #   PHASES (default: all, in this order): sass test bench torch accuracy dsl sanitize
+#   and, only when named: cli -- `tilejit run attention` (e4m3, bf16) and `tilejit bench attention`
+#   (the DSL path against SDPA and the Triton fp8 peer; CLI_BENCH_ARGS, default --quick)
 # Inputs: build/attn/attn_proto (bash bench/attention/build.sh; built here when missing), and for
 # the dsl phase .device/ (scripts/device_bundle.sh). BUDGET_S (default 480) caps the whole run:
 # each phase gets at most what is left (minus a reserve for packing the logs).
-# Outputs in $OUT (default /tmp/out), at most 6 files:
+# Outputs in $OUT (default /tmp/out), at most 7 files:
 #   attn_summary.txt       the digest (every phase appends)
 #   attn_bench.md          merged table: tilejit fp8 / bf16 vs SDPA flash / cuDNN, with ratios
 #   attn_bench_tilejit.csv tilejit rows (every config, every shape)
 #   attn_accuracy.txt      the accuracy table
 #   attn_test.txt          per-config correctness
 #   attn_logs.tgz          everything (build, sass, sanitizers, dsl tests, CLI)
+#   attn_cli_bench.md      (cli phase) `tilejit bench attention`'s merged table
 set -u
 PHASES="${*:-sass test bench torch accuracy dsl sanitize}"
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -92,7 +95,7 @@ fi
 
 if has torch; then
   run_step torch 150 python3 bench/attention/bench.py --tilejit-csv "$OUT/attn_bench_tilejit.csv" --out "$OUT/attn_bench.md" --reps 10
-  grep -E "^torch|not available|no CUDA" "$LOGS/torch.txt" | head -3 | tee -a "$SUMMARY"
+  grep -E "peers: torch|not available|no CUDA|failed" "$LOGS/torch.txt" | head -3 | tee -a "$SUMMARY"
   [ -f "$OUT/attn_bench.md" ] && cat "$OUT/attn_bench.md" >> "$SUMMARY"
 fi
 
@@ -116,6 +119,20 @@ if has dsl; then
     grep -E "time:|error" "$LOGS/dsl_run_8k_bf16.txt" | sed 's/^/DSL path bf16 [2,16,8192,128]: /' | tee -a "$SUMMARY"
   else
     note "dsl: .device/bin/tilejit_tests missing (run scripts/device_bundle.sh and carry .device)"
+  fi
+fi
+
+if has cli; then
+  if [ -x .device/bin/tilejit ]; then
+    export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}" TILEJIT_CACHE_DIR=${TILEJIT_CACHE_DIR:-/tmp/tilejit_cache_attn}
+    run_step cli_run_e4m3 90 .device/bin/tilejit run attention --dtype e4m3 --seq 4096 --head-dim 128 --causal
+    grep -E "check vs|time:|error" "$LOGS/cli_run_e4m3.txt" | sed 's/^/run attention e4m3 S=4096 D=128 causal: /' | tee -a "$SUMMARY"
+    run_step cli_run_bf16 90 .device/bin/tilejit run attention --dtype bf16 --seq 4096 --head-dim 128
+    grep -E "check vs|time:|error" "$LOGS/cli_run_bf16.txt" | sed 's/^/run attention bf16 S=4096 D=128: /' | tee -a "$SUMMARY"
+    run_step cli_bench 540 .device/bin/tilejit bench attention ${CLI_BENCH_ARGS:---quick} --out "$OUT/attn_cli_bench.md"
+    [ -f "$OUT/attn_cli_bench.md" ] && cat "$OUT/attn_cli_bench.md" >> "$SUMMARY"
+  else
+    note "cli: .device/bin/tilejit missing (run scripts/device_bundle.sh and carry .device)"
   fi
 fi
 
