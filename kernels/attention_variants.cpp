@@ -45,9 +45,12 @@ AttentionVariant prefix_lm_variant() {
   return v;
 }
 
-AttentionVariant segment_variant(int64_t segment) {
-  AttentionVariant v{fmt::format("attention_segment_{}", segment)};
-  v.mask_mod = [segment](const ScoreIndex& at) { return floordiv(at.q, segment) == floordiv(at.kv, segment); };
+AttentionVariant segment_variant(int64_t segment, bool causal) {
+  AttentionVariant v{fmt::format("attention_segment_{}{}", segment, causal ? "_causal" : "")};
+  v.mask_mod = [segment, causal](const ScoreIndex& at) {
+    auto same = floordiv(at.q, segment) == floordiv(at.kv, segment);
+    return causal ? same && at.kv <= at.q : same;
+  };
   return v;
 }
 

@@ -18,8 +18,9 @@ AttentionVariant softcap_variant(double cap, bool causal);          // cap * tan
 // Prefix-LM: bidirectional inside each sequence's prefix, causal after it. Input prefix_len
 // [B] (i32 or i64): the prefix length of each batch entry.
 AttentionVariant prefix_lm_variant();
-// Block-diagonal (segments of `segment` keys see only their own segment) -- the building block of
-// dilated attention (kernels/dilated_attention.h) on a strided view of the sequence.
-AttentionVariant segment_variant(int64_t segment);
+// Block-diagonal (segments of `segment` keys see only their own segment; `causal`: and only
+// earlier keys) -- the building block of dilated attention (kernels/dilated_attention.h) on a
+// strided view of the sequence.
+AttentionVariant segment_variant(int64_t segment, bool causal = false);
 
 }  // namespace tj::kernels

@@ -1,0 +1,49 @@
+#pragma once
+// Dilated attention (LongNet, Ding et al. 2023), as used by dilated-attention-pytorch: for every
+// (segment length w, dilation rate r) pair, the sequence is cut into segments of w positions and
+// each segment keeps every r-th position, starting at offset h mod r for head h; attention runs
+// inside each sparse segment; the pairs' outputs are mixed with weights proportional to their
+// softmax denominators (exp of their logsumexp), which is softmax over the union of their keys.
+//
+// Written as user code on the attention variants (kernels/attention_variant.h): the sparse
+// positions of one (pair, offset) are a strided view of q, k, v and o (rows j, j + r, ...; heads
+// j, j + r, ...), the segments a block-diagonal mask of w / r on that view (segment_variant),
+// and the mix a small DSL kernel (dilated_merge). Runs in bf16 / f16 or FP8 (the FP8 pipeline of
+// attention_fp8_forward quantizes each view).
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kernels/attention_fp8.h"
+#include "runtime/owned_tensor.h"
+
+namespace tj::kernels {
+
+struct DilatedPair {
+  int64_t segment;   // w: positions per segment (the last one may be shorter)
+  int64_t rate;      // r: every r-th position of a segment; divides w and the number of heads
+};
+
+struct DilatedOptions {
+  std::vector<DilatedPair> pairs;   // e.g. {{2048, 1}, {4096, 2}, {8192, 4}}
+  bool fp8 = false;                 // quantize the views to e4m3 (attention_fp8_forward)
+  bool causal = false;              // causal inside each segment
+  CUstream stream = nullptr;
+};
+
+struct DilatedWorkspace {
+  std::optional<DeviceTensor> parts, lse, rates;   // per pair: outputs, logsumexps; the rates
+  AttentionFp8Workspace attention;
+};
+
+// o = dilated attention of q, k, v: [B, H, S, D] device tensors (bf16 or f16), o like q.
+// Throws tj::Error for pairs that do not fit (r not dividing w or H, mismatched shapes).
+void dilated_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                               const DilatedOptions& opt, DilatedWorkspace& ws);
+
+// The mixing kernel: parts [P, B, H, S, D] (the pairs' outputs), lse [P, B, H, S] f32 (their
+// natural-log logsumexps), rates [P] i64, o [B, H, S, D]. Row s of head h belongs to pair p iff
+// s mod r_p == h mod r_p; rows outside are ignored whatever they hold.
+const Kernel& dilated_merge();
+
+}  // namespace tj::kernels

@@ -1,0 +1,164 @@
+// Dilated attention (kernels/dilated_attention.h) against a float64 LongNet reference.
+// CPU (CI): the merge kernel on the CPU reference executor; errors for pairs that do not fit.
+// GPU (TJ_REQUIRE_GPU): dilated_attention_forward in bf16 and FP8, several (w, r) pairs mixed,
+// causal and not, a length that is not a multiple of the segments.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "attention_accuracy.h"
+#include "gpu.h"
+#include "kernels/dilated_attention.h"
+#include "runtime/device.h"
+#include "runtime/jit.h"
+
+using namespace tj;
+using namespace tj_test;
+
+namespace {
+
+struct PartResult {
+  std::vector<double> o, lse;   // [B, H, S, D], [B, H, S] (-inf where the pair does not cover)
+};
+
+// One pair of LongNet in float64: heads h use offset h mod r; rows j + t r of each segment.
+PartResult dilated_pair_f64(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                            int64_t B, int64_t H, int64_t S, int64_t D, kernels::DilatedPair pr, bool causal) {
+  PartResult r{std::vector<double>(B * H * S * D, 0.0), std::vector<double>(B * H * S, -INFINITY)};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t j = (bh % H) % pr.rate;
+    for (int64_t seg = 0; seg < S; seg += pr.segment) {
+      std::vector<int64_t> rows;
+      for (int64_t s = seg + j; s < std::min(S, seg + pr.segment); s += pr.rate) rows.push_back(s);
+      for (size_t a = 0; a < rows.size(); ++a) {
+        const double* Q = &q[(bh * S + rows[a]) * D];
+        std::vector<double> sc;
+        double mx = -INFINITY;
+        const size_t n = causal ? a + 1 : rows.size();
+        for (size_t c = 0; c < n; ++c) {
+          double d = 0;
+          for (int64_t t = 0; t < D; ++t) d += Q[t] * k[(bh * S + rows[c]) * D + t];
+          sc.push_back(d * scale);
+          mx = std::max(mx, d * scale);
+        }
+        double l = 0;
+        double* O = &r.o[(bh * S + rows[a]) * D];
+        for (size_t c = 0; c < n; ++c) {
+          const double p = std::exp(sc[c] - mx);
+          l += p;
+          for (int64_t t = 0; t < D; ++t) O[t] += p * v[(bh * S + rows[c]) * D + t];
+        }
+        for (int64_t t = 0; t < D; ++t) O[t] /= l;
+        r.lse[bh * S + rows[a]] = mx + std::log(l);
+      }
+    }
+  }
+  return r;
+}
+
+// The pairs mixed with weights exp(lse_p) (softmax over the union of their keys).
+std::vector<double> mix_f64(const std::vector<PartResult>& parts, int64_t rows, int64_t D) {
+  std::vector<double> out(rows * D, 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    double top = -INFINITY;
+    for (const auto& p : parts) top = std::max(top, p.lse[i]);
+    if (top == -INFINITY) continue;
+    double den = 0;
+    for (const auto& p : parts) den += std::exp(p.lse[i] - top);
+    for (const auto& p : parts) {
+      const double w = std::exp(p.lse[i] - top) / den;
+      if (w > 0)
+        for (int64_t t = 0; t < D; ++t) out[i * D + t] += w * p.o[i * D + t];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dilated_merge on the CPU reference executor mixes the pairs like float64, ignoring rows a pair skips") {
+  std::mt19937 rng(81);
+  const int64_t B = 1, H = 4, S = 100, D = 64;
+  const std::vector<int64_t> rate = {1, 2, 4};
+  const int64_t P = static_cast<int64_t>(rate.size());
+  HostTensor parts = randn(DType::bf16, {P, B, H, S, D}, rng), lse = randn(DType::f32, {P, B, H, S}, rng);
+  HostTensor rates(DType::i64, {P}), o(DType::bf16, {B, H, S, D});
+  std::vector<PartResult> ref(P);
+  for (int64_t p = 0; p < P; ++p) {
+    rates.set(p, static_cast<double>(rate[p]));
+    ref[p].o.assign(B * H * S * D, 0.0);
+    ref[p].lse.assign(B * H * S, -INFINITY);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t row = ((p * B) * H + h) * S + s;
+        if (s % rate[p] != h % rate[p]) {   // a row the pair skips: garbage that must not leak
+          parts.set(row * D, NAN);
+          continue;
+        }
+        ref[p].lse[h * S + s] = lse.at(row);
+        for (int64_t t = 0; t < D; ++t) ref[p].o[(h * S + s) * D + t] = parts.at(row * D + t);
+      }
+  }
+  o.fill_bytes(0xFF);
+  Config cfg;
+  cfg.blocks = {{"s", 32}};
+  run_ref(kernels::dilated_merge(), {parts.view(), lse.view(), rates.view(), o.view()}, cfg);
+  Metrics m = compare(o.values(), mix_f64(ref, B * H * S, D));
+  MESSAGE("dilated_merge vs float64: " << str(m));
+  CHECK(m.nan == 0);
+  CHECK(m.rel_rmse <= 5e-3);   // bf16 output rounding
+}
+
+TEST_CASE("dilated_attention_forward: pairs that do not fit are errors naming them") {
+  TensorView t{reinterpret_cast<void*>(256), DType::bf16, {1, 6, 64, 64}, {}, Device::cuda};
+  kernels::DilatedWorkspace ws;
+  kernels::DilatedOptions opt;
+  CHECK_THROWS_WITH(kernels::dilated_attention_forward(t, t, t, t, opt, ws), doctest::Contains("no (segment, rate) pairs"));
+  opt.pairs = {{64, 4}};   // 4 does not divide 6 heads
+  CHECK_THROWS_WITH(kernels::dilated_attention_forward(t, t, t, t, opt, ws),
+                    doctest::Contains("pair (segment 64, rate 4): the rate must divide the segment length and the number of heads (6)"));
+  opt.pairs = {{60, 8}};
+  CHECK_THROWS_WITH(kernels::dilated_attention_forward(t, t, t, t, opt, ws), doctest::Contains("pair (segment 60, rate 8)"));
+  TensorView o = t;
+  o.shape = {1, 6, 32, 64};
+  opt.pairs = {{64, 2}};
+  CHECK_THROWS_WITH(kernels::dilated_attention_forward(t, t, t, o, opt, ws), doctest::Contains("must all be [B, H, S, D]"));
+}
+
+TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 and FP8, causal and not") {
+  TJ_REQUIRE_GPU();
+  if (runtime::current_device().arch() != "sm_90a") {
+    MESSAGE("SKIPPED: not a Hopper GPU (" << runtime::current_device().arch() << ")");
+    return;
+  }
+  std::mt19937 rng(82);
+  const int64_t B = 1, H = 4, S = 1000, D = 64;   // S: not a multiple of the segments
+  const std::vector<kernels::DilatedPair> pairs = {{128, 1}, {256, 2}, {512, 4}};
+  HostTensor q = randn(DType::bf16, {B, H, S, D}, rng), k = randn(DType::bf16, {B, H, S, D}, rng),
+             v = randn(DType::bf16, {B, H, S, D}, rng);
+  DeviceTensor qd = DeviceTensor::from_host(q), kd = DeviceTensor::from_host(k), vd = DeviceTensor::from_host(v);
+  for (bool causal : {false, true}) {
+    std::vector<PartResult> parts;
+    for (const auto& pr : pairs) parts.push_back(dilated_pair_f64(q.values(), k.values(), v.values(), B, H, S, D, pr, causal));
+    const std::vector<double> want = mix_f64(parts, B * H * S, D);
+    for (bool fp8 : {false, true}) {
+      INFO("causal " << causal << " fp8 " << fp8);
+      DeviceTensor o(DType::bf16, {B, H, S, D});
+      o.fill_bytes(0xFF);
+      kernels::DilatedOptions opt;
+      opt.pairs = pairs;
+      opt.fp8 = fp8;
+      opt.causal = causal;
+      kernels::DilatedWorkspace ws;
+      kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o.view(), opt, ws);
+      runtime::synchronize();
+      Metrics m = compare(o.to_host().values(), want);
+      MESSAGE("dilated attention " << (fp8 ? "fp8" : "bf16") << (causal ? " causal" : "") << " vs float64: " << str(m));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= (fp8 ? 6e-2 : 1e-2));
+    }
+  }
+}
