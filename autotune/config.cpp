@@ -70,8 +70,11 @@ void check_config(const ir::Function& f, const Config& c) {
       for (const auto& b : f.blocks) names += (names.empty() ? "" : ", ") + b.name;
       throw Error(fmt::format("config sets block '{}', but kernel '{}' has blocks: {}", name, f.name, names));
     }
-    if (size < 1 || size > 1024 || (size & (size - 1)) != 0)
-      throw Error(fmt::format("block '{}' must be a power of two in [1, 1024], got {}", name, size));
+    // Powers of two for every path; multiples of 32 (96, 192, ...) for the tensor-core lowerings,
+    // whose tiles are made of 16- and 32-wide pieces (the SIMT path refuses them itself).
+    const bool power_of_two = size >= 1 && (size & (size - 1)) == 0;
+    if (size < 1 || size > 1024 || (!power_of_two && size % 32 != 0))
+      throw Error(fmt::format("block '{}' must be a power of two or a multiple of 32 in [1, 1024], got {}", name, size));
   }
 }
 

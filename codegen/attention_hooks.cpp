@@ -293,8 +293,8 @@ std::string HookWriter::interval_expr(const Op& op) const {
         case BinaryFn::le: fn = "iv_le"; break;
         case BinaryFn::gt: fn = "iv_gt"; break;
         case BinaryFn::ge: fn = "iv_ge"; break;
-        case BinaryFn::eq: fn = dtype(op.operands[0]) == DType::i1 ? nullptr : "iv_eq"; break;
-        case BinaryFn::ne: fn = dtype(op.operands[0]) == DType::i1 ? nullptr : "iv_ne"; break;
+        case BinaryFn::eq: fn = "iv_eq"; break;   // numbers and booleans (interval.cuh)
+        case BinaryFn::ne: fn = "iv_ne"; break;
         case BinaryFn::logical_and: fn = "iv_and"; break;
         case BinaryFn::logical_or: fn = "iv_or"; break;
       }

@@ -830,6 +830,12 @@ GeneratedKernel Emitter::run() {
 }  // namespace
 
 GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t) {
+  // The SIMT layouts split tiles over lanes and warps by halving: powers of two only.
+  for (const auto& [name, size] : cfg.blocks)
+    if ((size & (size - 1)) != 0)
+      throw Error(fmt::format("kernel '{}': block '{}' = {} needs a tensor-core lowering (sizes that are not powers of "
+                              "two), and none applies here (target {}); the SIMT path takes powers of two",
+                              f.name, name, size, t.arch));
   return Emitter(f, cfg, t).run();
 }
 

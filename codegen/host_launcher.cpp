@@ -1152,6 +1152,29 @@ class Emitter {
       tmas.push_back(std::move(m));
     }
 
+    // Operands read in 16-byte pieces (cp.async): the layout checks of runtime/jit.cpp's
+    // check_aligned16 (dims of extent 1 may have any stride).
+    for (int param : g.aligned16_params) {
+      const ir::Param& prm = f.params[param];
+      const TensorVals& t = tv[param];
+      const std::string at_arg =
+          fmt::format("argument '{}' ({} read in 16-byte pieces, cp.async): ", pname[param], name(prm.dtype));
+      const int elem = size_bytes(prm.dtype);
+      const int rank = prm.rank();
+      fail_if(B_.CreateAnd(B_.CreateICmpSGT(t.dims[rank - 1], c64(1)), B_.CreateICmpNE(t.strides[rank - 1], c64(1))),
+              LaunchStatus::alignment,
+              {T(at_arg + "the last dim must be contiguous (stride 1), got stride "), I(t.strides[rank - 1])});
+      fail_if(B_.CreateICmpNE(B_.CreateAnd(B_.CreatePtrToInt(t.data, i64_), c64(15)), c64(0)), LaunchStatus::alignment,
+              {T(at_arg + "the base address "), H(t.data), T(" must be 16-byte aligned")});
+      for (int d = 0; d < rank - 1; ++d) {
+        llvm::Value* bytes = B_.CreateMul(t.strides[d], c64(elem));
+        fail_if(B_.CreateAnd(B_.CreateICmpSGT(t.dims[d], c64(1)), B_.CreateICmpNE(B_.CreateSRem(bytes, c64(16)), c64(0))),
+                LaunchStatus::alignment,
+                {T(at_arg + fmt::format("dim {} has a stride of ", d)), I(bytes),
+                 T(fmt::format(" bytes, not a multiple of 16 (pad the last dim to a multiple of {} elements)", 16 / elem))});
+      }
+    }
+
     // The function (loads the module on first use in this context).
     auto* fn_slot = alloca_of(ptr_, "fn");
     propagate(B_.CreateCall(fn_get_, {c32(variant_module_[vi]), ctx_slot, fn_slot}));

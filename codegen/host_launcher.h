@@ -35,7 +35,8 @@
 //     the arguments given and what was exported.
 //  4. Checks dims (non-negative), data pointers (non-NULL unless empty, aligned to the
 //     element size) and, for tensors the kernel reads through TMA, the layout TMA needs
-//     (16-byte base and strides, contiguous last dim), as runtime/jit.cpp's encode_tma.
+//     (16-byte base and strides, contiguous last dim), as runtime/jit.cpp's encode_tma; the
+//     same for tensors read in 16-byte cp.async pieces (check_aligned16).
 //  5. Loads the CUBIN once per context (cuModuleLoadData, cuModuleGetFunction, and the
 //     dynamic shared memory opt-in above 48 KiB); thread-safe: the CUfunction slot is read
 //     with acquire ordering and written under the lock.

@@ -2,7 +2,9 @@
 // The sm_90a GEMM lowering: recognizes a GEMM loop nest and emits the warp-specialized
 // TMA + wgmma pipeline of codegen/device/hopper_gemm.cuh with an epilogue generated from the
 // kernel's own ops. Registered with the pattern-lowering registry at static initialization
-// (name "sm90_gemm"); these entry points are for tests and tools.
+// (name "sm90_gemm"); these entry points are for tests and tools. The match and the epilogue
+// writer live in codegen/gemm_pattern.h, shared with the sm_80/sm_89 mma.sync lowering
+// (codegen/lower_gemm_sm80.h).
 //
 // The pattern (after tracing; block names are free):
 //

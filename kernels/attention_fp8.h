@@ -73,11 +73,10 @@ struct AttentionFp8Workspace {
 void attention_fp8_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const AttentionFp8Options& opt, AttentionFp8Workspace& ws);
 
-// The config attention_fp8_forward uses by default: block m 128 (two consumer warpgroups), block
-// n the largest key block whose registers fit the head dim (bench/attention/RESULTS: the
-// harness's fastest per head dim), 2 stages. qk_head_dim: q/k's head dim when it differs from
-// v's `head_dim` (2·D with q_residual; 0: the same): shared memory holds the Q tile and two
-// stages of K, so a QK head dim above 256 takes key blocks of 64.
+// The config attention_fp8_forward uses by default, the fastest of the harness sweep in
+// bench/RESULTS.md (H200, S >= 2k): fp8 D 64: block m 192 (three consumer warpgroups), n 128;
+// fp8 D 128: m 128, n 192; fp8 D 256 and 16-bit: m 128, n 128 (16-bit D 256: n 64); 2 stages.
+// qk_head_dim (2·D with q_residual, at most 256) fits the same blocks.
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0);
 
 // The config of attention_fp8_forward's quantizer launches (they run SIMT): rows in blocks of 64

@@ -12,12 +12,14 @@ namespace tj::kernels {
 
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim) {
   Config c;
-  int64_t bn = 128;
+  // The fastest configs of bench/RESULTS.md's harness sweep (H200, S >= 2k): fp8 head dim 64
+  // takes three consumer warpgroups (block m 192), head dim 128 key blocks of 192.
+  int64_t bm = 128, bn = 128;
   if (!is_fp8(in) && head_dim == 256) bn = 64;
-  // fp8, block m 128, 2 stages: Q (128·Dqk) + K (2·bn·Dqk) + Vᵀ (2·bn·D) bytes; Dqk 512 (D 256
-  // with q_residual) needs 256 KB at bn 128, over the 227 KB of an sm_90 block.
-  if (qk_head_dim > 256) bn = 64;
-  c.blocks = {{"m", 128}, {"n", bn}};
+  if (is_fp8(in) && head_dim == 64) bm = 192;
+  if (is_fp8(in) && head_dim == 128) bn = 192;
+  (void)qk_head_dim;   // q_residual (Dqk = 2 D <= 256) fits these blocks: at D 128, 181 KB of shared memory
+  c.blocks = {{"m", bm}, {"n", bn}};
   c.num_stages = 2;
   (void)causal;
   return c;
@@ -117,6 +119,10 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
     throw Error("attention_fp8_forward: hadamard and q_residual are quantization recipes; with quantize = false the "
                 "16-bit inputs run as given");
   if (opt.hadamard) require_power_of_two(D);   // before anything runs
+  if (opt.quantize && opt.q_residual && D > 128)
+    throw Error(fmt::format("attention_fp8_forward: q_residual doubles the QK head dim; {} would be {}, above the 256 the "
+                            "tensor-core attention takes (use head dims up to 128)",
+                            D, 2 * D));
   LaunchOptions lo;
   lo.stream = opt.stream;
   // D is the original head dim (also v's): q_residual doubles only the QK operands' width.

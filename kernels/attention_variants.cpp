@@ -45,6 +45,20 @@ AttentionVariant prefix_lm_variant() {
   return v;
 }
 
+AttentionVariant document_variant(int64_t documents, bool causal) {
+  AttentionVariant v{fmt::format("attention_documents_{}{}", documents, causal ? "_causal" : "")};
+  v.inputs = {"cu_seqlens"};
+  v.mask_mod = [documents, causal](const ScoreIndex& at) {
+    Tile keep = causal ? at.kv <= at.q : at.kv == at.kv;
+    for (int64_t d = 1; d < documents; ++d) {   // same side of every inner boundary
+      auto boundary = at.inputs[0].load(d).to(DType::i32);
+      keep = keep && ((at.q < boundary) == (at.kv < boundary));
+    }
+    return keep;
+  };
+  return v;
+}
+
 AttentionVariant segment_variant(int64_t segment, bool causal) {
   AttentionVariant v{fmt::format("attention_segment_{}{}", segment, causal ? "_causal" : "")};
   v.mask_mod = [segment, causal](const ScoreIndex& at) {

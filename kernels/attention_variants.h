@@ -18,6 +18,12 @@ AttentionVariant softcap_variant(double cap, bool causal);          // cap * tan
 // Prefix-LM: bidirectional inside each sequence's prefix, causal after it. Input prefix_len
 // [B] (i32 or i64): the prefix length of each batch entry.
 AttentionVariant prefix_lm_variant();
+// Document masking for packed sequences (varlen): input cu_seqlens [documents + 1] (i32 or i64,
+// ascending, from 0 to the packed length, as FlashAttention's varlen API takes it); a query sees
+// the keys of its own document (and only earlier ones with `causal`). The number of documents is
+// compiled in (one kernel per count), their lengths are not. Whole blocks between documents are
+// skipped: each boundary test is exact in interval arithmetic.
+AttentionVariant document_variant(int64_t documents, bool causal);
 // Block-diagonal (segments of `segment` keys see only their own segment; `causal`: and only
 // earlier keys) -- the building block of dilated attention (kernels/dilated_attention.h) on a
 // strided view of the sequence.

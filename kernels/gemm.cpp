@@ -1,6 +1,8 @@
 // GEMMs written as plain tile loop nests. On sm_90a the code generator recognizes the nest
 // (codegen/lower_gemm_sm90.cpp) and emits a warp-specialized TMA + wgmma pipeline whose
-// epilogue is generated from the ops after the K loop; elsewhere the SIMT path runs it.
+// epilogue is generated from the ops after the K loop; on sm_80 / sm_89 / sm_90 a cp.async +
+// mma.sync pipeline with the same epilogue (codegen/lower_gemm_sm80.cpp; fp8 from sm_89);
+// elsewhere the SIMT path runs it.
 #include "kernels/library.h"
 
 namespace tj::kernels {

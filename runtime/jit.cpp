@@ -107,6 +107,19 @@ std::vector<ArgSpec> specs_for(const Kernel& k, const std::vector<Arg>& args, bo
 
 namespace {
 std::atomic<uint64_t> g_nvrtc_compiles{0};
+
+// Whether a kernel generated for `arch` must load on `dev` as PTX: the GPU runs CUBINs of its
+// own major version up to its minor (arch-specific sm_90a: exactly 9.0) and JIT-compiles the
+// PTX of older architectures. Throws for an architecture newer than the GPU.
+bool loads_as_ptx(const std::string& kernel, const std::string& arch, const runtime::DeviceInfo& dev) {
+  const codegen::Target t = codegen::Target::parse(arch);
+  const int target_cc = t.sm(), device_cc = dev.cc_major * 10 + dev.cc_minor;
+  if (target_cc > device_cc || (t.has_wgmma() && target_cc != device_cc))
+    throw Error(fmt::format("kernel '{}' generated for {} cannot run on {} (compute capability {}.{}); generate it for {} or "
+                            "an older architecture",
+                            kernel, arch, dev.name, dev.cc_major, dev.cc_minor, dev.arch()));
+  return target_cc / 10 != device_cc / 10;
+}
 }  // namespace
 
 uint64_t nvrtc_compile_count() { return g_nvrtc_compiles.load(std::memory_order_relaxed); }
@@ -120,6 +133,8 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
                               runtime::driver().unavailable_reason()));
     arch = runtime::current_device().arch();
   }
+  const bool load_ptx = request.load && loads_as_ptx(k.name(), arch, runtime::current_device());
+  const bool need_ptx = request.want_ptx || load_ptx;
   std::string memory_key = fmt::format("{}@{}|{}|{}|{}", k.name(), static_cast<const void*>(&k), spec_key(specs),
                                        config.to_json(), arch);
   Caches& c = caches();
@@ -127,7 +142,7 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
   {
     std::lock_guard lock(c.mutex);
     auto it = c.compiled.find(memory_key);
-    if (it != c.compiled.end() && !(request.want_ptx && it->second->ptx.empty())) found = it->second.get();
+    if (it != c.compiled.end() && !(need_ptx && it->second->ptx.empty())) found = it->second.get();
   }
   if (!found) {
     // Compile without holding the lock: the tuner compiles candidates on several threads.
@@ -138,15 +153,19 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
     ck->arch = arch;
     ck->generated = codegen::generate_cuda(ck->ir, config, codegen::Target::parse(arch));
     std::string key = compile_key(ck->generated.source, arch);
+    // The PTX a load on a newer GPU needs is cached beside the CUBIN, under its own key.
+    std::string ptx_key = compile_key(ck->generated.source, arch + "+ptx");
     runtime::DiskCache disk(runtime::DiskCache::default_dir());
     std::optional<std::string> cached = request.want_ptx ? std::nullopt : disk.get(key);
-    if (cached) {
+    std::optional<std::string> cached_ptx = cached && load_ptx ? disk.get(ptx_key) : std::nullopt;
+    if (cached && (!load_ptx || cached_ptx)) {
       ck->cubin.assign(cached->begin(), cached->end());
+      if (cached_ptx) ck->ptx = std::move(*cached_ptx);
       ck->from_disk_cache = true;
     } else {
       runtime::CompileOptions opts;
       opts.arch = arch;
-      opts.want_ptx = request.want_ptx;
+      opts.want_ptx = need_ptx;
       opts.headers = device_headers();
       auto result = runtime::compile_cuda(ck->generated.source, ck->generated.name + ".cu", opts);
       g_nvrtc_compiles.fetch_add(1, std::memory_order_relaxed);
@@ -154,19 +173,22 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
       ck->ptx = std::move(result.ptx);
       ck->compile_ms = result.milliseconds;
       disk.put(key, std::string_view(ck->cubin.data(), ck->cubin.size()));
+      if (load_ptx) disk.put(ptx_key, ck->ptx);
     }
     std::lock_guard lock(c.mutex);
     auto& slot = c.compiled[memory_key];
     // Entries are never erased (references stay valid); a racing compile of the same key
     // keeps the first result.
     if (!slot) slot = std::move(ck);
-    else if (request.want_ptx && slot->ptx.empty()) slot->ptx = std::move(ck->ptx);
+    else if (need_ptx && slot->ptx.empty()) slot->ptx = std::move(ck->ptx);
     found = slot.get();
   }
   CompiledKernel& ck = *found;
   std::lock_guard lock(c.mutex);
   if (request.load && !ck.module) {
-    auto module = std::make_unique<runtime::Module>(ck.cubin);
+    // PTX goes to cuModuleLoadData as NUL-terminated text.
+    auto module = load_ptx ? std::make_unique<runtime::Module>(std::string_view(ck.ptx.c_str(), ck.ptx.size() + 1))
+                           : std::make_unique<runtime::Module>(ck.cubin);
     CUfunction fn = module->function(ck.generated.entry);
     if (ck.generated.dynamic_smem_bytes > 48 * 1024) {
       const auto& dev = runtime::current_device();
@@ -268,6 +290,27 @@ CUtensorMap encode_tma(const std::string& kernel, const std::string& param, cons
   return map;
 }
 
+void check_aligned16(const std::string& kernel, const std::string& param, const TensorView& t) {
+  auto fail = [&](const std::string& why) {
+    return Error(fmt::format("kernel '{}': tensor '{}' ({}) cannot be read in 16-byte pieces (cp.async): {}", kernel, param,
+                             t.describe(), why));
+  };
+  const std::vector<int64_t> strides = t.effective_strides();
+  const int64_t elem = size_bytes(t.dtype);
+  const int rank = static_cast<int>(t.shape.size());
+  if (rank == 0) return;
+  if (t.shape.back() > 1 && strides.back() != 1)
+    throw fail(fmt::format("the last dim must be contiguous (stride 1), got stride {}", strides.back()));
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) throw fail("the base address must be 16-byte aligned");
+  for (int d = 0; d < rank - 1; ++d) {
+    const int64_t bytes = strides[d] * elem;
+    if (t.shape[d] > 1 && bytes % 16 != 0)
+      throw fail(fmt::format("dim {} has a stride of {} bytes, not a multiple of 16 (pad the last dim to a multiple of {} "
+                             "elements)",
+                             d, bytes, 16 / elem));
+  }
+}
+
 namespace {
 
 PackedArgs pack(const Kernel& k, const ir::Function& f, const std::vector<Arg>& args) {
@@ -303,20 +346,32 @@ PackedArgs pack(const Kernel& k, const ir::Function& f, const std::vector<Arg>& 
   return p;
 }
 
+// The argument slot of kernel parameter `param`: the param-th tensor/scalar parameter is the
+// argument of the param-th non-host slot.
+size_t slot_of_param(const Kernel& k, int param) {
+  int seen = -1;
+  for (size_t i = 0; i < k.slots().size(); ++i) {
+    if (k.slots()[i].is_host()) continue;
+    if (++seen == param) return i;
+  }
+  throw Error(fmt::format("internal error: kernel '{}' has no parameter {}", k.name(), param));
+}
+
 // Appends the TMA descriptors the lowering asked for.
 void pack_tma(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args, PackedArgs& p) {
   p.maps.reserve(ck.generated.tma.size());
   for (const codegen::TmaOperand& op : ck.generated.tma) {
-    // The param-th tensor/scalar parameter is the argument of the param-th non-host slot.
-    int seen = -1;
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (k.slots()[i].is_host()) continue;
-      if (++seen == op.param) {
-        p.maps.push_back(encode_tma(k.name(), k.slots()[i].name, std::get<TensorView>(args[i]), op));
-        p.pointers.push_back(&p.maps.back());
-        break;
-      }
-    }
+    const size_t i = slot_of_param(k, op.param);
+    p.maps.push_back(encode_tma(k.name(), k.slots()[i].name, std::get<TensorView>(args[i]), op));
+    p.pointers.push_back(&p.maps.back());
+  }
+}
+
+// The layouts of the tensors the kernel reads in 16-byte pieces.
+void check_aligned_operands(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args) {
+  for (int param : ck.generated.aligned16_params) {
+    const size_t i = slot_of_param(k, param);
+    check_aligned16(k.name(), k.slots()[i].name, std::get<TensorView>(args[i]));
   }
 }
 
@@ -325,7 +380,7 @@ void pack_tma(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>&
 void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& options) {
   const CompiledKernel* ck = nullptr;
   autotune::LaunchGeometry g;
-  if (!options.config) {
+  if (!options.config && options.arch.empty()) {
     // The tuned config from the tuning cache, else the default; after the first launch of a
     // specialization this is one hash-map lookup (autotune/launch_plan.h).
     autotune::LaunchPlan plan = autotune::plan_launch(k, args, options.dynamic_shapes);
@@ -334,7 +389,10 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
     g = plan.geometry;
   } else {
     auto specs = specs_for(k, args, options.dynamic_shapes);
-    ck = &compile(k, specs, *options.config, CompileRequest{});
+    const Config config = options.config ? *options.config : default_config(k.trace(specs));
+    CompileRequest request;
+    request.arch = options.arch;
+    ck = &compile(k, specs, config, request);
     // Host values are not parameters: keep only tensors and runtime scalars.
     std::vector<ArgValue> param_args;
     for (size_t i = 0; i < args.size(); ++i) {
@@ -350,6 +408,7 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
     g = autotune::launch_geometry(*ck, programs, runtime::current_device().sm_count);
   }
   PackedArgs packed = pack(k, ck->ir, args);
+  check_aligned_operands(k, *ck, args);
   pack_tma(k, *ck, args, packed);
   if (g.persistent) {
     packed.programs = g.programs;

@@ -27,6 +27,11 @@ struct LaunchOptions {
                                     // ($TILEJIT_TUNING=off: always the default)
   CUstream stream = nullptr;
   bool dynamic_shapes = false;      // trace with runtime sizes (one compile for all shapes)
+  // Generate for this architecture instead of the GPU's own ("sm_80", "sm_89", "sm_90",
+  // "sm_90a"; empty: the GPU's), e.g. to run the sm_80 / sm_89 code paths on an H100. An older
+  // architecture's kernel loads as PTX, which the driver compiles for the GPU (see compile()).
+  // Without `config` it uses the default config (tuned configs belong to the GPU's own arch).
+  std::string arch;
 };
 
 // The specialization a set of arguments selects: tensors give dtype and shape (shape
@@ -54,7 +59,11 @@ struct CompileRequest {
   bool load = true;                 // load the module (needs a GPU)
 };
 
-// Traces, generates and compiles (memory and disk caches), optionally loads.
+// Traces, generates and compiles (memory and disk caches), optionally loads. Loading takes the
+// CUBIN where the GPU runs it (the arch's major version, a minor not above the GPU's; sm_90a
+// only on compute capability 9.0). For an older architecture than the GPU's (sm_80 or sm_89 on
+// Hopper) the CUBIN cannot load, so the PTX is compiled too (CompiledKernel::ptx) and loaded
+// instead: the driver JIT-compiles it for the GPU. A newer architecture than the GPU's throws.
 const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs, const Config& config,
                               const CompileRequest& request);
 
@@ -72,6 +81,11 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
 // kernel and parameter when the layout forbids TMA (alignment, strides, contiguity).
 CUtensorMap encode_tma(const std::string& kernel, const std::string& param, const TensorView& t,
                        const codegen::TmaOperand& op);
+
+// Throws tj::Error naming the kernel and parameter unless `t` can be read in 16-byte pieces:
+// base address 16-byte aligned, last dim contiguous, every other stride a multiple of 16 bytes
+// (dims of extent 1 excepted). tj::launch checks GeneratedKernel::aligned16_params with it.
+void check_aligned16(const std::string& kernel, const std::string& param, const TensorView& t);
 
 // The key that identifies a compiled kernel: IR + config + arch + toolkit + device library.
 std::string compile_key(const std::string& cuda_source, const std::string& arch);

@@ -256,12 +256,19 @@ TEST_CASE("attention_fp8_forward: recipe errors (hadamard needs a power-of-two h
     CHECK_THROWS_WITH_AS(kernels::attention_fp8_forward(q64, q64, q64, q64, opt, ws),
                          doctest::Contains("hadamard and q_residual are quantization recipes; with quantize = false"), Error);
   }
+  auto q256 = unbacked_device_view(DType::bf16, {1, 2, 64, 256});
+  opt = kernels::AttentionFp8Options{};
+  opt.q_residual = true;
+  CHECK_THROWS_WITH_AS(kernels::attention_fp8_forward(q256, q256, q256, q256, opt, ws),
+                       doctest::Contains("q_residual doubles the QK head dim; 256 would be 512"), Error);
 }
 
-TEST_CASE("attention_fp8_default_config: a QK head dim above 256 (q_residual at D = 256) takes key blocks of 64") {
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false).blocks.at("n") == 128);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("n") == 128);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 256, true, 512).blocks.at("n") == 64);
+TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head dim; 16-bit D 256 takes key blocks of 64") {
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 64, false).blocks.at("m") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 256, false).blocks.at("n") == 128);
+  CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, false).blocks.at("n") == 64);
 }
 
 TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with the pipeline's config (SIMT; D 64-256)") {

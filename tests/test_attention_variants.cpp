@@ -39,11 +39,26 @@ struct VariantMeaning {
 struct NamedVariant {
   kernels::AttentionVariant variant;
   VariantMeaning meaning;
-  bool prefix_input = false;   // takes prefix_len [B]
+  std::function<HostTensor(int64_t B)> input;   // the variant's extra input, if it takes one
 };
 
 // prefix lengths used with the prefix-LM variant: batch b has prefix 37 + 50 b
 int64_t prefix_of(int64_t b) { return 37 + 50 * b; }
+
+HostTensor prefix_tensor(int64_t B);
+// Packed documents: cu_seqlens of 4 documents (one of length 1); positions past the last
+// boundary belong to the last document.
+const std::vector<int64_t> kCuSeqlens = {0, 37, 100, 101, 250};
+int64_t document_of(int64_t i) {
+  int64_t d = 0;
+  for (size_t b = 1; b + 1 < kCuSeqlens.size(); ++b) d += i >= kCuSeqlens[b];
+  return d;
+}
+HostTensor cu_seqlens_tensor(int64_t) {
+  HostTensor t(DType::i32, {static_cast<int64_t>(kCuSeqlens.size())});
+  for (size_t i = 0; i < kCuSeqlens.size(); ++i) t.set(static_cast<int64_t>(i), static_cast<double>(kCuSeqlens[i]));
+  return t;
+}
 
 std::vector<NamedVariant> variants(int64_t heads) {
   std::vector<NamedVariant> out;
@@ -62,7 +77,10 @@ std::vector<NamedVariant> variants(int64_t heads) {
                  {.score = [](double s, int64_t, int64_t, int64_t, int64_t) { return 2.0 * std::tanh(s / 2.0); }}});
   out.push_back({kernels::prefix_lm_variant(),
                  {.keep = [](int64_t b, int64_t, int64_t i, int64_t j) { return j <= i || j < prefix_of(b); }},
-                 true});
+                 prefix_tensor});
+  out.push_back({kernels::document_variant(static_cast<int64_t>(kCuSeqlens.size()) - 1, true),
+                 {.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i && document_of(i) == document_of(j); }},
+                 cu_seqlens_tensor});
   out.push_back({kernels::segment_variant(64),
                  {.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return i / 64 == j / 64; }}});
   return out;
@@ -250,14 +268,14 @@ TEST_CASE("attention variants on the CPU reference executor match float64 (bf16,
     Kernel k = kernels::attention_variant(nv.variant);
     HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
                v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
-    HostTensor prefix = prefix_tensor(p.B);
-    const TensorView prefix_view = prefix.view();
+    HostTensor extra = nv.input ? nv.input(p.B) : prefix_tensor(p.B);
+    const TensorView extra_view = extra.view();
     for (DType dt : {DType::bf16, DType::e4m3}) {
       INFO(nv.variant.name << " " << name(dt));
       KernelInputs in = kernel_inputs(dt, q, kk, v);
       HostTensor o(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse(DType::f32, {p.B, p.H, p.Sq});
       o.fill_bytes(0xFF);
-      run_ref(k, variant_args(views(in.t), o.view(), lse.view(), nv.prefix_input ? &prefix_view : nullptr, p.D),
+      run_ref(k, variant_args(views(in.t), o.view(), lse.view(), nv.input ? &extra_view : nullptr, p.D),
               variant_config(64, 64));
       // The kernel's quantization error aside, it computes the variant: compare with float64 on
       // the values it was given (e4m3: the dequantized inputs).
@@ -281,7 +299,10 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
                                     TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
                                     false, false};
-      if (nv.prefix_input) specs.push_back(TensorSpec{DType::i64, {p.B}});
+      if (nv.input) {
+        HostTensor x = nv.input(p.B);
+        specs.push_back(TensorSpec{x.dtype(), x.shape()});
+      }
       ir::Function f = k.trace(specs);
       auto m = codegen::match_attention_fp8(f);
       REQUIRE(m.has_value());
@@ -332,13 +353,13 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
     Kernel k = kernels::attention_variant(nv.variant);
     HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
                v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
-    HostTensor prefix = prefix_tensor(p.B);
-    const TensorView prefix_view = prefix.view();
-    DeviceTensor prefix_d = DeviceTensor::from_host(prefix);
+    HostTensor extra = nv.input ? nv.input(p.B) : prefix_tensor(p.B);
+    const TensorView extra_view = extra.view();
+    DeviceTensor extra_d = DeviceTensor::from_host(extra);
     for (DType dt : {DType::bf16, DType::e4m3}) {
       KernelInputs in = kernel_inputs(dt, q, kk, v);
       HostTensor o_ref(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse_ref(DType::f32, {p.B, p.H, p.Sq});
-      run_ref(k, variant_args(views(in.t), o_ref.view(), lse_ref.view(), nv.prefix_input ? &prefix_view : nullptr, p.D),
+      run_ref(k, variant_args(views(in.t), o_ref.view(), lse_ref.view(), nv.input ? &extra_view : nullptr, p.D),
               variant_config(128, 128));
       std::vector<DeviceTensor> dev;
       std::vector<TensorView> dv;
@@ -353,8 +374,8 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         lse.fill_bytes(0xFF);
         LaunchOptions lo;
         lo.config = variant_config(128, 128, skip);
-        TensorView pv = prefix_d.view();
-        launch(k, variant_args(dv, o.view(), lse.view(), nv.prefix_input ? &pv : nullptr, p.D), lo);
+        TensorView xv = extra_d.view();
+        launch(k, variant_args(dv, o.view(), lse.view(), nv.input ? &xv : nullptr, p.D), lo);
         runtime::synchronize();
         Metrics mo = compare(o.to_host().values(), o_ref.values());
         LseDiff ml = compare_lse(lse.to_host().values(), lse_ref.values());

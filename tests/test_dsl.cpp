@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "autotune/config.h"
+#include "codegen/cuda_emitter.h"
 #include "dsl/kernel.h"
 #include "dsl/passes.h"
 
@@ -243,5 +244,10 @@ TEST_CASE("config: JSON round trip and errors") {
   bad.blocks = {{"m", 64}};
   CHECK_THROWS_WITH_AS(check_config(f, bad), doctest::Contains("config sets block 'm', but kernel 'add' has blocks: n"), Error);
   bad.blocks = {{"n", 48}};
-  CHECK_THROWS_WITH_AS(check_config(f, bad), doctest::Contains("must be a power of two"), Error);
+  CHECK_THROWS_WITH_AS(check_config(f, bad), doctest::Contains("must be a power of two or a multiple of 32"), Error);
+  Config tensor_core_only;
+  tensor_core_only.blocks = {{"n", 96}};
+  CHECK_NOTHROW(check_config(f, tensor_core_only));
+  CHECK_THROWS_WITH_AS(codegen::generate_cuda(f, tensor_core_only, codegen::Target{"sm_90a"}),
+                       doctest::Contains("block 'n' = 96 needs a tensor-core lowering"), Error);
 }

@@ -3,8 +3,12 @@
 // measures torch._scaled_mm and torch.matmul the same way and merges both into one table.
 //
 //   bench_gemm [--out FILE.jsonl] [--shapes all|square|llm|M,N,K;...] [--reps 20] [--warmup 3]
-//              [--kernels fp8,bf16] [--configs NAME,...] [--threads N] [--no-check]
+//              [--kernels fp8,bf16] [--configs NAME,...] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90]
 //   bench_gemm --small          correctness on small and ragged shapes (also for compute-sanitizer)
+//
+// --arch: generate for that architecture instead of the GPU's own (its own config list: the
+// cp.async + mma.sync lowering of codegen/lower_gemm_sm80.cpp; fp8 needs sm_89 or newer). On a
+// newer GPU the kernel is loaded as PTX (tj::compile), so an H100 times the sm_80 / sm_89 code.
 //
 // Method (the same in torch_bench.py): inputs A [M,K] and B [N,K] (K-major) ~ N(0,1) rounded to
 // the input type, scale_a = 1.25, scale_b = 0.75; each timed sample is one launch between two
@@ -87,6 +91,37 @@ const std::vector<NamedConfig>& bf16_configs() {
       {"ping_64x256_c2", R"({"blocks":{"m":64,"n":256,"k":64},"num_stages":5,"knobs":{"cluster":2}})"},
   };
   return v;
+}
+
+// Configs of the mma.sync lowering (sm_80 / sm_89 / sm_90): block m x n x k, stages, warps. The
+// fp8 ones fit sm_89's 99 KB of shared memory per block.
+const std::vector<NamedConfig>& fp8_configs_mma() {
+  static const std::vector<NamedConfig> v = {
+      {"mma_128x128x64_s4", R"({"blocks":{"m":128,"n":128,"k":64},"num_stages":4})"},
+      {"mma_128x128x128_s3", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":3})"},
+      {"mma_128x256x64_s3_w8", R"({"blocks":{"m":128,"n":256,"k":64},"num_stages":3,"num_warps":8})"},
+      {"mma_256x128x64_s3_w8", R"({"blocks":{"m":256,"n":128,"k":64},"num_stages":3,"num_warps":8})"},
+      {"mma_128x128x64_s4_w8", R"({"blocks":{"m":128,"n":128,"k":64},"num_stages":4,"num_warps":8})"},
+  };
+  return v;
+}
+
+const std::vector<NamedConfig>& bf16_configs_mma() {
+  static const std::vector<NamedConfig> v = {
+      {"mma_128x128x32_s4", R"({"blocks":{"m":128,"n":128,"k":32},"num_stages":4})"},
+      {"mma_128x128x64_s3", R"({"blocks":{"m":128,"n":128,"k":64},"num_stages":3})"},
+      {"mma_128x256x32_s3_w8", R"({"blocks":{"m":128,"n":256,"k":32},"num_stages":3,"num_warps":8})"},
+      {"mma_256x128x32_s3_w8", R"({"blocks":{"m":256,"n":128,"k":32},"num_stages":3,"num_warps":8})"},
+      {"mma_128x128x32_s4_w8", R"({"blocks":{"m":128,"n":128,"k":32},"num_stages":4,"num_warps":8})"},
+  };
+  return v;
+}
+
+// The config list for a kernel on an architecture: the wgmma lowering's on sm_90a, else the
+// mma.sync lowering's.
+const std::vector<NamedConfig>& configs_for(bool fp8, const std::string& arch) {
+  if (arch == "sm_90a") return fp8 ? fp8_configs() : bf16_configs();
+  return fp8 ? fp8_configs_mma() : bf16_configs_mma();
 }
 
 std::vector<Shape> shapes_for(const std::string& s) {
@@ -407,6 +442,7 @@ struct Options {
   int reps = 20, warmup = 3, threads = 0;
   bool check = true;
   bool small = false;
+  std::string arch;                   // empty: the GPU's own
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -423,7 +459,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 // Compiles every (problem, config) pair on a thread pool (NVRTC), loads nothing.
 void precompile(const std::vector<std::pair<const Kernel*, std::vector<ArgSpec>>>& work, const std::vector<Config>& cfgs,
-                int threads) {
+                int threads, const std::string& arch) {
   std::atomic<size_t> next{0};
   std::mutex m;
   const size_t total = work.size();
@@ -434,6 +470,7 @@ void precompile(const std::vector<std::pair<const Kernel*, std::vector<ArgSpec>>
       for (size_t i = next++; i < total; i = next++) {
         try {
           CompileRequest req;
+          req.arch = arch;
           req.load = false;
           compile(*work[i].first, work[i].second, cfgs[i], req);
         } catch (const std::exception& e) {
@@ -451,7 +488,11 @@ int run_bench(const Options& o) {
   const auto& dev = runtime::current_device();
   fmt::print("device: {} ({}), {} SMs, L2 {} MB, driver {}\n", dev.name, dev.arch(), dev.sm_count, dev.l2_bytes >> 20,
              dev.driver_version);
-  if (dev.arch() != "sm_90a") fmt::print("warning: not a Hopper GPU: the SIMT path runs (slow)\n");
+  const std::string arch = o.arch.empty() ? dev.arch() : o.arch;
+  if (arch != dev.arch()) fmt::print("generating for {} (loaded as PTX where the GPU is newer)\n", arch);
+  else if (arch != "sm_90a") fmt::print("warning: not a Hopper GPU: the mma.sync path (or SIMT) runs\n");
+  CompileRequest on_arch;
+  on_arch.arch = arch;
   Spinner spin;
   spin.init(dev.arch());
   runtime::Stream stream;
@@ -463,7 +504,7 @@ int run_bench(const Options& o) {
     const bool fp8 = kname == "fp8";
     if (!fp8 && kname != "bf16") throw Error("--kernels takes fp8 and/or bf16");
     std::vector<NamedConfig> cfgs;
-    for (const auto& c : fp8 ? fp8_configs() : bf16_configs())
+    for (const auto& c : configs_for(fp8, arch))
       if (o.configs.empty() || std::find(o.configs.begin(), o.configs.end(), c.name) != o.configs.end()) cfgs.push_back(c);
     // Compile everything first (static shapes: one kernel per shape and config).
     {
@@ -482,7 +523,7 @@ int run_bench(const Options& o) {
           wc.push_back(Config::from_json(c.json));
         }
       }
-      precompile(work, wc, threads);
+      precompile(work, wc, threads, arch);
     }
     for (const Shape& s : shapes) {
       auto t0 = std::chrono::steady_clock::now();
@@ -499,7 +540,7 @@ int run_bench(const Options& o) {
       for (const auto& c : cfgs) {
         const Config config = Config::from_json(c.json);
         try {
-          const CompiledKernel& ck = compile(pr.kernel(), pr.specs(), config, CompileRequest{});
+          const CompiledKernel& ck = compile(pr.kernel(), pr.specs(), config, on_arch);
           Runner r = make_runner(pr, ck, dev.sm_count);
           for (auto& d : pr.dc) d.fill_bytes(0xFF);
           Timing t = time_runner(r, spin, stream, pr.copies, o.warmup, o.reps);
@@ -511,10 +552,10 @@ int run_bench(const Options& o) {
                      c.name, t.ms, tf, r.grid.x, r.max_clusters, acc.rel_rms, acc.max_rel,
                      acc.nan ? fmt::format(" NaN {}", acc.nan) : "", ck.generated.lowering);
           jsonl << fmt::format(
-                       R"({{"impl":"tilejit","kernel":"{}","in":"{}","out":"bf16","M":{},"N":{},"K":{},"config":"{}","promote":{},)"
+                       R"({{"impl":"tilejit","arch":"{}","kernel":"{}","in":"{}","out":"bf16","M":{},"N":{},"K":{},"config":"{}","promote":{},)"
                        R"("ms":{:.6f},"tflops":{:.2f},"rel_rms":{:.3e},"max_rel":{:.3e},"nan":{},"samples":{},"copies":{},)"
                        R"("grid":{},"regs":{},"lowering":"{}","config_json":{}}})",
-                       fp8 ? "fp8_gemm" : "gemm", fp8 ? "e4m3" : "bf16", s.M, s.N, s.K, c.name, c.promote ? "true" : "false", t.ms,
+                       arch, fp8 ? "fp8_gemm" : "gemm", fp8 ? "e4m3" : "bf16", s.M, s.N, s.K, c.name, c.promote ? "true" : "false", t.ms,
                        tf, acc.rel_rms, acc.max_rel, acc.nan, acc.samples, pr.copies, r.grid.x, attr.num_regs,
                        ck.generated.lowering, c.json)
                 << "\n";
@@ -539,6 +580,7 @@ int run_bench(const Options& o) {
           pr.dc[0].fill_bytes(0xFF);
           LaunchOptions lo;
           lo.config = Config::from_json(best.json);
+          lo.arch = o.arch;
           launch(pr.kernel(), pr.args(0), lo);
           runtime::synchronize();
           HostTensor lib = pr.dc[0].to_host();
@@ -563,18 +605,22 @@ int run_bench(const Options& o) {
 // compute-sanitizer by run.sh sanitize).
 int run_small(const Options& o) {
   const auto& dev = runtime::current_device();
+  const std::string arch = o.arch.empty() ? dev.arch() : o.arch;
+  CompileRequest on_arch;
+  on_arch.arch = arch;
   runtime::Stream stream;
   int failures = 0;
   const std::vector<Shape> shapes = {{1000, 520, 784, "small"}, {256, 384, 512, "small"}, {129, 17, 48, "small"}, {64, 64, 64, "small"}};
   for (bool fp8 : {true, false}) {
-    std::vector<NamedConfig> cfgs = fp8 ? fp8_configs() : bf16_configs();
+    if (fp8 && arch == "sm_80") continue;   // no fp8 tensor cores: the SIMT path, too slow here
+    std::vector<NamedConfig> cfgs = configs_for(fp8, arch);
     cfgs.push_back({"default", R"({"blocks":{"m":64,"n":64,"k":64}})"});
     for (const Shape& s : shapes) {
       Problem pr(s, fp8, 0, 99 + s.M);
       for (const auto& c : cfgs) {
         if (!o.configs.empty() && std::find(o.configs.begin(), o.configs.end(), c.name) == o.configs.end()) continue;
         const Config config = Config::from_json(c.json);
-        const CompiledKernel& ck = compile(pr.kernel(), pr.specs(), config, CompileRequest{});
+        const CompiledKernel& ck = compile(pr.kernel(), pr.specs(), config, on_arch);
         Runner r = make_runner(pr, ck, dev.sm_count);
         pr.dc[0].fill_bytes(0xFF);
         r.launch(0, stream);
@@ -626,9 +672,10 @@ int main(int argc, char** argv) {
       else if (a == "--configs") o.configs = split(next(), ',');
       else if (a == "--no-check") o.check = false;
       else if (a == "--small") o.small = true;
+      else if (a == "--arch") o.arch = next();
       else if (a == "--help" || a == "-h") {
         std::puts("bench_gemm [--out F.jsonl] [--shapes all|square|llm|M,N,K;...] [--kernels fp8,bf16] [--configs a,b]"
-                  " [--reps N] [--warmup N] [--threads N] [--no-check] | --small");
+                  " [--reps N] [--warmup N] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90] | --small [--arch ...]");
         return 0;
       } else {
         throw Error("unknown argument " + a);

@@ -50,6 +50,7 @@
 // launch with cluster dims (kClusterM, 1, 1), 384 threads, dynamic shared memory
 // Cfg::kSmemBytes; see bench/proto/fp8_gemm_proto.cu and runtime/jit.cpp.
 
+#include "gemm_common.cuh"
 #include "hopper.cuh"
 
 namespace tj {
@@ -120,60 +121,6 @@ struct Fp8GemmCfg : Sm90GemmCfg<WG_E4M3, WG_E4M3, kPingpong_ ? kWgM_ : 2 * kWgM_
   static constexpr int kOut = kOut_;
 };
 
-namespace detail {
-
-struct TileRaster {
-  int tiles_m;   // cluster-tile rows
-  int tiles_n;
-  int total;
-  int group_m;
-  // Grouped raster: walk group_m cluster-tile rows down, then move one column right.
-  __device__ __forceinline__ void get(int t, int& tm, int& tn) const {
-    const int per_group = group_m * tiles_n;
-    const int g = t / per_group;
-    const int first_m = g * group_m;
-    int gsize = tiles_m - first_m;
-    gsize = gsize < group_m ? gsize : group_m;
-    const int r = t - g * per_group;
-    tm = first_m + r % gsize;
-    tn = r / gsize;
-  }
-};
-
-}  // namespace detail
-
-// Stores two adjacent output elements of a row of an output tensor of element type E (tile.cuh's
-// tags carry the conversion). `p` points at the row's element in column `col0` (a thread's first
-// column of the tile), `col_left` = number of columns from col0 to the end of the tensor
-// (clamped to int), `jcol` the pair's offset from col0 (a compile-time constant once the caller's
-// loop is unrolled, so addresses are immediate offsets), `s1` the column stride in elements.
-// `vec_ok`: s1 == 1 and p + jcol is aligned to two elements whenever jcol is even, so an
-// in-bounds pair is one store.
-template <class Mem>
-struct GemmPair;
-template <>
-struct GemmPair<float> { struct alignas(8) T { float x, y; }; };
-template <>
-struct GemmPair<unsigned short> { struct alignas(4) T { unsigned short x, y; }; };
-template <>
-struct GemmPair<unsigned char> { struct alignas(2) T { unsigned char x, y; }; };
-
-template <class E>
-__device__ __forceinline__ void gemm_store_pair(typename E::mem* p, bool row_ok, int col_left, int jcol,
-                                                long long s1, float v0, float v1, bool vec_ok) {
-  typedef typename E::mem M;
-  if (!row_ok) return;
-  if (vec_ok && jcol + 1 < col_left) {
-    typename GemmPair<M>::T pr;
-    E::st(&pr.x, v0);
-    E::st(&pr.y, v1);
-    *reinterpret_cast<typename GemmPair<M>::T*>(p + jcol) = pr;
-    return;
-  }
-  if (jcol < col_left) E::st(p + jcol * s1, v0);
-  if (jcol + 1 < col_left) E::st(p + (jcol + 1) * s1, v1);
-}
-
 #if TJ_SM90A_ENABLED
 
 template <class Cfg>
@@ -193,7 +140,7 @@ struct Sm90Gemm {
   // the two never wait on the same stage barrier more than one phase apart (parity waits
   // cannot tell phase r from r+2) -- and it serializes their main loops, as intended.
   unsigned long long* order_bar;
-  detail::TileRaster rs;
+  TileRaster rs;
   int num_kb;
   int cluster_id, num_clusters;
   int wg;

@@ -84,6 +84,12 @@ __device__ __forceinline__ IvB iv_ne(Iv a, Iv b) {
   const IvB e = iv_eq(a, b);
   return IvB{e.f, e.t};
 }
+// Booleans compared: (q < c) == (kv < c) is how a document mask says "same side of c".
+__device__ __forceinline__ IvB iv_eq(IvB a, IvB b) { return IvB{(a.t && b.t) || (a.f && b.f), (a.t && b.f) || (a.f && b.t)}; }
+__device__ __forceinline__ IvB iv_ne(IvB a, IvB b) {
+  const IvB e = iv_eq(a, b);
+  return IvB{e.f, e.t};
+}
 __device__ __forceinline__ IvB iv_and(IvB a, IvB b) { return IvB{a.t && b.t, a.f || b.f}; }
 __device__ __forceinline__ IvB iv_or(IvB a, IvB b) { return IvB{a.t || b.t, a.f && b.f}; }
 __device__ __forceinline__ IvB iv_not(IvB a) { return IvB{a.f, a.t}; }
