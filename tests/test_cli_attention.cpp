@@ -386,7 +386,7 @@ TEST_CASE("cli bench attention: without a GPU it says so") {
   CHECK_THROWS_WITH_AS(bench_attention(o), "--peers-script /nonexistent/peers.py: no such file", Error);
 }
 
-TEST_CASE("cli: the tilejit program wires `run attention` and `bench attention` (subprocess)") {
+TEST_CASE("cli: the tilejit program wires `run attention`, `bench attention` and `bench variants` (subprocess)") {
   auto r = run_cli("bench attention --seq 3000");
   if (!r) {
     MESSAGE("the tilejit program is not where this build put it: skipped");
@@ -395,7 +395,19 @@ TEST_CASE("cli: the tilejit program wires `run attention` and `bench attention` 
   CHECK(r->status == 1);
   CHECK(r->output.find("tilejit: --seq 3000 is not in the benchmark's grid") != std::string::npos);
   r = run_cli("bench gemm");
-  CHECK(r->output.find("tilejit: no benchmark named 'gemm' (benchmarks: attention)") != std::string::npos);
+  CHECK(r->output.find("tilejit: no benchmark named 'gemm' (benchmarks: attention, variants)") != std::string::npos);
+  // `bench variants` (tests/test_cli_variants.cpp) shares the `bench` options; the mask flags and
+  // --variant each belong to one of the two.
+  r = run_cli("bench variants --variant causal,flash --no-peers");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("tilejit: --variant flash: no such variant (variants: causal, sliding_window,") != std::string::npos);
+  r = run_cli("bench variants --causal");
+  CHECK(r->output.find("tilejit: --causal, --non-causal and --both choose the mask of `tilejit bench attention`") !=
+        std::string::npos);
+  r = run_cli("bench attention --variant alibi");
+  CHECK(r->output.find("tilejit: --variant applies to `tilejit bench variants`") != std::string::npos);
+  r = run_cli("bench variants --quick --seq 3000");
+  CHECK(r->output.find("tilejit: --seq 3000 is not in the benchmark's grid") != std::string::npos);
   r = run_cli("bench attention --causal --non-causal");
   CHECK(r->output.find("give at most one") != std::string::npos);
   r = run_cli("bench attention --no-peers --peers-script /nonexistent/p.py --quick");

@@ -156,7 +156,7 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
       kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o.view(), opt, ws);
       runtime::synchronize();
       Metrics m = compare(o.to_host().values(), want);
-      MESSAGE("dilated attention " << (fp8 ? "fp8" : "bf16") << (causal ? " causal" : "") << " vs float64: " << str(m));
+      MESSAGE(fmt::format("dilated attention {}{} vs float64: {}", fp8 ? "fp8" : "bf16", causal ? " causal" : "", str(m)));
       CHECK(m.nan == 0);
       CHECK(m.rel_rmse <= (fp8 ? 6e-2 : 1e-2));
     }

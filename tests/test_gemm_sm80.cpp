@@ -645,7 +645,7 @@ TEST_CASE("gpu: sm80 dynamic shapes: padded operand rows (partial 16-byte chunks
     CHECK(e.rel_rms <= 1e-5);
   }
   // Dynamic contiguous shapes of several sizes through one compiled kernel.
-  for (int64_t K : {16, 200, 1000}) {
+  for (int64_t K : {16, 208, 1024}) {   // fp8 rows of whole 16-byte pieces (others: the error below)
     CAPTURE(K);
     HostTensor a = random_tensor(DType::e4m3, {77, K}, rng), b = random_tensor(DType::e4m3, {45, K}, rng);
     HostTensor one(DType::f32, {1}), none(DType::f32, {0});

@@ -8,14 +8,17 @@
 // metrics and their tolerances, and event timing with the L2 flushed between launches.
 #include <cuda.h>
 
+#include <algorithm>
 #include <functional>
 #include <iosfwd>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "autotune/config.h"
+#include "dsl/kernel.h"
 #include "runtime/memory.h"
 #include "runtime/owned_tensor.h"
 #include "tools/commands.h"
@@ -30,6 +33,30 @@ const std::vector<int64_t>& grid_head_dims();   // 64, 128, 256
 
 // TFLOP/s convention of the issue: 4·B·H·S²·D per forward, half of it when causal.
 double attention_flops(int64_t B, int64_t H, int64_t S, int64_t D, bool causal);
+
+// Runs fn(i) for i in [0, n) on every core, in contiguous chunks (the float64 references and the
+// host-side counting of the benches are the slow CPU parts).
+template <class Fn>
+void parallel_for(int64_t n, Fn fn) {
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), n));
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int64_t i = t * chunk; i < std::min(n, (t + 1) * chunk); ++i) fn(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
+// log2(e) / sqrt(D): attention_fp8's `scale` argument for the default softmax scale.
+double scale_log2(int64_t D);
+// `t` with another shape of the same contiguous memory (one flat buffer serves every shape of a
+// bench grid).
+TensorView reshaped(const TensorView& t, std::vector<int64_t> shape);
 
 // ---- `tilejit run attention`: which path, which problem -------------------------------------
 
@@ -96,9 +123,23 @@ struct RowSample {
 // `flop_budget` of float64 work allows, at least min(S, 16).
 RowSample sample_rows(int64_t BH, int64_t S, int64_t D, double flop_budget, bool all, int64_t max_heads = 4);
 
-// float64 softmax(q kᵀ / sqrt(D)) v of the sampled rows, on every core: [heads][rows][D]
-// row-major. q, k, v: contiguous host views [B, H, S, D] (views, so that one buffer serves every
-// shape of the bench grid); causal is top-left aligned.
+// The float64 meaning of an attention variant (kernels/attention_variant.h), written on the host:
+// which keys a query sees and what happens to its score. b: batch, h: query head, i: query, j:
+// key (positions, top-left aligned); the score is the scaled q·k / sqrt(D) in natural-log units,
+// as a variant's score_mod sees it. Empty members: every key / the score as is.
+struct ScoreRule {
+  std::function<bool(int64_t b, int64_t h, int64_t i, int64_t j)> keep;
+  std::function<double(double score, int64_t b, int64_t h, int64_t i, int64_t j)> score;
+};
+ScoreRule causal_rule();   // j <= i
+
+// float64 softmax(rule(q kᵀ / sqrt(D))) v of the sampled rows, on every core: [heads][rows][D]
+// row-major; a row that sees no key is 0 (what the kernels write). q: contiguous host view
+// [B, H, S, D]; k, v: [B, Hkv, S, D] with Hkv dividing H (query head h reads kv head h / (H /
+// Hkv)). Views, so that one buffer serves every shape of a bench grid.
+std::vector<double> attention_f64_rows(const TensorView& q, const TensorView& k, const TensorView& v, const ScoreRule& rule,
+                                       const RowSample& s);
+// The same for plain attention, causal (top-left aligned) or not; q, k and v all [B, H, S, D].
 std::vector<double> attention_f64_rows(const TensorView& q, const TensorView& k, const TensorView& v, bool causal,
                                        const RowSample& s);
 // The same rows of an output [B, H, S, D] (a contiguous host view).
@@ -117,6 +158,9 @@ struct AttentionAccuracy {
 };
 AttentionAccuracy compare_rows(const std::vector<double>& got, const std::vector<double>& ref);
 int64_t count_nonfinite(const TensorView& host);
+// A whole output (a host view [B, H, S, D]) against the float64 rows of `s`: compare_rows of the
+// sampled rows, and `unwritten` counted over every element (the output was poisoned before).
+AttentionAccuracy check_output(const TensorView& got, const RowSample& s, const std::vector<double>& ref);
 
 // ---- timing -----------------------------------------------------------------------------
 
@@ -162,6 +206,61 @@ struct BenchResult {
   std::string note;         // e.g. the Triton config
 };
 using BenchRow = std::map<std::string, BenchResult>;   // by implementation name (below)
+
+// ---- bench plumbing shared by `tilejit bench attention` and `tilejit bench variants` ----------
+
+// A kernel the timing loop will launch, to compile ahead.
+struct CompileJob {
+  const Kernel* kernel;
+  std::vector<ArgSpec> specs;
+  Config config;
+};
+// Compiles (NVRTC, or the disk cache) every job on every core, so that no compile lands in a
+// measurement and the compiles overlap. A job whose specs guess wrong costs only time: the
+// launch compiles what it needs. Failures are one printed note, never an error (the timing loop
+// reports them where they happen).
+void precompile(const std::vector<CompileJob>& jobs, const std::string& arch);
+
+// A config in a few characters for notes: "m128 n128 s2 attn_block_skip=0".
+std::string config_brief(const Config& c);
+
+// One implementation timed: `out` poisoned (NaN), fn run once and `out` copied to *output (when
+// given, for the accuracy check), then time_launches; ms = the median, tflops from `flops`, the
+// spread in the note.
+BenchResult measure(const std::function<void()>& fn, DeviceTensor& out, std::optional<HostTensor>* output, double flops,
+                    CUstream stream, int reps, int warmup, L2Flusher& l2);
+
+// bench/attention/peers.py: `given` (throws tj::Error when it does not exist), else the one in the
+// current directory, the source tree, or beside the program; "" when none is found.
+std::string find_peers_script(const std::string& given);
+// Runs argv (PATH lookup) with this process's stdout/stderr and PYTHONUNBUFFERED=1; its exit
+// status (128 + signal when killed). Throws tj::Error when it cannot start (e.g. no python3).
+int run_subprocess(const std::vector<std::string>& argv);
+// Runs peers.py with `args` (after the script, before --csv FILE) and hands each line of the CSV
+// it wrote to `read`; what went wrong (no script, no python, a non-zero exit) becomes a note.
+// `what` names the peers in the progress line.
+void run_peers_script(const std::string& python, const std::string& script_option, const std::vector<std::string>& args,
+                      const std::string& what, const std::function<void(std::istream&)>& read,
+                      std::vector<std::string>& notes);
+
+// --out FILE.md: throws tj::Error now (before any timing) when its directory does not exist.
+void check_out_path(const std::string& out);
+// Prints the markdown and writes it to `out` (when not empty).
+void emit_markdown(const std::string& md, const std::string& out);
+
+// A peers.py CSV line by column name; the last column (`note`) keeps its commas.
+using CsvRecord = std::map<std::string, std::string>;
+// Reads a peers.py CSV: the first line names the columns, and each of `required` must be among
+// them (else one note and nothing read); '#' lines are notes; each other line goes to `row`. A
+// line with too few fields, or one `row` throws on, becomes a note, never an error.
+void read_csv(std::istream& in, const std::vector<std::string>& required, std::vector<std::string>& notes,
+              const std::function<void(const CsvRecord&)>& row);
+
+// Table cells: TFLOP/s ("611.1", " (FAIL)" when its check failed), a ratio of two results'
+// TFLOP/s ("1.11"), a relative RMSE ("5.0e-02"); "n/a" for what was not measured.
+std::string tflops_cell(const BenchResult* r);
+std::string ratio_cell(const BenchResult* a, const BenchResult* b);
+std::string rmse_cell(const BenchResult* r);
 using BenchTable = std::map<BenchShape, BenchRow>;
 // Implementation names. tilejit: "tilejit_fp8" (attention_fp8 on pre-quantized inputs),
 // "tilejit_fp8_pipeline" (quantize pre-passes + attention_fp8), "tilejit_bf16"; peers.py:

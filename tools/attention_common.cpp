@@ -25,23 +25,6 @@ namespace tj::tools {
 
 namespace {
 
-// Runs fn(i) for i in [0, n) on every core, in contiguous chunks.
-template <class Fn>
-void parallel_for(int64_t n, Fn fn) {
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), n));
-  if (threads <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const int64_t chunk = (n + threads - 1) / threads;
-  for (int64_t t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      for (int64_t i = t * chunk; i < std::min(n, (t + 1) * chunk); ++i) fn(i);
-    });
-  for (auto& th : pool) th.join();
-}
-
 bool is_tensor_core_head_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
 std::string dims(const std::vector<int64_t>& v) { return fmt::format("{}", fmt::join(v, ", ")); }
@@ -60,6 +43,15 @@ const std::vector<int64_t>& grid_head_dims() {
 double attention_flops(int64_t B, int64_t H, int64_t S, int64_t D, bool causal) {
   return 4.0 * static_cast<double>(B) * static_cast<double>(H) * static_cast<double>(S) * static_cast<double>(S) *
          static_cast<double>(D) * (causal ? 0.5 : 1.0);
+}
+
+double scale_log2(int64_t D) { return 1.4426950408889634 / std::sqrt(static_cast<double>(D)); }
+
+TensorView reshaped(const TensorView& t, std::vector<int64_t> shape) {
+  TensorView v = t;
+  v.shape = std::move(shape);
+  v.strides.clear();
+  return v;
 }
 
 // ---- options -> problem -------------------------------------------------------------------
@@ -215,49 +207,68 @@ RowSample sample_rows(int64_t BH, int64_t S, int64_t D, double flop_budget, bool
   return s;
 }
 
-std::vector<double> attention_f64_rows(const TensorView& q, const TensorView& k, const TensorView& v, bool causal,
+ScoreRule causal_rule() {
+  return ScoreRule{[](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; }, {}};
+}
+
+std::vector<double> attention_f64_rows(const TensorView& q, const TensorView& k, const TensorView& v, const ScoreRule& rule,
                                        const RowSample& s) {
-  if (q.rank() != 4 || k.shape != q.shape || v.shape != q.shape)
-    throw Error(fmt::format("attention_f64_rows: q {} k {} v {} must be one [B, H, S, D]", q.describe(), k.describe(), v.describe()));
-  const int64_t S = q.shape[2], D = q.shape[3];
+  if (q.rank() != 4 || k.rank() != 4 || v.shape != k.shape || k.shape[0] != q.shape[0] || k.shape[2] != q.shape[2] ||
+      k.shape[3] != q.shape[3] || k.shape[1] < 1 || q.shape[1] % k.shape[1] != 0)
+    throw Error(fmt::format("attention_f64_rows: q {} k {} v {} must be q [B, H, S, D] and k, v [B, Hkv, S, D] with Hkv "
+                            "dividing H",
+                            q.describe(), k.describe(), v.describe()));
+  const int64_t H = q.shape[1], Hkv = k.shape[1], S = q.shape[2], D = q.shape[3];
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const int64_t R = static_cast<int64_t>(s.rows.size());
   std::vector<double> out(static_cast<size_t>(s.count() * D));
   for (size_t hi = 0; hi < s.heads.size(); ++hi) {
-    const int64_t base = s.heads[hi] * S * D;
+    const int64_t bh = s.heads[hi], b = bh / H, h = bh % H;
+    const int64_t q_base = bh * S * D, kv_base = (b * Hkv + h / (H / Hkv)) * S * D;
     // This head's keys and values decoded once: every sampled row reads all of them.
     std::vector<double> kv(static_cast<size_t>(S * D)), vv(static_cast<size_t>(S * D));
     parallel_for(S, [&](int64_t j) {
       for (int64_t d = 0; d < D; ++d) {
-        kv[j * D + d] = numerics::load_element(k.data, k.dtype, base + j * D + d);
-        vv[j * D + d] = numerics::load_element(v.data, v.dtype, base + j * D + d);
+        kv[j * D + d] = numerics::load_element(k.data, k.dtype, kv_base + j * D + d);
+        vv[j * D + d] = numerics::load_element(v.data, v.dtype, kv_base + j * D + d);
       }
     });
     parallel_for(R, [&](int64_t ri) {
       const int64_t i = s.rows[ri];
-      std::vector<double> qi(D), sc;
-      for (int64_t d = 0; d < D; ++d) qi[d] = numerics::load_element(q.data, q.dtype, base + i * D + d);
-      const int64_t n = causal ? std::min(i + 1, S) : S;
-      sc.resize(n);
+      std::vector<double> qi(D), sc(S, -INFINITY);
+      for (int64_t d = 0; d < D; ++d) qi[d] = numerics::load_element(q.data, q.dtype, q_base + i * D + d);
       double mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = 0; j < S; ++j) {
+        if (rule.keep && !rule.keep(b, h, i, j)) continue;   // masked keys cost no dot product
         double dot = 0;
         for (int64_t d = 0; d < D; ++d) dot += qi[d] * kv[j * D + d];
-        sc[j] = dot * scale;
+        sc[j] = rule.score ? rule.score(dot * scale, b, h, i, j) : dot * scale;
         mx = std::max(mx, sc[j]);
+      }
+      double* o = out.data() + (static_cast<int64_t>(hi) * R + ri) * D;
+      if (mx == -INFINITY) {   // no key: the kernels write 0
+        std::fill(o, o + D, 0.0);
+        return;
       }
       double l = 0;
       std::vector<double> acc(D, 0.0);
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = 0; j < S; ++j) {
+        if (sc[j] == -INFINITY) continue;
         const double p = std::exp(sc[j] - mx);
         l += p;
         for (int64_t d = 0; d < D; ++d) acc[d] += p * vv[j * D + d];
       }
-      double* o = out.data() + (static_cast<int64_t>(hi) * R + ri) * D;
       for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / l;
     });
   }
   return out;
+}
+
+std::vector<double> attention_f64_rows(const TensorView& q, const TensorView& k, const TensorView& v, bool causal,
+                                       const RowSample& s) {
+  if (q.rank() != 4 || k.shape != q.shape || v.shape != q.shape)
+    throw Error(fmt::format("attention_f64_rows: q {} k {} v {} must be one [B, H, S, D]", q.describe(), k.describe(), v.describe()));
+  return attention_f64_rows(q, k, v, causal ? causal_rule() : ScoreRule{}, s);
 }
 
 std::vector<double> gather_rows(const TensorView& o, const RowSample& s) {
@@ -269,6 +280,12 @@ std::vector<double> gather_rows(const TensorView& o, const RowSample& s) {
         out[(static_cast<int64_t>(hi) * R + ri) * D + d] =
             numerics::load_element(o.data, o.dtype, (s.heads[hi] * S + s.rows[ri]) * D + d);
   return out;
+}
+
+AttentionAccuracy check_output(const TensorView& got, const RowSample& s, const std::vector<double>& ref) {
+  AttentionAccuracy a = compare_rows(gather_rows(got, s), ref);
+  a.unwritten = count_nonfinite(got);
+  return a;
 }
 
 bool AttentionAccuracy::passes(const AttentionTolerance& t) const {
@@ -410,10 +427,10 @@ std::string trim(std::string s) {
 }
 }  // namespace
 
-void read_peer_csv(std::istream& in, BenchTable& table, std::vector<std::string>& notes) {
+void read_csv(std::istream& in, const std::vector<std::string>& required, std::vector<std::string>& notes,
+              const std::function<void(const CsvRecord&)>& row) {
   std::string line;
-  std::map<std::string, size_t> col;
-  const std::vector<std::string> need = {"S", "D", "B", "H", "causal", "peer", "ms", "tflops", "rrmse", "ok", "note"};
+  std::vector<std::string> columns;
   while (std::getline(in, line)) {
     line = trim(line);
     if (line.empty()) continue;
@@ -422,37 +439,56 @@ void read_peer_csv(std::istream& in, BenchTable& table, std::vector<std::string>
       continue;
     }
     std::vector<std::string> f = split(line, ',');
-    if (col.empty()) {
-      for (size_t i = 0; i < f.size(); ++i) col[trim(f[i])] = i;
-      for (const auto& n : need)
-        if (!col.count(n)) {
+    if (columns.empty()) {
+      for (const auto& c : f) columns.push_back(trim(c));
+      for (const auto& n : required)
+        if (std::find(columns.begin(), columns.end(), n) == columns.end()) {
           notes.push_back(fmt::format("peers.py CSV: no '{}' column in its header '{}'; peer rows ignored", n, line));
           return;
         }
       continue;
     }
-    // The note is the last column and may hold commas: everything after the other columns.
-    if (f.size() < need.size()) {
+    // The last column (the note) may hold commas: it is everything after the other columns.
+    if (f.size() < columns.size()) {
       notes.push_back(fmt::format("peers.py CSV: unreadable line '{}'", line));
       continue;
     }
+    CsvRecord r;
+    for (size_t i = 0; i + 1 < columns.size(); ++i) r[columns[i]] = trim(f[i]);
+    std::vector<std::string> rest(f.begin() + static_cast<long>(columns.size() - 1), f.end());
+    r[columns.back()] = trim(fmt::format("{}", fmt::join(rest, ",")));
     try {
-      auto get = [&](const char* n) { return trim(f.at(col.at(n))); };
-      BenchShape s{std::stoll(get("B")), std::stoll(get("H")), std::stoll(get("S")), std::stoll(get("D")), get("causal") == "1"};
-      BenchResult r;
-      r.ms = std::stod(get("ms"));
-      r.tflops = std::stod(get("tflops"));
-      const std::string rr = get("rrmse");
-      r.rel_rmse = rr.empty() ? -1 : std::stod(rr);
-      r.ok = get("ok") != "0";
-      std::vector<std::string> rest(f.begin() + static_cast<long>(col.at("note")), f.end());
-      r.note = trim(fmt::format("{}", fmt::join(rest, ",")));
-      table[s][get("peer")] = r;
+      row(r);
     } catch (const std::exception&) {
       notes.push_back(fmt::format("peers.py CSV: unreadable line '{}'", line));
     }
   }
 }
+
+void read_peer_csv(std::istream& in, BenchTable& table, std::vector<std::string>& notes) {
+  read_csv(in, {"S", "D", "B", "H", "causal", "peer", "ms", "tflops", "rrmse", "ok", "note"}, notes, [&](const CsvRecord& f) {
+    BenchShape s{std::stoll(f.at("B")), std::stoll(f.at("H")), std::stoll(f.at("S")), std::stoll(f.at("D")), f.at("causal") == "1"};
+    BenchResult r;
+    r.ms = std::stod(f.at("ms"));
+    r.tflops = std::stod(f.at("tflops"));
+    const std::string& rr = f.at("rrmse");
+    r.rel_rmse = rr.empty() ? -1 : std::stod(rr);
+    r.ok = f.at("ok") != "0";
+    r.note = f.at("note");
+    table[s][f.at("peer")] = r;
+  });
+}
+
+std::string tflops_cell(const BenchResult* r) {
+  if (!r) return "n/a";
+  return fmt::format("{:.1f}{}", r->tflops, r->ok ? "" : " (FAIL)");
+}
+
+std::string ratio_cell(const BenchResult* a, const BenchResult* b) {
+  return a && b ? fmt::format("{:.2f}", a->tflops / b->tflops) : std::string("n/a");
+}
+
+std::string rmse_cell(const BenchResult* r) { return r && r->rel_rmse >= 0 ? fmt::format("{:.1e}", r->rel_rmse) : "n/a"; }
 
 std::string bench_markdown(const std::vector<BenchShape>& shapes, const BenchTable& table, const std::vector<std::string>& header,
                            const std::vector<std::string>& notes) {
@@ -462,16 +498,9 @@ std::string bench_markdown(const std::vector<BenchShape>& shapes, const BenchTab
     auto jt = it->second.find(impl);
     return jt == it->second.end() || jt->second.tflops <= 0 ? nullptr : &jt->second;
   };
-  auto num = [](const BenchResult* r) {
-    if (!r) return std::string("n/a");
-    return fmt::format("{:.1f}{}", r->tflops, r->ok ? "" : " (FAIL)");
-  };
-  auto ratio = [](const BenchResult* a, const BenchResult* b) {
-    return a && b ? fmt::format("{:.2f}", a->tflops / b->tflops) : std::string("n/a");
-  };
-  auto err = [](const BenchResult* r) {
-    return r && r->rel_rmse >= 0 ? fmt::format("{:.1e}", r->rel_rmse) : std::string("n/a");
-  };
+  auto num = tflops_cell;
+  auto ratio = ratio_cell;
+  auto err = rmse_cell;
   std::string md;
   for (const auto& h : header) md += h + "\n";
   if (!header.empty()) md += "\n";

@@ -8,21 +8,10 @@
 // two CUDA events, the L2 cache flushed before each; random N(0, 1) inputs; each output poisoned
 // and checked against float64 (sampled rows) before it is timed.
 #include <fmt/format.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <future>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
@@ -33,33 +22,14 @@
 #include "runtime/nvrtc.h"
 #include "tools/attention.h"
 
-extern char** environ;
-
 namespace tj::tools {
 
 namespace {
 
-namespace fs = std::filesystem;
-
 // float64 work per shape for the accuracy column (2 heads, evenly spaced rows; at least 16 rows).
 constexpr double kAccuracyFlopBudget = 1e9;
 
-double scale_log2(int64_t D) { return 1.4426950408889634 / std::sqrt(static_cast<double>(D)); }
-
-TensorView reshaped(const TensorView& t, std::vector<int64_t> shape) {
-  TensorView v = t;
-  v.shape = std::move(shape);
-  v.strides.clear();
-  return v;
-}
-
 // ---- compile everything first, on every core ----------------------------------------------
-
-struct CompileJob {
-  const Kernel* kernel;
-  std::vector<ArgSpec> specs;
-  Config config;
-};
 
 // The attention_fp8 specialization that the pipeline and the kernel-alone launch use (no LSE: a
 // 1-element dummy, with_lse false).
@@ -71,105 +41,13 @@ std::vector<ArgSpec> attention_specs(DType in, const BenchShape& s) {
           RuntimeScalar{static_cast<float>(scale_log2(s.D))}, RuntimeScalar{1.0f}, s.causal, false};
 }
 
-// Compiles (NVRTC, or the disk cache) every kernel the timing loop will launch, so that no compile
-// lands in a measurement and the compiles overlap. A job whose specs guess wrong (the pipeline's
-// internals changed) costs only time: the launch compiles what it needs.
-void precompile(const std::vector<CompileJob>& jobs, const std::string& arch) {
-  std::atomic<size_t> next{0};
-  std::atomic<int> failed{0};
-  std::string first_error;
-  std::mutex error_mutex;
-  const size_t threads = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), jobs.size()));
-  std::vector<std::thread> pool;
-  for (size_t t = 0; t < threads; ++t)
-    pool.emplace_back([&] {
-      for (size_t i; (i = next++) < jobs.size();) {
-        try {
-          compile(*jobs[i].kernel, jobs[i].specs, jobs[i].config, CompileRequest{arch, false, /*load=*/false});
-        } catch (const std::exception& e) {
-          ++failed;
-          std::lock_guard lock(error_mutex);
-          if (first_error.empty()) first_error = e.what();
-        }
-      }
-    });
-  for (auto& th : pool) th.join();
-  if (failed) fmt::print("note: {} of {} kernels did not compile ahead (the timing loop reports it): {}\n", failed.load(),
-                         jobs.size(), first_error);
-}
-
-// ---- the peers' script --------------------------------------------------------------------
-
-std::string find_peers_script(const std::string& given) {
-  if (!given.empty()) {
-    if (!fs::exists(given)) throw Error(fmt::format("--peers-script {}: no such file", given));
-    return given;
-  }
-  std::vector<fs::path> candidates = {"bench/attention/peers.py"};
-#ifdef TILEJIT_SOURCE_DIR
-  candidates.push_back(fs::path(TILEJIT_SOURCE_DIR) / "bench/attention/peers.py");
-#endif
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(exe.parent_path() / "../../bench/attention/peers.py");   // build/tools, .device/bin
-  for (const auto& c : candidates)
-    if (fs::exists(c, ec)) return c.string();
-  return "";
-}
-
-// Runs argv (PATH lookup) with this process's stdout/stderr; returns its exit status, or throws
-// when it cannot start (e.g. no python3).
-int run_subprocess(const std::vector<std::string>& argv) {
-  std::vector<std::string> env_store;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "PYTHONUNBUFFERED=", 17) != 0) env_store.emplace_back(*e);
-  env_store.emplace_back("PYTHONUNBUFFERED=1");   // its progress interleaves with ours in order
-  std::vector<char*> args, env;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  for (auto& e : env_store) env.push_back(e.data());
-  env.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t pid = 0;
-  int rc = posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), env.data());
-  if (rc != 0) throw Error(fmt::format("could not start {}: {}", argv[0], std::strerror(rc)));
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
-
 void run_peers(const BenchAttentionOptions& o, const std::vector<BenchShape>& shapes, BenchTable& table,
                std::vector<std::string>& notes) {
-  const std::string script = find_peers_script(o.peers_script);
-  if (script.empty()) {
-    notes.push_back("peers: bench/attention/peers.py not found (run from the repository root, or give --peers-script); "
-                    "tilejit rows only");
-    return;
-  }
-  const fs::path csv = fs::temp_directory_path() / fmt::format("tilejit_peers_{}.csv", ::getpid());
-  fs::remove(csv);
-  std::vector<std::string> argv = {o.python, script, "--csv", csv.string(), "--shapes", peers_shape_list(shapes),
-                                   "--reps", std::to_string(o.reps), "--warmup", std::to_string(o.warmup),
-                                   "--seed", std::to_string(o.seed)};
-  fmt::print("\npeers: {} {} (PyTorch SDPA bf16 flash / cuDNN, Triton fp8)\n", o.python, script);
-  int status = 0;
-  try {
-    status = run_subprocess(argv);
-  } catch (const std::exception& e) {
-    notes.push_back(fmt::format("peers: {} (no Python here?); tilejit rows only", e.what()));
-    return;
-  }
-  if (status == 127) notes.push_back(fmt::format("peers: '{}' could not be run (exit status 127); tilejit rows only", o.python));
-  else if (status != 0) notes.push_back(fmt::format("peers: peers.py exited with status {} (its output above says why); "
-                                                    "the rows it finished are kept", status));
-  std::ifstream in(csv);
-  if (in) read_peer_csv(in, table, notes);
-  else if (status == 0) notes.push_back("peers: peers.py wrote no CSV; tilejit rows only");
-  std::error_code ec;
-  fs::remove(csv, ec);
+  run_peers_script(o.python, o.peers_script,
+                   {"--shapes", peers_shape_list(shapes), "--reps", std::to_string(o.reps), "--warmup", std::to_string(o.warmup),
+                    "--seed", std::to_string(o.seed)},
+                   "PyTorch SDPA bf16 flash / cuDNN, Triton fp8", [&](std::istream& in) { read_peer_csv(in, table, notes); },
+                   notes);
 }
 
 // ---- tilejit's rows -------------------------------------------------------------------------
@@ -178,14 +56,6 @@ struct Inputs {
   HostTensor q, k, v;                   // bf16, N(0, 1), flat: every grid shape views them
   DeviceTensor dq, dk, dv, o, no_lse;   // no_lse: the kernel-alone launch's LSE dummy
 };
-
-std::string brief(const Config& c) {
-  std::string s;
-  for (const auto& [k, v] : c.blocks) s += fmt::format("{}{} ", k, v);
-  s += fmt::format("s{}", c.num_stages);
-  for (const auto& [k, v] : c.knobs) s += fmt::format(" {}={}", k, v);
-  return s;
-}
 
 // Times one shape's three tilejit implementations and checks their outputs; fills `row`.
 bool bench_shape(const BenchShape& s, Inputs& in, CUstream stream, L2Flusher& l2, const BenchAttentionOptions& o,
@@ -201,23 +71,16 @@ bool bench_shape(const BenchShape& s, Inputs& in, CUstream stream, L2Flusher& l2
   });
 
   // One implementation: poison the output, run once, keep the output for the check, then time.
-  auto measure = [&](const std::function<void()>& fn, BenchResult& r, std::optional<HostTensor>* output) {
-    in.o.fill_bytes(0xFF);
-    fn();
-    runtime::synchronize();
-    if (output) output->emplace(in.o.to_host());
-    Timing t = time_launches(fn, stream, o.reps, o.warmup, l2);
-    r.ms = t.median_ms;
-    r.tflops = tflops(flops, t.median_ms);
-    r.note = fmt::format("min {:.4f} max {:.4f} ms", t.min_ms, t.max_ms);
+  auto timed = [&](const std::function<void()>& fn, BenchResult& r, std::optional<HostTensor>* output) {
+    r = measure(fn, in.o, output, flops, stream, o.reps, o.warmup, l2);
   };
 
   // FP8: the pipeline from bf16, then the attention kernel alone on what it quantized.
   std::string src8, src16;
   const Config c8 = attention_config(DType::e4m3, DType::bf16, shape, s.causal, src8);
   const Config c16 = attention_config(DType::bf16, DType::bf16, shape, s.causal, src16);
-  config_notes.insert(fmt::format("D={} {} fp8: {} ({}), bf16: {} ({})", s.D, s.causal ? "causal" : "non-causal", brief(c8), src8,
-                                  brief(c16), src16));
+  config_notes.insert(fmt::format("D={} {} fp8: {} ({}), bf16: {} ({})", s.D, s.causal ? "causal" : "non-causal", config_brief(c8), src8,
+                                  config_brief(c16), src16));
   kernels::AttentionFp8Workspace ws;
   kernels::AttentionFp8Options opt8;
   opt8.causal = s.causal;
@@ -226,24 +89,22 @@ bool bench_shape(const BenchShape& s, Inputs& in, CUstream stream, L2Flusher& l2
   opt8.stream = stream;
   std::optional<HostTensor> got8, got16;
   BenchResult pipe, fp8, bf16;
-  measure([&] { kernels::attention_fp8_forward(q, k, v, out, opt8, ws); }, pipe, &got8);
+  timed([&] { kernels::attention_fp8_forward(q, k, v, out, opt8, ws); }, pipe, &got8);
   LaunchOptions lo;
   lo.config = c8;
   lo.stream = stream;
   const std::vector<Arg> args = {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(),
                                  out,           in.no_lse.view(), scale_log2(s.D), 1.0,          s.causal,       false};
-  measure([&] { launch(kernels::attention_fp8(), args, lo); }, fp8, nullptr);
+  timed([&] { launch(kernels::attention_fp8(), args, lo); }, fp8, nullptr);
 
   kernels::AttentionFp8Options opt16 = opt8;
   opt16.quantize = false;
   opt16.attention_config = c16;
-  measure([&] { kernels::attention_fp8_forward(q, k, v, out, opt16, ws); }, bf16, &got16);
+  timed([&] { kernels::attention_fp8_forward(q, k, v, out, opt16, ws); }, bf16, &got16);
 
   const std::vector<double> ref = reference.get();
   auto check = [&](const HostTensor& got, AttentionPath path, BenchResult& r) {
-    const TensorView g = reshaped(got.view(), shape);
-    AttentionAccuracy a = compare_rows(gather_rows(g, sample), ref);
-    a.unwritten = count_nonfinite(g);
+    AttentionAccuracy a = check_output(reshaped(got.view(), shape), sample, ref);
     r.rel_rmse = a.rel_rmse;
     r.ok = a.passes(attention_tolerance(path));
     return a;
@@ -266,10 +127,7 @@ bool bench_shape(const BenchShape& s, Inputs& in, CUstream stream, L2Flusher& l2
 
 int bench_attention(const BenchAttentionOptions& o) {
   const std::vector<BenchShape> shapes = bench_shapes(o);
-  if (!o.out.empty()) {
-    const fs::path parent = fs::path(o.out).parent_path();
-    if (!parent.empty() && !fs::is_directory(parent)) throw Error(fmt::format("--out {}: no directory '{}'", o.out, parent.string()));
-  }
+  check_out_path(o.out);
   if (!o.peers_script.empty()) find_peers_script(o.peers_script);   // a wrong path fails now, not after the timing
   if (!runtime::driver().available())
     throw Error(fmt::format("tilejit bench attention times kernels on a CUDA GPU; none here ({})",
@@ -361,13 +219,7 @@ int bench_attention(const BenchAttentionOptions& o) {
   if (o.peers) run_peers(o, shapes, table, notes);
   else notes.push_back("peers: not run (--no-peers)");
 
-  const std::string md = bench_markdown(shapes, table, header, notes);
-  fmt::print("\n{}", md);
-  if (!o.out.empty()) {
-    std::ofstream f(o.out);
-    if (!(f << md)) throw Error(fmt::format("--out {}: could not write", o.out));
-    fmt::print("written to {}\n", o.out);
-  }
+  emit_markdown(bench_markdown(shapes, table, header, notes), o.out);
   return all_ok ? 0 : 1;
 }
 

@@ -54,6 +54,29 @@ struct BenchAttentionOptions {
 };
 int bench_attention(const BenchAttentionOptions& o);
 
+// `tilejit bench variants` (issue #7): the attention variants of kernels/attention_variants.h
+// (and GQA) in bf16 and fp8, with and without block skipping, against PyTorch's compiled
+// flex_attention and SDPA with an explicit mask (bench/attention/peers.py --variants), one
+// markdown table (tools/variants.h).
+struct BenchVariantsOptions {
+  int64_t seq = 0;                // 0: 2048 and 8192 (--quick: 8192)
+  int64_t head_dim = 0;           // 0: 128
+  std::vector<std::string> variants;   // empty: all (tools/variants.h: variant_names())
+  int reps = 20;                  // timed launches per implementation (median); --quick: 10 unless given
+  int warmup = 3;
+  bool peers = true;
+  bool quick = false;
+  std::string out;
+  std::string python = "python3";
+  std::string peers_script;
+  uint64_t seed = 20261122;
+};
+// The variants' options from the `bench` command line they share with `bench attention`:
+// `variant` is --variant (NAME or NAME,NAME,...; empty: all), `reps_given` whether --reps was on
+// it. Throws tj::Error for the attention-only mask flags (--causal, --non-causal, --both).
+BenchVariantsOptions variants_options(const BenchAttentionOptions& common, const std::string& variant, bool reps_given);
+int bench_variants(const BenchVariantsOptions& o);
+
 // `tilejit demo`: trace, generate, compile and check kernels end to end, on any machine.
 int demo();
 

@@ -73,19 +73,28 @@ int main(int argc, char** argv) {
   run->add_option("--head-dim", run_opts.head_dim, "attention: head dim D, 64/128/256 for e4m3/bf16/f16 (default 128)");
 
   tj::tools::BenchAttentionOptions bench_opts;
-  std::string bench_what;
-  auto* bench = app.add_subcommand("bench", "Benchmark a kernel family against its peers on this GPU (attention)");
-  bench->add_option("what", bench_what, "what to benchmark: attention")->required();
-  bench->add_option("--seq", bench_opts.seq, "one sequence length of the grid (1024 .. 16384; default all)");
-  bench->add_option("--head-dim", bench_opts.head_dim, "one head dim of the grid (64, 128, 256; default all)");
-  bench->add_flag("--causal", bench_opts.causal, "causal shapes only");
-  bench->add_flag("--non-causal", bench_opts.non_causal, "non-causal shapes only");
-  bench->add_flag("--both", bench_opts.both, "causal and non-causal shapes (the default)");
-  bench->add_option("--reps", bench_opts.reps, "timed launches per implementation and shape (median)")->capture_default_str();
+  std::string bench_what, bench_variant;
+  auto* bench = app.add_subcommand("bench", "Benchmark a kernel family against its peers on this GPU (attention, variants)");
+  bench->add_option("what", bench_what,
+                    "what to benchmark: attention (FP8 / bf16 vs SDPA and Triton) or variants (issue #7's attention variants "
+                    "vs flex_attention and masked SDPA)")
+      ->required();
+  bench->add_option("--seq", bench_opts.seq,
+                    "one sequence length of the grid (1024 .. 16384; default: attention all, variants 2048 and 8192)");
+  bench->add_option("--head-dim", bench_opts.head_dim, "one head dim of the grid (64, 128, 256; default: attention all, variants 128)");
+  bench->add_flag("--causal", bench_opts.causal, "attention: causal shapes only");
+  bench->add_flag("--non-causal", bench_opts.non_causal, "attention: non-causal shapes only");
+  bench->add_flag("--both", bench_opts.both, "attention: causal and non-causal shapes (the default)");
+  bench->add_option("--variant", bench_variant,
+                    "variants: NAME[,NAME...] of causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment (default all)");
+  auto* bench_reps =
+      bench->add_option("--reps", bench_opts.reps, "timed launches per implementation and shape (median; variants --quick: 10)")
+          ->capture_default_str();
   bench->add_option("--warmup", bench_opts.warmup, "untimed launches before them")->capture_default_str();
   bench->add_flag("--peers,!--no-peers", bench_opts.peers,
-                  "run the peers (bench/attention/peers.py: PyTorch SDPA, Triton fp8) after tilejit (default: yes)");
-  bench->add_flag("--quick", bench_opts.quick, "smoke test: S 2048, D 128 (unless --seq/--head-dim), causal and not");
+                  "run the peers (bench/attention/peers.py: PyTorch SDPA, Triton fp8 / flex_attention) after tilejit (default: yes)");
+  bench->add_flag("--quick", bench_opts.quick,
+                  "smoke test: attention S 2048, D 128, causal and not; variants S 8192 (unless --seq/--head-dim)");
   bench->add_option("--out", bench_opts.out, "also write the markdown table to this file");
   bench->add_option("--python", bench_opts.python, "the Python that runs the peers")->capture_default_str();
   bench->add_option("--peers-script", bench_opts.peers_script, "the peers' script (default: bench/attention/peers.py)");
@@ -118,7 +127,12 @@ int main(int argc, char** argv) {
     if (*show) return tj::tools::show(show_opts, show_ir, show_ptx);
     if (*tune) return tj::tools::tune(tune_opts, tune_cli);
     if (*bench) {
-      if (bench_what != "attention") throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention)", bench_what));
+      if (bench_what == "variants")
+        return tj::tools::bench_variants(tj::tools::variants_options(bench_opts, bench_variant, bench_reps->count() > 0));
+      if (bench_what != "attention")
+        throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention, variants)", bench_what));
+      if (!bench_variant.empty())
+        throw tj::Error("--variant applies to `tilejit bench variants`; `tilejit bench attention` times plain attention");
       return tj::tools::bench_attention(bench_opts);
     }
     if (*run) {

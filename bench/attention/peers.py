@@ -23,10 +23,25 @@ Usage (tilejit bench attention runs it; alone it prints the same table of its ow
   python3 bench/attention/peers.py [--shapes 2048x128x0,2048x128x1] [--seq S] [--head-dim D]
       [--causal|--non-causal] [--reps N] [--warmup N] [--quick] [--csv FILE] [--only PEER,...]
 CSV columns: S,D,B,H,causal,peer,ms,tflops,rrmse,ok,note; lines starting with '#' are notes.
+
+--variants mode (tilejit bench variants runs it): issue #7's attention variants (causal,
+sliding_window, alibi, softcap, prefix_lm, gqa, segment; their parameters on the command line),
+bf16, B*S = 16384, H*D = 2048, S from --seqs:
+  flex_bf16       torch.compile(flex_attention) with the variant's score_mod / mask_mod and a
+                  BlockMask from create_block_mask (built once, outside the timing), so flex
+                  skips the blocks the mask rules out, as tilejit does; GQA with enable_gqa
+  sdpa_mask_bf16  scaled_dot_product_attention with a boolean attn_mask (sliding_window,
+                  prefix_lm, segment) or is_causal=True (causal, gqa), backend chosen by PyTorch
+TFLOP/s = 4*D*(visible score entries) / time, the entries counted from the mask; accuracy vs
+float32 attention with the variant's meaning on 2 heads (ok: rRMSE <= 1e-2).
+  python3 bench/attention/peers.py --variants causal,gqa [--seqs 2048,8192] [--head-dim 128]
+      [--window 1024] [--segment 2048] [--softcap 30] [--gqa-group 4] [--prefix-div 4] [--csv FILE]
+CSV columns: variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note.
 """
 import argparse
 import math
 import sys
+import time
 import traceback
 
 TOKENS = 16384      # B * S
@@ -263,12 +278,16 @@ def parse_shapes(args):
 
 
 class Results:
+    """Rows and notes of a run, written to the CSV as they come (a crash later keeps what finished)."""
+
+    HEADER = "S,D,B,H,causal,peer,ms,tflops,rrmse,ok,note"
+
     def __init__(self, csv_path):
         self.rows = []
         self.notes = []
         self.csv = open(csv_path, "w") if csv_path else None
         if self.csv:
-            self.csv.write("S,D,B,H,causal,peer,ms,tflops,rrmse,ok,note\n")
+            self.csv.write(self.HEADER + "\n")
             self.csv.flush()
 
     def note(self, text):
@@ -278,14 +297,44 @@ class Results:
             self.csv.write("# " + text.replace("\n", " ") + "\n")
             self.csv.flush()
 
+    def write(self, key_fields, peer, ms, tf, rr, ok, note):
+        """One CSV line: the key's fields, then peer,ms,tflops,rrmse,ok,note (the note last: it may hold commas)."""
+        if self.csv:
+            self.csv.write(",".join(str(f) for f in key_fields) + ",%s,%.6f,%.3f,%s,%d,%s\n" % (
+                peer, ms, tf, "" if rr is None else "%.4e" % rr, 1 if ok else 0, note.replace("\n", " ")))
+            self.csv.flush()
+
     def add(self, shape, peer, ms, tf, rr, ok, note=""):
         B, H, S, D, causal = shape
         self.rows.append((shape, peer, ms, tf, rr, ok, note))
-        if self.csv:  # written as it goes: a crash later keeps what finished
-            self.csv.write("%d,%d,%d,%d,%d,%s,%.6f,%.3f,%s,%d,%s\n" % (
-                S, D, B, H, 1 if causal else 0, peer, ms, tf, "" if rr is None else "%.4e" % rr, 1 if ok else 0,
-                note.replace("\n", " ")))
-            self.csv.flush()
+        self.write((S, D, B, H, 1 if causal else 0), peer, ms, tf, rr, ok, note)
+
+
+class Attempts:
+    """Runs peers' measurements failing soft: an exception costs that peer's cell, and, since a
+    failure usually repeats for the same kind of problem (an unsupported backend, a kernel that
+    does not compile), it is noted once and the rest of that kind is skipped."""
+
+    def __init__(self, torch, res, only, verbose):
+        self.torch, self.res, self.only, self.verbose = torch, res, only, verbose
+        self.failed = {}
+
+    def __call__(self, peer, kind, where, scope, fn):
+        """fn() for `peer` unless it is not asked for or `kind` failed before; `where` and `scope`
+        say where it failed and what is skipped from then on."""
+        if peer not in self.only or kind in self.failed:
+            return
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            self.failed[kind] = one_line(e)
+            self.res.note("peers: %s failed at %s: %s (skipped for %s)" % (peer, where, self.failed[kind], scope))
+            if self.verbose:
+                traceback.print_exc()
+            try:
+                self.torch.cuda.synchronize()   # let a failed launch surface here, not in the next peer
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def run(args):
@@ -316,27 +365,12 @@ def run(args):
         res.note("peers: triton_fp8 skipped: torch has no float8_e4m3fn")
         only.discard("triton_fp8")
     timer = Timer(torch, args.reps, args.warmup)
-    # (peer, D, causal) -> first error. A failure usually repeats for the same head dim and mask
-    # (an unsupported backend, a kernel that does not compile): note it once, skip the rest of
-    # that kind, and try again on the next head dim.
-    failed = {}
+    attempts = Attempts(torch, res, only, args.verbose)
 
     def attempt(peer, shape, fn):
-        kind = (peer, shape[3], shape[4])
-        if peer not in only or kind in failed:
-            return
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001
-            failed[kind] = one_line(e)
-            res.note("peers: %s failed at S=%d D=%d causal=%d: %s (skipped for this D and mask)" % (
-                peer, shape[2], shape[3], shape[4], failed[kind]))
-            if args.verbose:
-                traceback.print_exc()
-            try:
-                torch.cuda.synchronize()   # let a failed launch surface here, not in the next peer
-            except Exception:  # noqa: BLE001
-                pass
+        # A failure is skipped for the rest of its (peer, head dim, mask); the next head dim tries again.
+        attempts(peer, (peer, shape[3], shape[4]), "S=%d D=%d causal=%d" % (shape[2], shape[3], shape[4]),
+                 "this D and mask", fn)
 
     gen = torch.Generator(device="cuda")
     cache = {}
@@ -421,6 +455,242 @@ def print_table(res):
         print("- " + n)
 
 
+# ---------------------------------------------------------------------------------------------
+# --variants: issue #7's attention variants (tilejit bench variants runs this mode)
+# ---------------------------------------------------------------------------------------------
+VARIANTS = ("causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment")
+VARIANT_PEERS = ("flex_bf16", "sdpa_mask_bf16")
+# What SDPA can run: a boolean attn_mask (sliding_window, prefix_lm, segment) or is_causal (causal,
+# gqa). ALiBi would need an additive float bias tensor and softcap a score function: not masks.
+SDPA_VARIANTS = ("causal", "sliding_window", "prefix_lm", "gqa", "segment")
+
+
+class VariantCase:
+    """One variant at one shape, with its meaning written once as FlexAttention mods.
+
+    mask_mod(b, h, q_idx, kv_idx) -> bool and score_mod(score, b, h, q_idx, kv_idx) -> score (None:
+    the score as is) take flex_attention's scalar index tensors, and broadcast the same way over
+    index grids, which is how the explicit SDPA masks, the float32 reference and the visible count
+    are built from them: one definition, so the peers cannot drift apart from each other. The
+    meaning is tilejit's (tools/bench_variants.cpp, kernels/attention_variants.cpp): top-left
+    aligned masks, the score in natural-log units after the 1/sqrt(D) scale.
+    """
+
+    def __init__(self, torch, name, S, D, args):
+        self.name, self.S, self.D = name, S, D
+        self.B, self.H = max(1, TOKENS // S), max(1, WIDTH // D)
+        self.Hkv = max(1, self.H // args.gqa_group) if name == "gqa" else self.H
+        self.per_batch = False    # the mask depends on b (the BlockMask then has a batch dim)
+        self.score_mod = None
+
+        def causal(b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+
+        self.mask_mod = causal
+        if name in ("causal", "gqa"):
+            pass
+        elif name == "sliding_window":
+            window = args.window
+
+            def sliding_window(b, h, q_idx, kv_idx):
+                return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+            self.mask_mod = sliding_window
+        elif name == "alibi":
+            slopes = torch.exp2(-8.0 * torch.arange(1, self.H + 1, device="cuda", dtype=torch.float32) / self.H)
+
+            def alibi(score, b, h, q_idx, kv_idx):
+                return score + slopes[h] * (kv_idx - q_idx)
+            self.score_mod = alibi
+        elif name == "softcap":
+            cap = float(args.softcap)
+
+            def softcap(score, b, h, q_idx, kv_idx):
+                return cap * torch.tanh(score / cap)
+            self.score_mod = softcap
+        elif name == "prefix_lm":
+            prefix = torch.full((self.B,), S // args.prefix_div, device="cuda", dtype=torch.int64)
+            self.per_batch = True
+
+            def prefix_lm(b, h, q_idx, kv_idx):
+                return (kv_idx <= q_idx) | (kv_idx < prefix[b])
+            self.mask_mod = prefix_lm
+        elif name == "segment":
+            segment = args.segment
+
+            def segment_mask(b, h, q_idx, kv_idx):
+                return (q_idx // segment) == (kv_idx // segment)
+            self.mask_mod = segment_mask
+        else:
+            raise ValueError("unknown variant %r (variants: %s)" % (name, ", ".join(VARIANTS)))
+
+    def key(self):
+        return (self.name, self.S, self.D, self.B, self.H, self.Hkv)
+
+    def grid_mask(self, torch, b, h):
+        """The [S, S] boolean mask of batch entry b, head h."""
+        idx = torch.arange(self.S, device="cuda")
+        return self.mask_mod(torch.tensor(b, device="cuda"), torch.tensor(h, device="cuda"), idx[:, None], idx[None, :])
+
+    def visible(self, torch):
+        """Visible score entries over all batch entries and heads, counted from the mask (the masks
+        here do not depend on the head)."""
+        per_b = [int(self.grid_mask(torch, b, 0).sum()) for b in (range(self.B) if self.per_batch else (0,))]
+        return self.H * (sum(per_b) if self.per_batch else per_b[0] * self.B)
+
+    def sdpa_mask(self, torch):
+        """SDPA's boolean attn_mask ([1 or B, 1, S, S]: True = attend), or None for is_causal."""
+        if self.name in ("causal", "gqa"):
+            return None
+        if self.per_batch:
+            return torch.stack([self.grid_mask(torch, b, 0) for b in range(self.B)])[:, None]
+        return self.grid_mask(torch, 0, 0)[None, None]
+
+    def reference(self, torch, q, k, v, heads):
+        """float32 attention with this meaning on the given (b, h): [len(heads), S, D]."""
+        out = []
+        group = self.H // self.Hkv
+        idx = torch.arange(self.S, device="cuda")
+        for b, h in heads:
+            bt, ht = torch.tensor(b, device="cuda"), torch.tensor(h, device="cuda")
+            s = (q[b, h].float() @ k[b, h // group].float().T) / math.sqrt(self.D)
+            if self.score_mod is not None:
+                s = self.score_mod(s, bt, ht, idx[:, None], idx[None, :])
+            s = s.masked_fill(~self.mask_mod(bt, ht, idx[:, None], idx[None, :]), float("-inf"))
+            out.append(torch.softmax(s, dim=-1) @ v[b, h // group].float())
+            del s
+        return torch.stack(out)
+
+
+class VariantResults(Results):
+    HEADER = "variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note"
+
+    def add(self, case, peer, ms, tf, rr, ok, note=""):
+        self.rows.append((case.key(), peer, ms, tf, rr, ok, note))
+        self.write(case.key(), peer, ms, tf, rr, ok, note)
+
+
+def raise_recompile_limits(torch):
+    """torch.compile recompiles flex_attention for each score_mod / mask_mod and shape; past dynamo's
+    recompile limit (8 by default) it would fall back to eager flex_attention, which is no peer."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 256))
+
+
+def run_variants(args):
+    res = VariantResults(args.csv)
+    names = args.variants.split(",")
+    for n in names:
+        if n not in VARIANTS:
+            res.note("peers: unknown variant %r (variants: %s): skipped" % (n, ", ".join(VARIANTS)))
+    names = [n for n in VARIANTS if n in names]
+    if args.seqs:
+        seqs = [int(x) for x in args.seqs.split(",")]
+    else:
+        seqs = [8192] if args.quick else [2048, 8192]
+    D = args.head_dim or 128
+    only = set(args.only.split(",")) if args.only else set(VARIANT_PEERS)
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as e:  # noqa: BLE001
+        res.note("peers: torch not available (%s): no peer rows" % one_line(e))
+        return res
+    if not torch.cuda.is_available():
+        res.note("peers: torch %s sees no CUDA device: no peer rows" % torch.__version__)
+        return res
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+    except Exception as e:  # noqa: BLE001
+        flex = create_block_mask = None
+        res.note("peers: flex_attention unavailable (%s): no flex rows" % one_line(e))
+        only.discard("flex_bf16")
+    try:
+        raise_recompile_limits(torch)
+    except Exception as e:  # noqa: BLE001
+        res.note("peers: dynamo's recompile limit not raised (%s): past 8 compiles flex may run eager" % one_line(e))
+    res.note("peers: torch %s, %s, triton %s; flex = torch.compile(flex_attention, dynamic=False) with a BlockMask from "
+             "create_block_mask (built before the timing); SDPA backend left to PyTorch" % (
+                 torch.__version__, torch.cuda.get_device_name(0),
+                 triton.__version__ if triton is not None else "not available (%s)" % TRITON_ERROR))
+    timer = Timer(torch, args.reps, args.warmup)
+    attempts = Attempts(torch, res, only, args.verbose)
+    gen = torch.Generator(device="cuda")
+    for S in seqs:
+        torch.cuda.empty_cache()
+        B, H = max(1, TOKENS // S), max(1, WIDTH // D)
+        gen.manual_seed(args.seed + S * 7 + D)
+        q = torch.randn((B, H, S, D), device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn((B, H, S, D), device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn((B, H, S, D), device="cuda", dtype=torch.bfloat16, generator=gen)
+        for name in names:
+            case = VariantCase(torch, name, S, D, args)
+            kk, vv = (k[:, :case.Hkv].contiguous(), v[:, :case.Hkv].contiguous()) if case.Hkv != H else (k, v)
+            gqa = case.Hkv != H
+            heads = check_heads(B, H)
+            try:
+                ref = case.reference(torch, q, kk, vv, heads)
+                fl = 4.0 * D * case.visible(torch)
+            except Exception as e:  # noqa: BLE001
+                res.note("peers: %s S=%d: the float32 reference or the mask count failed (%s): no peer rows for it" % (
+                    name, S, one_line(e)))
+                continue
+            line = ["%-14s S=%5d" % (name, S)]
+
+            def record(peer, fn, note=""):
+                o = fn()
+                torch.cuda.synchronize()
+                rr = rel_rmse(torch, take_heads(o, heads), ref)
+                del o
+                ms = timer.median_ms(fn)
+                tf = fl / (ms * 1e-3) / 1e12
+                res.add(case, peer, ms, tf, rr, rr <= 1e-2, note)
+                line.append("%s %.3f ms %.1f TFLOP/s (rRMSE %.1e)" % (peer, ms, tf, rr))
+
+            def flex_peer():
+                bm = create_block_mask(case.mask_mod, case.B if case.per_batch else None, None, S, S, device="cuda")
+                t0 = time.time()
+                flex(q, kk, vv, score_mod=case.score_mod, block_mask=bm, enable_gqa=gqa)   # compiles
+                torch.cuda.synchronize()
+                compile_s = time.time() - t0
+                record("flex_bf16", lambda: flex(q, kk, vv, score_mod=case.score_mod, block_mask=bm, enable_gqa=gqa),
+                       "first call (compile) %.1f s; blocks skipped %.1f%%" % (compile_s, bm.sparsity()))
+
+            def sdpa_peer():
+                mask = case.sdpa_mask(torch)
+                if mask is None:
+                    record("sdpa_mask_bf16", lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa),
+                           "is_causal=True")
+                else:
+                    record("sdpa_mask_bf16", lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask),
+                           "boolean attn_mask %s" % "x".join(str(x) for x in mask.shape))
+
+            where = "%s S=%d" % (name, S)
+            attempts("flex_bf16", ("flex_bf16", name), where, "this variant", flex_peer)
+            if name in SDPA_VARIANTS:
+                attempts("sdpa_mask_bf16", ("sdpa_mask_bf16", name), where, "this variant", sdpa_peer)
+            print("  " + "  ".join(line))
+            sys.stdout.flush()
+            del ref, kk, vv
+    return res
+
+
+def print_variant_table(res):
+    by_case = {}
+    for key, peer, ms, tf, rr, ok, note in res.rows:
+        by_case.setdefault(key, {})[peer] = (ms, tf, ok)
+    print("\n| variant | S | B×H (Hkv) | flex bf16 TFLOP/s (ms) | SDPA mask bf16 TFLOP/s (ms) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for (name, S, D, B, H, Hkv), row in by_case.items():
+        def cell(p):
+            return "%.1f (%.3f)%s" % (row[p][1], row[p][0], "" if row[p][2] else " FAIL") if p in row else "n/a"
+        print("| %s | %d | %d×%d (%d) | %s | %s |" % (name, S, B, H, Hkv, cell("flex_bf16"), cell("sdpa_mask_bf16")))
+    for n in res.notes:
+        print("- " + n)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", help="SxDxC,... (C: 1 causal); B = 16384 / S, H = 2048 / D")
@@ -436,17 +706,26 @@ def main(argv=None):
     ap.add_argument("--csv", help="write the rows here (tilejit bench attention reads it)")
     ap.add_argument("--only", help="comma-separated peers: " + ",".join(PEERS))
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
+    var = ap.add_argument_group("--variants mode (tilejit bench variants): issue #7's attention variants")
+    var.add_argument("--variants", help="comma-separated: " + ",".join(VARIANTS) + " (runs this mode; --only: "
+                     + ",".join(VARIANT_PEERS) + ")")
+    var.add_argument("--seqs", help="comma-separated S (default 2048,8192; --quick 8192); B = 16384 / S, H = 2048 / D")
+    var.add_argument("--window", type=int, default=1024, help="sliding_window: causal, i - j < WINDOW")
+    var.add_argument("--segment", type=int, default=2048, help="segment: block-diagonal segments of SEGMENT")
+    var.add_argument("--softcap", type=float, default=30.0, help="softcap: CAP * tanh(score / CAP), causal")
+    var.add_argument("--gqa-group", type=int, default=4, help="gqa: Hkv = H / GROUP, causal")
+    var.add_argument("--prefix-div", type=int, default=4, help="prefix_lm: a prefix of S / DIV in every batch entry")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be at least 1")
     try:
-        res = run(args)
+        res = run_variants(args) if args.variants else run(args)
     except Exception as e:  # noqa: BLE001  (the CSV keeps what finished; say why it stopped)
         traceback.print_exc()
         print("peers: stopped: %s" % one_line(e))
         return 1
     if not args.csv:
-        print_table(res)
+        (print_variant_table if args.variants else print_table)(res)
     return 0
 
 
