@@ -240,41 +240,52 @@ std::optional<std::string> HookWriter::element_expr(const Op& op, std::string* w
   return std::nullopt;
 }
 
-// The interval (Iv / IvB) expression of value v over a block of positions.
+// Interval types by dtype: booleans, integers (64-bit), floats (interval.cuh).
+const char* interval_type(DType t) {
+  return t == DType::i1 ? "tj::dev::IvB" : is_float(t) ? "tj::dev::IvF" : "tj::dev::IvI";
+}
+std::string any_interval(DType t) {
+  return t == DType::i1 ? "tj::dev::ivb_any()" : is_float(t) ? "tj::dev::iv_any<float>()" : "tj::dev::iv_any<long long>()";
+}
+std::string point_interval(DType t, const std::string& x) {
+  if (t == DType::i1) return fmt::format("tj::dev::ivb_point({})", x);
+  return fmt::format("tj::dev::iv_point(({})({}))", is_float(t) ? "float" : "long long", x);
+}
+
+// The interval expression of value v over a block of positions.
 std::string HookWriter::interval(int v) const {
-  const bool boolean = dtype(v) == DType::i1;
   if (auto a = alias_.find(v); a != alias_.end())
     return a->second == kQ ? "tj_q" : a->second == kKv ? "tj_kv" : interval(a->second);
-  if (v == h_.score_in) return "tj::dev::iv_any()";
+  if (v == h_.score_in) return any_interval(DType::f32);
   auto d = def_.find(v);
   const bool tile_op = d != def_.end() && !scalar(v) && d->second->kind != OpKind::const_value;
   if (tile_op) return fmt::format("iv{}", v);
-  const std::string x = value(v, Ctx::member, "");
-  return boolean ? fmt::format("tj::dev::ivb_point({})", x) : fmt::format("tj::dev::iv_point((double)({}))", x);
+  return point_interval(dtype(v), value(v, Ctx::member, ""));
 }
 
 std::string HookWriter::interval_expr(const Op& op) const {
   using ir::BinaryFn;
   using ir::UnaryFn;
-  const bool boolean = dtype(op.result) == DType::i1;
-  const std::string any = boolean ? "tj::dev::ivb_any()" : "tj::dev::iv_any()";
+  const DType rd = dtype(op.result);
+  const std::string any = any_interval(rd);
   auto in = [&](size_t i) { return interval(op.operands[i]); };
+  auto monotone = [&](const char* fn) {
+    return fmt::format("tj::dev::iv_monotone({}, [](float x) {{ return {}(x); }})", in(0), fn);
+  };
   switch (op.kind) {
-    case OpKind::full:
-      return boolean ? fmt::format("tj::dev::ivb_point({})", op.ival != 0)
-                     : fmt::format("tj::dev::iv_point({})", scalar::literal(op.fval, op.ival, dtype(op.result)));
+    case OpKind::full: return point_interval(rd, scalar::literal(op.fval, op.ival, rd));
     case OpKind::where: return fmt::format("tj::dev::iv_where({}, {}, {})", in(0), in(1), in(2));
     case OpKind::unary:
       switch (op.unary) {
         case UnaryFn::neg: return fmt::format("tj::dev::iv_neg({})", in(0));
         case UnaryFn::abs: return fmt::format("tj::dev::iv_abs({})", in(0));
         case UnaryFn::logical_not: return fmt::format("tj::dev::iv_not({})", in(0));
-        case UnaryFn::exp2: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return exp2(x); }})", in(0));
-        case UnaryFn::exp: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return exp(x); }})", in(0));
-        case UnaryFn::log2: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return log2(x); }})", in(0));
-        case UnaryFn::log: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return log(x); }})", in(0));
-        case UnaryFn::sqrt: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return sqrt(x); }})", in(0));
-        case UnaryFn::tanh: return fmt::format("tj::dev::iv_monotone({}, [](double x) {{ return tanh(x); }})", in(0));
+        case UnaryFn::exp2: return monotone("exp2f");
+        case UnaryFn::exp: return monotone("expf");
+        case UnaryFn::log2: return monotone("log2f");
+        case UnaryFn::log: return monotone("logf");
+        case UnaryFn::sqrt: return monotone("sqrtf");
+        case UnaryFn::tanh: return monotone("tanhf");
         default: return any;
       }
     case OpKind::binary: {
@@ -284,7 +295,7 @@ std::string HookWriter::interval_expr(const Op& op) const {
         case BinaryFn::add: fn = "iv_add"; break;
         case BinaryFn::sub: fn = "iv_sub"; break;
         case BinaryFn::mul: fn = "iv_mul"; break;
-        case BinaryFn::div: fn = int_operands ? "iv_div_int" : "iv_div_float"; break;
+        case BinaryFn::div: fn = "iv_div"; break;
         case BinaryFn::maximum: fn = "iv_max"; break;
         case BinaryFn::minimum: fn = "iv_min"; break;
         case BinaryFn::floordiv: fn = int_operands ? "iv_floordiv" : nullptr; break;
@@ -303,10 +314,11 @@ std::string HookWriter::interval_expr(const Op& op) const {
     case OpKind::cast: {
       const DType from = dtype(op.operands[0]), to = dtype(op.result);
       if (from == DType::i1 && to == DType::i1) return in(0);
-      if (from == DType::i1) return fmt::format("tj::dev::iv_from_bool({})", in(0));
+      if (from == DType::i1) return fmt::format("tj::dev::iv_{}_from_bool({})", is_float(to) ? "float" : "int", in(0));
       if (to == DType::i1) return fmt::format("tj::dev::iv_to_bool({})", in(0));
-      if (is_float(from) && !is_float(to)) return fmt::format("tj::dev::iv_trunc({})", in(0));
-      return in(0);   // widening ints, int -> float, float -> float: the ends stay the ends
+      if (is_float(from) && !is_float(to)) return fmt::format("tj::dev::iv_to_int({})", in(0));
+      if (!is_float(from) && is_float(to)) return fmt::format("tj::dev::iv_to_float({})", in(0));
+      return in(0);   // int -> int, float -> float: the ends stay the ends
     }
     default: return any;
   }
@@ -346,8 +358,7 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
     (mask_op ? keep_body : score_body) +=
         fmt::format("    const {} {} = {};   // {}\n", scalar::reg_type(dtype(v)), field(v), *e, op->loc.str());
     if (mask_op) {
-      const char* iv = dtype(v) == DType::i1 ? "tj::dev::IvB" : "tj::dev::Iv";
-      classify_body += fmt::format("    const {} iv{} = {};\n", iv, v, interval_expr(*op));
+      classify_body += fmt::format("    const {} iv{} = {};\n", interval_type(dtype(v)), v, interval_expr(*op));
     }
   }
   std::string& d = out.decl;
@@ -366,7 +377,7 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   d += "  }\n";
   d += "  __device__ __forceinline__ int classify(int q_lo, int q_hi, int kv_lo, int kv_hi) const {\n";
   if (h_.mask_mod) {
-    d += "    const tj::dev::Iv tj_q{(double)q_lo, (double)q_hi}, tj_kv{(double)kv_lo, (double)kv_hi};\n";
+    d += "    const tj::dev::IvI tj_q{q_lo, q_hi}, tj_kv{kv_lo, kv_hi};\n";
     d += classify_body + fmt::format("    return tj::dev::iv_block_class({});\n", interval(h_.keep));
   } else {
     d += "    return 1;\n";

@@ -294,7 +294,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   line("tj_p.o_amax = nullptr;");
   line("const int tj_bh = (int)(tj_pid / tj_m_tiles);");
   line("int tj_mt = (int)(tj_pid - (long long)tj_bh * tj_m_tiles);");
-  if (m->causal) line("tj_mt = (int)tj_m_tiles - 1 - tj_mt;   // longest causal tiles first");
+  // Causal-like masks give later query tiles more keys: start those first so that the short
+  // ones fill the tail of the grid (knob attn_reverse_tiles = 0 keeps the natural order).
+  if (m->causal || (m->mask_mod && cfg.knob("attn_reverse_tiles", 1) != 0))
+    line("tj_mt = (int)tj_m_tiles - 1 - tj_mt;   // longest (causal-like) tiles first");
   if (hooks_src) {
     line("const long long tj_b = tj_bh / p0.shape[1], tj_h = tj_bh % p0.shape[1];");
     std::string init = hooks_src->init;

@@ -409,14 +409,15 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     const bool diag = Cfg::kCausal && (n0 + BN - 1 > rb);
     const bool hook = Hooks::kMask && cls == 2;
     if (tail || diag || hook) {
+      // Boundary blocks only; branch-free per element (bitwise ops, a select).
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) {
         const int row = rb + r0 + 8 * ((i >> 1) & 1);
         const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
         bool bad = col >= p.Skv;
-        if (Cfg::kCausal) bad = bad || col > row;
-        if (Hooks::kMask && hook) bad = bad || !hooks.keep(row, col);
-        if (bad) s[i] = masked_raw;
+        if constexpr (Cfg::kCausal) bad |= col > row;
+        if constexpr (Hooks::kMask) bad |= hook & !hooks.keep(row, col);
+        s[i] = bad ? masked_raw : s[i];
       }
     }
   };
