@@ -49,6 +49,9 @@ struct AttentionFp8Options {
   std::optional<Config> attention_config;    // default: attention_fp8_default_config(...)
   std::optional<TensorView> lse;             // f32 [B, H, Sq] to fill with the row logsumexp
   float o_scale = 1.0f;                      // e4m3 outputs: o = e4m3(O * o_scale)
+  // f32 [B, H] to fill with the output's amax per (b, h) (for the next o_scale): max |o| / o_scale
+  // of the output as stored (e4m3: rounded to it; a saturated output shows as 448 / o_scale).
+  std::optional<TensorView> o_amax;
   bool hadamard = false;                     // rotate Q and K by a Hadamard before quantizing (see above)
   bool q_residual = false;                   // Q as e4m3 high + low parts, QK head dim 2D (see above)
   // An attention variant (kernels/attention_variant.h: attention_variant(...)) to run instead of

@@ -101,8 +101,16 @@ HostTensor hadamard_matrix(int64_t d) {
 namespace {
 // attention_fp8 (or opt.kernel, with opt.inputs after the library kernel's arguments).
 void launch_attention(const AttentionFp8Options& opt, std::vector<Arg> args, const LaunchOptions& lo) {
+  const TensorView o = std::get<TensorView>(args[6]);
   for (const TensorView& t : opt.inputs) args.push_back(t);
   launch(opt.kernel ? *opt.kernel : attention_fp8(), args, lo);
+  if (opt.o_amax) {
+    LaunchOptions ao;
+    ao.stream = lo.stream;
+    ao.config = Config();
+    ao.config->blocks = {{"s", 64}};
+    launch(head_amax(), {o, *opt.o_amax, 1.0 / static_cast<double>(opt.o_scale)}, ao);
+  }
 }
 }  // namespace
 
@@ -119,6 +127,9 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
     throw Error("attention_fp8_forward: hadamard and q_residual are quantization recipes; with quantize = false the "
                 "16-bit inputs run as given");
   if (opt.hadamard) require_power_of_two(D);   // before anything runs
+  if (opt.o_amax && (opt.o_amax->dtype != DType::f32 || opt.o_amax->shape != std::vector<int64_t>{B, H}))
+    throw Error(fmt::format("attention_fp8_forward: o_amax must be f32 [B, H] = [{}, {}], got {}", B, H,
+                            opt.o_amax->describe()));
   if (opt.quantize && opt.q_residual && D > 128)
     throw Error(fmt::format("attention_fp8_forward: q_residual doubles the QK head dim; {} would be {}, above the 256 the "
                             "tensor-core attention takes (use head dims up to 128)",

@@ -54,6 +54,9 @@ const Kernel& quantize_transpose_fp8();
 //   quantize_duplicate_fp8 (same arguments): hi in both halves (K for a q_residual Q:
 //     [Q_hi | Q_lo]·[K | K]ᵀ = (Q_hi + Q_lo)·Kᵀ).
 // Blocks "s"/"s2" (rows of the amax / write pass), "d"/"d2" (columns of x·R, with a rotation).
+// head_amax (x [B,H,S,D], amax [B,H] f32, scale): amax[b, h] = max |x[b, h]| * scale -- the
+// output amax of an e4m3 attention output (scale = 1 / o_scale), one program per (b, h).
+const Kernel& head_amax();
 const Kernel& quantize_hadamard_fp8();
 const Kernel& quantize_residual_fp8();
 const Kernel& quantize_duplicate_fp8();

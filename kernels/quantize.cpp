@@ -141,6 +141,18 @@ void quantize_rows(const In& x, const In& rotation, const Out& y, const Out& des
 
 }  // namespace
 
+const Kernel& head_amax() {
+  static const Kernel k = kernel("head_amax", {"x", "amax", "scale"}, [](In x, Out amax_out, Scalar scale) {
+    auto [B, H, S, D] = x.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H);
+      auto h = bh % H;
+      amax_out.store(b, h, slice_amax(x, b, h, S, "s") * scale);
+    }
+  });
+  return k;
+}
+
 const Kernel& quantize_fp8() {
   static const Kernel k = kernel(
       "quantize_fp8", {"x", "y", "descale"}, [](In x, Out y, Out descale) {

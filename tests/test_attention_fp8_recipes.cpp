@@ -419,3 +419,57 @@ TEST_CASE("gpu: attention_fp8_forward recipes (plain, hadamard, q_residual, both
     }
   }
 }
+
+TEST_CASE("head_amax on the CPU reference executor; attention_fp8_forward checks the o_amax it is given") {
+  std::mt19937 rng(31);
+  HostTensor x = tj_test::randn(DType::e4m3, {2, 3, 70, 64}, rng), amax_out(DType::f32, {2, 3});
+  Config cfg;
+  cfg.blocks = {{"s", 32}};
+  tj_test::run_ref(kernels::head_amax(), {x.view(), amax_out.view(), 0.5}, cfg);
+  for (int64_t bh = 0; bh < 6; ++bh) {
+    double want = 0;
+    for (int64_t i = 0; i < 70 * 64; ++i) want = std::max(want, std::fabs(x.at(bh * 70 * 64 + i)));
+    CHECK(amax_out.at(bh) == doctest::Approx(want * 0.5));
+  }
+  auto q = unbacked_device_view(DType::bf16, {2, 3, 64, 64});
+  kernels::AttentionFp8Workspace ws;
+  kernels::AttentionFp8Options opt;
+  opt.o_amax = unbacked_device_view(DType::f32, {2});
+  CHECK_THROWS_WITH_AS(kernels::attention_fp8_forward(q, q, q, q, opt, ws),
+                       doctest::Contains("o_amax must be f32 [B, H] = [2, 3], got f32[2]"), Error);
+}
+
+TEST_CASE("gpu: attention_fp8_forward with an e4m3 output: o_scale applied, o_amax per head matches the output") {
+  TJ_REQUIRE_GPU();
+  if (runtime::current_device().arch() != "sm_90a") {
+    MESSAGE("SKIPPED: not a Hopper GPU");
+    return;
+  }
+  std::mt19937 rng(32);
+  const int64_t B = 1, H = 3, S = 300, D = 128;
+  HostTensor q = tj_test::randn(DType::bf16, {B, H, S, D}, rng), k = tj_test::randn(DType::bf16, {B, H, S, D}, rng),
+             v = tj_test::randn(DType::bf16, {B, H, S, D}, rng);
+  DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+  DeviceTensor o(DType::e4m3, {B, H, S, D}), amax_out(DType::f32, {B, H});
+  o.fill_bytes(0xFF);
+  amax_out.fill_bytes(0xFF);
+  kernels::AttentionFp8Options opt;
+  opt.o_scale = 64.0f;   // O ~ 0.1: scaled into e4m3's normal range
+  opt.o_amax = amax_out.view();
+  kernels::AttentionFp8Workspace ws;
+  kernels::attention_fp8_forward(dq.view(), dk.view(), dv.view(), o.view(), opt, ws);
+  runtime::synchronize();
+  HostTensor got = o.to_host(), got_amax = amax_out.to_host();
+  const std::vector<double> want = tj_test::attention_f64(q, k, v);
+  std::vector<double> unscaled(got.numel());
+  for (int64_t i = 0; i < got.numel(); ++i) unscaled[i] = got.at(i) / 64.0;
+  tj_test::Metrics m = tj_test::compare(unscaled, want);
+  MESSAGE("e4m3 output / o_scale vs float64: " << tj_test::str(m));
+  CHECK(m.nan == 0);
+  CHECK(m.rel_rmse <= 8e-2);   // the pipeline's ~5e-2 plus the e4m3 output rounding
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    double stored = 0;
+    for (int64_t i = 0; i < S * D; ++i) stored = std::max(stored, std::fabs(got.at(bh * S * D + i)));
+    CHECK(got_amax.at(bh) == doctest::Approx(stored / 64.0));
+  }
+}

@@ -133,6 +133,17 @@ TEST_CASE("cli attention: bad options give errors that name the option and the p
         "mantissa is for gradients); use --dtype e4m3");
   o = attention_opts("f32");
   CHECK(error_of(o).find("attention --dtype f32 runs the SIMT library kernel `attention`") == 0);
+  o = attention_opts("bf16");
+  o.hadamard = true;
+  CHECK(error_of(o) == "--hadamard and --q-residual are recipes of the FP8 pipeline's quantization: use them with --dtype "
+                       "e4m3, not bf16");
+  o = attention_opts("e4m3");
+  o.q_residual = true;
+  o.shape = "1,2,256,256";
+  CHECK(error_of(o) == "--q-residual doubles the QK head dim: head dim 256 would be 512, above the 256 the tensor-core "
+                       "attention takes");
+  o.shape = "1,2,256,128";
+  CHECK(resolve_attention(o).q_residual);
 
   o = attention_opts("e4m3");
   o.shape = "2,4,1024,96";

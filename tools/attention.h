@@ -81,6 +81,7 @@ struct AttentionProblem {
   DType out = DType::bf16;
   int64_t B = 1, H = 2, S = 256, D = 64;
   bool causal = false;
+  bool hadamard = false, q_residual = false;   // FP8 recipes (kernels/attention_fp8.h)
   std::optional<Config> config;  // --config (the attention_fp8 kernel's); else tuned / default
   std::vector<int64_t> shape() const { return {B, H, S, D}; }
   double flops() const { return attention_flops(B, H, S, D, causal); }

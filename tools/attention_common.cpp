@@ -140,6 +140,16 @@ AttentionProblem resolve_attention(const ProblemOptions& o) {
                             "--dtype f32 runs the SIMT library kernel `attention` for any head dim",
                             p.D, o.dtype, describe(p.path)));
   p.causal = o.causal;
+  if ((o.hadamard || o.q_residual) && p.path != AttentionPath::fp8_pipeline)
+    throw Error(fmt::format("--hadamard and --q-residual are recipes of the FP8 pipeline's quantization: use them with "
+                            "--dtype e4m3, not {}",
+                            o.dtype));
+  if (o.q_residual && p.D > 128)
+    throw Error(fmt::format("--q-residual doubles the QK head dim: head dim {} would be {}, above the 256 the tensor-core "
+                            "attention takes",
+                            p.D, 2 * p.D));
+  p.hadamard = o.hadamard;
+  p.q_residual = o.q_residual;
   if (!o.config.empty()) {
     p.config = Config::from_json(o.config);
     // Blocks the kernel does not have are a typo: say so before anything runs.

@@ -98,6 +98,8 @@ int run_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const Ho
                why, p.flops() / 1e9, kCpuExecutorFlopLimit / 1e9);
     return 0;
   }
+  if (p.hadamard || p.q_residual)
+    fmt::print("note: --hadamard / --q-residual run on the GPU; the CPU reference executor runs the plain recipe\n");
   Config cfg = p.config ? *p.config : kernels::attention_fp8_default_config(p.in, p.D, p.causal);
   fmt::print("no GPU ({}): the same kernels on the CPU reference executor instead (config {}; no timing)\n", why, cfg.to_json());
   HostTensor o(p.out, p.shape());
@@ -153,6 +155,8 @@ int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
   kernels::AttentionFp8Options opt;
   opt.causal = p.causal;
   opt.quantize = p.path == AttentionPath::fp8_pipeline;
+  opt.hadamard = p.hadamard;
+  opt.q_residual = p.q_residual;
   opt.attention_config = cfg;
   opt.stream = stream;
   kernels::AttentionFp8Workspace ws;

@@ -22,6 +22,8 @@ struct ProblemOptions {
   // `tilejit run attention` only (tools/attention.h): the shape by its parts instead of --shape;
   // 0 = not given.
   int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
+  // `tilejit run attention --dtype e4m3`: the FP8 quantization recipes of kernels/attention_fp8.h.
+  bool hadamard = false, q_residual = false;
 };
 
 // `tilejit doctor`: what this machine can do (driver, GPU, NVRTC, features, cache).

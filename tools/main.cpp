@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   run->add_option("--heads", run_opts.heads, "attention: heads H (default 2048 / D with --head-dim)");
   run->add_option("--seq", run_opts.seq, "attention: sequence length S (default 4096 when another of these is given)");
   run->add_option("--head-dim", run_opts.head_dim, "attention: head dim D, 64/128/256 for e4m3/bf16/f16 (default 128)");
+  run->add_flag("--hadamard", run_opts.hadamard, "attention e4m3: rotate Q and K by a Hadamard before quantizing");
+  run->add_flag("--q-residual", run_opts.q_residual,
+                "attention e4m3: Q as e4m3 high + low parts (QK head dim 2D: more accurate, slower)");
 
   tj::tools::BenchAttentionOptions bench_opts;
   std::string bench_what, bench_variant;
