@@ -13,6 +13,7 @@
 #include <random>
 
 #include "codegen/lower_attention_sm90.h"
+#include "attention_accuracy.h"
 #include "gpu.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
@@ -23,38 +24,18 @@
 #include "runtime/reference.h"
 
 using namespace tj;
+using tj_test::compare;
+using tj_test::Metrics;
+using tj_test::randn;
+using tj_test::run_ref;
+using tj_test::str;
 
 namespace {
-
-// N(0,1) (+ N(0, 10^2) with probability outlier_p), rounded to dt.
-HostTensor randn(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double outlier_p = 0.0) {
-  HostTensor t(dt, std::move(shape));
-  std::normal_distribution<double> n(0.0, 1.0);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    double x = n(rng);
-    if (outlier_p > 0 && u(rng) < outlier_p) x += 10.0 * n(rng);
-    t.set(i, x);
-  }
-  return t;
-}
 
 HostTensor filled(DType dt, std::vector<int64_t> shape, double v) {
   HostTensor t(dt, std::move(shape));
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, v);
   return t;
-}
-
-// Runs `k` on the CPU reference executor with `args` (host tensors, numbers, host flags).
-void run_ref(const Kernel& k, const std::vector<Arg>& args, const Config& cfg) {
-  ir::Function f = k.trace(specs_for(k, args, false));
-  std::vector<ArgValue> ref;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (k.slots()[i].is_host()) continue;
-    if (const auto* t = std::get_if<TensorView>(&args[i])) ref.emplace_back(*t);
-    else ref.emplace_back(static_cast<float>(std::get<double>(args[i])));
-  }
-  run_reference(f, cfg, ref);
 }
 
 Config blocks(int64_t m, int64_t n) {
@@ -89,35 +70,6 @@ std::vector<double> attention_f64(const HostTensor& q, const HostTensor& k, cons
       for (int64_t t = 0; t < D; ++t) out[(bh * Sq + i) * D + t] = l > 0 ? acc[t] / l : 0.0;
     }
   return out;
-}
-
-struct Metrics {
-  double rel_rmse = 0, rmse = 0, cosine = 0, max_abs = 0;
-  int64_t nan = 0;
-};
-Metrics compare(const std::vector<double>& got, const std::vector<double>& ref) {
-  double se = 0, sr = 0, so = 0, sor = 0;
-  Metrics m;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i])) {
-      ++m.nan;
-      continue;
-    }
-    double e = got[i] - ref[i];
-    se += e * e;
-    sr += ref[i] * ref[i];
-    so += got[i] * got[i];
-    sor += got[i] * ref[i];
-    m.max_abs = std::max(m.max_abs, std::fabs(e));
-  }
-  m.rel_rmse = std::sqrt(se / std::max(sr, 1e-300));
-  m.rmse = std::sqrt(se / std::max<size_t>(got.size(), 1));
-  m.cosine = sor / std::sqrt(std::max(so * sr, 1e-300));
-  return m;
-}
-std::string str(const Metrics& m) {
-  return fmt::format("rel RMSE {:.3e}, RMSE {:.3e}, cosine {:.6f}, max abs {:.3e}, NaN {}", m.rel_rmse, m.rmse, m.cosine,
-                     m.max_abs, m.nan);
 }
 
 // The FP8 pipeline on the CPU reference executor: e4m3 copies, Vᵀ, descales, output, LSE.

@@ -36,12 +36,13 @@ const VariantCase& find_case(const std::vector<VariantCase>& cases, const std::s
 
 TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option errors") {
   std::vector<VariantCase> all = variant_plan(BenchVariantsOptions{});
-  REQUIRE(all.size() == 14);
+  REQUIRE(all.size() == 16);
   CHECK(all[0].name == "causal");
   CHECK(all[0].S == 2048);
   CHECK(all[1].S == 8192);
   CHECK(all[2].name == "sliding_window");
-  CHECK(all.back().name == "segment");
+  CHECK(all[12].name == "segment");
+  CHECK(all.back().name == "documents");
   for (const auto& c : all) {
     INFO(c.name << " S=" << c.S);
     CHECK(c.B * c.S == 16384);
@@ -54,6 +55,7 @@ TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option
     CHECK(c.variant.has_value() == (c.name != "gqa"));
     CHECK(c.causal_flag == (c.name == "gqa"));
     CHECK(static_cast<bool>(c.rule.keep));
+    CHECK(c.cu_seqlens.empty() == (c.name != "documents"));
   }
   CHECK(find_case(all, "prefix_lm", 8192).prefix == 2048);
   CHECK(find_case(all, "prefix_lm", 2048).prefix == 512);
@@ -61,13 +63,34 @@ TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option
   CHECK(find_case(all, "alibi", 8192).variant->name == "attention_alibi_16_causal");
   CHECK(find_case(all, "softcap", 8192).variant->name == "attention_softcap_30_causal");
   CHECK(find_case(all, "segment", 8192).variant->name == "attention_segment_2048");
+  // documents: 4 packed documents of unequal lengths S/8 + 37, 3S/8 − 90, S/4 + 70, S/4 − 17, one
+  // cu_seqlens for every batch entry, boundaries on no block edge.
+  const VariantCase& docs = find_case(all, "documents", 8192);
+  CHECK(docs.variant->name == "attention_documents_4_causal");
+  CHECK(docs.variant->inputs == std::vector<std::string>{"cu_seqlens"});
+  CHECK(docs.label == "documents ×4 (causal)");
+  CHECK(docs.cu_seqlens == std::vector<int64_t>{0, 1061, 4043, 6161, 8192});
+  CHECK(find_case(all, "documents", 2048).cu_seqlens == std::vector<int64_t>{0, 293, 971, 1553, 2048});
+  CHECK(docs.prefix == 0);
+  for (int64_t S : grid_seqs()) {
+    INFO("S=" << S);
+    const std::vector<int64_t> cu = variant_cu_seqlens(S);
+    REQUIRE(cu.size() == 5);
+    CHECK(cu.front() == 0);
+    CHECK(cu.back() == S);
+    for (size_t d = 1; d < cu.size(); ++d) CHECK(cu[d] > cu[d - 1]);
+    for (size_t d = 1; d + 1 < cu.size(); ++d) CHECK(cu[d] % 16 != 0);   // no boundary on a block edge
+    CHECK(cu[1] - cu[0] != cu[2] - cu[1]);
+  }
+  CHECK_THROWS_WITH_AS(variant_cu_seqlens(128), doctest::Contains("documents: document 1 of 4 would have length -42 at S = 128"),
+                       Error);
   CHECK(find_case(all, "alibi", 8192).rule.score);
   CHECK_FALSE(find_case(all, "causal", 8192).rule.score);
 
   BenchVariantsOptions o;
   o.quick = true;
   std::vector<VariantCase> quick = variant_plan(o);
-  REQUIRE(quick.size() == 7);
+  REQUIRE(quick.size() == 8);
   for (const auto& c : quick) CHECK(c.S == 8192);
   o = BenchVariantsOptions{};
   o.variants = {"gqa", "causal", "gqa"};   // the table's order, once each
@@ -84,9 +107,11 @@ TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option
   o = BenchVariantsOptions{};
   o.variants = {"causal", "flash"};
   CHECK(plan_error(o) ==
-        "--variant flash: no such variant (variants: causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment)");
+        "--variant flash: no such variant (variants: causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, "
+        "documents)");
   o.variants = {"causal", ""};
-  CHECK(plan_error(o) == "--variant: an empty name (variants: causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment)");
+  CHECK(plan_error(o) ==
+        "--variant: an empty name (variants: causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents)");
   o = BenchVariantsOptions{};
   o.seq = 3000;
   CHECK(plan_error(o) == "--seq 3000 is not in the benchmark's grid (1024, 2048, 4096, 8192, 16384; B = 16384 / S)");
@@ -146,6 +171,25 @@ TEST_CASE("cli bench variants: visible score entries, counted from each mask, an
   CHECK(visible("sliding_window") == B * H * (1024 * 1025 / 2 + (S - 1024) * 1024));
   CHECK(visible("prefix_lm") == B * H * (512 * 512 + (causal - 512 * 513 / 2)));
   CHECK(visible("segment") == B * H * S * S);   // one segment of 2048: full attention
+  // documents: causal inside each of the 4 documents (lengths 293, 678, 582, 495 at S = 2048),
+  // the same packing in every batch entry.
+  int64_t docs = 0;
+  for (int64_t L : {293, 678, 582, 495}) docs += L * (L + 1) / 2;
+  CHECK(visible("documents") == B * H * docs);
+  CHECK(visible_entries(variant_case("documents", 8192, 128)) ==
+        2 * 16 * (1061 * 1062 / 2 + 2982 * 2983 / 2 + 2118 * 2119 / 2 + 2031 * 2032 / 2));
+  // ... and at S = 1024 the rule's count, entry by entry, against the closed form of its cu_seqlens.
+  const VariantCase d1024 = variant_case("documents", 1024, 128);
+  int64_t counted = 0;
+  for (int64_t i = 0; i < 1024; ++i)
+    for (int64_t j = 0; j < 1024; ++j) counted += d1024.rule.keep(0, 0, i, j);
+  int64_t closed = 0;
+  for (size_t d = 1; d < d1024.cu_seqlens.size(); ++d) {
+    const int64_t L = d1024.cu_seqlens[d] - d1024.cu_seqlens[d - 1];
+    closed += L * (L + 1) / 2;
+  }
+  CHECK(counted == closed);
+  CHECK(visible_entries(d1024) == d1024.B * d1024.H * closed);
 
   // The count follows the rule, whatever it is: block-diagonal segments of 2048 at S = 8192 seen
   // through a smaller example with the same shape of mask.
@@ -173,6 +217,16 @@ TEST_CASE("cli bench variants: the float64 meaning (masks, score mods, GQA heads
   const VariantCase segment = variant_case("segment", 8192, 128);
   CHECK(segment.rule.keep(0, 0, 2048, 4095));
   CHECK_FALSE(segment.rule.keep(0, 0, 2048, 2047));
+  const VariantCase documents = variant_case("documents", 8192, 128);   // cu_seqlens 0, 1061, 4043, 6161, 8192
+  CHECK(documents.rule.keep(1, 7, 1060, 0));             // the first document, causal
+  CHECK_FALSE(documents.rule.keep(1, 7, 1060, 1061));    // a later key
+  CHECK_FALSE(documents.rule.keep(0, 0, 1061, 1060));    // the previous document
+  CHECK(documents.rule.keep(0, 0, 1061, 1061));
+  CHECK(documents.rule.keep(0, 0, 4042, 1061));
+  CHECK_FALSE(documents.rule.keep(0, 0, 4043, 4042));
+  CHECK(documents.rule.keep(0, 0, 8191, 6161));          // the last document
+  CHECK_FALSE(documents.rule.keep(0, 0, 8191, 6160));
+  CHECK_FALSE(documents.rule.score);
   const VariantCase alibi = variant_case("alibi", 8192, 128);
   CHECK(alibi.rule.score(1.0, 0, 0, 10, 7) == doctest::Approx(1.0 - 3.0 * std::exp2(-0.5)));
   CHECK(alibi.rule.score(1.0, 0, 15, 10, 7) == doctest::Approx(1.0 - 3.0 * std::exp2(-8.0)));
@@ -217,7 +271,8 @@ TEST_CASE("cli bench variants: peers.py's arguments, its CSV and the merged tabl
   std::vector<VariantCase> cases = variant_plan(o);
   CHECK(peers_variant_args(cases) ==
         std::vector<std::string>{"--variants", "causal,alibi,gqa", "--seqs", "2048,8192", "--head-dim", "128", "--window", "1024",
-                                 "--segment", "2048", "--softcap", "30", "--gqa-group", "4", "--prefix-div", "4"});
+                                 "--segment", "2048", "--softcap", "30", "--gqa-group", "4", "--prefix-div", "4",
+                                 "--doc-eighths", "1,3,2,2", "--doc-shifts", "37,-90,70,-17"});
 
   std::istringstream csv(
       "variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note\n"

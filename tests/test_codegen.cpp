@@ -3,6 +3,8 @@
 // markers, masks, shared memory sizing, and the errors for unsupported IR and configs.
 #include <doctest/doctest.h>
 
+#include "nvrtc_testing.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -40,11 +42,7 @@ size_t count(const std::string& s, const std::string& needle) {
 
 Config config(const char* json) { return Config::from_json(json); }
 
-std::vector<std::pair<std::string, std::string>> device_headers() {
-  std::vector<std::pair<std::string, std::string>> h;
-  for (const auto& f : codegen::device_library()) h.emplace_back(f.name, f.contents);
-  return h;
-}
+using tj_test::device_headers;
 
 struct Compiled {
   GeneratedKernel gen;

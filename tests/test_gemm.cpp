@@ -26,6 +26,7 @@
 #include "codegen/target.h"
 #include "dsl/kernel.h"
 #include "gpu.h"
+#include "nvrtc_testing.h"
 #include "kernels/library.h"
 #include "runtime/error.h"
 #include "runtime/jit.h"
@@ -59,12 +60,6 @@ std::vector<ArgSpec> fp8_specs(const GemmCase& c, bool dynamic = false) {
           T(DType::f32, {d(c.sb)}),         T(DType::f32, {d(c.nbias)}), T(c.out, {d(c.M), d(c.N)})};
 }
 
-std::vector<std::pair<std::string, std::string>> headers() {
-  std::vector<std::pair<std::string, std::string>> h;
-  for (const auto& f : codegen::device_library()) h.emplace_back(f.name, f.contents);
-  return h;
-}
-
 void dump(const std::string& name, const codegen::GeneratedKernel& g, const runtime::CompileResult* r) {
   const char* dir = std::getenv("TJ_GEMM_DUMP_DIR");
   if (!dir) return;
@@ -74,31 +69,9 @@ void dump(const std::string& name, const codegen::GeneratedKernel& g, const runt
   if (r && !r->ptx.empty()) std::ofstream(fmt::format("{}/{}.ptx", dir, name)) << r->ptx;
 }
 
-runtime::CompileResult nvrtc(const codegen::GeneratedKernel& g, const std::string& arch, bool cubin, bool verbose = false) {
-  runtime::CompileOptions o;
-  o.arch = arch;
-  o.want_ptx = true;
-  o.want_cubin = cubin;
-  o.headers = headers();
-  if (verbose) o.extra_options = {"--ptxas-options=-v"};
-  return runtime::compile_cuda(g.source, g.name + ".cu", o);
-}
-
-// Registers and spill bytes ptxas reported for the kernel.
-struct PtxasInfo {
-  int registers = -1;
-  int spill_stores = -1, spill_loads = -1;
-};
-PtxasInfo ptxas_info(const std::string& log) {
-  PtxasInfo p;
-  std::smatch m;
-  if (std::regex_search(log, m, std::regex(R"((\d+) bytes spill stores, (\d+) bytes spill loads)"))) {
-    p.spill_stores = std::stoi(m[1]);
-    p.spill_loads = std::stoi(m[2]);
-  }
-  if (std::regex_search(log, m, std::regex(R"(Used (\d+) registers)"))) p.registers = std::stoi(m[1]);
-  return p;
-}
+using tj_test::nvrtc;
+using tj_test::ptxas_info;
+using tj_test::PtxasInfo;
 
 // float64 C from the (dequantized) inputs: C = (A·Bᵀ)·sa·sb + bias.
 std::vector<double> gemm_f64(const HostTensor& a, const HostTensor& b, const HostTensor& sa, const HostTensor& sb,

@@ -25,6 +25,7 @@
 #include "codegen/target.h"
 #include "dsl/kernel.h"
 #include "gpu.h"
+#include "nvrtc_testing.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -59,31 +60,9 @@ std::vector<ArgSpec> gemm_specs(DType t, int64_t M, int64_t N, int64_t K, DType 
   return {T(t, {M, K}), T(t, {N, K}), T(out, {M, N})};
 }
 
-runtime::CompileResult nvrtc(const codegen::GeneratedKernel& g, const std::string& arch, bool ptxas_verbose = false) {
-  runtime::CompileOptions o;
-  o.arch = arch;
-  o.want_ptx = true;
-  o.want_cubin = true;
-  for (const auto& f : codegen::device_library()) o.headers.emplace_back(f.name, f.contents);
-  if (ptxas_verbose) o.extra_options = {"--ptxas-options=-v"};
-  return runtime::compile_cuda(g.source, g.name + ".cu", o);
-}
-
-// What ptxas -v reported for the kernel.
-struct PtxasInfo {
-  int registers = -1;
-  int spill_stores = -1, spill_loads = -1;
-};
-PtxasInfo ptxas_info(const std::string& log) {
-  PtxasInfo p;
-  std::smatch m;
-  if (std::regex_search(log, m, std::regex(R"((\d+) bytes spill stores, (\d+) bytes spill loads)"))) {
-    p.spill_stores = std::stoi(m[1]);
-    p.spill_loads = std::stoi(m[2]);
-  }
-  if (std::regex_search(log, m, std::regex(R"(Used (\d+) registers)"))) p.registers = std::stoi(m[1]);
-  return p;
-}
+using tj_test::nvrtc;
+using tj_test::ptxas_info;
+using tj_test::PtxasInfo;
 
 size_t count(const std::string& s, const std::string& needle) {
   size_t n = 0;
@@ -225,7 +204,7 @@ TEST_CASE("sm80 gemm: the default and larger configs assemble without spills (pt
     const auto g = codegen::generate_cuda(f, cfg(v.config), Target::parse(v.arch));
     REQUIRE(g.lowering == "sm80_gemm");
     runtime::CompileResult r;
-    REQUIRE_NOTHROW(r = nvrtc(g, v.arch, true));
+    REQUIRE_NOTHROW(r = nvrtc(g, v.arch, true, true));
     if (const char* dir = std::getenv("TJ_GEMM_DUMP_DIR")) {
       std::ofstream(fmt::format("{}/{}.cu", dir, v.name)) << g.source;
       std::ofstream(fmt::format("{}/{}.ptx", dir, v.name)) << r.ptx;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <future>
 #include <istream>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -34,8 +35,23 @@ const std::vector<int64_t>& variant_seqs() {
 }
 
 const std::vector<std::string>& variant_names() {
-  static const std::vector<std::string> v = {"causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment"};
+  static const std::vector<std::string> v = {"causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment",
+                                              "documents"};
   return v;
+}
+
+std::vector<int64_t> variant_cu_seqlens(int64_t S) {
+  std::vector<int64_t> cu = {0};
+  for (int64_t d = 0; d < kVariantDocuments; ++d) {
+    const int64_t length = d + 1 < kVariantDocuments ? S * kVariantDocEighths[d] / 8 + kVariantDocShifts[d] : S - cu.back();
+    if (length < 1)
+      throw Error(fmt::format("documents: document {} of {} would have length {} at S = {} (lengths S·eighths/8 + shift, "
+                              "eighths {}, shifts {})",
+                              d, kVariantDocuments, length, S, fmt::join(kVariantDocEighths, ","),
+                              fmt::join(kVariantDocShifts, ",")));
+    cu.push_back(cu.back() + length);
+  }
+  return cu;
 }
 
 namespace {
@@ -94,6 +110,19 @@ VariantCase variant_case(const std::string& name, int64_t S, int64_t D) {
     c.label = fmt::format("segment {}", kVariantSegment);
     c.variant = kernels::segment_variant(kVariantSegment);
     c.rule.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return i / kVariantSegment == j / kVariantSegment; };
+    c.sdpa_peer = true;
+  } else if (name == "documents") {
+    c.label = fmt::format("documents ×{} (causal)", kVariantDocuments);
+    c.variant = kernels::document_variant(kVariantDocuments, /*causal=*/true);
+    c.cu_seqlens = variant_cu_seqlens(S);
+    // The kernel's meaning: i and j on the same side of every inner boundary cu_seqlens[1 .. n-1].
+    const std::vector<int64_t> bounds(c.cu_seqlens.begin() + 1, c.cu_seqlens.end() - 1);
+    c.rule.keep = [bounds](int64_t, int64_t, int64_t i, int64_t j) {
+      if (j > i) return false;
+      for (int64_t x : bounds)
+        if ((i < x) != (j < x)) return false;
+      return true;
+    };
     c.sdpa_peer = true;
   } else {
     throw Error(fmt::format("--variant {}: no such variant (variants: {})", name, names_list()));
@@ -194,7 +223,9 @@ std::vector<std::string> peers_variant_args(const std::vector<VariantCase>& case
           "--segment",    std::to_string(kVariantSegment),
           "--softcap",    fmt::format("{:g}", kVariantSoftcap),
           "--gqa-group",  std::to_string(kVariantGqaGroup),
-          "--prefix-div", std::to_string(kVariantPrefixDivisor)};
+          "--prefix-div", std::to_string(kVariantPrefixDivisor),
+          "--doc-eighths", fmt::format("{}", fmt::join(kVariantDocEighths, ",")),
+          "--doc-shifts", fmt::format("{}", fmt::join(kVariantDocShifts, ","))};
 }
 
 bool VariantKey::operator<(const VariantKey& o) const { return std::tie(variant, S, D) < std::tie(o.variant, o.S, o.D); }
@@ -349,13 +380,17 @@ struct CaseLaunch {
   const VariantCase* c = nullptr;
   const Kernel* kernel = nullptr;
   std::optional<DeviceTensor> prefix;           // prefix_lm's prefix_len [B] (i64)
+  std::optional<DeviceTensor> cu_seqlens;       // documents' cu_seqlens [documents + 1] (i32), one for all b
   TensorView q, k, v, o;                        // bf16 [B, H|Hkv, S, D]
   TensorView q_grouped, q8_grouped;             // q, q8 as [B, Hkv, G·S, D]: one descale per (b, kv head)
   TensorView q8, k8, vt8, qd, kd, vd;
   Config cfg16, cfg8;
 
   std::vector<TensorView> extra_inputs() const {
-    return prefix ? std::vector<TensorView>{prefix->view()} : std::vector<TensorView>{};
+    std::vector<TensorView> in;
+    if (prefix) in.push_back(prefix->view());
+    if (cu_seqlens) in.push_back(cu_seqlens->view());
+    return in;
   }
   // A launch's arguments: attention_fp8's, then the variant's inputs. The bf16 path passes f32
   // [B, Hkv] unit descales (any such tensor compiles the same kernel ahead).
@@ -393,6 +428,11 @@ CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf) {
     HostTensor p(DType::i64, {c.B});
     for (int64_t b = 0; b < c.B; ++b) p.set(b, static_cast<double>(c.prefix));
     l.prefix.emplace(DeviceTensor::from_host(p));
+  }
+  if (!c.cu_seqlens.empty()) {
+    HostTensor cu(DType::i32, {static_cast<int64_t>(c.cu_seqlens.size())});
+    for (size_t i = 0; i < c.cu_seqlens.size(); ++i) cu.set(static_cast<int64_t>(i), static_cast<double>(c.cu_seqlens[i]));
+    l.cu_seqlens.emplace(DeviceTensor::from_host(cu));
   }
   const bool masked = c.causal_flag || c.variant.has_value();
   l.cfg16 = kernels::attention_fp8_default_config(DType::bf16, c.D, masked);
@@ -504,6 +544,24 @@ bool bench_case(const CaseLaunch& l, Buffers& buf, CUstream stream, L2Flusher& l
   return ok;
 }
 
+// The documents variant in words, with the cu_seqlens of the S that `cases` run it at.
+std::string documents_text(const std::vector<VariantCase>& cases) {
+  std::vector<std::string> lengths, at;
+  for (int64_t d = 0; d < kVariantDocuments; ++d) {
+    const int64_t e = kVariantDocEighths[d], g = std::gcd<int64_t>(e, 8);
+    const std::string frac = e == 8 ? "S" : fmt::format("{}S/{}", e / g == 1 ? "" : std::to_string(e / g), 8 / g);
+    const int64_t shift = kVariantDocShifts[d];
+    lengths.push_back(shift == 0 ? frac : fmt::format("{} {} {}", frac, shift < 0 ? "−" : "+", std::abs(shift)));
+  }
+  for (const auto& c : cases)
+    if (!c.cu_seqlens.empty()) at.push_back(fmt::format("S = {}: {}", c.S, fmt::join(c.cu_seqlens, ", ")));
+  return fmt::format("document_variant({}, causal), {} documents of lengths {} in every batch entry, a query seeing the keys "
+                     "of its own document up to its own position; the kernel reads one cu_seqlens [{}] (i32) for all batch "
+                     "entries{}",
+                     kVariantDocuments, kVariantDocuments, fmt::join(lengths, ", "), kVariantDocuments + 1,
+                     at.empty() ? "" : fmt::format(" ({})", fmt::join(at, "; ")));
+}
+
 }  // namespace
 
 int bench_variants(const BenchVariantsOptions& o) {
@@ -530,9 +588,11 @@ int bench_variants(const BenchVariantsOptions& o) {
       fmt::format("Variants: causal; sliding window {} (causal); ALiBi (causal, slope 2^(-8(h+1)/H)); softcap {:g} (causal, "
                   "as Gemma 2 runs it); prefix-LM (bidirectional over a prefix of S/{} in every batch entry, causal after); GQA "
                   "(attention_fp8's built-in causal mask, Hkv = H/{}); segment {} (block-diagonal; at S ≤ {} one segment, i.e. "
-                  "full attention). All but GQA are kernels/attention_variants.h's hooks, inlined by the sm_90a lowering, which "
-                  "skips the key blocks the mask rules out.",
-                  kVariantWindow, kVariantSoftcap, kVariantPrefixDivisor, kVariantGqaGroup, kVariantSegment, kVariantSegment),
+                  "full attention); documents (document masking of packed sequences, varlen: {}). All but GQA are "
+                  "kernels/attention_variants.h's hooks, inlined by the sm_90a lowering, which skips the key blocks the mask "
+                  "rules out.",
+                  kVariantWindow, kVariantSoftcap, kVariantPrefixDivisor, kVariantGqaGroup, kVariantSegment, kVariantSegment,
+                  documents_text(cases)),
   };
   std::vector<std::string> notes;
   VariantTable table;
@@ -589,7 +649,8 @@ int bench_variants(const BenchVariantsOptions& o) {
     header.push_back(
         "Peers (bench/attention/peers.py --variants), bf16, timed the same way: flex = torch.compile(flex_attention) with the "
         "same score_mod / mask_mod and a BlockMask from create_block_mask (built once, outside the timing, so flex skips "
-        "blocks too); SDPA mask = scaled_dot_product_attention with a boolean attn_mask (sliding window, prefix-LM, segment) "
+        "blocks too; documents: a mask_mod on a document-id tensor); SDPA mask = scaled_dot_product_attention with a boolean "
+        "attn_mask (sliding window, prefix-LM, segment, documents) "
         "or is_causal=True (causal; GQA with enable_gqa), backend chosen by PyTorch. — = does not apply.");
     header.push_back(
         "rRMSE: tilejit's output vs float64 attention with the variant's meaning of the bf16 inputs, sampled rows of 2 heads; "

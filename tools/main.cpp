@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
   bench->add_flag("--non-causal", bench_opts.non_causal, "attention: non-causal shapes only");
   bench->add_flag("--both", bench_opts.both, "attention: causal and non-causal shapes (the default)");
   bench->add_option("--variant", bench_variant,
-                    "variants: NAME[,NAME...] of causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment (default all)");
+                    "variants: NAME[,NAME...] of causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents "
+                    "(default all)");
   auto* bench_reps =
       bench->add_option("--reps", bench_opts.reps, "timed launches per implementation and shape (median; variants --quick: 10)")
           ->capture_default_str();

@@ -26,10 +26,20 @@ constexpr int64_t kVariantSegment = 2048;       // segment: block-diagonal, segm
 constexpr double kVariantSoftcap = 30.0;        // softcap: 30·tanh(score / 30), causal (as Gemma 2 runs it)
 constexpr int64_t kVariantGqaGroup = 4;         // gqa: Hkv = H / 4, causal
 constexpr int64_t kVariantPrefixDivisor = 4;    // prefix_lm: a prefix of S / 4 in every batch entry
+// documents: causal document masking over packed sequences (varlen), 4 documents of unequal
+// lengths S·eighths/8 + shift = S/8 + 37, 3S/8 − 90, S/4 + 70, S/4 − 17 (the shifts sum to 0, so
+// they sum to S; the boundaries S/8 + 37, S/2 − 53, 3S/4 + 17 are odd: on no block edge).
+constexpr int64_t kVariantDocuments = 4;
+constexpr int64_t kVariantDocEighths[kVariantDocuments] = {1, 3, 2, 2};
+constexpr int64_t kVariantDocShifts[kVariantDocuments] = {37, -90, 70, -17};
+// The documents' cu_seqlens [kVariantDocuments + 1] at sequence length S: 0, the boundaries, S
+// (lengths S·eighths/8 + shift rounded down, the last one what is left of S). Throws tj::Error if a
+// document would be empty (S below 243).
+std::vector<int64_t> variant_cu_seqlens(int64_t S);
 constexpr int64_t kVariantHeadDim = 128;        // the default D (H = 2048 / D = 16)
 const std::vector<int64_t>& variant_seqs();     // the default S: 2048, 8192 (--quick: 8192)
 
-// causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment: the order of the table.
+// causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents: the order of the table.
 const std::vector<std::string>& variant_names();
 
 // One variant at one shape: the kernel tilejit runs, what it means, what it is compared with.
@@ -43,6 +53,9 @@ struct VariantCase {
   std::optional<kernels::AttentionVariant> variant;
   bool causal_flag = false;
   int64_t prefix = 0;              // prefix_lm: every batch entry's prefix, the kernel's input prefix_len [B]
+  // documents: the kernel's input cu_seqlens [documents + 1] (i32 on the device). The kernel reads
+  // one cu_seqlens for all batch entries: every batch entry is the same packing of documents.
+  std::vector<int64_t> cu_seqlens;
   bool skip_speedup = false;       // also timed with attn_block_skip = 0 (causal, sliding window)
   bool sdpa_peer = false;          // SDPA can run it (a boolean mask or is_causal)
   ScoreRule rule;                  // the float64 meaning: the accuracy check and the visible count

@@ -25,17 +25,22 @@ Usage (tilejit bench attention runs it; alone it prints the same table of its ow
 CSV columns: S,D,B,H,causal,peer,ms,tflops,rrmse,ok,note; lines starting with '#' are notes.
 
 --variants mode (tilejit bench variants runs it): issue #7's attention variants (causal,
-sliding_window, alibi, softcap, prefix_lm, gqa, segment; their parameters on the command line),
-bf16, B*S = 16384, H*D = 2048, S from --seqs:
+sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents; their parameters on the
+command line), bf16, B*S = 16384, H*D = 2048, S from --seqs:
   flex_bf16       torch.compile(flex_attention) with the variant's score_mod / mask_mod and a
                   BlockMask from create_block_mask (built once, outside the timing), so flex
-                  skips the blocks the mask rules out, as tilejit does; GQA with enable_gqa
+                  skips the blocks the mask rules out, as tilejit does; GQA with enable_gqa;
+                  documents with a mask_mod on a document-id tensor (the usual flex recipe)
   sdpa_mask_bf16  scaled_dot_product_attention with a boolean attn_mask (sliding_window,
-                  prefix_lm, segment) or is_causal=True (causal, gqa), backend chosen by PyTorch
+                  prefix_lm, segment, documents) or is_causal=True (causal, gqa), backend chosen
+                  by PyTorch
+documents: causal document masking of packed sequences (varlen), the same packing in every batch
+entry: document d has length S*EIGHTHS[d]/8 + SHIFTS[d] (rounded down; the last: the rest of S).
 TFLOP/s = 4*D*(visible score entries) / time, the entries counted from the mask; accuracy vs
 float32 attention with the variant's meaning on 2 heads (ok: rRMSE <= 1e-2).
   python3 bench/attention/peers.py --variants causal,gqa [--seqs 2048,8192] [--head-dim 128]
-      [--window 1024] [--segment 2048] [--softcap 30] [--gqa-group 4] [--prefix-div 4] [--csv FILE]
+      [--window 1024] [--segment 2048] [--softcap 30] [--gqa-group 4] [--prefix-div 4]
+      [--doc-eighths 1,3,2,2] [--doc-shifts 37,-90,70,-17] [--csv FILE]
 CSV columns: variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note.
 """
 import argparse
@@ -458,11 +463,28 @@ def print_table(res):
 # ---------------------------------------------------------------------------------------------
 # --variants: issue #7's attention variants (tilejit bench variants runs this mode)
 # ---------------------------------------------------------------------------------------------
-VARIANTS = ("causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment")
+VARIANTS = ("causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment", "documents")
 VARIANT_PEERS = ("flex_bf16", "sdpa_mask_bf16")
-# What SDPA can run: a boolean attn_mask (sliding_window, prefix_lm, segment) or is_causal (causal,
-# gqa). ALiBi would need an additive float bias tensor and softcap a score function: not masks.
-SDPA_VARIANTS = ("causal", "sliding_window", "prefix_lm", "gqa", "segment")
+# What SDPA can run: a boolean attn_mask (sliding_window, prefix_lm, segment, documents) or
+# is_causal (causal, gqa). ALiBi would need an additive float bias tensor and softcap a score
+# function: not masks.
+SDPA_VARIANTS = ("causal", "sliding_window", "prefix_lm", "gqa", "segment", "documents")
+
+
+def int_list(text):
+    return [int(x) for x in text.split(",")]
+
+
+def document_cu_seqlens(S, eighths, shifts):
+    """documents: cu_seqlens [len(eighths) + 1] at S, as tilejit computes it (tools/bench_variants.cpp
+    variant_cu_seqlens): document d of length S*eighths[d]//8 + shifts[d], the last the rest of S."""
+    cu = [0]
+    for d in range(len(eighths)):
+        length = S * eighths[d] // 8 + shifts[d] if d + 1 < len(eighths) else S - cu[-1]
+        if length < 1:
+            raise ValueError("documents: document %d of %d would have length %d at S = %d" % (d, len(eighths), length, S))
+        cu.append(cu[-1] + length)
+    return cu
 
 
 class VariantCase:
@@ -520,6 +542,17 @@ class VariantCase:
             def segment_mask(b, h, q_idx, kv_idx):
                 return (q_idx // segment) == (kv_idx // segment)
             self.mask_mod = segment_mask
+        elif name == "documents":
+            # One packing for every batch entry (tilejit's kernel reads one cu_seqlens for all b):
+            # doc_id[i] = the document of position i; a query sees the earlier keys of its own.
+            self.cu_seqlens = document_cu_seqlens(S, int_list(args.doc_eighths), int_list(args.doc_shifts))
+            lengths = [self.cu_seqlens[d + 1] - self.cu_seqlens[d] for d in range(len(self.cu_seqlens) - 1)]
+            doc_id = torch.repeat_interleave(torch.arange(len(lengths), device="cuda", dtype=torch.int32),
+                                             torch.tensor(lengths, device="cuda"))
+
+            def document_mask(b, h, q_idx, kv_idx):
+                return (doc_id[q_idx] == doc_id[kv_idx]) & (kv_idx <= q_idx)
+            self.mask_mod = document_mask
         else:
             raise ValueError("unknown variant %r (variants: %s)" % (name, ", ".join(VARIANTS)))
 
@@ -626,7 +659,11 @@ def run_variants(args):
         k = torch.randn((B, H, S, D), device="cuda", dtype=torch.bfloat16, generator=gen)
         v = torch.randn((B, H, S, D), device="cuda", dtype=torch.bfloat16, generator=gen)
         for name in names:
-            case = VariantCase(torch, name, S, D, args)
+            try:
+                case = VariantCase(torch, name, S, D, args)
+            except ValueError as e:
+                res.note("peers: %s S=%d: %s: no peer rows for it" % (name, S, one_line(e)))
+                continue
             kk, vv = (k[:, :case.Hkv].contiguous(), v[:, :case.Hkv].contiguous()) if case.Hkv != H else (k, v)
             gqa = case.Hkv != H
             heads = check_heads(B, H)
@@ -715,9 +752,18 @@ def main(argv=None):
     var.add_argument("--softcap", type=float, default=30.0, help="softcap: CAP * tanh(score / CAP), causal")
     var.add_argument("--gqa-group", type=int, default=4, help="gqa: Hkv = H / GROUP, causal")
     var.add_argument("--prefix-div", type=int, default=4, help="prefix_lm: a prefix of S / DIV in every batch entry")
+    var.add_argument("--doc-eighths", default="1,3,2,2",
+                     help="documents: document d has length S * EIGHTHS[d] / 8 + SHIFTS[d] (the last: the rest of S)")
+    var.add_argument("--doc-shifts", default="37,-90,70,-17", help="documents: see --doc-eighths (they sum to 0)")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be at least 1")
+    try:
+        eighths, shifts = int_list(args.doc_eighths), int_list(args.doc_shifts)
+    except ValueError:
+        ap.error("--doc-eighths and --doc-shifts take comma-separated integers")
+    if len(eighths) != len(shifts) or len(eighths) < 1 or sum(eighths) != 8 or sum(shifts) != 0:
+        ap.error("--doc-eighths (summing to 8) and --doc-shifts (summing to 0) need one entry per document")
     try:
         res = run_variants(args) if args.variants else run(args)
     except Exception as e:  # noqa: BLE001  (the CSV keeps what finished; say why it stopped)
