@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <set>
@@ -167,7 +169,7 @@ class HookWriter {
   const AttentionHooks& h_;
   const HookSymbols& sym_;
   std::map<int, const Op*> def_;        // hook value -> its op
-  static constexpr int kQ = -2, kKv = -3;
+  static constexpr int kQ = -2, kKv = -3, kScore = -4;
   std::map<int, int> alias_;            // tile values that are positions (kQ, kKv) or copies of a value
 };
 
@@ -178,7 +180,7 @@ std::string HookWriter::value(int v, Ctx ctx, const std::string& var) const {
   if (v == sym_.h) return pre + "h";
   if (v == h_.score_in) return "tj_s";
   if (auto a = alias_.find(v); a != alias_.end())
-    return a->second == kQ ? "q" : a->second == kKv ? "kv" : value(a->second, ctx, var);
+    return a->second == kQ ? "q" : a->second == kKv ? "kv" : a->second == kScore ? "tj_s" : value(a->second, ctx, var);
   auto d = def_.find(v);
   if (d != def_.end() && d->second->kind == OpKind::const_value)
     return scalar::literal(d->second->fval, d->second->ival, dtype(v));
@@ -254,8 +256,10 @@ std::string point_interval(DType t, const std::string& x) {
 
 // The interval expression of value v over a block of positions.
 std::string HookWriter::interval(int v) const {
-  if (auto a = alias_.find(v); a != alias_.end())
+  if (auto a = alias_.find(v); a != alias_.end()) {
+    if (a->second == kScore) return any_interval(DType::f32);
     return a->second == kQ ? "tj_q" : a->second == kKv ? "tj_kv" : interval(a->second);
+  }
   if (v == h_.score_in) return any_interval(DType::f32);
   auto d = def_.find(v);
   const bool tile_op = d != def_.end() && !scalar(v) && d->second->kind != OpKind::const_value;
@@ -338,11 +342,42 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
       alias_[op->result] = op->operands[0];
     }
   }
+  // The score hook's unit changes (kernels/attention_fp8.cpp traces score_mod(s * ln 2) * log2 e):
+  // the main loop folds them into its score scale and its softmax, so score() works in natural
+  // units and returns the user's score.
+  std::set<const Op*> folded;
+  int score_result = h_.score_out;
+  if (h_.score_mod) {
+    auto const_is = [&](int v, double x) {
+      auto d = def_.find(v);
+      return d != def_.end() && d->second->kind == OpKind::const_value && std::fabs(d->second->fval - x) < 1e-6 * x;
+    };
+    auto is_mul_by = [&](const Op* op, int operand, double x) {
+      return op && op->kind == OpKind::binary && op->binary == ir::BinaryFn::mul && dtype(op->result) == DType::f32 &&
+             (operand < 0 || op->operands[0] == operand) && const_is(op->operands[1], x);
+    };
+    const Op* first = nullptr;   // the op that reads the score: s * ln 2
+    for (const Op* op : h_.ops)
+      if (op->tag == "score_mod" && std::find(op->operands.begin(), op->operands.end(), h_.score_in) != op->operands.end()) {
+        first = op;
+        break;
+      }
+    const Op* last = def_.count(h_.score_out) ? def_.at(h_.score_out) : nullptr;
+    if (last && last->kind == OpKind::cast) {
+      folded.insert(last);
+      last = def_.count(last->operands[0]) ? def_.at(last->operands[0]) : nullptr;
+    }
+    if (!is_mul_by(first, h_.score_in, 0.6931471805599453) || !is_mul_by(last, -1, 1.4426950408889634) || first == last)
+      return fail(why, "the score hook is not score_mod(s * ln 2) * log2 e"), std::nullopt;
+    alias_[first->result] = kScore;
+    folded.insert(last);
+    score_result = last->operands[0];
+  }
   HooksSource out;
   std::string fields, score_body, keep_body, classify_body;
   for (const Op* op : h_.ops) {
     if (op->result < 0) return fail(why, "a hook op without a result"), std::nullopt;
-    if (alias_.count(op->result) || op->kind == OpKind::const_value) continue;
+    if (alias_.count(op->result) || op->kind == OpKind::const_value || folded.count(op)) continue;
     const int v = op->result;
     const bool mask_op = op->tag == "mask_mod";
     if (mask_op && v == h_.result) continue;   // the final where: the main loop masks
@@ -368,7 +403,7 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   d += fmt::format("  static constexpr bool kSkipBlocks = {};\n", skip_blocks && h_.mask_mod ? "true" : "false");
   d += "  long long b, h;\n" + fields;
   d += "  __device__ __forceinline__ float score(float tj_s, int q, int kv) const {\n";
-  if (h_.score_mod) d += score_body + fmt::format("    return {};\n", value(h_.score_out, Ctx::member, ""));
+  if (h_.score_mod) d += score_body + fmt::format("    return {};\n", value(score_result, Ctx::member, ""));
   else d += "    return tj_s;\n";
   d += "  }\n";
   d += "  __device__ __forceinline__ bool keep(int q, int kv) const {\n";

@@ -132,7 +132,7 @@ struct AttnCfg {
 // User code spliced into the main loop (attention variants: kernels/attention_variant.h). The
 // sm_90a lowering generates a struct like this from the kernel's score_mod / mask_mod ops;
 // NoHooks is the plain kernel.
-//   score(s, q, kv): the modified score, both in log2 units (s = q.k * descales * scale)
+//   score(s, q, kv): the modified score, both in natural-log units (s = q.k * descales * scale * ln 2)
 //   keep(q, kv): whether key kv stays visible to query q
 //   classify(q_lo, q_hi, kv_lo, kv_hi): what keep() is over that box of positions (interval
 //     arithmetic over the mask's ops): 0 never kept (the block is skipped: not loaded, not
@@ -349,8 +349,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const float vd = p.v_descale ? p.v_descale[(long long)b * p.vd_sb + (long long)hk * p.vd_sh] : 1.0f;
   // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd
   const float sc = (p.score_scale * qd) * kd;
-  // A score hook rewrites s into scaled log2 units itself; the softmax then scales by 1.
-  const float scm = Hooks::kScoreMod ? 1.0f : sc;
+  // A score hook works in natural units (sc_nat) and the softmax takes its result to log2 units.
+  const float sc_nat = sc * 0.6931471805599453f;
+  const float scm = Hooks::kScoreMod ? 1.4426950408889634f : sc;
   // Masked scores hold -inf after scaling: the raw value is -inf (scm > 0) or +inf (scm < 0).
   const bool sc_neg = scm < 0.0f;
   const float masked_raw = sc_neg ? -attn_detail::neg_inf() : attn_detail::neg_inf();
@@ -402,7 +403,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       for (int i = 0; i < BN / 2; ++i) {
         const int row = rb + r0 + 8 * ((i >> 1) & 1);
         const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
-        s[i] = hooks.score(s[i] * sc, row, col);
+        s[i] = hooks.score(s[i] * sc_nat, row, col);
       }
     }
     const bool tail = n0 + BN > p.Skv;
