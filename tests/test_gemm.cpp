@@ -26,6 +26,7 @@
 #include "codegen/target.h"
 #include "dsl/kernel.h"
 #include "gpu.h"
+#include "gemm_testing.h"
 #include "nvrtc_testing.h"
 #include "kernels/library.h"
 #include "runtime/error.h"
@@ -38,27 +39,9 @@
 using namespace tj;
 using codegen::Target;
 
+using namespace tj_test;
+
 namespace {
-
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
-
-TensorSpec T(DType t, std::vector<int64_t> shape) { return TensorSpec{t, std::move(shape)}; }
-
-Config cfg(const char* json) { return Config::from_json(json); }
-
-// Arguments of fp8_gemm: a [M,K], b [N,K], scale_a [sa], scale_b [sb], bias [nbias], c [M,N].
-struct GemmCase {
-  int64_t M, N, K;
-  int64_t sa = 1, sb = 1, nbias = 0;   // scale lengths (1 or M / N), bias length (0 or N)
-  DType out = DType::bf16;
-  DType tb = DType::e4m3;
-};
-
-std::vector<ArgSpec> fp8_specs(const GemmCase& c, bool dynamic = false) {
-  auto d = [&](int64_t v) { return dynamic ? -1 : v; };
-  return {T(DType::e4m3, {d(c.M), d(c.K)}), T(c.tb, {d(c.N), d(c.K)}), T(DType::f32, {d(c.sa)}),
-          T(DType::f32, {d(c.sb)}),         T(DType::f32, {d(c.nbias)}), T(c.out, {d(c.M), d(c.N)})};
-}
 
 void dump(const std::string& name, const codegen::GeneratedKernel& g, const runtime::CompileResult* r) {
   const char* dir = std::getenv("TJ_GEMM_DUMP_DIR");
@@ -88,29 +71,6 @@ std::vector<double> gemm_f64(const HostTensor& a, const HostTensor& b, const Hos
       c[i * N + j] = acc * s + (biv.empty() ? 0.0 : biv[j]);
     }
   return c;
-}
-
-struct Errors {
-  double rel_rms = 0;    // ||out - ref|| / ||ref||
-  double max_rel = 0;    // max |out - ref| / (|ref| + rms(ref))
-  int64_t nan = 0;
-};
-Errors errors(const std::vector<double>& out, const std::vector<double>& ref) {
-  double e2 = 0, r2 = 0;
-  Errors e;
-  for (size_t i = 0; i < ref.size(); ++i) r2 += ref[i] * ref[i];
-  const double rms = std::sqrt(r2 / std::max<size_t>(ref.size(), 1)) + 1e-30;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(out[i])) {
-      ++e.nan;
-      continue;
-    }
-    const double d = out[i] - ref[i];
-    e2 += d * d;
-    e.max_rel = std::max(e.max_rel, std::abs(d) / (std::abs(ref[i]) + rms));
-  }
-  e.rel_rms = std::sqrt(e2 / std::max(r2, 1e-300));
-  return e;
 }
 
 // Inputs for a case: A, B ~ N(0,1) rounded to fp8; positive scales around 1; bias ~ N(0,1).

@@ -25,6 +25,7 @@
 #include "codegen/target.h"
 #include "dsl/kernel.h"
 #include "gpu.h"
+#include "gemm_testing.h"
 #include "nvrtc_testing.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
@@ -38,24 +39,10 @@
 using namespace tj;
 using codegen::Target;
 
+using namespace tj_test;
+
 namespace {
 
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
-TensorSpec T(DType t, std::vector<int64_t> shape) { return TensorSpec{t, std::move(shape)}; }
-Config cfg(const char* json) { return Config::from_json(json); }
-
-// fp8_gemm's arguments: a [M,K] e4m3, b [N,K], scale_a [sa], scale_b [sb], bias [nbias], c [M,N].
-struct Fp8Case {
-  int64_t M, N, K;
-  int64_t sa = 1, sb = 1, nbias = 0;   // 1 or M / 1 or N / 0 or N
-  DType out = DType::bf16;
-  DType tb = DType::e4m3;
-};
-std::vector<ArgSpec> fp8_specs(const Fp8Case& c, bool dynamic = false) {
-  auto d = [&](int64_t v) { return dynamic ? -1 : v; };
-  return {T(DType::e4m3, {d(c.M), d(c.K)}), T(c.tb, {d(c.N), d(c.K)}),   T(DType::f32, {d(c.sa)}),
-          T(DType::f32, {d(c.sb)}),         T(DType::f32, {d(c.nbias)}), T(c.out, {d(c.M), d(c.N)})};
-}
 std::vector<ArgSpec> gemm_specs(DType t, int64_t M, int64_t N, int64_t K, DType out = DType::f32) {
   return {T(t, {M, K}), T(t, {N, K}), T(out, {M, N})};
 }
@@ -121,7 +108,7 @@ TEST_CASE("sm80 gemm: NVRTC PTX has mma.sync (e4m3 on sm_89, bf16/f16 on sm_80 a
     const char* arch;
     const char* mma;   // regex
   };
-  Fp8Case e5m2{200, 136, 256, 200, 136, 136, DType::f32};
+  GemmCase e5m2{200, 136, 256, 200, 136, 136, DType::f32};
   e5m2.tb = DType::e5m2;
   const std::vector<V> variants = {
       {"fp8_gemm e4m3, sm_89", &kernels::fp8_gemm(), fp8_specs({1000, 520, 784, 1000, 520, 520, DType::bf16}), "sm_89",
@@ -437,29 +424,6 @@ std::vector<double> gemm_f64(const HostTensor& a, const HostTensor& b, const Hos
   return c;
 }
 
-struct Errors {
-  double rel_rms = 0;   // ||out - ref|| / ||ref||
-  double max_rel = 0;   // max |out - ref| / (|ref| + rms(ref))
-  int64_t nan = 0;
-};
-Errors errors(const std::vector<double>& out, const std::vector<double>& ref) {
-  Errors e;
-  double e2 = 0, r2 = 0;
-  for (double r : ref) r2 += r * r;
-  const double rms = std::sqrt(r2 / std::max<size_t>(ref.size(), 1)) + 1e-30;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(out[i])) {
-      ++e.nan;
-      continue;
-    }
-    const double d = out[i] - ref[i];
-    e2 += d * d;
-    e.max_rel = std::max(e.max_rel, std::abs(d) / (std::abs(ref[i]) + rms));
-  }
-  e.rel_rms = std::sqrt(e2 / std::max(r2, 1e-300));
-  return e;
-}
-
 LaunchOptions on_arch(const char* arch, const Config& config, bool dynamic = false) {
   LaunchOptions o;
   o.config = config;
@@ -549,14 +513,14 @@ TEST_CASE("gpu: sm80 fp8_gemm for sm_89 (e4m3, e5m2 B) with per-row/per-column s
       R"({"blocks":{"m":64,"n":128,"k":32},"num_stages":4,"num_warps":2})",
       R"({"blocks":{"m":32,"n":32,"k":256},"num_stages":1,"num_warps":1})",
   };
-  std::vector<Fp8Case> cases = {
+  std::vector<GemmCase> cases = {
       {1000, 520, 784, 1000, 520, 520, DType::bf16},
       {129, 17, 48, 129, 1, 0, DType::f32},
       {256, 384, 512, 1, 384, 384, DType::f16},
       {200, 136, 272, 200, 136, 136, DType::f32, DType::e5m2},
   };
   for (const char* c : configs) {
-    for (const Fp8Case& g : cases) {
+    for (const GemmCase& g : cases) {
       CAPTURE(c);
       CAPTURE(fmt::format("{}x{}x{} sa[{}] sb[{}] bias[{}] -> {}, b {}", g.M, g.N, g.K, g.sa, g.sb, g.nbias, name(g.out), name(g.tb)));
       HostTensor a = random_tensor(DType::e4m3, {g.M, g.K}, rng), b = random_tensor(g.tb, {g.N, g.K}, rng);
@@ -584,7 +548,7 @@ TEST_CASE("gpu: sm80 fp8_gemm for sm_89 (e4m3, e5m2 B) with per-row/per-column s
 TEST_CASE("gpu: sm80 fp8_gemm for sm_89 agrees with the CPU reference executor") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(90);
-  const Fp8Case g{200, 136, 256, 200, 136, 136, DType::f32};
+  const GemmCase g{200, 136, 256, 200, 136, 136, DType::f32};
   const Config c = cfg(R"({"blocks":{"m":128,"n":64,"k":64},"num_stages":3})");
   HostTensor a = random_tensor(DType::e4m3, {g.M, g.K}, rng), b = random_tensor(DType::e4m3, {g.N, g.K}, rng);
   HostTensor sa = random_tensor(DType::f32, {g.sa}, rng, 0.5, 2.0), sb = random_tensor(DType::f32, {g.sb}, rng, 0.5, 2.0);
