@@ -65,6 +65,7 @@ struct AttentionFp8Options {
 // Vᵀ, the descales, the Hadamard matrix), reused across calls (reallocated when shapes change).
 struct AttentionFp8Workspace {
   std::optional<DeviceTensor> q8, k8, vt8, qd, kd, vd, ones, no_lse, hadamard;
+  std::optional<DeviceTensor> q_amax, k_amax, v_amax;   // per-chunk amaxes of the plain recipe
 };
 
 // o = attention(q, k, v) for device tensors q [B, H, Sq, D], k / v [B, Hkv, Skv, D] (bf16 or

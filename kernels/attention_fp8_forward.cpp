@@ -1,6 +1,7 @@
 // The host pipeline of kernels/attention_fp8.h: quantize pre-passes, then attention_fp8.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention_fp8.h"
@@ -46,6 +47,25 @@ TensorView as_halves(const TensorView& t) {
   return v;
 }
 
+// Row chunks per (b, h) for the plain recipe's quantizers: about 4 programs per SM of a big GPU
+// in all (B·H alone can be a few dozen), at most one chunk per 64-row tile.
+int64_t quantize_chunks(int64_t heads_total, int64_t S) {
+  const int64_t target_programs = 512;
+  return std::max<int64_t>(1, std::min((S + 63) / 64, (target_programs + heads_total - 1) / heads_total));
+}
+
+// x -> e4m3 y (or yᵀ) with per-(b, h) descales, over B·H·C programs: chunk amaxes, then the
+// quantization chunk by chunk (bit for bit what quantize_fp8 / quantize_transpose_fp8 write).
+void quantize_chunked(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
+                      const TensorView& descale, bool transpose, const LaunchOptions& lo) {
+  const int64_t C = quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
+  ensure(partial, DType::f32, {x.shape[0], x.shape[1], C});
+  LaunchOptions o = lo;
+  o.config = attention_fp8_quantize_config(/*rotate=*/false);
+  launch(chunk_amax(), {x, partial->view()}, o);
+  launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, partial->view(), y, descale}, o);
+}
+
 // Fills ws.q8 / ws.k8 (and their descales) with the recipe's Q and K.
 void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Options& opt, AttentionFp8Workspace& ws,
                  const LaunchOptions& lo) {
@@ -69,8 +89,8 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
     launch(quantize_hadamard_fp8(), {q, rotation, ws.q8->view(), ws.qd->view()}, qo);
     launch(quantize_hadamard_fp8(), {k, rotation, ws.k8->view(), ws.kd->view()}, qo);
   } else {
-    launch(quantize_fp8(), {q, ws.q8->view(), ws.qd->view()}, qo);
-    launch(quantize_fp8(), {k, ws.k8->view(), ws.kd->view()}, qo);
+    quantize_chunked(q, ws.q_amax, ws.q8->view(), ws.qd->view(), /*transpose=*/false, lo);
+    quantize_chunked(k, ws.k_amax, ws.k8->view(), ws.kd->view(), /*transpose=*/false, lo);
   }
 }
 
@@ -165,9 +185,7 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   ensure(ws.vt8, DType::e4m3, {B, Hkv, D, S_pad}, /*zero=*/true);   // the pad past Skv must be finite
   ensure(ws.vd, DType::f32, {B, Hkv});
   quantize_qk(q, k, opt, ws, lo);
-  LaunchOptions vo = lo;
-  vo.config = attention_fp8_quantize_config(/*rotate=*/false);
-  launch(quantize_transpose_fp8(), {v, ws.vt8->view(), ws.vd->view()}, vo);
+  quantize_chunked(v, ws.v_amax, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, lo);
   launch_attention(opt,
                    {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse,
                     scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},

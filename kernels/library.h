@@ -54,6 +54,13 @@ const Kernel& quantize_transpose_fp8();
 //   quantize_duplicate_fp8 (same arguments): hi in both halves (K for a q_residual Q:
 //     [Q_hi | Q_lo]·[K | K]ᵀ = (Q_hi + Q_lo)·Kᵀ).
 // Blocks "s"/"s2" (rows of the amax / write pass), "d"/"d2" (columns of x·R, with a rotation).
+// The same quantization (bit for bit) with B·H·C programs instead of B·H: chunk_amax (x,
+// partial [B,H,C] f32) takes the amax of each of C row chunks (whole tiles of 64 rows), then
+// quantize_fp8_chunked / quantize_transpose_fp8_chunked (x, partial, y or yt, descale) quantize
+// chunk by chunk with the descale from all chunks' amaxes.
+const Kernel& chunk_amax();
+const Kernel& quantize_fp8_chunked();
+const Kernel& quantize_transpose_fp8_chunked();
 // head_amax (x [B,H,S,D], amax [B,H] f32, scale): amax[b, h] = max |x[b, h]| * scale -- the
 // output amax of an e4m3 attention output (scale = 1 / o_scale), one program per (b, h).
 const Kernel& head_amax();

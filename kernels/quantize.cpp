@@ -141,6 +141,85 @@ void quantize_rows(const In& x, const In& rotation, const Out& y, const Out& des
 
 }  // namespace
 
+namespace {
+// Rows [begin, end) of chunk c when S rows are cut into partial.dim(2) chunks of whole 64-row
+// tiles (so no tile crosses into the next chunk).
+std::pair<Tile, Tile> chunk_rows(const Tile& S, const Tile& chunks, const Tile& c) {
+  auto size = cdiv(cdiv(S, chunks), 64) * 64;
+  return {c * size, minimum(c * size + size, S)};
+}
+// The per-(b, h) descale from the chunks' partial amaxes (every chunk's program computes it).
+Tile chunked_descale(const In& partial, const Tile& b, const Tile& h, DType fp8) {
+  auto mx = amax(partial.load(b, h, all), 0);
+  return where(mx > 0.0, mx * (1.0 / fp8_max(fp8)), 1.0);
+}
+}  // namespace
+
+const Kernel& chunk_amax() {
+  static const Kernel k = kernel("chunk_amax", {"x", "partial"}, [](In x, Out partial) {
+    auto [B, H, S, D] = x.shape<4>();
+    auto C = partial.dim(2);
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H);
+      auto h = bh % H;
+      for (auto c : grid(C)) {
+        auto [begin, end] = chunk_rows(S, C, c);
+        Var mx = constant(0.0, DType::f32);
+        for (auto s : tile(begin, end, block("s")))
+          mx = maximum(mx, amax(amax(abs(x.load(b, h, s, all).to(DType::f32)), 1), 0));
+        partial.store(b, h, c, mx);
+      }
+    }
+  });
+  return k;
+}
+
+const Kernel& quantize_fp8_chunked() {
+  static const Kernel k = kernel(
+      "quantize_fp8_chunked", {"x", "partial", "y", "descale"}, [](In x, In partial, Out y, Out descale) {
+        auto [B, H, S, D] = x.shape<4>();
+        auto C = partial.dim(2);
+        for (auto bh : grid(B * H)) {
+          auto b = floordiv(bh, H);
+          auto h = bh % H;
+          for (auto c : grid(C)) {
+            auto ds = chunked_descale(partial, b, h, y.dtype());
+            descale.store(b, h, ds);   // the same value from every chunk
+            auto inv = 1.0 / ds;
+            auto [begin, end] = chunk_rows(S, C, c);
+            for (auto s : tile(begin, end, block("s2")))
+              y.store(b, h, s, all, (x.load(b, h, s, all).to(DType::f32) * inv).to(y.dtype()));
+          }
+        }
+      });
+  return k;
+}
+
+const Kernel& quantize_transpose_fp8_chunked() {
+  static const Kernel k = kernel(
+      "quantize_transpose_fp8_chunked", {"x", "partial", "yt", "descale"}, [](In x, In partial, Out yt, Out descale) {
+        auto [B, H, S, D] = x.shape<4>();
+        auto C = partial.dim(2);
+        for (auto bh : grid(B * H)) {
+          auto b = floordiv(bh, H);
+          auto h = bh % H;
+          for (auto c : grid(C)) {
+            auto ds = chunked_descale(partial, b, h, yt.dtype());
+            descale.store(b, h, ds);
+            auto inv = 1.0 / ds;
+            auto [begin, end] = chunk_rows(S, C, c);
+            // The last chunk's last tile reaches past S: it loads zeros there, so yt's pad columns
+            // [S, S_pad) get zeros.
+            for (auto s : tile(begin, end, block("s2"))) {
+              auto q = (x.load(b, h, s, all).to(DType::f32) * inv).to(yt.dtype());
+              yt.store(b, h, all, s, q.T());
+            }
+          }
+        }
+      });
+  return k;
+}
+
 const Kernel& head_amax() {
   static const Kernel k = kernel("head_amax", {"x", "amax", "scale"}, [](In x, Out amax_out, Scalar scale) {
     auto [B, H, S, D] = x.shape<4>();

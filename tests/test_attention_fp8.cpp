@@ -391,3 +391,35 @@ TEST_CASE("gpu: attention_fp8_forward (quantize + attention from bf16) accuracy 
       }
     }
 }
+
+TEST_CASE("chunk_amax + quantize_fp8_chunked / quantize_transpose_fp8_chunked write what the one-pass quantizers write") {
+  std::mt19937 rng(15);
+  Config qc;
+  qc.blocks = {{"s", 64}, {"s2", 64}};
+  for (int64_t S : {50, 300, 1000})
+    for (int64_t C : {1, 3, 7}) {
+      INFO("S " << S << " chunks " << C);
+      HostTensor x = randn(DType::bf16, {2, 2, S, 64}, rng, 0.01);
+      const int64_t S_pad = (S + 15) / 16 * 16;
+      HostTensor y1(DType::e4m3, {2, 2, S, 64}), y2(DType::e4m3, {2, 2, S, 64});
+      HostTensor t1(DType::e4m3, {2, 2, 64, S_pad}), t2(DType::e4m3, {2, 2, 64, S_pad});
+      HostTensor d1(DType::f32, {2, 2}), d2(DType::f32, {2, 2}), d3(DType::f32, {2, 2}), d4(DType::f32, {2, 2});
+      HostTensor partial(DType::f32, {2, 2, C});
+      t1.fill_bytes(0);
+      t2.fill_bytes(0xFF);   // the chunked transpose must write the pad itself
+      y2.fill_bytes(0xFF);
+      run_ref(kernels::quantize_fp8(), {x.view(), y1.view(), d1.view()}, qc);
+      run_ref(kernels::quantize_transpose_fp8(), {x.view(), t1.view(), d3.view()}, qc);
+      run_ref(kernels::chunk_amax(), {x.view(), partial.view()}, qc);
+      run_ref(kernels::quantize_fp8_chunked(), {x.view(), partial.view(), y2.view(), d2.view()}, qc);
+      run_ref(kernels::quantize_transpose_fp8_chunked(), {x.view(), partial.view(), t2.view(), d4.view()}, qc);
+      int64_t mismatched = 0;
+      for (int64_t i = 0; i < y1.numel(); ++i) mismatched += y1.at(i) != y2.at(i);
+      for (int64_t i = 0; i < t1.numel(); ++i) mismatched += t1.at(i) != t2.at(i);
+      CHECK(mismatched == 0);
+      for (int64_t i = 0; i < 4; ++i) {
+        CHECK(d2.at(i) == d1.at(i));
+        CHECK(d4.at(i) == d1.at(i));
+      }
+    }
+}
