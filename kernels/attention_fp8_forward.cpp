@@ -61,8 +61,10 @@ void quantize_chunked(const TensorView& x, std::optional<DeviceTensor>& partial,
   const int64_t C = quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
   ensure(partial, DType::f32, {x.shape[0], x.shape[1], C});
   LaunchOptions o = lo;
-  o.config = attention_fp8_quantize_config(/*rotate=*/false);
+  o.config = Config();
+  o.config->blocks = {{"s", 64}};   // rows per tile: whole tiles per chunk (chunk_rows)
   launch(chunk_amax(), {x, partial->view()}, o);
+  o.config->blocks = {{"s2", 64}};
   launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, partial->view(), y, descale}, o);
 }
 
