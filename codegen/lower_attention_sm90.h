@@ -17,8 +17,8 @@
 // block as interval arithmetic: blocks it rules out are skipped (not loaded, not computed),
 // blocks it keeps whole are not masked (knob "attn_block_skip", default 1; 0 masks every
 // element of every block, for comparison); with a mask hook the query tiles run last to first,
-// longest first for causal-like masks (knob "attn_reverse_tiles", default 1). Hooks the writer cannot express (tile loads, dots,
-// reductions) leave the kernel to the SIMT path.
+// longest first for causal-like masks (knob "attn_reverse_tiles", default 1). Hooks the writer
+// cannot express (tile loads, dots, reductions) leave the kernel to the SIMT path.
 // Everything else -- other kernels, e5m2 / f32 inputs, f32 / e5m2 outputs, dynamic head dims,
 // head dims other than 64/128/256 -- is left to the next lowering (SIMT).
 //
