@@ -83,6 +83,10 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // qk_head_dim (2·D with q_residual, at most 256) fits the same blocks.
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0);
 
+// Row chunks per (b, h) the plain recipe's quantizers use (chunk_amax and the chunked quantizers
+// in kernels/library.h, blocks "s" / "s2" = 64) for B·H = heads_total and sequence length S.
+int64_t attention_fp8_quantize_chunks(int64_t heads_total, int64_t S);
+
 // The config of attention_fp8_forward's quantizer launches (they run SIMT): rows in blocks of 64
 // ("s", "s2"); with `rotate`, columns of x·H in blocks of 64 too ("d", "d2").
 Config attention_fp8_quantize_config(bool rotate);

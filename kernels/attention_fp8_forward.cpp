@@ -47,18 +47,11 @@ TensorView as_halves(const TensorView& t) {
   return v;
 }
 
-// Row chunks per (b, h) for the plain recipe's quantizers: about 4 programs per SM of a big GPU
-// in all (B·H alone can be a few dozen), at most one chunk per 64-row tile.
-int64_t quantize_chunks(int64_t heads_total, int64_t S) {
-  const int64_t target_programs = 512;
-  return std::max<int64_t>(1, std::min((S + 63) / 64, (target_programs + heads_total - 1) / heads_total));
-}
-
 // x -> e4m3 y (or yᵀ) with per-(b, h) descales, over B·H·C programs: chunk amaxes, then the
 // quantization chunk by chunk (bit for bit what quantize_fp8 / quantize_transpose_fp8 write).
 void quantize_chunked(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
                       const TensorView& descale, bool transpose, const LaunchOptions& lo) {
-  const int64_t C = quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
+  const int64_t C = attention_fp8_quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
   ensure(partial, DType::f32, {x.shape[0], x.shape[1], C});
   LaunchOptions o = lo;
   o.config = Config();
@@ -108,6 +101,13 @@ Config attention_fp8_quantize_config(bool rotate) {
     c.blocks["d2"] = 64;
   }
   return c;
+}
+
+// About 4 programs per SM of a big GPU in all (B·H alone can be a few dozen), at most one
+// chunk per 64-row tile.
+int64_t attention_fp8_quantize_chunks(int64_t heads_total, int64_t S) {
+  const int64_t target_programs = 512;
+  return std::max<int64_t>(1, std::min((S + 63) / 64, (target_programs + heads_total - 1) / heads_total));
 }
 
 HostTensor hadamard_matrix(int64_t d) {

@@ -174,49 +174,40 @@ const Kernel& chunk_amax() {
   return k;
 }
 
+namespace {
+// Chunk c of x[b, h] quantized with the descale from every chunk's amax; `transpose` writes yᵀ
+// [B, H, D, S_pad] (the last chunk's last tile reaches past S and loads zeros there, so yᵀ's
+// pad columns [S, S_pad) get zeros).
+void quantize_chunks(const In& x, const In& partial, const Out& y, const Out& descale, bool transpose) {
+  auto [B, H, S, D] = x.shape<4>();
+  auto C = partial.dim(2);
+  for (auto bh : grid(B * H)) {
+    auto b = floordiv(bh, H);
+    auto h = bh % H;
+    for (auto c : grid(C)) {
+      auto ds = chunked_descale(partial, b, h, y.dtype());
+      descale.store(b, h, ds);   // the same value from every chunk
+      auto inv = 1.0 / ds;
+      auto [begin, end] = chunk_rows(S, C, c);
+      for (auto s : tile(begin, end, block("s2"))) {
+        auto q = (x.load(b, h, s, all).to(DType::f32) * inv).to(y.dtype());
+        if (transpose) y.store(b, h, all, s, q.T());
+        else y.store(b, h, s, all, q);
+      }
+    }
+  }
+}
+}  // namespace
+
 const Kernel& quantize_fp8_chunked() {
-  static const Kernel k = kernel(
-      "quantize_fp8_chunked", {"x", "partial", "y", "descale"}, [](In x, In partial, Out y, Out descale) {
-        auto [B, H, S, D] = x.shape<4>();
-        auto C = partial.dim(2);
-        for (auto bh : grid(B * H)) {
-          auto b = floordiv(bh, H);
-          auto h = bh % H;
-          for (auto c : grid(C)) {
-            auto ds = chunked_descale(partial, b, h, y.dtype());
-            descale.store(b, h, ds);   // the same value from every chunk
-            auto inv = 1.0 / ds;
-            auto [begin, end] = chunk_rows(S, C, c);
-            for (auto s : tile(begin, end, block("s2")))
-              y.store(b, h, s, all, (x.load(b, h, s, all).to(DType::f32) * inv).to(y.dtype()));
-          }
-        }
-      });
+  static const Kernel k = kernel("quantize_fp8_chunked", {"x", "partial", "y", "descale"},
+                                 [](In x, In partial, Out y, Out descale) { quantize_chunks(x, partial, y, descale, false); });
   return k;
 }
 
 const Kernel& quantize_transpose_fp8_chunked() {
-  static const Kernel k = kernel(
-      "quantize_transpose_fp8_chunked", {"x", "partial", "yt", "descale"}, [](In x, In partial, Out yt, Out descale) {
-        auto [B, H, S, D] = x.shape<4>();
-        auto C = partial.dim(2);
-        for (auto bh : grid(B * H)) {
-          auto b = floordiv(bh, H);
-          auto h = bh % H;
-          for (auto c : grid(C)) {
-            auto ds = chunked_descale(partial, b, h, yt.dtype());
-            descale.store(b, h, ds);
-            auto inv = 1.0 / ds;
-            auto [begin, end] = chunk_rows(S, C, c);
-            // The last chunk's last tile reaches past S: it loads zeros there, so yt's pad columns
-            // [S, S_pad) get zeros.
-            for (auto s : tile(begin, end, block("s2"))) {
-              auto q = (x.load(b, h, s, all).to(DType::f32) * inv).to(yt.dtype());
-              yt.store(b, h, all, s, q.T());
-            }
-          }
-        }
-      });
+  static const Kernel k = kernel("quantize_transpose_fp8_chunked", {"x", "partial", "yt", "descale"},
+                                 [](In x, In partial, Out yt, Out descale) { quantize_chunks(x, partial, yt, descale, true); });
   return k;
 }
 

@@ -162,8 +162,9 @@ int bench_attention(const BenchAttentionOptions& o) {
     // Compile ahead: attention_fp8 (e4m3 and bf16) and the quantize pre-passes (with
     // attention_fp8_forward's config for them), per shape.
     std::vector<CompileJob> jobs;
-    Config qcfg;
-    qcfg.blocks = {{"s", 64}, {"s2", 64}};
+    Config amax_cfg, qcfg;
+    amax_cfg.blocks = {{"s", 64}};
+    qcfg.blocks = {{"s2", 64}};
     std::set<std::pair<int64_t, int64_t>> quantize_shapes;
     for (const auto& s : shapes) {
       std::string src;
@@ -173,12 +174,13 @@ int bench_attention(const BenchAttentionOptions& o) {
       jobs.push_back({&kernels::attention_fp8(), attention_specs(DType::bf16, s),
                       attention_config(DType::bf16, DType::bf16, shape, s.causal, src)});
       if (!quantize_shapes.insert({s.S, s.D}).second) continue;
-      const std::vector<ArgSpec> qspecs = {TensorSpec{DType::bf16, shape}, TensorSpec{DType::e4m3, shape},
-                                           TensorSpec{DType::f32, {s.B, s.H}}};
-      const std::vector<ArgSpec> tspecs = {TensorSpec{DType::bf16, shape}, TensorSpec{DType::e4m3, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}},
-                                           TensorSpec{DType::f32, {s.B, s.H}}};
-      jobs.push_back({&kernels::quantize_fp8(), qspecs, qcfg});
-      jobs.push_back({&kernels::quantize_transpose_fp8(), tspecs, qcfg});
+      // What attention_fp8_forward's plain recipe launches: chunk amaxes, then the chunked quantizers.
+      const TensorSpec x{DType::bf16, shape}, descale{DType::f32, {s.B, s.H}};
+      const TensorSpec partial{DType::f32, {s.B, s.H, kernels::attention_fp8_quantize_chunks(s.B * s.H, s.S)}};
+      jobs.push_back({&kernels::chunk_amax(), {x, partial}, amax_cfg});
+      jobs.push_back({&kernels::quantize_fp8_chunked(), {x, partial, TensorSpec{DType::e4m3, shape}, descale}, qcfg});
+      jobs.push_back({&kernels::quantize_transpose_fp8_chunked(),
+                      {x, partial, TensorSpec{DType::e4m3, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}}, descale}, qcfg});
     }
     const uint64_t compiles_before = nvrtc_compile_count();
     precompile(jobs, dev.arch());
