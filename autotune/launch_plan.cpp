@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "autotune/cache.h"
+#include "autotune/space.h"
 #include "runtime/device.h"
 #include "runtime/reference.h"
 
@@ -104,7 +105,7 @@ LaunchPlan build(const Kernel& k, const std::vector<Arg>& args, bool dynamic_sha
                             tuned->to_json(), k.name(), e.what()));
     }
   }
-  if (!plan.kernel) plan.kernel = &compile(k, specs, default_config(k.trace(specs)), CompileRequest{});
+  if (!plan.kernel) plan.kernel = &compile(k, specs, untuned_config(k.trace(specs), runtime::current_device().arch()), CompileRequest{});
   plan.programs = launch_shape(plan.kernel->ir, plan.kernel->config, param_values(k, args)).programs;
   if (plan.programs > 0) plan.geometry = launch_geometry(*plan.kernel, plan.programs, runtime::current_device().sm_count);
   return plan;

@@ -19,6 +19,7 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::vector<std::pair<std::string, KnobProvider>> providers;
+  std::vector<std::pair<std::string, DefaultConfigProvider>> defaults;
 };
 Registry& registry() {
   static Registry r;
@@ -94,6 +95,31 @@ std::vector<Knob> registered_knobs(const ir::Function& f, const std::string& arc
     }
   }
   return out;
+}
+
+void register_default_config_provider(const std::string& name, DefaultConfigProvider provider) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (auto& [n, p] : r.defaults) {
+    if (n == name) {
+      p = std::move(provider);
+      return;
+    }
+  }
+  r.defaults.emplace_back(name, std::move(provider));
+}
+
+Config untuned_config(const ir::Function& f, const std::string& arch) {
+  std::vector<std::pair<std::string, DefaultConfigProvider>> providers;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    providers = r.defaults;
+  }
+  for (const auto& [name, provider] : providers)
+    if (provider)
+      if (std::optional<Config> c = provider(f, arch)) return *c;
+  return tj::default_config(f);
 }
 
 std::vector<int64_t> constant_block_extents(const ir::Function& f) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,13 @@ void unregister_knob_provider(const std::string& name);
 // The knobs of every registered provider for `f` on `arch`, in registration order. A knob
 // declared twice keeps its first declaration.
 std::vector<Knob> registered_knobs(const ir::Function& f, const std::string& arch);
+
+// The config a lowering would pick for `f` on `arch` without tuning (a tile shape that is fast
+// for its pattern), or nothing for kernels it does not lower.
+using DefaultConfigProvider = std::function<std::optional<Config>(const ir::Function& f, const std::string& arch)>;
+// Registers (or, with the same name, replaces) one. Thread-safe; called like
+// register_knob_provider.
+void register_default_config_provider(const std::string& name, DefaultConfigProvider provider);
 
 // Well-known knob names a lowering may register (nothing reads them until it does).
 namespace knob_names {
@@ -117,5 +125,10 @@ ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& options = {}
 // The loop extent of each block symbol when it is a compile-time constant (end - begin of
 // every tile loop that steps by it, the largest if several), else -1. Index: block id.
 std::vector<int64_t> constant_block_extents(const ir::Function& f);
+
+// The config of `f` on `arch` when nothing was tuned: the first registered default-config
+// provider's (in registration order) that answers, else default_config(f) (64 for every
+// tunable block).
+Config untuned_config(const ir::Function& f, const std::string& arch);
 
 }  // namespace tj::autotune

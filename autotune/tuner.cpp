@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "autotune/launch_plan.h"
+#include "autotune/space.h"
 #include "autotune/worker.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/target.h"
@@ -693,7 +694,7 @@ void Tuner::evaluate(const std::vector<int>& ids) {
 }
 
 bool Tuner::establish_reference() {
-  std::vector<Config> tries = {default_config(f_)};
+  std::vector<Config> tries = {untuned_config(f_, arch_)};
   // Fallbacks when the default config does not work here: points near it.
   Point p0 = space_.point_of(tries[0]);
   tries.push_back(space_.config_at(p0));
@@ -734,7 +735,7 @@ void Tuner::draw(bool force) {
 TuneResult Tuner::run() {
   TuneResult result;
   check_specs();
-  result.reference_config = default_config(f_);
+  result.reference_config = untuned_config(f_, arch_);
   if (o_.effort == Effort::none) {
     result.best = result.reference_config;
     result.strategy = Strategy::exhaustive;
@@ -744,6 +745,7 @@ TuneResult Tuner::run() {
   }
 
   start_worker_and_identify();
+  result.reference_config = untuned_config(f_, arch_);   // now that the GPU's arch is known
   result.device = dev_.id;
   result.isolated = bench_->isolated();
   result.key = tuning_key(k_, specs_, o_.dynamic_shapes, dev_.id);
@@ -801,7 +803,7 @@ TuneResult Tuner::run() {
   planned_ = static_cast<int>(planned_strategy == Strategy::exhaustive
                                   ? std::min<uint64_t>(space_.size(), 1u << 20)
                                   : std::min<uint64_t>(space_.size(), static_cast<uint64_t>(search.max_evaluations))) +
-             static_cast<int>(o_.extra_candidates.size()) + (space_.contains(default_config(f_)) ? 0 : 1);
+             static_cast<int>(o_.extra_candidates.size()) + (space_.contains(untuned_config(f_, arch_)) ? 0 : 1);
 
   start_pool();
   const int compiles_before = static_cast<int>(nvrtc_compile_count());

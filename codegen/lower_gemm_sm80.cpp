@@ -210,6 +210,25 @@ const bool registered = [] {
     knobs.push_back({autotune::knob_names::raster_group, {1, 4, 8, 16}, 8});
     return knobs;
   });
+  // Untuned: 128 x 128 tiles, 4 warps, a 4-stage cp.async ring (fits sm_89's 99 KB for fp8).
+  autotune::register_default_config_provider("sm80_gemm", [](const ir::Function& f, const std::string& arch) {
+    std::optional<Config> c;
+    const auto& archs = supported_archs();
+    if (std::find(archs.begin(), archs.end(), arch) == archs.end()) return c;
+    const Target t{arch};
+    gemm::Match g;
+    if (!serves(t) || !gemm::match(f, g) || !target_has_mma_for(g, t)) return c;
+    c = default_config(f);
+    c->num_stages = 4;
+    c->num_warps = 4;
+    auto set = [&](int block, int64_t size) {
+      if (f.blocks.at(block).fixed <= 0) c->blocks[f.blocks.at(block).name] = size;
+    };
+    set(g.m_block, 128);
+    set(g.n_block, 128);
+    set(g.k_block, is_fp8(g.ta) ? 64 : 32);
+    return c;
+  });
   return true;
 }();
 

@@ -26,6 +26,11 @@ const char* wg_type(DType t) {
   }
 }
 
+// FP8 wgmma accumulates with fewer bits than fp32 (errors grow with K), so fp8 GEMMs promote
+// into fp32 registers every 2 K blocks unless the config sets "promote": 0 -- precise by
+// default, like cuBLASLt without fast accumulation.
+int64_t promote_fallback(const gemm::Match& g) { return is_fp8(g.ta) ? 2 : 0; }
+
 // ---- the chosen configuration --------------------------------------------------------------
 
 struct Plan {
@@ -45,7 +50,7 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   p.stages = cfg.num_stages;
   p.cluster = static_cast<int>(cfg.knob(autotune::knob_names::cluster, 1));
   p.group = static_cast<int>(cfg.knob(autotune::knob_names::raster_group, 8));
-  p.promote = static_cast<int>(cfg.knob("promote", 0));
+  p.promote = static_cast<int>(cfg.knob("promote", promote_fallback(g)));
   const int64_t ws = cfg.knob(autotune::knob_names::warp_specialize, 0);
   const std::string& mname = f.blocks.at(g.m_block).name;
   const std::string& nname = f.blocks.at(g.n_block).name;
@@ -72,11 +77,16 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   if (p.group < 1) throw fail(fmt::format("knob raster_group must be >= 1, got {}", p.group));
   if (p.promote < 0 || p.promote > 16)
     throw fail(fmt::format("knob promote must be 0 (off) or a promotion interval of 1 to 16 stages, got {}", p.promote));
+  if (p.promote && !is_fp8(g.ta))
+    throw fail("knob promote is for fp8 inputs (16-bit wgmma accumulates in fp32 already)");
   const int acc = p.m_blocks * p.bn / 2 * (p.promote ? 2 : 1);
-  if (acc > 160)
+  if (acc > 192)
     throw fail(fmt::format("{} accumulator registers per thread ({} rows x {} columns per consumer warpgroup{}) exceed the "
-                           "160 the consumers can hold",
-                           acc, p.wg_m, p.bn, p.promote ? ", doubled by promote" : ""));
+                           "192 the consumers can hold{}",
+                           acc, p.wg_m, p.bn, p.promote ? ", doubled by fp32 promotion" : "",
+                           p.promote ? "; use a smaller tile, or set knob \"promote\": 0 for the tensor core's own "
+                                       "(faster, less precise) fp8 accumulation"
+                                     : ""));
   if (p.stages < 1) throw fail("num_stages must be >= 1");
   const int64_t stage = int64_t(p.bm + p.bn) * p.bk_bytes;
   p.smem = 1024 + p.stages * stage + (2 * p.stages + 2) * 8;
@@ -191,8 +201,27 @@ const bool registered = [] {
     knobs.push_back({autotune::knob_names::warp_specialize, {0, 1, 2}, 0});
     knobs.push_back({autotune::knob_names::cluster, {1, 2}, 1});
     knobs.push_back({autotune::knob_names::raster_group, {1, 4, 8, 16}, 8});
-    knobs.push_back({"promote", {0, 1, 2, 4}, 0});
+    gemm::Match g;
+    gemm::match(f, g);
+    if (is_fp8(g.ta)) knobs.push_back({"promote", {0, 1, 2, 4}, promote_fallback(g)});
     return knobs;
+  });
+  // Untuned: tiles that measured well on the H200 across bench_gemm's shapes (bench/RESULTS.md).
+  autotune::register_default_config_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
+    std::optional<Config> c;
+    gemm::Match g;
+    if (arch != "sm_90a" || !gemm::match(f, g)) return c;
+    const bool fp8 = is_fp8(g.ta);
+    c = default_config(f);
+    c->num_stages = fp8 ? 6 : 4;
+    c->knobs[autotune::knob_names::cluster] = 2;
+    auto set = [&](int block, int64_t size) {
+      if (f.blocks.at(block).fixed <= 0) c->blocks[f.blocks.at(block).name] = size;
+    };
+    set(g.m_block, 128);
+    set(g.n_block, fp8 ? 128 : 256);
+    set(g.k_block, fp8 ? 128 : 64);
+    return c;
   });
   return true;
 }();

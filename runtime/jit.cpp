@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "autotune/launch_plan.h"
+#include "autotune/space.h"
 #include "codegen/device_library.h"
 #include "codegen/target.h"
 #include "runtime/device.h"
@@ -389,7 +390,8 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
     g = plan.geometry;
   } else {
     auto specs = specs_for(k, args, options.dynamic_shapes);
-    const Config config = options.config ? *options.config : default_config(k.trace(specs));
+    const std::string arch = options.arch.empty() ? runtime::current_device().arch() : options.arch;
+    const Config config = options.config ? *options.config : autotune::untuned_config(k.trace(specs), arch);
     CompileRequest request;
     request.arch = options.arch;
     ck = &compile(k, specs, config, request);

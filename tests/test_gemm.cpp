@@ -259,7 +259,7 @@ TEST_CASE("gemm: bf16, f16 and e4m3 x e5m2 operands use the matching wgmma") {
   GemmCase c{256, 256, 256};
   c.tb = DType::e5m2;
   const auto g = codegen::generate_cuda(kernels::fp8_gemm().trace(fp8_specs(c)),
-                                        cfg(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4})"), t);
+                                        cfg(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"promote":0}})"), t);
   const auto r = nvrtc(g, "sm_90a", false);
   CHECK(std::regex_search(r.ptx, std::regex(R"(m64n256k32\.f32\.e4m3\.e5m2)")));
 }
@@ -275,11 +275,13 @@ TEST_CASE("gemm: the benchmark configs assemble without spills (ptxas -v)") {
   const GemmCase per_tensor{8192, 8192, 8192};
   const GemmCase rowcol{8192, 8192, 8192, 8192, 8192, 8192, DType::bf16};
   const std::vector<V> variants = {
-      {"coop_128x256_c2", per_tensor, R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2}})", false},
-      {"coop_128x256_c2_rowcol_bias", rowcol, R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2}})", false},
-      {"coop_256x128_c2", per_tensor, R"({"blocks":{"m":256,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2}})", false},
-      {"ping_128x128_c2", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2}})", false},
-      {"ping_64x256_c2", per_tensor, R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2}})", false},
+      {"coop_128x256_c2", per_tensor, R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})", false},
+      {"coop_128x256_c2_rowcol_bias", rowcol, R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})", false},
+      {"coop_256x128_c2", per_tensor, R"({"blocks":{"m":256,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})", false},
+      {"ping_128x128_c2", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2,"promote":0}})", false},
+      {"ping_64x256_c2", per_tensor, R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":0}})", false},
+      {"coop_128x192_promote2", rowcol, R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", false},
+      {"default_fp8 (promote 2)", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2}})", false},
       {"coop_128x128_promote", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":1}})", false},
       {"coop_128x128_promote2", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":2}})", false},
       {"coop_128x128_promote4", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":4}})", false},
@@ -341,15 +343,26 @@ TEST_CASE("gemm: configs the lowering cannot use are rejected with the reason") 
   CHECK(contains(err(R"({"blocks":{"m":64,"n":128,"k":128},"knobs":{"warp_specialize":1}})"), "cooperative needs block 'm' = 128 or 256"));
   CHECK(contains(err(R"({"blocks":{"m":32,"n":128,"k":128}})"), "pingpong needs block 'm' = 64 or 128"));
   CHECK(contains(err(R"({"blocks":{"m":256,"n":256,"k":128}})"), "accumulator registers"));
-  CHECK(contains(err(R"({"blocks":{"m":128,"n":256,"k":128},"knobs":{"promote":2}})"), "doubled by promote"));
-  CHECK(contains(err(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":8})"), "bytes of shared memory"));
+  // fp8 promotes by default: a tile whose accumulators do not fit twice says how to opt out
+  CHECK(contains(err(R"({"blocks":{"m":128,"n":256,"k":128}})"), "doubled by fp32 promotion"));
+  CHECK(contains(err(R"({"blocks":{"m":128,"n":256,"k":128}})"), R"(set knob "promote": 0)"));
+  CHECK(contains(err(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":8,"knobs":{"promote":0}})"), "bytes of shared memory"));
   CHECK(contains(err(R"({"blocks":{"m":128,"n":128,"k":16}})"), "block 'k'"));
   CHECK(contains(err(R"({"blocks":{"m":128,"n":128,"k":128},"knobs":{"cluster":4}})"), "cluster must be 1 or 2"));
   CHECK(contains(err(R"({"blocks":{"m":128,"n":128,"k":128},"knobs":{"warp_specialize":3}})"), "warp_specialize"));
   CHECK(contains(err(R"({"blocks":{"m":128,"n":128,"k":128},"knobs":{"warp_specialize":3}})"), "\"lowering\": 0"));
   // and good ones pass
-  CHECK(err(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2}})").empty());
+  CHECK(err(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})").empty());
+  CHECK(err(R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2}})").empty());
   CHECK(err(R"({"blocks":{"m":64,"n":64,"k":32},"num_stages":2})").empty());
+  // 16-bit wgmma accumulates in fp32: nothing to promote
+  const ir::Function bf = kernels::gemm().trace({T(DType::bf16, {256, 256}), T(DType::bf16, {256, 256}), T(DType::bf16, {256, 256})});
+  try {
+    codegen::generate_cuda(bf, cfg(R"({"blocks":{"m":128,"n":128,"k":64},"knobs":{"promote":2}})"), t);
+    FAIL("promote on a bf16 GEMM was accepted");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "promote is for fp8 inputs"));
+  }
 }
 
 TEST_CASE("gemm: the epilogue runs at each value's rate (scalar, per row, per column, per element)") {
@@ -369,7 +382,7 @@ TEST_CASE("gemm: the epilogue runs at each value's rate (scalar, per row, per co
 
   // Dynamic shapes: the scale kinds are decided at run time (a where per row / per column).
   const auto dyn = codegen::generate_cuda(kernels::fp8_gemm().trace(fp8_specs({512, 512, 512, 1, 1, 512, DType::bf16}, true)),
-                                          cfg(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2}})"), t);
+                                          cfg(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})"), t);
   CHECK(dyn.lowering == "sm90_gemm");
   CHECK(contains(dyn.source, "scale_a.shape[0] == 1LL"));
   REQUIRE_NOTHROW(nvrtc(dyn, "sm_90a", false));
@@ -381,6 +394,34 @@ TEST_CASE("gemm: the epilogue runs at each value's rate (scalar, per row, per co
   CHECK(fancy.lowering == "sm90_gemm");
   INFO(fancy.source);
   REQUIRE_NOTHROW(nvrtc(fancy, "sm_90a", false));
+}
+
+TEST_CASE("gemm: the untuned config is the lowering's default tile, fp8 promoting into fp32") {
+  const ir::Function f8 = kernels::fp8_gemm().trace(fp8_specs({1024, 1024, 1024, 1, 1, 0, DType::f32}));
+  const Config c = autotune::untuned_config(f8, "sm_90a");
+  CHECK(c.blocks.at("m") == 128);
+  CHECK(c.blocks.at("n") == 128);
+  CHECK(c.blocks.at("k") == 128);
+  const auto g = codegen::generate_cuda(f8, c, codegen::Target::parse("sm_90a"));
+  CHECK(g.lowering == "sm90_gemm");
+  CHECK(contains(g.source, "fp32 promotion every 2 stage(s)"));
+  // opting out: the tensor core's own accumulation
+  Config fast = c;
+  fast.knobs["promote"] = 0;
+  CHECK_FALSE(contains(codegen::generate_cuda(f8, fast, codegen::Target::parse("sm_90a")).source, "fp32 promotion"));
+  // the bf16 GEMM: wider tiles, nothing to promote
+  const ir::Function fb = kernels::gemm().trace({T(DType::bf16, {512, 256}), T(DType::bf16, {512, 256}), T(DType::bf16, {512, 512})});
+  const Config cb = autotune::untuned_config(fb, "sm_90a");
+  CHECK(cb.blocks.at("n") == 256);
+  CHECK_FALSE(contains(codegen::generate_cuda(fb, cb, codegen::Target::parse("sm_90a")).source, "fp32 promotion"));
+  // the mma.sync path's own default on sm_80 / sm_89; kernels no lowering claims keep 64s
+  const Config c80 = autotune::untuned_config(fb, "sm_80");
+  CHECK(c80.blocks.at("m") == 128);
+  CHECK(c80.blocks.at("k") == 32);
+  CHECK(codegen::generate_cuda(fb, c80, codegen::Target::parse("sm_80")).lowering == "sm80_gemm");
+  CHECK(autotune::untuned_config(f8, "sm_89").blocks.at("k") == 64);
+  const ir::Function va = kernels::vector_add().trace({T(DType::f32, {4096}), T(DType::f32, {4096}), T(DType::f32, {4096})});
+  CHECK(autotune::untuned_config(va, "sm_90a") == default_config(va));
 }
 
 TEST_CASE("gemm: the knob provider declares the lowering's knobs for GEMMs on sm_90a only") {
@@ -490,13 +531,14 @@ TEST_CASE("gpu: fp8_gemm through tj::launch matches float64 (f32/bf16/f16 out; s
   std::mt19937 rng(21);
   const std::vector<const char*> configs = {
       R"({"blocks":{"m":64,"n":64,"k":64}})",   // the default blocks: pingpong, 64-byte swizzle
-      R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2}})",
-      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2}})",
-      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2}})",
-      R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2,"raster_group":1}})",
+      R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})",
+      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})",
+      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2,"promote":0}})",
+      R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2,"raster_group":1,"promote":0}})",
       R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":4,"knobs":{"promote":1}})",
-      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":5,"knobs":{"promote":2,"cluster":2}})",
-      R"({"blocks":{"m":256,"n":128,"k":256},"num_stages":2,"knobs":{"cluster":1}})",
+      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":5,"knobs":{"cluster":2}})",   // promote 2 (the default)
+      R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4}})",
+      R"({"blocks":{"m":256,"n":128,"k":256},"num_stages":2,"knobs":{"cluster":1,"promote":0}})",
       R"({"blocks":{"m":128,"n":16,"k":32},"num_stages":8,"knobs":{"cluster":2}})",
   };
   const std::vector<GemmCase> cases = {
@@ -517,6 +559,29 @@ TEST_CASE("gpu: fp8_gemm through tj::launch matches float64 (f32/bf16/f16 out; s
       CHECK(r.vs_f64.max_rel <= 0.03);   // a layout or pipeline bug is of the order of 1
     }
   }
+}
+
+TEST_CASE("gpu: fp8_gemm promotes into fp32 by default: K = 16384 with f32 output stays within 1e-4 of float64") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  const GemmCase g{192, 160, 16384, 1, 1, 0, DType::f32};
+  // The untuned config (as tj::launch picks it), a wider promoted tile, and fast accumulation.
+  const ir::Function f = kernels::fp8_gemm().trace(fp8_specs(g));
+  const Config untuned = autotune::untuned_config(f, "sm_90a");
+  const GpuRun promoted = run_gpu(g, untuned, rng);
+  const GpuRun wide = run_gpu(g, cfg(R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2}})"), rng);
+  Config fast_cfg = untuned;
+  fast_cfg.knobs["promote"] = 0;
+  const GpuRun fast = run_gpu(g, fast_cfg, rng);
+  INFO("rel rms vs float64: promoted " << promoted.vs_f64.rel_rms << ", 128x192 promoted " << wide.vs_f64.rel_rms
+                                       << ", fast accumulation " << fast.vs_f64.rel_rms);
+  CHECK(promoted.vs_f64.nan == 0);
+  CHECK(promoted.vs_f64.rel_rms <= 1e-4);
+  CHECK(wide.vs_f64.rel_rms <= 1e-4);
+  // The tensor core's own accumulation loses bits with K: the reason promotion is the default.
+  CHECK(fast.vs_f64.rel_rms > 4 * promoted.vs_f64.rel_rms);
+  MESSAGE("fp8_gemm 192x160x16384 f32 out, rel rms vs float64: promoted " << promoted.vs_f64.rel_rms << ", fast accumulation "
+                                                                          << fast.vs_f64.rel_rms);
 }
 
 TEST_CASE("gpu: fp8_gemm on the GPU agrees with the CPU reference executor; e5m2 B; dynamic shapes") {

@@ -28,6 +28,7 @@
 #include <sstream>
 
 #include "autotune/cache.h"
+#include "autotune/space.h"
 #include "codegen/host_launcher.h"
 #include "codegen/target.h"
 #include "kernels/library.h"
@@ -434,7 +435,7 @@ int export_kernels(const ExportOptions& o) {
             config = tuned->config;
             v.note = tuned->from;
           } else {
-            config = default_config(k.trace(spec.specs));
+            config = autotune::untuned_config(k.trace(spec.specs), arch);
             v.note = "default config";
             warn(fmt::format("{} {} on {}: no tuned config ({}); using the default config {}", kname,
                              describe_specs(k, spec.specs), arch, why, config.to_json()));

@@ -1,6 +1,8 @@
 #include "tools/problem.h"
 
 #include "autotune/cache.h"
+#include "autotune/space.h"
+#include "runtime/device.h"
 #include "runtime/driver.h"
 
 #include <fmt/format.h>
@@ -36,6 +38,12 @@ std::vector<int64_t> parse_shape(const std::string& s) {
   return out;
 }
 
+std::string default_arch(const std::string& requested) {
+  if (!requested.empty()) return requested;
+  if (runtime::driver().available()) return runtime::current_device().arch();
+  return "sm_90a";
+}
+
 ResolvedProblem resolve(const ProblemOptions& o) {
   ResolvedProblem r;
   r.entry = &kernels::find(o.kernel);
@@ -51,7 +59,7 @@ ResolvedProblem resolve(const ProblemOptions& o) {
     // The tuned config for this GPU and shape bucket when `tilejit tune` stored one.
     std::optional<Config> tuned;
     if (runtime::driver().available()) tuned = autotune::tuned_config(r.entry->get(), r.specs, false);
-    r.config = tuned ? *tuned : default_config(r.ir);
+    r.config = tuned ? *tuned : autotune::untuned_config(r.ir, default_arch(o.arch));
   }
   check_config(r.ir, r.config);
   return r;

@@ -9,12 +9,6 @@
 
 namespace tj::tools {
 
-std::string default_arch(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  if (runtime::driver().available()) return runtime::current_device().arch();
-  return "sm_90a";
-}
-
 int show(const ProblemOptions& o, bool ir, bool ptx) {
   ResolvedProblem r = resolve(o);
   if (ir) {

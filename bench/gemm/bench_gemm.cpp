@@ -4,6 +4,7 @@
 //
 //   bench_gemm [--out FILE.jsonl] [--shapes all|square|llm|M,N,K;...] [--reps 20] [--warmup 3]
 //              [--kernels fp8,bf16] [--configs NAME,...] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90]
+//              [--out-dtype bf16|f32]   (fp8_gemm's output; the bf16 gemm always writes bf16)
 //   bench_gemm --small          correctness on small and ragged shapes (also for compute-sanitizer)
 //
 // --arch: generate for that architecture instead of the GPU's own (its own config list: the
@@ -68,16 +69,19 @@ struct NamedConfig {
 
 const std::vector<NamedConfig>& fp8_configs() {
   static const std::vector<NamedConfig> v = {
-      {"coop_128x256_c2", R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2}})"},
-      {"coop_128x256_c1", R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":1}})"},
-      {"coop_128x256_c2_g16", R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"raster_group":16}})"},
-      {"coop_256x128_c2", R"({"blocks":{"m":256,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2}})"},
-      {"ping_128x128_c2", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2}})"},
-      {"ping_64x256_c2", R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2}})"},
+      {"coop_128x256_c2", R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})"},
+      {"coop_128x256_c1", R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":1,"promote":0}})"},
+      {"coop_128x256_c2_g16", R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"raster_group":16,"promote":0}})"},
+      {"coop_256x128_c2", R"({"blocks":{"m":256,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})"},
+      {"ping_128x128_c2", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2,"promote":0}})"},
+      {"ping_64x256_c2", R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":0}})"},
       {"coop_128x128_c2_promote", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":1}})", true},
       {"coop_128x128_c2_promote2", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":2}})", true},
       {"coop_128x128_c2_promote4", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":4}})", true},
-      {"ping_64x128_c2_promote4", R"({"blocks":{"m":64,"n":128,"k":128},"num_stages":8,"knobs":{"cluster":2,"promote":4}})", true},
+      {"coop_128x192_c2_promote2", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", true},
+      {"coop_128x192_c1_promote2", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":1,"promote":2}})", true},
+      {"coop_128x192_c2_promote4", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4}})", true},
+      {"coop_256x96_c2_promote2", R"({"blocks":{"m":256,"n":96,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", true},
   };
   return v;
 }
@@ -239,8 +243,8 @@ struct Problem {
   int copies = 1;
   static constexpr double kScaleA = 1.25, kScaleB = 0.75;
 
-  Problem(const Shape& s, bool is_fp8, int64_t l2_bytes, uint64_t seed)
-      : shape(s), in(is_fp8 ? DType::e4m3 : DType::bf16), fp8(is_fp8),
+  Problem(const Shape& s, bool is_fp8, int64_t l2_bytes, uint64_t seed, DType out_type = DType::bf16)
+      : shape(s), in(is_fp8 ? DType::e4m3 : DType::bf16), out(out_type), fp8(is_fp8),
         a(random_matrix(in, s.M, s.K, seed)), b(random_matrix(in, s.N, s.K, seed + 1)) {
     const double ws = double(a.size_bytes() + b.size_bytes()) + double(s.M * s.N * size_bytes(out));
     copies = ws < 3.0 * l2_bytes ? std::min(64, static_cast<int>(std::ceil(3.0 * l2_bytes / ws))) : 1;
@@ -443,7 +447,14 @@ struct Options {
   bool check = true;
   bool small = false;
   std::string arch;                   // empty: the GPU's own
+  DType out_dtype = DType::bf16;      // fp8_gemm's output
 };
+
+DType parse_out_dtype(const std::string& s) {
+  if (s == "bf16") return DType::bf16;
+  if (s == "f32") return DType::f32;
+  throw Error("--out-dtype takes bf16 or f32, got '" + s + "'");
+}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -515,7 +526,7 @@ int run_bench(const Options& o) {
         std::vector<ArgSpec> specs;
         if (fp8)
           specs = {TensorSpec{in, {s.M, s.K}}, TensorSpec{in, {s.N, s.K}}, TensorSpec{DType::f32, {1}}, TensorSpec{DType::f32, {1}},
-                   TensorSpec{DType::f32, {0}}, TensorSpec{DType::bf16, {s.M, s.N}}};
+                   TensorSpec{DType::f32, {0}}, TensorSpec{o.out_dtype, {s.M, s.N}}};
         else
           specs = {TensorSpec{in, {s.M, s.K}}, TensorSpec{in, {s.N, s.K}}, TensorSpec{DType::bf16, {s.M, s.N}}};
         for (const auto& c : cfgs) {
@@ -527,9 +538,9 @@ int run_bench(const Options& o) {
     }
     for (const Shape& s : shapes) {
       auto t0 = std::chrono::steady_clock::now();
-      Problem pr(s, fp8, dev.l2_bytes, 1000 + s.M * 7 + s.N * 13 + s.K);
+      Problem pr(s, fp8, dev.l2_bytes, 1000 + s.M * 7 + s.N * 13 + s.K, fp8 ? o.out_dtype : DType::bf16);
       const double flops = 2.0 * double(s.M) * double(s.N) * double(s.K);
-      fmt::print("\n{} {}x{}x{}: {} rotation copies (inputs {:.1f} s)\n", fp8 ? "fp8_gemm e4m3->bf16" : "gemm bf16", s.M, s.N,
+      fmt::print("\n{} {}x{}x{}: {} rotation copies (inputs {:.1f} s)\n", fp8 ? "fp8_gemm e4m3->" + std::string(name(pr.out)) : "gemm bf16", s.M, s.N,
                  s.K, pr.copies, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       struct Best {
         double ms = 1e30;
@@ -552,10 +563,10 @@ int run_bench(const Options& o) {
                      c.name, t.ms, tf, r.grid.x, r.max_clusters, acc.rel_rms, acc.max_rel,
                      acc.nan ? fmt::format(" NaN {}", acc.nan) : "", ck.generated.lowering);
           jsonl << fmt::format(
-                       R"({{"impl":"tilejit","arch":"{}","kernel":"{}","in":"{}","out":"bf16","M":{},"N":{},"K":{},"config":"{}","promote":{},)"
+                       R"({{"impl":"tilejit","arch":"{}","kernel":"{}","in":"{}","out":"{}","M":{},"N":{},"K":{},"config":"{}","promote":{},)"
                        R"("ms":{:.6f},"tflops":{:.2f},"rel_rms":{:.3e},"max_rel":{:.3e},"nan":{},"samples":{},"copies":{},)"
                        R"("grid":{},"regs":{},"lowering":"{}","config_json":{}}})",
-                       arch, fp8 ? "fp8_gemm" : "gemm", fp8 ? "e4m3" : "bf16", s.M, s.N, s.K, c.name, c.promote ? "true" : "false", t.ms,
+                       arch, fp8 ? "fp8_gemm" : "gemm", fp8 ? "e4m3" : "bf16", name(pr.out), s.M, s.N, s.K, c.name, c.promote ? "true" : "false", t.ms,
                        tf, acc.rel_rms, acc.max_rel, acc.nan, acc.samples, pr.copies, r.grid.x, attr.num_regs,
                        ck.generated.lowering, c.json)
                 << "\n";
@@ -673,9 +684,10 @@ int main(int argc, char** argv) {
       else if (a == "--no-check") o.check = false;
       else if (a == "--small") o.small = true;
       else if (a == "--arch") o.arch = next();
+      else if (a == "--out-dtype") o.out_dtype = parse_out_dtype(next());
       else if (a == "--help" || a == "-h") {
         std::puts("bench_gemm [--out F.jsonl] [--shapes all|square|llm|M,N,K;...] [--kernels fp8,bf16] [--configs a,b]"
-                  " [--reps N] [--warmup N] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90] | --small [--arch ...]");
+                  " [--reps N] [--warmup N] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90] [--out-dtype bf16|f32] | --small [--arch ...]");
         return 0;
       } else {
         throw Error("unknown argument " + a);

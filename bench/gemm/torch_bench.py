@@ -2,11 +2,11 @@
 """Times torch._scaled_mm (cuBLASLt FP8) and torch.matmul (bf16) the way bench_gemm times tilejit,
 and merges both JSON-lines files into one table.
 
-  python3 bench/gemm/torch_bench.py --out torch.jsonl [--shapes all|square|llm|M,N,K;...]
+  python3 bench/gemm/torch_bench.py --out torch.jsonl [--shapes all|square|llm|M,N,K;...] [--out-dtype bf16|f32]
   python3 bench/gemm/torch_bench.py --merge tilejit.jsonl torch.jsonl [--table table.md]
 
 Method (as in bench_gemm.cpp): A [M,K] and B [N,K] ~ N(0,1) rounded to e4m3 (or bf16);
-scale_a = 1.25, scale_b = 0.75 (per tensor); _scaled_mm(A, B.t(), out_dtype=bf16) with
+scale_a = 1.25, scale_b = 0.75 (per tensor); _scaled_mm(A, B.t(), out_dtype=bf16 or --out-dtype f32) with
 use_fast_accum False (the default: cuBLASLt promotes the fp8 accumulation) and True;
 torch.matmul(A_bf16, B_bf16.t()). Each sample is one call between two CUDA events, queued behind
 torch.cuda._sleep so host overhead never shows; warm-up calls, then the median of --reps samples;
@@ -100,14 +100,15 @@ def bench(args):
             sa = torch.tensor(SCALE_A, device=dev, dtype=torch.float32)
             sb = torch.tensor(SCALE_B, device=dev, dtype=torch.float32)
             outs = [None] * copies
+            out_dtype = torch.float32 if args.out_dtype == "f32" else torch.bfloat16
             for fast in (False, True):
                 def fn(i, fast=fast):
-                    outs[i] = torch._scaled_mm(a8[i], b8[i].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                    outs[i] = torch._scaled_mm(a8[i], b8[i].t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype,
                                                use_fast_accum=fast)
                 try:
                     ms, samples = timed(fn, copies)
                     rel_rms, max_rel, nan = accuracy(outs[0], a8[0], b8[0], SCALE_A * SCALE_B)
-                    rec = dict(impl="torch", kernel="_scaled_mm", fast_accum=fast, **{"in": "e4m3"}, out="bf16", M=M, N=N, K=K,
+                    rec = dict(impl="torch", kernel="_scaled_mm", fast_accum=fast, **{"in": "e4m3"}, out=args.out_dtype, M=M, N=N, K=K,
                                ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_rms=rel_rms, max_rel=max_rel, nan=nan,
                                samples=len(samples), copies=copies)
                 except Exception as e:  # noqa: BLE001 - report and go on
@@ -116,6 +117,9 @@ def bench(args):
                 f.write(json.dumps(rec) + "\n")
             del a8, b8, outs
             torch.cuda.empty_cache()
+            if args.out_dtype != "bf16":   # torch.matmul's bf16 table is the bf16-output run's
+                print(f"  ({M}x{N}x{K}: {time.time() - t_start:.1f} s)", flush=True)
+                continue
 
             ws_bf = 2 * (M * K + N * K + M * N)
             copies = min(64, math.ceil(3 * l2 / ws_bf)) if ws_bf < 3 * l2 else 1
@@ -176,22 +180,28 @@ def merge(args):
         return f"{r['rel_rms']:.1e}" if r and "rel_rms" in r else "—"
 
     lines = []
-    lines.append("FP8 (e4m3 x e4m3, per-tensor scales, bf16 out), TFLOP/s:")
-    lines.append("")
-    lines.append("| M×N×K | tilejit | tilejit config | _scaled_mm | _scaled_mm fast | **tilejit / _scaled_mm** | tilejit / fast "
-                 "| tilejit promote | promote / _scaled_mm | rel err tilejit | rel err promote | rel err _scaled_mm | rel err fast |")
-    lines.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for (M, N, K) in shapes:
-        same = lambda r: (r.get("M"), r.get("N"), r.get("K")) == (M, N, K)  # noqa: E731
-        tj = best(lambda r: same(r) and r.get("impl") == "tilejit" and r.get("kernel") == "fp8_gemm" and not r.get("promote"))
-        tjp = best(lambda r: same(r) and r.get("impl") == "tilejit" and r.get("kernel") == "fp8_gemm" and r.get("promote"))
-        acc = best(lambda r: same(r) and r.get("kernel") == "_scaled_mm" and not r.get("fast_accum"))
-        fast = best(lambda r: same(r) and r.get("kernel") == "_scaled_mm" and r.get("fast_accum"))
-        if not (tj or acc or fast):
-            continue
-        lines.append(f"| {M}×{N}×{K} | {fmt_tf(tj)} | {tj['config'] if tj else '—'} | {fmt_tf(acc)} | {fmt_tf(fast)} | "
-                     f"**{ratio(tj, acc)}** | {ratio(tj, fast)} | {fmt_tf(tjp)} | {ratio(tjp, acc)} | {err(tj)} | {err(tjp)} | "
-                     f"{err(acc)} | {err(fast)} |")
+    outs = [o for o in ("bf16", "f32") if any(r.get("kernel") in ("fp8_gemm", "_scaled_mm") and r.get("out", "bf16") == o
+                                              for r in recs)]
+    for out in outs:
+        lines.append(f"FP8 (e4m3 x e4m3, per-tensor scales, {out} out), TFLOP/s. \"promoted\": fp32 accumulation outside the "
+                     "tensor core (tilejit's default, `_scaled_mm`'s default); \"fast\": the tensor core's own accumulation "
+                     "(tilejit knob promote = 0, `use_fast_accum=True`):")
+        lines.append("")
+        lines.append("| M×N×K | tilejit promoted | config | _scaled_mm | **ratio** | tilejit fast | config | _scaled_mm fast | "
+                     "**ratio fast** | rel err tilejit promoted | _scaled_mm | tilejit fast | _scaled_mm fast |")
+        lines.append("| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for (M, N, K) in shapes:
+            same = lambda r: (r.get("M"), r.get("N"), r.get("K")) == (M, N, K) and r.get("out", "bf16") == out  # noqa: E731
+            tjf = best(lambda r: same(r) and r.get("impl") == "tilejit" and r.get("kernel") == "fp8_gemm" and not r.get("promote"))
+            tjp = best(lambda r: same(r) and r.get("impl") == "tilejit" and r.get("kernel") == "fp8_gemm" and r.get("promote"))
+            acc = best(lambda r: same(r) and r.get("kernel") == "_scaled_mm" and not r.get("fast_accum"))
+            fast = best(lambda r: same(r) and r.get("kernel") == "_scaled_mm" and r.get("fast_accum"))
+            if not (tjf or tjp or acc or fast):
+                continue
+            lines.append(f"| {M}×{N}×{K} | {fmt_tf(tjp)} | {tjp['config'] if tjp else '—'} | {fmt_tf(acc)} | **{ratio(tjp, acc)}** | "
+                         f"{fmt_tf(tjf)} | {tjf['config'] if tjf else '—'} | {fmt_tf(fast)} | **{ratio(tjf, fast)}** | "
+                         f"{err(tjp)} | {err(acc)} | {err(tjf)} | {err(fast)} |")
+        lines.append("")
     lines.append("")
     lines.append("bf16 (bf16 x bf16, fp32 accumulation, bf16 out), TFLOP/s:")
     lines.append("")
@@ -230,6 +240,7 @@ def main():
     ap.add_argument("--out", default="torch_gemm.jsonl")
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out-dtype", choices=("bf16", "f32"), default="bf16", help="_scaled_mm's output type")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--merge", nargs="+", help="merge these JSON-lines files into a table instead of benchmarking")
     ap.add_argument("--table", help="also write the merged table (markdown) here")

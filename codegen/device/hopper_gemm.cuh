@@ -28,7 +28,8 @@
 // P stages' K blocks (P * BK elements of K) in a separate register tile, then wait for it and
 // add it into the fp32 accumulator (like cuBLASLt without fast accumulation); twice the
 // registers. P = 1 waits for the tensor cores at every stage; larger P waits every P stages
-// (CUTLASS's "promotion interval") and keeps a stage in flight in between.
+// (CUTLASS's "promotion interval") and keeps a stage in flight in between; cooperative
+// consumers promote at staggered K blocks (consumer 1 first after P/2 stages).
 //
 // Use (every thread of the block runs this):
 //   tj::dev::Sm90Gemm<Cfg> g;
@@ -108,7 +109,7 @@ struct Sm90GemmCfg {
   static_assert(kClusterM == 1 || kClusterM == 2, "kClusterM must be 1 or 2");
   static_assert(kBBoxRows % 8 == 0, "B half tile must be a multiple of 8 rows");
   static_assert(kPromote >= 0 && kPromote <= 16, "kPromote: 0 (off) or a promotion interval in stages");
-  static_assert(kAccRegs * (kPromote ? 2 : 1) <= 160, "accumulators exceed the register budget");
+  static_assert(kAccRegs * (kPromote ? 2 : 1) <= 192, "accumulators exceed the register budget");
   static_assert(kStages >= 1, "at least one stage");
   static_assert(kSmemBytes <= 232448, "shared memory exceeds 227 KB");
 };
@@ -305,9 +306,14 @@ struct Sm90Gemm {
       // batch kept in flight, then tmp is added into acc once every wgmma is done. (The reads
       // of tmp sit after an inner loop, where ptxas can see that no wgmma is in flight;
       // reading it inside the K loop makes ptxas serialize every wgmma, C7514.)
+      // Cooperative consumers share every stage, so if both promoted at the same K block the
+      // tensor cores would idle while both drain and add. Consumer 1's first interval is half
+      // as long: from then on one consumer's drain overlaps the other's wgmmas in flight.
+      const int first_len = (!Cfg::kPingpong && Cfg::kPromote >= 2 && c == 1) ? Cfg::kPromote / 2 : Cfg::kPromote;
 #pragma unroll 1
-      for (int kb0 = 0; kb0 < num_kb; kb0 += Cfg::kPromote) {
-        const int kend = kb0 + Cfg::kPromote < num_kb ? kb0 + Cfg::kPromote : num_kb;
+      for (int kb0 = 0; kb0 < num_kb;) {
+        const int len = kb0 == 0 ? first_len : Cfg::kPromote;
+        const int kend = kb0 + len < num_kb ? kb0 + len : num_kb;
         int pending = -1;
 #pragma unroll 1
         for (int kb = kb0; kb < kend; ++kb, ++it) {
@@ -345,6 +351,7 @@ struct Sm90Gemm {
 #pragma unroll
           for (int i = 0; i < BN / 2; ++i)
             acc[mb][i] = (kb0 == 0) ? tmp[mb][i] : acc[mb][i] + tmp[mb][i];
+        kb0 = kend;
       }
     }
 #pragma unroll 1
