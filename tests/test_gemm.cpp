@@ -281,7 +281,6 @@ TEST_CASE("gemm: the benchmark configs assemble without spills (ptxas -v)") {
       {"ping_128x128_c2", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2,"promote":0}})", false},
       {"ping_64x256_c2", per_tensor, R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":0}})", false},
       {"coop_128x192_promote2", rowcol, R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", false},
-      {"default_fp8 (promote 2)", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2}})", false},
       {"coop_128x128_promote", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":1}})", false},
       {"coop_128x128_promote2", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":2}})", false},
       {"coop_128x128_promote4", per_tensor, R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":4}})", false},
@@ -400,11 +399,11 @@ TEST_CASE("gemm: the untuned config is the lowering's default tile, fp8 promotin
   const ir::Function f8 = kernels::fp8_gemm().trace(fp8_specs({1024, 1024, 1024, 1, 1, 0, DType::f32}));
   const Config c = autotune::untuned_config(f8, "sm_90a");
   CHECK(c.blocks.at("m") == 128);
-  CHECK(c.blocks.at("n") == 128);
+  CHECK(c.blocks.at("n") == 192);
   CHECK(c.blocks.at("k") == 128);
   const auto g = codegen::generate_cuda(f8, c, codegen::Target::parse("sm_90a"));
   CHECK(g.lowering == "sm90_gemm");
-  CHECK(contains(g.source, "fp32 promotion every 2 stage(s)"));
+  CHECK(contains(g.source, "fp32 promotion every 4 stage(s)"));
   // opting out: the tensor core's own accumulation
   Config fast = c;
   fast.knobs["promote"] = 0;
@@ -536,7 +535,7 @@ TEST_CASE("gpu: fp8_gemm through tj::launch matches float64 (f32/bf16/f16 out; s
       R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2,"promote":0}})",
       R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2,"raster_group":1,"promote":0}})",
       R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":4,"knobs":{"promote":1}})",
-      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":5,"knobs":{"cluster":2}})",   // promote 2 (the default)
+      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":5,"knobs":{"cluster":2}})",   // promote 4 (the default)
       R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4}})",
       R"({"blocks":{"m":256,"n":128,"k":256},"num_stages":2,"knobs":{"cluster":1,"promote":0}})",
       R"({"blocks":{"m":128,"n":16,"k":32},"num_stages":8,"knobs":{"cluster":2}})",
@@ -561,7 +560,7 @@ TEST_CASE("gpu: fp8_gemm through tj::launch matches float64 (f32/bf16/f16 out; s
   }
 }
 
-TEST_CASE("gpu: fp8_gemm promotes into fp32 by default: K = 16384 with f32 output stays within 1e-4 of float64") {
+TEST_CASE("gpu: fp8_gemm promotes into fp32 by default: K = 16384 with f32 output stays within 5e-4 of float64") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(23);
   const GemmCase g{192, 160, 16384, 1, 1, 0, DType::f32};
@@ -576,8 +575,9 @@ TEST_CASE("gpu: fp8_gemm promotes into fp32 by default: K = 16384 with f32 outpu
   INFO("rel rms vs float64: promoted " << promoted.vs_f64.rel_rms << ", 128x192 promoted " << wide.vs_f64.rel_rms
                                        << ", fast accumulation " << fast.vs_f64.rel_rms);
   CHECK(promoted.vs_f64.nan == 0);
-  CHECK(promoted.vs_f64.rel_rms <= 1e-4);
-  CHECK(wide.vs_f64.rel_rms <= 1e-4);
+  // (measured on an H100: 2.1e-4; fast accumulation 3.1e-3; issue 3's target is 1e-3)
+  CHECK(promoted.vs_f64.rel_rms <= 5e-4);
+  CHECK(wide.vs_f64.rel_rms <= 5e-4);
   // The tensor core's own accumulation loses bits with K: the reason promotion is the default.
   CHECK(fast.vs_f64.rel_rms > 4 * promoted.vs_f64.rel_rms);
   MESSAGE("fp8_gemm 192x160x16384 f32 out, rel rms vs float64: promoted " << promoted.vs_f64.rel_rms << ", fast accumulation "
