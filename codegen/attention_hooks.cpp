@@ -162,6 +162,7 @@ class HookWriter {
   std::string value(int v, Ctx ctx, const std::string& var) const;
   std::optional<std::string> scalar_expr(const Op& op, const std::string& var, std::string* why) const;
   std::optional<std::string> element_expr(const Op& op, std::string* why) const;
+  std::optional<std::string> gather_expr(const Op& op, Ctx ctx, const std::string& var, std::string* why) const;
   std::string interval(int v) const;
   std::string interval_expr(const Op& op) const;
 
@@ -199,6 +200,7 @@ std::optional<std::string> HookWriter::scalar_expr(const Op& op, const std::stri
       return scalar::binary_expr(op.binary, dtype(op.operands[0]), rd, in(0), in(1));
     case OpKind::where: return fmt::format("({} ? {} : {})", in(0), in(1), in(2));
     case OpKind::cast: return scalar::cast_expr(dtype(op.operands[0]), rd, in(0));
+    case OpKind::gather: return gather_expr(op, Ctx::init, var, why);
     case OpKind::load: {
       const ir::Param& p = f_.params.at(op.param);
       if (p.dtype != DType::f32 && p.dtype != DType::i32 && p.dtype != DType::i64) {
@@ -226,6 +228,18 @@ std::optional<std::string> HookWriter::scalar_expr(const Op& op, const std::stri
   return std::nullopt;
 }
 
+// A gather as one bounds-checked read (out of range: 0, as everywhere in the DSL).
+std::optional<std::string> HookWriter::gather_expr(const Op& op, Ctx ctx, const std::string& var, std::string* why) const {
+  const ir::Param& p = f_.params.at(op.param);
+  if (p.dtype != DType::f32 && p.dtype != DType::i32 && p.dtype != DType::i64) {
+    fail(why, fmt::format("a hook gathers from '{}' of type {} (f32, i32 and i64 inputs are supported)", p.name, name(p.dtype)));
+    return std::nullopt;
+  }
+  std::vector<std::string> idx;
+  for (int v : op.operands) idx.push_back(fmt::format("(long long)({})", value(v, ctx, var)));
+  return fmt::format("tj::dev::gather_at<tj::dev::{}>(p{}, {})", name(p.dtype), op.param, fmt::join(idx, ", "));
+}
+
 std::optional<std::string> HookWriter::element_expr(const Op& op, std::string* why) const {
   auto in = [&](size_t i) { return "(" + value(op.operands[i], Ctx::member, "") + ")"; };
   const DType rd = dtype(op.result);
@@ -235,6 +249,7 @@ std::optional<std::string> HookWriter::element_expr(const Op& op, std::string* w
     case OpKind::binary: return scalar::binary_expr(op.binary, dtype(op.operands[0]), rd, in(0), in(1));
     case OpKind::where: return fmt::format("({} ? {} : {})", in(0), in(1), in(2));
     case OpKind::cast: return scalar::cast_expr(dtype(op.operands[0]), rd, in(0));
+    case OpKind::gather: return gather_expr(op, Ctx::member, "", why);
     default: break;
   }
   fail(why, fmt::format("a hook computes a tile with '{}' (at {}); hooks are elementwise", ir::name(op.kind),
@@ -324,6 +339,14 @@ std::string HookWriter::interval_expr(const Op& op) const {
       if (!is_float(from) && is_float(to)) return fmt::format("tj::dev::iv_to_float({})", in(0));
       return in(0);   // int -> int, float -> float: the ends stay the ends
     }
+    case OpKind::gather: {
+      // a range query over the box the index intervals span (interval.cuh)
+      std::vector<std::string> idx;
+      for (size_t i = 0; i < op.operands.size(); ++i) idx.push_back(in(i));
+      const DType pt = f_.params.at(op.param).dtype;
+      const char* elem = pt == DType::f32 ? "float" : pt == DType::i32 ? "int" : "long long";
+      return fmt::format("tj::dev::iv_gather<{}>(p{}, {})", elem, op.param, fmt::join(idx, ", "));
+    }
     default: return any;
   }
 }
@@ -375,6 +398,14 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   }
   HooksSource out;
   std::string fields, score_body, keep_body, classify_body;
+  // Tensors that tile gathers read per element / per block: copies of the kernel's parameters.
+  std::set<int> gathered;
+  for (const Op* op : h_.ops)
+    if (op->kind == OpKind::gather && !scalar(op->result)) gathered.insert(op->param);
+  for (int param : gathered) {
+    fields += fmt::format("  tj::dev::TensorArg<{}> p{};\n", f_.params.at(param).rank(), param);
+    out.init += fmt::format("{}.p{} = p{};\n", var, param, param);
+  }
   for (const Op* op : h_.ops) {
     if (op->result < 0) return fail(why, "a hook op without a result"), std::nullopt;
     if (alias_.count(op->result) || op->kind == OpKind::const_value || folded.count(op)) continue;

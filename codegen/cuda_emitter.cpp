@@ -142,6 +142,7 @@ class Emitter {
   void emit_scalar_leaf(const Op& op);
   void emit_loop(const Op& op);
   void emit_memory(const Op& op);
+  void emit_gather(const Op& op);
   void emit_elementwise(const Op& op);
   void emit_shape(const Op& op);
   void emit_reduce(const Op& op);
@@ -411,6 +412,7 @@ void Emitter::emit_op(const Op& op) {
     case OpKind::store:
       emit_memory(op);
       break;
+    case OpKind::gather: emit_gather(op); break;
     case OpKind::full:
     case OpKind::arange:
     case OpKind::unary:
@@ -652,6 +654,31 @@ void Emitter::emit_elementwise(const Op& op) {
   }
   define(op.result,
          fmt::format("tj::dev::map<{}>([]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), expr,
+                     fmt::join(args, ", ")),
+         op.loc);
+}
+
+// One element per index position: tj::dev::gather_at bounds-checks every index (0 outside).
+void Emitter::emit_gather(const Op& op) {
+  const TileType& rt = f_.type(op.result);
+  const Layout& L = plan_.of(op.result);
+  const std::string tensor = names_param_.at(op.param);
+  const std::string elem = dtag(rt.dtype);
+  std::vector<std::string> params, args, vars;
+  for (size_t i = 0; i < op.operands.size(); ++i) {
+    const int v = op.operands[i];
+    const bool scalar = plan_.of(v).is_scalar();
+    args.push_back(scalar || L.is_scalar() ? ref(v) : operand(v, L, op.loc));
+    params.push_back(fmt::format("long long i{}", i));
+    vars.push_back(L.is_scalar() ? fmt::format("(long long)({})", ref(v)) : fmt::format("i{}", i));
+  }
+  const std::string call = fmt::format("tj::dev::gather_at<{}>({}, {})", elem, tensor, fmt::join(vars, ", "));
+  if (L.is_scalar()) {
+    define(op.result, call, op.loc);
+    return;
+  }
+  define(op.result,
+         fmt::format("tj::dev::map<{}>([=]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), call,
                      fmt::join(args, ", ")),
          op.loc);
 }

@@ -220,6 +220,7 @@ void unify_rank1(const ir::Function& f, const Op& op, UnionFind& uf) {
     case OpKind::binary:
     case OpKind::where:
     case OpKind::cast:
+    case OpKind::gather:
       if (rank1(op.result))
         for (int v : op.operands)
           if (rank1(v)) uf.unite(v, op.result);

@@ -344,6 +344,36 @@ Tile TensorArg::load_impl(std::vector<IndexArg> idx, Loc l) const {
   return Tile::from_value(b.emit(std::move(op), TileType{p.dtype, shape}));
 }
 
+Tile TensorArg::gather(std::vector<Operand> idx, Loc l) const {
+  auto loc = to_loc(l);
+  Builder& b = B(loc);
+  const ir::Param p = b.function().params.at(param_);
+  if (p.kind == ir::ParamKind::tensor_out)
+    fail(loc, fmt::format("'{}' is an output (tj::Out): declare it tj::InOut to read it", p.name));
+  if (static_cast<int>(idx.size()) != p.rank())
+    fail(loc, fmt::format("gather: '{}' has rank {} but {} index tiles were given", p.name, p.rank(), idx.size()));
+  std::vector<int> values;
+  Shape shape;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    if (idx[i].is_number && !idx[i].is_integer)
+      fail(loc, fmt::format("gather: index {} of '{}' must be an integer, got {}", i, p.name, idx[i].number));
+    const int v = value_of(idx[i], DType::i64, loc);
+    const TileType& t = b.type(v);
+    if (!is_int(t.dtype))
+      fail(loc, fmt::format("gather: index {} of '{}' must be an integer tile or scalar, got a {} tile", i, p.name, name(t.dtype)));
+    auto s = rules::broadcast(shape, t.shape);
+    if (!s)
+      fail(loc, fmt::format("gather: the index tiles of '{}' do not broadcast together: {} and {} (index {})", p.name,
+                            rules::shape_str(&b.function(), shape), rules::shape_str(&b.function(), t.shape), i));
+    shape = *s;
+    values.push_back(v);
+  }
+  Op op = make(OpKind::gather, loc);
+  op.param = param_;
+  for (int v : values) op.operands.push_back(broadcast_to(v, shape, loc));
+  return Tile::from_value(b.emit(std::move(op), TileType{p.dtype, shape}));
+}
+
 void TensorArg::store_impl(std::vector<IndexArg> idx, const Operand& v) const {
   auto loc = to_loc(v.loc);
   Builder& b = B(loc);

@@ -163,6 +163,11 @@ class TensorArg {
     return load_impl({a, b, c, d, e}, loc);
   }
 
+  // Reads one element per position of the index tiles (one integer tile or scalar per
+  // dimension, broadcast together: the result has their common shape), e.g. a block mask
+  // t.gather({b, h, floordiv(q, 128), floordiv(kv, 128)}). Out-of-range positions read 0.
+  Tile gather(std::vector<Operand> idx, Loc loc = Loc::current()) const;
+
   void store(IndexArg a, Operand v) const { store_impl({a}, v); }
   void store(IndexArg a, IndexArg b, Operand v) const { store_impl({a, b}, v); }
   void store(IndexArg a, IndexArg b, IndexArg c, Operand v) const { store_impl({a, b, c}, v); }

@@ -22,6 +22,7 @@ std::string_view name(OpKind k) {
     case OpKind::arange: return "arange";
     case OpKind::load: return "load";
     case OpKind::store: return "store";
+    case OpKind::gather: return "gather";
     case OpKind::unary: return "unary";
     case OpKind::binary: return "binary";
     case OpKind::where: return "where";
@@ -145,6 +146,7 @@ void print_region(const Function& f, const Region& r, int depth, std::string& ou
         else text = fmt::format("store {}[{}] <- {}", f.params.at(op.param).name, idx, v(op.operands.back()));
         break;
       }
+      case OpKind::gather: text = fmt::format("gather {}[{}]", f.params.at(op.param).name, args); break;
       case OpKind::unary: text = fmt::format("{} {}", name(op.unary), args); break;
       case OpKind::binary: text = fmt::format("{} {}", name(op.binary), args); break;
       case OpKind::reduce: text = fmt::format("reduce_{} {} axis {}", name(op.reduce), args, op.axis); break;

@@ -35,6 +35,8 @@ enum class OpKind : uint8_t {
   // memory
   load,          // operands: one per index (see `indices`); `param` is the tensor
   store,         // operands: indices..., value
+  gather,        // operands: one integer tile per dim of `param` (broadcast to the result's shape);
+                 // element e reads param[i0[e], i1[e], ...], 0 where an index is out of range
   // elementwise
   unary,         // `unary` names the function
   binary,        // `binary` names the function; operands broadcast

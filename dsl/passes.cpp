@@ -56,7 +56,7 @@ bool host_computable(const ir::Function& f, const DefMap& defs, int value) {
 // no side effects), e.g. a per-(batch, head) descale loaded between two launch loops.
 bool is_per_program_op(const ir::Function& f, const Op& op) {
   if (is_scalar_op(f, op)) return true;
-  return (op.kind == OpKind::load || op.kind == OpKind::where) && f.type(op.result).is_scalar();
+  return (op.kind == OpKind::load || op.kind == OpKind::gather || op.kind == OpKind::where) && f.type(op.result).is_scalar();
 }
 
 void mark_launch_loops(ir::Function& f) {
@@ -151,6 +151,17 @@ struct Verifier {
         expect(op, (int)op.indices.size() == p.rank(), fmt::format("'{}' has rank {} but {} indices", p.name, p.rank(), op.indices.size()));
         if (op.kind == OpKind::store) expect(op, p.writes(), fmt::format("store to input '{}'", p.name));
         else expect(op, p.kind != ir::ParamKind::tensor_out, fmt::format("load from output '{}'", p.name));
+        break;
+      }
+      case OpKind::gather: {
+        expect(op, op.param >= 0 && op.param < (int)f.params.size() && f.params[op.param].is_tensor(), "not a tensor parameter");
+        const ir::Param& p = f.params[op.param];
+        expect(op, (int)op.operands.size() == p.rank(), fmt::format("'{}' has rank {} but {} index tiles", p.name, p.rank(), op.operands.size()));
+        expect(op, p.kind != ir::ParamKind::tensor_out, fmt::format("gather from output '{}'", p.name));
+        for (size_t i = 0; i < op.operands.size(); ++i) {
+          expect(op, is_int(type(op, i).dtype), "gather indices must be integers");
+          expect(op, type(op, i).is_scalar() || type(op, i).shape == result->shape, "gather indices must have the result's shape");
+        }
         break;
       }
       case OpKind::var_read:

@@ -59,6 +59,18 @@ AttentionVariant document_variant(int64_t documents, bool causal) {
   return v;
 }
 
+AttentionVariant block_mask_variant(int64_t block_q, int64_t block_kv, bool causal) {
+  AttentionVariant v{fmt::format("attention_block_mask_{}x{}{}", block_q, block_kv, causal ? "_causal" : "")};
+  v.inputs = {"block_mask"};
+  v.mask_mod = [block_q, block_kv, causal](const ScoreIndex& at) {
+    const In& mask = at.inputs[0];
+    // b % dim: a mask of batch (or head) extent 1 serves every batch entry (head)
+    Tile cell = mask.gather({at.b % mask.dim(0), at.h % mask.dim(1), floordiv(at.q, block_q), floordiv(at.kv, block_kv)});
+    return causal ? cell != 0 && at.kv <= at.q : cell != 0;
+  };
+  return v;
+}
+
 AttentionVariant segment_variant(int64_t segment, bool causal) {
   AttentionVariant v{fmt::format("attention_segment_{}{}", segment, causal ? "_causal" : "")};
   v.mask_mod = [segment, causal](const ScoreIndex& at) {

@@ -28,5 +28,12 @@ AttentionVariant document_variant(int64_t documents, bool causal);
 // earlier keys) -- the building block of dilated attention (kernels/dilated_attention.h) on a
 // strided view of the sequence.
 AttentionVariant segment_variant(int64_t segment, bool causal = false);
+// A precomputed block mask (FlexAttention's BlockMask, BigBird-style patterns): input block_mask
+// i32 [B or 1, H or 1, ceil(Sq / block_q), ceil(Skv / block_kv)]; query i sees key j when
+// block_mask[b, h, i / block_q, j / block_kv] != 0 (and j <= i with `causal`). Blocks past the
+// mask's extent are masked. The kernel reads the mask with a gather, so the sm_90a lowering
+// skips every key block whose cells are all 0 and drops the per-element mask where all are 1
+// (interval arithmetic on a gather is a range query over the cells a key block covers).
+AttentionVariant block_mask_variant(int64_t block_q, int64_t block_kv, bool causal = false);
 
 }  // namespace tj::kernels

@@ -385,6 +385,7 @@ class Executor {
       }
       case OpKind::load: exec_load(op); return;
       case OpKind::store: exec_store(op); return;
+      case OpKind::gather: exec_gather(op); return;
       case OpKind::unary: {
         const Value& x = val(op.operands.at(0));
         Value v = make(op.result);
@@ -584,6 +585,28 @@ class Executor {
     for_each_element(op, s, [&](int64_t i, bool inside, int64_t offset) {
       v.data[i] = inside ? numerics::load_element(t.data, t.dtype, offset) : 0.0;
     });
+    set(op, std::move(v));
+  }
+
+  void exec_gather(const Op& op) {
+    const TensorView& t = b_.tensor(op.param);
+    const std::vector<int64_t> strides = t.effective_strides();
+    Value v = make(op.result);
+    std::vector<const Value*> idx;
+    for (int o : op.operands) {
+      idx.push_back(&val(o));
+      check_operand(op, *idx.back(), v);
+    }
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      int64_t offset = 0;
+      bool inside = true;
+      for (size_t d = 0; d < idx.size(); ++d) {
+        const int64_t x = static_cast<int64_t>(at(*idx[d], i));
+        inside &= x >= 0 && x < t.shape[d];
+        offset += x * strides[d];
+      }
+      v.data[i] = inside ? numerics::load_element(t.data, t.dtype, offset) : 0.0;
+    }
     set(op, std::move(v));
   }
 

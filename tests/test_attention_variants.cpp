@@ -60,6 +60,22 @@ HostTensor cu_seqlens_tensor(int64_t) {
   return t;
 }
 
+// The block mask of the block-mask variant: 32 x 32 cells, [1, 4, 40, 40] (one pattern for every
+// batch entry; positions past 40 * 32 are masked), a pseudo-random pattern that keeps the
+// diagonal so that few rows go empty.
+constexpr int64_t kCell = 32, kCells = 40, kMaskHeads = 4;
+bool cell_kept(int64_t h, int64_t qi, int64_t kj) {
+  if (qi >= kCells || kj >= kCells) return false;
+  return qi == kj || (h * 7 + qi * 13 + kj * 29) % 5 > 1;
+}
+HostTensor block_mask_tensor(int64_t) {
+  HostTensor t(DType::i32, {1, kMaskHeads, kCells, kCells});
+  for (int64_t h = 0; h < kMaskHeads; ++h)
+    for (int64_t i = 0; i < kCells; ++i)
+      for (int64_t j = 0; j < kCells; ++j) t.set((h * kCells + i) * kCells + j, cell_kept(h, i, j) ? 1.0 : 0.0);
+  return t;
+}
+
 std::vector<NamedVariant> variants(int64_t heads) {
   std::vector<NamedVariant> out;
   auto causal = [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; };
@@ -83,6 +99,10 @@ std::vector<NamedVariant> variants(int64_t heads) {
                  cu_seqlens_tensor});
   out.push_back({kernels::segment_variant(64),
                  {.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return i / 64 == j / 64; }}});
+  if (heads == kMaskHeads)
+    out.push_back({kernels::block_mask_variant(kCell, kCell),
+                   {.keep = [](int64_t, int64_t h, int64_t i, int64_t j) { return cell_kept(h, i / kCell, j / kCell); }},
+                   block_mask_tensor});
   return out;
 }
 
@@ -313,6 +333,11 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       CHECK(ck.generated.lowering == "sm90_attention");
       CHECK(ck.generated.source.find("struct tj_hooks") != std::string::npos);
       if (nv.variant.mask_mod) CHECK(ck.generated.source.find("kSkipBlocks = true") != std::string::npos);
+      // the block mask: read per element by a gather, per key block by a range query
+      if (nv.variant.name.find("block_mask") != std::string::npos) {
+        CHECK(ck.generated.source.find("tj::dev::gather_at<tj::dev::i32>") != std::string::npos);
+        CHECK(ck.generated.source.find("tj::dev::iv_gather<int>") != std::string::npos);
+      }
       CHECK(ck.ptx.find("wgmma.mma_async.sync.aligned") != std::string::npos);
       CHECK(ck.ptx.find(is_fp8(dt) ? ".e4m3.e4m3" : ".bf16.bf16") != std::string::npos);
     }

@@ -27,6 +27,10 @@ struct IvB {    // a boolean: can it be true, can it be false
 
 constexpr long long kIvBig = 1ll << 61;
 
+// The interval type of an element type: floats as IvF, integers as IvI.
+template <class T> struct IvOf { using type = long long; };
+template <> struct IvOf<float> { using type = float; };
+
 __device__ __forceinline__ long long iv_sat(long long x) { return x > kIvBig ? kIvBig : (x < -kIvBig ? -kIvBig : x); }
 __device__ __forceinline__ float iv_inf_f() { return __int_as_float(0x7f800000); }
 
@@ -150,6 +154,47 @@ __device__ __forceinline__ IvI iv_to_int(IvF a) {
 
 // What a mask's boolean says about the whole block: 0 never kept, 1 always kept, 2 either.
 __device__ __forceinline__ int iv_block_class(IvB keep) { return !keep.t ? 0 : (!keep.f ? 1 : 2); }
+
+// A gather's values over a box of indices (one integer interval per dimension of tensor `t`,
+// anything with data / shape[] / stride[]): the range of the elements inside the box (a range
+// query: a block mask read at [q / BQ, kv / BK] over a key block scans a few cells), and 0 when
+// the box reaches outside the tensor (out-of-range reads give 0). Boxes of more than
+// kIvGatherCells elements give the type's whole range instead of scanning.
+constexpr long long kIvGatherCells = 256;
+template <class T, class TA, class... I>
+__device__ __forceinline__ Iv<typename IvOf<T>::type> iv_gather(const TA& t, I... ivs) {
+  using V = typename IvOf<T>::type;
+  constexpr int R = sizeof...(I);
+  const IvI box[R] = {ivs...};
+  long long lo[R], n[R];
+  long long cells = 1;
+  bool outside = false;
+#pragma unroll
+  for (int d = 0; d < R; ++d) {
+    lo[d] = box[d].lo > 0 ? box[d].lo : 0;
+    const long long hi = box[d].hi < t.shape[d] - 1 ? box[d].hi : t.shape[d] - 1;
+    outside = outside || box[d].lo < 0 || box[d].hi > t.shape[d] - 1;
+    if (lo[d] > hi) return iv_point((V)0);   // every index out of range: every read is 0
+    n[d] = hi - lo[d] + 1;
+    cells = cells > kIvGatherCells ? cells : cells * n[d];
+  }
+  if (cells > kIvGatherCells) return iv_any<V>();
+  V vlo = (V)0, vhi = (V)0;   // 0 is in the range when some index is out of range
+  bool first = !outside;
+  for (long long c = 0; c < cells; ++c) {
+    long long rest = c, offset = 0;
+#pragma unroll
+    for (int d = R - 1; d >= 0; --d) {
+      offset += (lo[d] + rest % n[d]) * t.stride[d];
+      rest /= n[d];
+    }
+    const V x = (V)(static_cast<const T*>(t.data)[offset]);
+    vlo = first || x < vlo ? x : vlo;
+    vhi = first || x > vhi ? x : vhi;
+    first = false;
+  }
+  return Iv<V>{vlo, vhi};
+}
 
 }  // namespace dev
 }  // namespace tj

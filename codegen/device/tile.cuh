@@ -285,6 +285,21 @@ TJ_DEV void store_scalar(void* data, long long offset, bool ok, typename E::reg 
   if (ok && threadIdx.x == 0) E::st(static_cast<typename E::mem*>(data) + offset, x);
 }
 
+// One element at computed indices (gathers): 0 when any index is outside its dimension.
+template <class E, int R, class... I>
+TJ_DEV typename E::reg gather_at(const TensorArg<R>& t, I... idx) {
+  static_assert(sizeof...(I) == R, "one index per dimension");
+  const long long ix[R] = {(long long)idx...};
+  long long offset = 0;
+  bool ok = true;
+#pragma unroll
+  for (int d = 0; d < R; ++d) {
+    ok = ok && ix[d] >= 0 && ix[d] < t.shape[d];
+    offset += ix[d] * t.stride[d];
+  }
+  return load_scalar<E>(t.data, offset, ok);
+}
+
 // ---------------------------------------------------------------- elementwise
 template <class L, class T>
 TJ_DEV const T& at(const Tile<T, L>& t, int i) { return t.v[i]; }
