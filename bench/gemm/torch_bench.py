@@ -180,8 +180,8 @@ def merge(args):
         return f"{r['rel_rms']:.1e}" if r and "rel_rms" in r else "—"
 
     lines = []
-    outs = [o for o in ("bf16", "f32") if any(r.get("kernel") in ("fp8_gemm", "_scaled_mm") and r.get("out", "bf16") == o
-                                              for r in recs)]
+    outs = [o for o in ("bf16", "f32") if any(r.get("kernel") in ("fp8_gemm", "_scaled_mm") and "tflops" in r
+                                              and r.get("out", "bf16") == o for r in recs)]
     for out in outs:
         lines.append(f"FP8 (e4m3 x e4m3, per-tensor scales, {out} out), TFLOP/s. \"promoted\": fp32 accumulation outside the "
                      "tensor core (tilejit's default, `_scaled_mm`'s default); \"fast\": the tensor core's own accumulation "
@@ -202,6 +202,8 @@ def merge(args):
                          f"{fmt_tf(tjf)} | {tjf['config'] if tjf else '—'} | {fmt_tf(fast)} | **{ratio(tjf, fast)}** | "
                          f"{err(tjp)} | {err(acc)} | {err(tjf)} | {err(fast)} |")
         lines.append("")
+    if not any(r.get("kernel") in ("gemm", "matmul") and "tflops" in r for r in recs):
+        lines.append("(no bf16 GEMM measurements)")
     lines.append("")
     lines.append("bf16 (bf16 x bf16, fp32 accumulation, bf16 out), TFLOP/s:")
     lines.append("")
