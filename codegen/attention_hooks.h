@@ -10,7 +10,9 @@
 // variant's inputs) may be read only by tagged ops; the skeleton drops them.
 //
 // Writing: scalar ops (rank 0: loads of an input at scalar indices, dims, arithmetic on b and h)
-// run once per CTA and become fields; tile ops run per score element with the element's
+// run once per CTA and become fields; tile gathers read the input per element (the tensor is a
+// field) and, for block classification, over the box of indices a key block spans (a range
+// query, interval.cuh iv_gather); other tile ops run per score element with the element's
 // position (q, kv); the mask's ops also run once per key block as interval arithmetic
 // (codegen/device/interval.cuh) to classify the block.
 #include <optional>

@@ -41,6 +41,8 @@ struct AttentionVariant {
   MaskMod mask_mod;
   std::vector<std::string> inputs;     // names of extra input tensors, passed after attention_fp8's
                                        // arguments; hooks may read them with scalar indices
+                                       // (load) or per score element (gather, e.g. a block
+                                       // mask: kernels/attention_variants.h)
 };
 
 // The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,
