@@ -330,14 +330,19 @@ Shape resolve_indices(const ir::Param& p, std::vector<IndexArg>& idx, Op& op, co
   }
   return shape;
 }
+// The parameter a load or gather reads; outputs cannot be read.
+ir::Param readable_param(Builder& b, int param, const ir::SourceLoc& loc) {
+  const ir::Param p = b.function().params.at(param);
+  if (p.kind == ir::ParamKind::tensor_out)
+    fail(loc, fmt::format("'{}' is an output (tj::Out): declare it tj::InOut to read it", p.name));
+  return p;
+}
 }  // namespace
 
 Tile TensorArg::load_impl(std::vector<IndexArg> idx, Loc l) const {
   auto loc = to_loc(l);
   Builder& b = B(loc);
-  const ir::Param p = b.function().params.at(param_);
-  if (p.kind == ir::ParamKind::tensor_out)
-    fail(loc, fmt::format("'{}' is an output (tj::Out): declare it tj::InOut to read it", p.name));
+  const ir::Param p = readable_param(b, param_, loc);
   Op op = make(OpKind::load, loc);
   op.param = param_;
   Shape shape = resolve_indices(p, idx, op, loc);
@@ -347,9 +352,7 @@ Tile TensorArg::load_impl(std::vector<IndexArg> idx, Loc l) const {
 Tile TensorArg::gather(std::vector<Operand> idx, Loc l) const {
   auto loc = to_loc(l);
   Builder& b = B(loc);
-  const ir::Param p = b.function().params.at(param_);
-  if (p.kind == ir::ParamKind::tensor_out)
-    fail(loc, fmt::format("'{}' is an output (tj::Out): declare it tj::InOut to read it", p.name));
+  const ir::Param p = readable_param(b, param_, loc);
   if (static_cast<int>(idx.size()) != p.rank())
     fail(loc, fmt::format("gather: '{}' has rank {} but {} index tiles were given", p.name, p.rank(), idx.size()));
   std::vector<int> values;
