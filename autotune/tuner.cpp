@@ -735,8 +735,10 @@ void Tuner::draw(bool force) {
 TuneResult Tuner::run() {
   TuneResult result;
   check_specs();
-  result.reference_config = untuned_config(f_, arch_);
   if (o_.effort == Effort::none) {
+    // No worker, so no GPU arch: the generic default (what a config-less launch on an unknown
+    // arch gets).
+    result.reference_config = untuned_config(f_, arch_);
     result.best = result.reference_config;
     result.strategy = Strategy::exhaustive;
     result.seconds = seconds_since(start_);

@@ -202,25 +202,13 @@ std::optional<std::string> HookWriter::scalar_expr(const Op& op, const std::stri
     case OpKind::cast: return scalar::cast_expr(dtype(op.operands[0]), rd, in(0));
     case OpKind::gather: return gather_expr(op, Ctx::init, var, why);
     case OpKind::load: {
-      const ir::Param& p = f_.params.at(op.param);
-      if (p.dtype != DType::f32 && p.dtype != DType::i32 && p.dtype != DType::i64) {
-        fail(why, fmt::format("a hook loads '{}' of type {} (f32, i32 and i64 inputs are supported)", p.name,
-                              name(p.dtype)));
-        return std::nullopt;
-      }
-      std::string inside = "true", offset = "0";
-      for (size_t i = 0; i < op.indices.size(); ++i) {
-        if (op.indices[i].kind != ir::Index::Kind::scalar) {
-          fail(why, fmt::format("a hook loads a tile of '{}' (only scalar indices are supported)", p.name));
+      // A load at scalar indices is a gather of one element.
+      for (const ir::Index& ix : op.indices)
+        if (ix.kind != ir::Index::Kind::scalar) {
+          fail(why, fmt::format("a hook loads a tile of '{}' (only scalar indices are supported)", f_.params.at(op.param).name));
           return std::nullopt;
         }
-        const std::string ix = "(long long)" + in(i);
-        inside += fmt::format(" && {} >= 0 && {} < p{}.shape[{}]", ix, ix, op.param, i);
-        offset += fmt::format(" + {} * p{}.stride[{}]", ix, op.param, i);
-      }
-      // Out-of-range scalar loads give 0, as everywhere in the DSL.
-      return fmt::format("(({}) ? ((const {}*)p{}.data)[{}] : ({})0)", inside, scalar::reg_type(p.dtype), op.param,
-                         offset, scalar::reg_type(p.dtype));
+      return gather_expr(op, Ctx::init, var, why);
     }
     default: break;
   }
@@ -228,11 +216,12 @@ std::optional<std::string> HookWriter::scalar_expr(const Op& op, const std::stri
   return std::nullopt;
 }
 
-// A gather as one bounds-checked read (out of range: 0, as everywhere in the DSL).
+// A gather (or a load at scalar indices: one operand per dim either way) as one bounds-checked
+// read (out of range: 0, as everywhere in the DSL).
 std::optional<std::string> HookWriter::gather_expr(const Op& op, Ctx ctx, const std::string& var, std::string* why) const {
   const ir::Param& p = f_.params.at(op.param);
   if (p.dtype != DType::f32 && p.dtype != DType::i32 && p.dtype != DType::i64) {
-    fail(why, fmt::format("a hook gathers from '{}' of type {} (f32, i32 and i64 inputs are supported)", p.name, name(p.dtype)));
+    fail(why, fmt::format("a hook reads '{}' of type {} (f32, i32 and i64 inputs are supported)", p.name, name(p.dtype)));
     return std::nullopt;
   }
   std::vector<std::string> idx;

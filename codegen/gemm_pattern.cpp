@@ -325,6 +325,14 @@ bool static_rows_misaligned(const Match& g, int bytes) {
   return false;
 }
 
+Config tile_config(const Match& g, int64_t m, int64_t n, int64_t k) {
+  const ir::Function& f = *g.f;
+  Config c = default_config(f);
+  for (auto [block, size] : {std::pair{g.m_block, m}, std::pair{g.n_block, n}, std::pair{g.k_block, k}})
+    if (f.blocks.at(block).fixed <= 0) c.blocks[f.blocks.at(block).name] = size;
+  return c;
+}
+
 // ---- the epilogue writer -----------------------------------------------------------------------
 
 EpilogueWriter::EpilogueWriter(const Match& g, const Config& cfg)

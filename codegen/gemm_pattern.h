@@ -70,6 +70,10 @@ bool match(const ir::Function& f, Match& g);
 // contiguous tensor (K * element size not a multiple): TMA and 16-byte cp.async cannot read it.
 bool static_rows_misaligned(const Match& g, int bytes);
 
+// default_config(f) with the GEMM's m, n and k blocks set to these sizes (blocks the kernel
+// fixes itself keep their size): the base of a lowering's untuned config.
+Config tile_config(const Match& g, int64_t m, int64_t n, int64_t k);
+
 // How one thread's accumulator registers map onto the tile (see the header comment): row
 // block tj_mb starts `row_block_stride` rows after the previous one; `col_octets` octets.
 struct AccLayout {

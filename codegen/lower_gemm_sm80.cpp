@@ -218,15 +218,9 @@ const bool registered = [] {
     const Target t{arch};
     gemm::Match g;
     if (!serves(t) || !gemm::match(f, g) || !target_has_mma_for(g, t)) return c;
-    c = default_config(f);
+    c = gemm::tile_config(g, 128, 128, is_fp8(g.ta) ? 64 : 32);
     c->num_stages = 4;
     c->num_warps = 4;
-    auto set = [&](int block, int64_t size) {
-      if (f.blocks.at(block).fixed <= 0) c->blocks[f.blocks.at(block).name] = size;
-    };
-    set(g.m_block, 128);
-    set(g.n_block, 128);
-    set(g.k_block, is_fp8(g.ta) ? 64 : 32);
     return c;
   });
   return true;

@@ -199,30 +199,24 @@ const bool registered = [] {
   register_lowering(PatternLowering{"sm90_gemm", &try_lower});
   autotune::register_knob_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
     std::vector<autotune::Knob> knobs;
-    if (arch != "sm_90a" || !is_sm90_gemm_pattern(f)) return knobs;
+    gemm::Match g;
+    if (arch != "sm_90a" || !gemm::match(f, g)) return knobs;
     knobs.push_back({autotune::knob_names::warp_specialize, {0, 1, 2}, 0});
     knobs.push_back({autotune::knob_names::cluster, {1, 2}, 1});
     knobs.push_back({autotune::knob_names::raster_group, {1, 4, 8, 16}, 8});
-    gemm::Match g;
-    gemm::match(f, g);
     if (is_fp8(g.ta)) knobs.push_back({"promote", {0, 1, 2, 4}, promote_fallback(g)});
     return knobs;
   });
-  // Untuned: tiles that measured well on the H200 across bench_gemm's shapes (bench/RESULTS.md).
+  // Untuned: the tiles that measured best across bench_gemm's shapes (bench/RESULTS.md: fp8
+  // promoted on the H100, bf16 on the H200).
   autotune::register_default_config_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
     std::optional<Config> c;
     gemm::Match g;
     if (arch != "sm_90a" || !gemm::match(f, g)) return c;
     const bool fp8 = is_fp8(g.ta);
-    c = default_config(f);
+    c = gemm::tile_config(g, 128, fp8 ? 192 : 256, fp8 ? 128 : 64);
     c->num_stages = fp8 ? 5 : 4;
     c->knobs[autotune::knob_names::cluster] = 2;
-    auto set = [&](int block, int64_t size) {
-      if (f.blocks.at(block).fixed <= 0) c->blocks[f.blocks.at(block).name] = size;
-    };
-    set(g.m_block, 128);
-    set(g.n_block, fp8 ? 192 : 256);
-    set(g.k_block, fp8 ? 128 : 64);
     return c;
   });
   return true;

@@ -390,8 +390,8 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
     g = plan.geometry;
   } else {
     auto specs = specs_for(k, args, options.dynamic_shapes);
-    const std::string arch = options.arch.empty() ? runtime::current_device().arch() : options.arch;
-    const Config config = options.config ? *options.config : autotune::untuned_config(k.trace(specs), arch);
+    // (without a config, options.arch is set: the other case took the launch plan above)
+    const Config config = options.config ? *options.config : autotune::untuned_config(k.trace(specs), options.arch);
     CompileRequest request;
     request.arch = options.arch;
     ck = &compile(k, specs, config, request);
