@@ -50,7 +50,7 @@ Config Config::from_json(const std::string& text) {
     throw Error(fmt::format("config has a value of the wrong type: {}", e.what()));
   }
   if (c.num_warps < 1 || c.num_warps > 32) throw Error(fmt::format("num_warps must be in [1, 32], got {}", c.num_warps));
-  if (c.num_stages < 1 || c.num_stages > 8) throw Error(fmt::format("num_stages must be in [1, 8], got {}", c.num_stages));
+  if (c.num_stages < 1 || c.num_stages > 16) throw Error(fmt::format("num_stages must be in [1, 16], got {}", c.num_stages));
   return c;
 }
 

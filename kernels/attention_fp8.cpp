@@ -32,6 +32,8 @@
 // as written.
 #include "kernels/attention_fp8.h"
 
+#include <map>
+#include <mutex>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -128,8 +130,31 @@ const Kernel& attention_fp8() {
   return k;
 }
 
+namespace {
+
+std::mutex key_block_mutex;
+std::map<std::string, int64_t>& key_blocks() {
+  static std::map<std::string, int64_t> m;
+  return m;
+}
+
+}  // namespace
+
+int64_t attention_variant_key_block(const std::string& kernel_name) {
+  std::lock_guard<std::mutex> lock(key_block_mutex);
+  auto it = key_blocks().find(kernel_name);
+  return it == key_blocks().end() ? 0 : it->second;
+}
+
 Kernel attention_variant(const AttentionVariant& variant) {
   if (variant.name.empty()) throw Error("attention_variant: the variant needs a name (it names the kernel)");
+  if (variant.key_block < 0)
+    throw Error(fmt::format("attention_variant {}: key_block must be 0 (none) or a block size, got {}", variant.name,
+                            variant.key_block));
+  {
+    std::lock_guard<std::mutex> lock(key_block_mutex);
+    key_blocks()[variant.name] = variant.key_block;
+  }
   std::vector<Slot> slots;
   const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,
                             SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_out, SlotKind::tensor_out,

@@ -80,8 +80,10 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // The config attention_fp8_forward uses by default, the fastest of the harness sweep in
 // bench/RESULTS.md (H200, S >= 2k): fp8 D 64: block m 192 (three consumer warpgroups), n 128;
 // fp8 D 128: m 128, n 192; fp8 D 256 and 16-bit: m 128, n 128 (16-bit D 256: n 64); 2 stages.
-// qk_head_dim (2·D with q_residual, at most 256) fits the same blocks.
-Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0);
+// qk_head_dim (2·D with q_residual, at most 256) fits the same blocks. key_block (an attention
+// variant's, kernels/attention_variant.h; 0: none) caps the key block where it is a valid one.
+Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0,
+                                    int64_t key_block = 0);
 
 // Row chunks per (b, h) the plain recipe's quantizers use (chunk_amax and the chunked quantizers
 // in kernels/library.h, blocks "s" / "s2" = 64) for B·H = heads_total and sequence length S.

@@ -5,13 +5,14 @@
 #include <cmath>
 
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variant.h"
 #include "kernels/library.h"
 #include "runtime/error.h"
 #include "runtime/jit.h"
 
 namespace tj::kernels {
 
-Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim) {
+Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim, int64_t key_block) {
   Config c;
   // The fastest configs of bench/RESULTS.md's harness sweep (H200, S >= 2k): fp8 head dim 64
   // takes three consumer warpgroups (block m 192), head dim 128 key blocks of 192.
@@ -20,6 +21,9 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   if (is_fp8(in) && head_dim == 64) bm = 192;
   if (is_fp8(in) && head_dim == 128) bn = 192;
   (void)qk_head_dim;   // q_residual (Dqk = 2 D <= 256) fits these blocks: at D 128, 181 KB of shared memory
+  // A variant's mask favours smaller key blocks (a window, documents, block-mask cells): fp8 D 128
+  // then takes 128 (bench/RESULTS.md, session 4: sliding window, documents, block masks).
+  if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   c.blocks = {{"m", bm}, {"n", bn}};
   c.num_stages = 2;
   (void)causal;
@@ -162,7 +166,8 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   const double scale = opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(D))) * 1.4426950408889634;
   const int64_t Dqk = opt.quantize && opt.q_residual ? 2 * D : D;
   Config cfg = opt.attention_config.value_or(
-      attention_fp8_default_config(opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk));
+      attention_fp8_default_config(opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk,
+                                   opt.kernel ? attention_variant_key_block(opt.kernel->name()) : 0));
   ensure(ws.no_lse, DType::f32, {1});
   TensorView lse = opt.lse.value_or(ws.no_lse->view());
   const bool with_lse = opt.lse.has_value();

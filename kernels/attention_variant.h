@@ -43,11 +43,19 @@ struct AttentionVariant {
                                        // arguments; hooks may read them with scalar indices
                                        // (load) or per score element (gather, e.g. a block
                                        // mask: kernels/attention_variants.h)
+  // A key-block size the mask's structure favours (0: none): a window, documents or block-mask
+  // cells waste less of each partly visible block in smaller ones. The default configs
+  // (attention_fp8_default_config) take key blocks no larger than this.
+  int64_t key_block = 0;
 };
 
 // The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,
 // k_descale, v_descale, o, lse, scale, o_scale, causal, with_lse) followed by one tensor per
 // v.inputs. Throws tj::Error for an empty name.
 Kernel attention_variant(const AttentionVariant& v);
+
+// The key_block of the variant that attention_variant() made a kernel named `kernel_name`, 0 for
+// other kernels (attention_fp8_forward's default config asks it).
+int64_t attention_variant_key_block(const std::string& kernel_name);
 
 }  // namespace tj::kernels

@@ -13,6 +13,7 @@ AttentionVariant causal_variant() {
 
 AttentionVariant sliding_window_variant(int64_t window) {
   AttentionVariant v{fmt::format("attention_sliding_{}", window)};
+  v.key_block = 128;   // boundary blocks: less waste in smaller key blocks
   v.mask_mod = [window](const ScoreIndex& at) { return at.kv <= at.q && at.q - at.kv < window; };
   return v;
 }
@@ -47,6 +48,7 @@ AttentionVariant prefix_lm_variant() {
 
 AttentionVariant document_variant(int64_t documents, bool causal) {
   AttentionVariant v{fmt::format("attention_documents_{}{}", documents, causal ? "_causal" : "")};
+  v.key_block = 128;   // boundary blocks: less waste in smaller key blocks
   v.inputs = {"cu_seqlens"};
   v.mask_mod = [documents, causal](const ScoreIndex& at) {
     Tile keep = causal ? at.kv <= at.q : at.kv == at.kv;
@@ -61,6 +63,7 @@ AttentionVariant document_variant(int64_t documents, bool causal) {
 
 AttentionVariant block_mask_variant(int64_t block_q, int64_t block_kv, bool causal) {
   AttentionVariant v{fmt::format("attention_block_mask_{}x{}{}", block_q, block_kv, causal ? "_causal" : "")};
+  v.key_block = 128;   // boundary blocks: less waste in smaller key blocks
   v.inputs = {"block_mask"};
   v.mask_mod = [block_q, block_kv, causal](const ScoreIndex& at) {
     const In& mask = at.inputs[0];
@@ -73,6 +76,7 @@ AttentionVariant block_mask_variant(int64_t block_q, int64_t block_kv, bool caus
 
 AttentionVariant segment_variant(int64_t segment, bool causal) {
   AttentionVariant v{fmt::format("attention_segment_{}{}", segment, causal ? "_causal" : "")};
+  v.key_block = 128;   // boundary blocks: less waste in smaller key blocks
   v.mask_mod = [segment, causal](const ScoreIndex& at) {
     auto same = floordiv(at.q, segment) == floordiv(at.kv, segment);
     return causal ? same && at.kv <= at.q : same;

@@ -36,13 +36,15 @@ const VariantCase& find_case(const std::vector<VariantCase>& cases, const std::s
 
 TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option errors") {
   std::vector<VariantCase> all = variant_plan(BenchVariantsOptions{});
-  REQUIRE(all.size() == 16);
+  REQUIRE(all.size() == 20);
   CHECK(all[0].name == "causal");
   CHECK(all[0].S == 2048);
   CHECK(all[1].S == 8192);
   CHECK(all[2].name == "sliding_window");
   CHECK(all[12].name == "segment");
-  CHECK(all.back().name == "documents");
+  CHECK(all[14].name == "documents");
+  CHECK(all[16].name == "block_mask");
+  CHECK(all.back().name == "dilated");
   for (const auto& c : all) {
     INFO(c.name << " S=" << c.S);
     CHECK(c.B * c.S == 16384);
@@ -51,8 +53,11 @@ TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option
     CHECK(c.Hkv == (c.name == "gqa" ? 4 : 16));
     CHECK(c.skip_speedup == (c.name == "causal" || c.name == "sliding_window"));
     CHECK(c.sdpa_peer == (c.name != "alibi" && c.name != "softcap"));
-    // GQA is the standard kernel (its causal flag); every other case is a variant with hooks.
-    CHECK(c.variant.has_value() == (c.name != "gqa"));
+    // GQA is the standard kernel (its causal flag), dilated dilated_attention_forward; every other
+    // case is a variant with hooks.
+    CHECK(c.variant.has_value() == (c.name != "gqa" && c.name != "dilated"));
+    CHECK(c.dilated.empty() == (c.name != "dilated"));
+    CHECK(c.block_mask == (c.name == "block_mask"));
     CHECK(c.causal_flag == (c.name == "gqa"));
     CHECK(static_cast<bool>(c.rule.keep));
     CHECK(c.cu_seqlens.empty() == (c.name != "documents"));
@@ -90,7 +95,7 @@ TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option
   BenchVariantsOptions o;
   o.quick = true;
   std::vector<VariantCase> quick = variant_plan(o);
-  REQUIRE(quick.size() == 8);
+  REQUIRE(quick.size() == 10);
   for (const auto& c : quick) CHECK(c.S == 8192);
   o = BenchVariantsOptions{};
   o.variants = {"gqa", "causal", "gqa"};   // the table's order, once each
@@ -108,10 +113,11 @@ TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option
   o.variants = {"causal", "flash"};
   CHECK(plan_error(o) ==
         "--variant flash: no such variant (variants: causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, "
-        "documents)");
+        "documents, block_mask, dilated)");
   o.variants = {"causal", ""};
   CHECK(plan_error(o) ==
-        "--variant: an empty name (variants: causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents)");
+        "--variant: an empty name (variants: causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents, "
+        "block_mask, dilated)");
   o = BenchVariantsOptions{};
   o.seq = 3000;
   CHECK(plan_error(o) == "--seq 3000 is not in the benchmark's grid (1024, 2048, 4096, 8192, 16384; B = 16384 / S)");
@@ -124,7 +130,15 @@ TEST_CASE("cli bench variants: the plan (variants, shapes, peers) and its option
   o = BenchVariantsOptions{};
   o.warmup = -1;
   CHECK(plan_error(o) == "--warmup must be 0 or more, got -1");
-  CHECK_THROWS_WITH_AS(variant_case("dilated", 2048, 128), doctest::Contains("--variant dilated: no such variant"), Error);
+  o = BenchVariantsOptions{};
+  o.config_fp8 = R"({"blocks":{"m":128,"n":128},"num_stages":2})";
+  CHECK(variant_plan(o).size() == 20);
+  o.config_bf16 = "{\"blocks\":";
+  CHECK(plan_error(o).rfind("--config-bf16: ", 0) == 0);
+  CHECK_THROWS_WITH_AS(variant_case("longnet", 2048, 128), doctest::Contains("--variant longnet: no such variant"), Error);
+  CHECK(find_case(all, "block_mask", 8192).variant->name == "attention_block_mask_128x128_causal");
+  CHECK(find_case(all, "block_mask", 8192).variant->inputs == std::vector<std::string>{"block_mask"});
+  CHECK(find_case(all, "dilated", 8192).label == "dilated 2048/1, 4096/2, 8192/4");
 }
 
 TEST_CASE("cli bench variants: options shared with `bench attention` (mask flags, --variant lists, --quick reps)") {
@@ -203,6 +217,49 @@ TEST_CASE("cli bench variants: visible score entries, counted from each mask, an
   CHECK(variant_flops(c) == doctest::Approx(4.0 * 128 * 3 * 36));
   c.rule.keep = nullptr;   // no mask: the whole matrix
   CHECK(visible_entries(c) == 2 * 3 * 100);
+
+  // block_mask: the causal entries of the kept cells (local, global, random), counted entry by entry.
+  const VariantCase bm = variant_case("block_mask", 2048, 128);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < 2048; ++i)
+    for (int64_t j = 0; j <= i; ++j) kept += variant_block_kept(i / 128, j / 128);
+  CHECK(visible_entries(bm) == B * H * kept);
+  CHECK(variant_block_kept(5, 5));    // local
+  CHECK(variant_block_kept(5, 4));
+  CHECK(variant_block_kept(5, 0));    // global
+  CHECK(variant_block_kept(5, 3));    // random: 131·5 + 71·3 = 868 = 7·124
+  CHECK_FALSE(variant_block_kept(5, 2));
+  CHECK_FALSE(variant_block_kept(6, 3));
+}
+
+TEST_CASE("cli bench variants: dilated attention's count and meaning (LongNet pairs)") {
+  // Each pair's entries summed, in closed form, against a count pair by pair and entry by entry
+  // on a small case with a short last segment.
+  VariantCase c = variant_case("dilated", 2048, 128);
+  c.B = 2;
+  c.H = 4;
+  c.S = 37;
+  c.dilated = {{8, 1}, {12, 2}, {16, 4}};
+  int64_t brute = 0;
+  for (const auto& [w, r] : c.dilated)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t i = 0; i < c.S; ++i)
+        for (int64_t j = 0; j < c.S; ++j) brute += i / w == j / w && i % r == h % r && j % r == h % r;
+  CHECK(visible_entries(c) == c.B * brute);
+  // The mix's meaning: keys weighted by how many pairs have them.
+  const auto& pairs = variant_dilated_pairs();
+  CHECK(dilated_multiplicity(pairs, 0, 0, 4) == 3);        // all three pairs: offset 0, same segments
+  CHECK(dilated_multiplicity(pairs, 1, 1, 2047) == 2);     // (2048, 1) and (4096, 2)
+  CHECK(dilated_multiplicity(pairs, 1, 1, 2051) == 1);     // (4096, 2) only
+  CHECK(dilated_multiplicity(pairs, 1, 2, 2) == 1);        // row 2 of head 1: only the rate-1 pair
+  CHECK(dilated_multiplicity(pairs, 0, 0, 2048) == 2);     // (4096, 2) and (8192, 4)
+  const VariantCase d = variant_case("dilated", 8192, 128);
+  CHECK(d.rule.keep(0, 3, 3, 7));
+  CHECK_FALSE(d.rule.keep(0, 3, 3, 2048 + 6));
+  CHECK(d.rule.score(1.0, 0, 0, 0, 4) == doctest::Approx(1.0 + std::log(3.0)));
+  // At S = 8192: pair (2048, 1): 4 segments of 2048² per head; (4096, 2): 2 segments of 2048²
+  // per head; (8192, 4): one of 2048² per head.
+  CHECK(visible_entries(d) == 2 * 16 * (4 + 2 + 1) * 2048LL * 2048);
 }
 
 TEST_CASE("cli bench variants: the float64 meaning (masks, score mods, GQA heads, rows with no key)") {
@@ -272,7 +329,8 @@ TEST_CASE("cli bench variants: peers.py's arguments, its CSV and the merged tabl
   CHECK(peers_variant_args(cases) ==
         std::vector<std::string>{"--variants", "causal,alibi,gqa", "--seqs", "2048,8192", "--head-dim", "128", "--window", "1024",
                                  "--segment", "2048", "--softcap", "30", "--gqa-group", "4", "--prefix-div", "4",
-                                 "--doc-eighths", "1,3,2,2", "--doc-shifts", "37,-90,70,-17"});
+                                 "--doc-eighths", "1,3,2,2", "--doc-shifts", "37,-90,70,-17", "--block-cell", "128",
+                                 "--dilated", "2048:1,4096:2,8192:4"});
 
   std::istringstream csv(
       "variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note\n"

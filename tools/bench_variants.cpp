@@ -17,6 +17,7 @@
 
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variants.h"
+#include "kernels/dilated_attention.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
@@ -35,9 +36,22 @@ const std::vector<int64_t>& variant_seqs() {
 }
 
 const std::vector<std::string>& variant_names() {
-  static const std::vector<std::string> v = {"causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment",
-                                              "documents"};
+  static const std::vector<std::string> v = {"causal", "sliding_window", "alibi", "softcap", "prefix_lm",
+                                              "gqa",    "segment",        "documents", "block_mask", "dilated"};
   return v;
+}
+
+bool variant_block_kept(int64_t bi, int64_t bj) { return bj == bi || bj + 1 == bi || bj == 0 || (131 * bi + 71 * bj) % 7 == 0; }
+
+const std::vector<kernels::DilatedPair>& variant_dilated_pairs() {
+  static const std::vector<kernels::DilatedPair> v = {{2048, 1}, {4096, 2}, {8192, 4}};
+  return v;
+}
+
+int64_t dilated_multiplicity(const std::vector<kernels::DilatedPair>& pairs, int64_t h, int64_t i, int64_t j) {
+  int64_t m = 0;
+  for (const auto& [w, r] : pairs) m += i / w == j / w && i % r == h % r && j % r == h % r;
+  return m;
 }
 
 std::vector<int64_t> variant_cu_seqlens(int64_t S) {
@@ -124,6 +138,26 @@ VariantCase variant_case(const std::string& name, int64_t S, int64_t D) {
       return true;
     };
     c.sdpa_peer = true;
+  } else if (name == "block_mask") {
+    c.label = fmt::format("block mask {0}×{0} (causal)", kVariantBlockCell);
+    c.variant = kernels::block_mask_variant(kVariantBlockCell, kVariantBlockCell, /*causal=*/true);
+    c.block_mask = true;
+    c.rule.keep = [](int64_t, int64_t, int64_t i, int64_t j) {
+      return j <= i && variant_block_kept(i / kVariantBlockCell, j / kVariantBlockCell);
+    };
+    c.sdpa_peer = true;
+  } else if (name == "dilated") {
+    c.dilated = variant_dilated_pairs();
+    std::vector<std::string> pairs;
+    for (const auto& [w, r] : c.dilated) pairs.push_back(fmt::format("{}/{}", w, r));
+    c.label = fmt::format("dilated {}", fmt::join(pairs, ", "));
+    // The LSE-weighted mix of the pairs = softmax over the keys, each counted once per pair that has it.
+    const auto dilated = c.dilated;
+    c.rule.keep = [dilated](int64_t, int64_t h, int64_t i, int64_t j) { return dilated_multiplicity(dilated, h, i, j) > 0; };
+    c.rule.score = [dilated](double s, int64_t, int64_t h, int64_t i, int64_t j) {
+      return s + std::log(static_cast<double>(dilated_multiplicity(dilated, h, i, j)));
+    };
+    c.sdpa_peer = true;
   } else {
     throw Error(fmt::format("--variant {}: no such variant (variants: {})", name, names_list()));
   }
@@ -140,6 +174,14 @@ std::vector<VariantCase> variant_plan(const BenchVariantsOptions& o) {
                             o.head_dim, fmt::join(grid_head_dims(), ", ")));
   if (o.reps < 1) throw Error(fmt::format("--reps must be at least 1, got {}", o.reps));
   if (o.warmup < 0) throw Error(fmt::format("--warmup must be 0 or more, got {}", o.warmup));
+  for (const auto& [flag, json] : {std::pair{"--config-bf16", &o.config_bf16}, std::pair{"--config-fp8", &o.config_fp8}}) {
+    if (json->empty()) continue;
+    try {
+      Config::from_json(*json);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", flag, e.what()));
+    }
+  }
   std::vector<std::string> names;
   for (const auto& n : o.variants) {
     if (n.empty()) throw Error(fmt::format("--variant: an empty name (variants: {})", names_list()));
@@ -189,7 +231,27 @@ BenchVariantsOptions variants_options(const BenchAttentionOptions& common, const
 
 // ---- counting, peers, table -------------------------------------------------------------
 
+namespace {
+
+// Each pair's entries, summed: head class h mod r sees, in every segment of w, the n positions at
+// that offset, n × n entries.
+int64_t dilated_entries(const VariantCase& c) {
+  int64_t total = 0;
+  for (const auto& [w, r] : c.dilated)
+    for (int64_t offset = 0; offset < r; ++offset)
+      for (int64_t start = 0; start < c.S; start += w) {
+        const int64_t end = std::min(start + w, c.S);
+        const int64_t first = start + (offset - start % r + r) % r;   // the first position >= start at this offset
+        const int64_t n = first < end ? (end - 1 - first) / r + 1 : 0;
+        total += n * n * (c.H / r);
+      }
+  return total * c.B;
+}
+
+}  // namespace
+
 int64_t visible_entries(const VariantCase& c) {
+  if (!c.dilated.empty()) return dilated_entries(c);
   if (!c.rule.keep) return c.B * c.H * c.S * c.S;
   std::vector<int64_t> per_row(static_cast<size_t>(c.B * c.S), 0);
   parallel_for(c.B * c.S, [&](int64_t r) {
@@ -208,6 +270,16 @@ double variant_flops(const VariantCase& c) {
   return 4.0 * static_cast<double>(c.D) * static_cast<double>(visible);
 }
 
+namespace {
+
+std::string dilated_pairs_arg() {
+  std::vector<std::string> pairs;
+  for (const auto& [w, r] : variant_dilated_pairs()) pairs.push_back(fmt::format("{}:{}", w, r));
+  return fmt::format("{}", fmt::join(pairs, ","));
+}
+
+}  // namespace
+
 std::vector<std::string> peers_variant_args(const std::vector<VariantCase>& cases) {
   std::vector<std::string> names, seqs;
   for (const auto& c : cases) {
@@ -225,7 +297,9 @@ std::vector<std::string> peers_variant_args(const std::vector<VariantCase>& case
           "--gqa-group",  std::to_string(kVariantGqaGroup),
           "--prefix-div", std::to_string(kVariantPrefixDivisor),
           "--doc-eighths", fmt::format("{}", fmt::join(kVariantDocEighths, ",")),
-          "--doc-shifts", fmt::format("{}", fmt::join(kVariantDocShifts, ","))};
+          "--doc-shifts", fmt::format("{}", fmt::join(kVariantDocShifts, ",")),
+          "--block-cell", std::to_string(kVariantBlockCell),
+          "--dilated",    dilated_pairs_arg()};
 }
 
 bool VariantKey::operator<(const VariantKey& o) const { return std::tie(variant, S, D) < std::tie(o.variant, o.S, o.D); }
@@ -381,6 +455,7 @@ struct CaseLaunch {
   const Kernel* kernel = nullptr;
   std::optional<DeviceTensor> prefix;           // prefix_lm's prefix_len [B] (i64)
   std::optional<DeviceTensor> cu_seqlens;       // documents' cu_seqlens [documents + 1] (i32), one for all b
+  std::optional<DeviceTensor> block_mask;       // block_mask's cells [1, 1, nQ, nK] (i32), one for all b and h
   TensorView q, k, v, o;                        // bf16 [B, H|Hkv, S, D]
   TensorView q_grouped, q8_grouped;             // q, q8 as [B, Hkv, G·S, D]: one descale per (b, kv head)
   TensorView q8, k8, vt8, qd, kd, vd;
@@ -390,6 +465,7 @@ struct CaseLaunch {
     std::vector<TensorView> in;
     if (prefix) in.push_back(prefix->view());
     if (cu_seqlens) in.push_back(cu_seqlens->view());
+    if (block_mask) in.push_back(block_mask->view());
     return in;
   }
   // A launch's arguments: attention_fp8's, then the variant's inputs. The bf16 path passes f32
@@ -407,7 +483,7 @@ Config without_skipping(Config c) {
   return c;
 }
 
-CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf) {
+CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf, const BenchVariantsOptions& o) {
   CaseLaunch l;
   l.c = &c;
   l.kernel = kernel;
@@ -434,9 +510,19 @@ CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf) {
     for (size_t i = 0; i < c.cu_seqlens.size(); ++i) cu.set(static_cast<int64_t>(i), static_cast<double>(c.cu_seqlens[i]));
     l.cu_seqlens.emplace(DeviceTensor::from_host(cu));
   }
+  if (c.block_mask) {
+    const int64_t n = (c.S + kVariantBlockCell - 1) / kVariantBlockCell;
+    HostTensor cells(DType::i32, {1, 1, n, n});
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) cells.set(i * n + j, variant_block_kept(i, j) ? 1.0 : 0.0);
+    l.block_mask.emplace(DeviceTensor::from_host(cells));
+  }
   const bool masked = c.causal_flag || c.variant.has_value();
-  l.cfg16 = kernels::attention_fp8_default_config(DType::bf16, c.D, masked);
-  l.cfg8 = kernels::attention_fp8_default_config(DType::e4m3, c.D, masked);
+  const int64_t key_block = c.variant ? c.variant->key_block : 0;
+  l.cfg16 = o.config_bf16.empty() ? kernels::attention_fp8_default_config(DType::bf16, c.D, masked, 0, key_block)
+                                  : Config::from_json(o.config_bf16);
+  l.cfg8 = o.config_fp8.empty() ? kernels::attention_fp8_default_config(DType::e4m3, c.D, masked, 0, key_block)
+                                : Config::from_json(o.config_fp8);
   return l;
 }
 
@@ -463,6 +549,7 @@ std::vector<CompileJob> compile_jobs(const std::vector<CaseLaunch>& launches, Bu
     if (quantizers.insert({&k, std::get<TensorView>(args[0]).shape}).second) add(k, args, qcfg);
   };
   for (const auto& l : launches) {
+    if (!l.c->dilated.empty()) continue;   // dilated_attention_forward compiles its kernels at its first (warm-up) call
     const TensorView lse = buf.no_lse.view();
     const auto a16 = l.args(l.q, l.k, l.v, l.qd, l.qd, l.qd, lse);
     const auto a8 = l.args(l.q8, l.k8, l.vt8, l.qd, l.kd, l.vd, lse);
@@ -479,6 +566,51 @@ std::vector<CompileJob> compile_jobs(const std::vector<CaseLaunch>& launches, Bu
   return jobs;
 }
 
+using TimedFn = std::function<void(const std::string& impl, const std::function<void()>& launch)>;
+
+// A variant kernel: bf16 through the pipeline's 16-bit path, as a user calls it; fp8 the kernel
+// alone on inputs quantized beforehand (outside the timing); without block skipping where asked.
+void time_variant_kernel(const CaseLaunch& l, Buffers& buf, CUstream stream, const TimedFn& timed) {
+  const VariantCase& c = *l.c;
+  kernels::AttentionFp8Workspace ws;
+  kernels::AttentionFp8Options opt;
+  opt.causal = c.causal_flag;
+  opt.quantize = false;
+  opt.kernel = c.variant ? l.kernel : nullptr;
+  opt.inputs = l.extra_inputs();
+  opt.stream = stream;
+  opt.attention_config = l.cfg16;
+  timed("tilejit_bf16", [&] { kernels::attention_fp8_forward(l.q, l.k, l.v, l.o, opt, ws); });
+  if (c.skip_speedup) {
+    opt.attention_config = without_skipping(l.cfg16);
+    timed("tilejit_bf16_noskip", [&] { kernels::attention_fp8_forward(l.q, l.k, l.v, l.o, opt, ws); });
+  }
+  quantize(l, stream);
+  runtime::synchronize();
+  const std::vector<Arg> a8 = l.args(l.q8, l.k8, l.vt8, l.qd, l.kd, l.vd, buf.no_lse.view());
+  LaunchOptions lo;
+  lo.stream = stream;
+  lo.config = l.cfg8;
+  timed("tilejit_fp8", [&] { launch(*l.kernel, a8, lo); });
+  if (c.skip_speedup) {
+    LaunchOptions ln = lo;
+    ln.config = without_skipping(l.cfg8);
+    timed("tilejit_fp8_noskip", [&] { launch(*l.kernel, a8, ln); });
+  }
+}
+
+// dilated: the whole of kernels::dilated_attention_forward (one attention per (pair, offset) on
+// strided views, then the mix), in bf16 and as the FP8 pipeline, its quantizers included.
+void time_dilated(const CaseLaunch& l, CUstream stream, const TimedFn& timed) {
+  kernels::DilatedWorkspace ws;
+  kernels::DilatedOptions opt;
+  opt.pairs = l.c->dilated;
+  opt.stream = stream;
+  timed("tilejit_bf16", [&] { kernels::dilated_attention_forward(l.q, l.k, l.v, l.o, opt, ws); });
+  opt.fp8 = true;
+  timed("tilejit_fp8", [&] { kernels::dilated_attention_forward(l.q, l.k, l.v, l.o, opt, ws); });
+}
+
 // Times one case's tilejit implementations and checks their outputs against float64; fills `row`.
 bool bench_case(const CaseLaunch& l, Buffers& buf, CUstream stream, L2Flusher& l2, const BenchVariantsOptions& o, BenchRow& row) {
   const VariantCase& c = *l.c;
@@ -493,34 +625,8 @@ bool bench_case(const CaseLaunch& l, Buffers& buf, CUstream stream, L2Flusher& l
     row[impl] = measure(fn, buf.o, &outputs[impl], flops, stream, o.reps, o.warmup, l2);
   };
 
-  // bf16: the pipeline's 16-bit path, as a user calls it.
-  kernels::AttentionFp8Workspace ws;
-  kernels::AttentionFp8Options opt;
-  opt.causal = c.causal_flag;
-  opt.quantize = false;
-  opt.kernel = c.variant ? l.kernel : nullptr;
-  opt.inputs = l.extra_inputs();
-  opt.stream = stream;
-  opt.attention_config = l.cfg16;
-  timed("tilejit_bf16", [&] { kernels::attention_fp8_forward(l.q, l.k, l.v, l.o, opt, ws); });
-  if (c.skip_speedup) {
-    opt.attention_config = without_skipping(l.cfg16);
-    timed("tilejit_bf16_noskip", [&] { kernels::attention_fp8_forward(l.q, l.k, l.v, l.o, opt, ws); });
-  }
-
-  // fp8: the kernel alone on inputs quantized beforehand (outside the timing).
-  quantize(l, stream);
-  runtime::synchronize();
-  const std::vector<Arg> a8 = l.args(l.q8, l.k8, l.vt8, l.qd, l.kd, l.vd, buf.no_lse.view());
-  LaunchOptions lo;
-  lo.stream = stream;
-  lo.config = l.cfg8;
-  timed("tilejit_fp8", [&] { launch(*l.kernel, a8, lo); });
-  if (c.skip_speedup) {
-    LaunchOptions ln = lo;
-    ln.config = without_skipping(l.cfg8);
-    timed("tilejit_fp8_noskip", [&] { launch(*l.kernel, a8, ln); });
-  }
+  if (c.dilated.empty()) time_variant_kernel(l, buf, stream, timed);
+  else time_dilated(l, stream, timed);
 
   const std::vector<double> ref = reference.get();
   bool ok = true;
@@ -562,6 +668,25 @@ std::string documents_text(const std::vector<VariantCase>& cases) {
                      at.empty() ? "" : fmt::format(" ({})", fmt::join(at, "; ")));
 }
 
+// "bf16 m128 n128 s2 (all); fp8 m128 n192 s2 (causal, alibi, ...), fp8 m128 n128 s2 (sliding_window, ...)".
+std::string configs_text(const std::vector<CaseLaunch>& launches) {
+  auto group = [&](const char* what, Config CaseLaunch::*cfg) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> by;   // config -> variants, first-seen order
+    for (const auto& l : launches) {
+      if (!l.c->dilated.empty()) continue;   // dilated_attention_forward picks its own
+      const std::string brief = config_brief(l.*cfg);
+      auto it = std::find_if(by.begin(), by.end(), [&](const auto& e) { return e.first == brief; });
+      if (it == by.end()) by.push_back({brief, {}}), it = by.end() - 1;
+      if (std::find(it->second.begin(), it->second.end(), l.c->name) == it->second.end()) it->second.push_back(l.c->name);
+    }
+    std::vector<std::string> parts;
+    for (const auto& [brief, names] : by)
+      parts.push_back(by.size() == 1 ? fmt::format("{} {}", what, brief) : fmt::format("{} {} ({})", what, brief, fmt::join(names, ", ")));
+    return fmt::format("{}", fmt::join(parts, ", "));
+  };
+  return group("bf16", &CaseLaunch::cfg16) + "; " + group("fp8", &CaseLaunch::cfg8);
+}
+
 }  // namespace
 
 int bench_variants(const BenchVariantsOptions& o) {
@@ -588,11 +713,15 @@ int bench_variants(const BenchVariantsOptions& o) {
       fmt::format("Variants: causal; sliding window {} (causal); ALiBi (causal, slope 2^(-8(h+1)/H)); softcap {:g} (causal, "
                   "as Gemma 2 runs it); prefix-LM (bidirectional over a prefix of S/{} in every batch entry, causal after); GQA "
                   "(attention_fp8's built-in causal mask, Hkv = H/{}); segment {} (block-diagonal; at S ≤ {} one segment, i.e. "
-                  "full attention); documents (document masking of packed sequences, varlen: {}). All but GQA are "
+                  "full attention); documents (document masking of packed sequences, varlen: {}); block mask (block_mask_variant "
+                  "with a precomputed BigBird-like mask of {}×{} cells, causal: query block i keeps key blocks i − 1, i, 0 and "
+                  "those with (131·i + 71·j) mod 7 = 0); dilated (LongNet, dilated_attention_forward: pairs (segment, rate) "
+                  "{}, not causal, mixed by their logsumexps; its fp8 column is the whole FP8 pipeline, quantizers included; "
+                  "'visible' counts each pair's entries). All but GQA and dilated are "
                   "kernels/attention_variants.h's hooks, inlined by the sm_90a lowering, which skips the key blocks the mask "
                   "rules out.",
                   kVariantWindow, kVariantSoftcap, kVariantPrefixDivisor, kVariantGqaGroup, kVariantSegment, kVariantSegment,
-                  documents_text(cases)),
+                  documents_text(cases), kVariantBlockCell, kVariantBlockCell, dilated_pairs_arg()),
   };
   std::vector<std::string> notes;
   VariantTable table;
@@ -626,7 +755,7 @@ int bench_variants(const BenchVariantsOptions& o) {
     std::vector<CaseLaunch> launches;
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].variant) kernels_[i].emplace(kernels::attention_variant(*cases[i].variant));
-      launches.push_back(prepare(cases[i], kernels_[i] ? &*kernels_[i] : &kernels::attention_fp8(), buf));
+      launches.push_back(prepare(cases[i], kernels_[i] ? &*kernels_[i] : &kernels::attention_fp8(), buf, o));
     }
     const std::vector<CompileJob> jobs = compile_jobs(launches, buf);
     const uint64_t compiles_before = nvrtc_compile_count();
@@ -643,14 +772,17 @@ int bench_variants(const BenchVariantsOptions& o) {
         "tilejit: median of {} CUDA-event-timed launches after {} warm-ups, L2 flushed ({} MiB memset) before each, random "
         "N(0,1) bf16 inputs. bf16 = kernels::attention_fp8_forward(quantize = false) with the variant kernel; fp8 = the "
         "variant kernel alone on e4m3 inputs quantized beforehand (amax per (b, kv head), V transposed); no-skip = the same "
-        "with config knob attn_block_skip = 0 (every key block visited, the mask applied to each). Configs: "
-        "attention_fp8_default_config (bf16 {}, fp8 {}).",
-        o.reps, o.warmup, l2.bytes() >> 20, config_brief(launches.front().cfg16), config_brief(launches.front().cfg8)));
+        "with config knob attn_block_skip = 0 (every key block visited, the mask applied to each). Configs{}: {}.",
+        o.reps, o.warmup, l2.bytes() >> 20,
+        o.config_bf16.empty() && o.config_fp8.empty() ? " (attention_fp8_default_config with the variant's key_block)" : "",
+        configs_text(launches)));
     header.push_back(
         "Peers (bench/attention/peers.py --variants), bf16, timed the same way: flex = torch.compile(flex_attention) with the "
         "same score_mod / mask_mod and a BlockMask from create_block_mask (built once, outside the timing, so flex skips "
-        "blocks too; documents: a mask_mod on a document-id tensor); SDPA mask = scaled_dot_product_attention with a boolean "
-        "attn_mask (sliding window, prefix-LM, segment, documents) "
+        "blocks too; documents: a mask_mod on a document-id tensor; block mask: a mask_mod on the cell tensor; dilated: one "
+        "call, mask_mod 'some pair has the key', score_mod + log(pairs that have it), which is the mix); SDPA mask = "
+        "scaled_dot_product_attention with a boolean attn_mask (sliding window, prefix-LM, segment, documents, block mask; "
+        "dilated: an additive bf16 mask [1, H, S, S] of log(pairs) or −inf) "
         "or is_causal=True (causal; GQA with enable_gqa), backend chosen by PyTorch. — = does not apply.");
     header.push_back(
         "rRMSE: tilejit's output vs float64 attention with the variant's meaning of the bf16 inputs, sampled rows of 2 heads; "

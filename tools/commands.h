@@ -72,6 +72,9 @@ struct BenchVariantsOptions {
   std::string python = "python3";
   std::string peers_script;
   uint64_t seed = 20261122;
+  // Config JSON replacing attention_fp8_default_config's for every case's bf16 / fp8 kernel
+  // (empty: the default); e.g. '{"blocks":{"m":128,"n":128},"num_stages":2}'.
+  std::string config_bf16, config_fp8;
 };
 // The variants' options from the `bench` command line they share with `bench attention`:
 // `variant` is --variant (NAME or NAME,NAME,...; empty: all), `reps_given` whether --reps was on

@@ -89,8 +89,13 @@ int main(int argc, char** argv) {
   bench->add_flag("--non-causal", bench_opts.non_causal, "attention: non-causal shapes only");
   bench->add_flag("--both", bench_opts.both, "attention: causal and non-causal shapes (the default)");
   bench->add_option("--variant", bench_variant,
-                    "variants: NAME[,NAME...] of causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents "
-                    "(default all)");
+                    "variants: NAME[,NAME...] of causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents, "
+                    "block_mask, dilated (default all)");
+  std::string bench_config_bf16, bench_config_fp8;
+  bench->add_option("--config-bf16", bench_config_bf16,
+                    "variants: config JSON for every bf16 variant kernel instead of attention_fp8_default_config's");
+  bench->add_option("--config-fp8", bench_config_fp8,
+                    "variants: config JSON for every fp8 variant kernel instead of attention_fp8_default_config's");
   auto* bench_reps =
       bench->add_option("--reps", bench_opts.reps, "timed launches per implementation and shape (median; variants --quick: 10)")
           ->capture_default_str();
@@ -131,8 +136,14 @@ int main(int argc, char** argv) {
     if (*show) return tj::tools::show(show_opts, show_ir, show_ptx);
     if (*tune) return tj::tools::tune(tune_opts, tune_cli);
     if (*bench) {
-      if (bench_what == "variants")
-        return tj::tools::bench_variants(tj::tools::variants_options(bench_opts, bench_variant, bench_reps->count() > 0));
+      if (bench_what == "variants") {
+        auto o = tj::tools::variants_options(bench_opts, bench_variant, bench_reps->count() > 0);
+        o.config_bf16 = bench_config_bf16;
+        o.config_fp8 = bench_config_fp8;
+        return tj::tools::bench_variants(o);
+      }
+      if (!bench_config_bf16.empty() || !bench_config_fp8.empty())
+        throw tj::Error("--config-bf16 and --config-fp8 apply to `tilejit bench variants`");
       if (bench_what != "attention")
         throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention, variants)", bench_what));
       if (!bench_variant.empty())

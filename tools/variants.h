@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/attention_variant.h"
+#include "kernels/dilated_attention.h"
 #include "tools/attention.h"
 #include "tools/commands.h"
 
@@ -36,10 +37,22 @@ constexpr int64_t kVariantDocShifts[kVariantDocuments] = {37, -90, 70, -17};
 // (lengths S·eighths/8 + shift rounded down, the last one what is left of S). Throws tj::Error if a
 // document would be empty (S below 243).
 std::vector<int64_t> variant_cu_seqlens(int64_t S);
+// block_mask: a precomputed BigBird-like block mask (block_mask_variant, causal) of 128 x 128
+// cells, one for every batch entry and head: query block bi keeps key blocks bi - 1 and bi
+// (local), 0 (global) and those with (131·bi + 71·bj) mod 7 = 0 (random); j <= i inside.
+constexpr int64_t kVariantBlockCell = 128;
+bool variant_block_kept(int64_t bi, int64_t bj);
+// dilated: LongNet's pairs (segment w, rate r) = (2048, 1), (4096, 2), (8192, 4) mixed, not
+// causal (kernels/dilated_attention.h; dilated-attention-pytorch's example).
+const std::vector<kernels::DilatedPair>& variant_dilated_pairs();
+// How many of `pairs` let query i of head h see key j (same segment of w, i and j both at
+// offset h mod r): the dilated mix is softmax over the keys weighted by this count.
+int64_t dilated_multiplicity(const std::vector<kernels::DilatedPair>& pairs, int64_t h, int64_t i, int64_t j);
 constexpr int64_t kVariantHeadDim = 128;        // the default D (H = 2048 / D = 16)
 const std::vector<int64_t>& variant_seqs();     // the default S: 2048, 8192 (--quick: 8192)
 
-// causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents: the order of the table.
+// causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents, block_mask, dilated:
+// the order of the table.
 const std::vector<std::string>& variant_names();
 
 // One variant at one shape: the kernel tilejit runs, what it means, what it is compared with.
@@ -56,6 +69,10 @@ struct VariantCase {
   // documents: the kernel's input cu_seqlens [documents + 1] (i32 on the device). The kernel reads
   // one cu_seqlens for all batch entries: every batch entry is the same packing of documents.
   std::vector<int64_t> cu_seqlens;
+  bool block_mask = false;         // block_mask: the kernel's input block_mask [1, 1, nQ, nK] (i32)
+  // dilated: kernels::dilated_attention_forward with these pairs instead of one variant kernel
+  // (bf16 and the FP8 pipeline, its quantizers included); rule: the mix's meaning.
+  std::vector<kernels::DilatedPair> dilated;
   bool skip_speedup = false;       // also timed with attn_block_skip = 0 (causal, sliding window)
   bool sdpa_peer = false;          // SDPA can run it (a boolean mask or is_causal)
   ScoreRule rule;                  // the float64 meaning: the accuracy check and the visible count
@@ -72,7 +89,8 @@ std::vector<VariantCase> variant_plan(const BenchVariantsOptions& o);
 
 // Entries of the B·H score matrices [S, S] that the mask keeps, counted from c.rule on the host
 // (every batch entry; the masks here do not depend on the head); FlexAttention's benchmarks count
-// FLOPs the same way.
+// FLOPs the same way. dilated: the sum over the pairs of each pair's entries (LongNet's count:
+// each pair is its own attention), in closed form.
 int64_t visible_entries(const VariantCase& c);
 // 4·D FLOPs per visible entry (q·k and p·v).
 double variant_flops(const VariantCase& c);

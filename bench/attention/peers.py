@@ -25,22 +25,25 @@ Usage (tilejit bench attention runs it; alone it prints the same table of its ow
 CSV columns: S,D,B,H,causal,peer,ms,tflops,rrmse,ok,note; lines starting with '#' are notes.
 
 --variants mode (tilejit bench variants runs it): issue #7's attention variants (causal,
-sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents; their parameters on the
-command line), bf16, B*S = 16384, H*D = 2048, S from --seqs:
+sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents, block_mask, dilated; their
+parameters on the command line), bf16, B*S = 16384, H*D = 2048, S from --seqs:
   flex_bf16       torch.compile(flex_attention) with the variant's score_mod / mask_mod and a
                   BlockMask from create_block_mask (built once, outside the timing), so flex
                   skips the blocks the mask rules out, as tilejit does; GQA with enable_gqa;
-                  documents with a mask_mod on a document-id tensor (the usual flex recipe)
+                  documents with a mask_mod on a document-id tensor (the usual flex recipe);
+                  block_mask with a mask_mod on the cell tensor; dilated in one call: mask_mod
+                  "some pair has the key", score_mod + log(pairs that have it) (= the mix)
   sdpa_mask_bf16  scaled_dot_product_attention with a boolean attn_mask (sliding_window,
-                  prefix_lm, segment, documents) or is_causal=True (causal, gqa), backend chosen
-                  by PyTorch
+                  prefix_lm, segment, documents, block_mask), an additive bf16 mask [1, H, S, S]
+                  (dilated) or is_causal=True (causal, gqa), backend chosen by PyTorch
 documents: causal document masking of packed sequences (varlen), the same packing in every batch
 entry: document d has length S*EIGHTHS[d]/8 + SHIFTS[d] (rounded down; the last: the rest of S).
 TFLOP/s = 4*D*(visible score entries) / time, the entries counted from the mask; accuracy vs
 float32 attention with the variant's meaning on 2 heads (ok: rRMSE <= 1e-2).
   python3 bench/attention/peers.py --variants causal,gqa [--seqs 2048,8192] [--head-dim 128]
       [--window 1024] [--segment 2048] [--softcap 30] [--gqa-group 4] [--prefix-div 4]
-      [--doc-eighths 1,3,2,2] [--doc-shifts 37,-90,70,-17] [--csv FILE]
+      [--doc-eighths 1,3,2,2] [--doc-shifts 37,-90,70,-17] [--block-cell 128]
+      [--dilated 2048:1,4096:2,8192:4] [--csv FILE]
 CSV columns: variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note.
 """
 import argparse
@@ -463,16 +466,38 @@ def print_table(res):
 # ---------------------------------------------------------------------------------------------
 # --variants: issue #7's attention variants (tilejit bench variants runs this mode)
 # ---------------------------------------------------------------------------------------------
-VARIANTS = ("causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment", "documents")
+VARIANTS = ("causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment", "documents", "block_mask",
+            "dilated")
 VARIANT_PEERS = ("flex_bf16", "sdpa_mask_bf16")
 # What SDPA can run: a boolean attn_mask (sliding_window, prefix_lm, segment, documents) or
-# is_causal (causal, gqa). ALiBi would need an additive float bias tensor and softcap a score
-# function: not masks.
-SDPA_VARIANTS = ("causal", "sliding_window", "prefix_lm", "gqa", "segment", "documents")
+# is_causal (causal, gqa); dilated an additive bf16 mask (log of the pairs that have the key).
+# ALiBi would need an additive float bias tensor and softcap a score function: not masks.
+SDPA_VARIANTS = ("causal", "sliding_window", "prefix_lm", "gqa", "segment", "documents", "block_mask", "dilated")
 
 
 def int_list(text):
     return [int(x) for x in text.split(",")]
+
+
+def dilated_pairs(text):
+    """--dilated W:R,...: LongNet's (segment, rate) pairs."""
+    pairs = [tuple(int(x) for x in p.split(":")) for p in text.split(",")]
+    if any(len(p) != 2 or p[0] < 1 or p[1] < 1 or p[0] % p[1] for p in pairs):
+        raise ValueError("--dilated takes W:R pairs with R dividing W, got %r" % text)
+    return pairs
+
+
+def dilated_entries(S, H, pairs):
+    """Each pair's score entries of one batch entry, summed (tilejit's count, bench_variants.cpp)."""
+    total = 0
+    for w, r in pairs:
+        for offset in range(r):
+            for start in range(0, S, w):
+                end = min(start + w, S)
+                first = start + (offset - start % r) % r
+                n = (end - 1 - first) // r + 1 if first < end else 0
+                total += n * n * (H // r)
+    return total
 
 
 def document_cu_seqlens(S, eighths, shifts):
@@ -503,6 +528,8 @@ class VariantCase:
         self.B, self.H = max(1, TOKENS // S), max(1, WIDTH // D)
         self.Hkv = max(1, self.H // args.gqa_group) if name == "gqa" else self.H
         self.per_batch = False    # the mask depends on b (the BlockMask then has a batch dim)
+        self.per_head = False     # the mask depends on h (the BlockMask then has a head dim)
+        self.entries = None       # score entries of the FLOP count when not the mask's (dilated)
         self.score_mod = None
 
         def causal(b, h, q_idx, kv_idx):
@@ -553,6 +580,40 @@ class VariantCase:
             def document_mask(b, h, q_idx, kv_idx):
                 return (doc_id[q_idx] == doc_id[kv_idx]) & (kv_idx <= q_idx)
             self.mask_mod = document_mask
+        elif name == "block_mask":
+            # tilejit's block_mask_variant(cell, cell, causal) with bench_variants.cpp's pattern.
+            cell = args.block_cell
+            n = (S + cell - 1) // cell
+            bi = torch.arange(n, device="cuda")[:, None]
+            bj = torch.arange(n, device="cuda")[None, :]
+            cells = (bj == bi) | (bj + 1 == bi) | (bj == 0) | ((131 * bi + 71 * bj) % 7 == 0)
+
+            def block_mask(b, h, q_idx, kv_idx):
+                return (kv_idx <= q_idx) & cells[q_idx // cell, kv_idx // cell]
+            self.mask_mod = block_mask
+        elif name == "dilated":
+            # LongNet's pairs mixed by their logsumexps = softmax over the keys, each key weighted
+            # by the number of pairs that have it (same segment of w, both at offset h mod r).
+            pairs = dilated_pairs(args.dilated)
+            self.per_head = True
+            self.entries = dilated_entries(S, self.H, pairs) * self.B
+
+            def pair_has(w, r, h, q_idx, kv_idx):
+                return ((q_idx // w) == (kv_idx // w)) & ((q_idx % r) == (h % r)) & ((kv_idx % r) == (h % r))
+
+            def dilated_mask(b, h, q_idx, kv_idx):
+                keep = pair_has(*pairs[0], h, q_idx, kv_idx)
+                for w, r in pairs[1:]:
+                    keep = keep | pair_has(w, r, h, q_idx, kv_idx)
+                return keep
+
+            def dilated_score(score, b, h, q_idx, kv_idx):
+                count = torch.where(pair_has(*pairs[0], h, q_idx, kv_idx), 1.0, 0.0)
+                for w, r in pairs[1:]:
+                    count = count + torch.where(pair_has(w, r, h, q_idx, kv_idx), 1.0, 0.0)
+                return score + torch.log(count)
+            self.mask_mod = dilated_mask
+            self.score_mod = dilated_score
         else:
             raise ValueError("unknown variant %r (variants: %s)" % (name, ", ".join(VARIANTS)))
 
@@ -566,7 +627,9 @@ class VariantCase:
 
     def visible(self, torch):
         """Visible score entries over all batch entries and heads, counted from the mask (the masks
-        here do not depend on the head)."""
+        here do not depend on the head), or the variant's own count (dilated)."""
+        if self.entries is not None:
+            return self.entries
         per_b = [int(self.grid_mask(torch, b, 0).sum()) for b in (range(self.B) if self.per_batch else (0,))]
         return self.H * (sum(per_b) if self.per_batch else per_b[0] * self.B)
 
@@ -574,6 +637,16 @@ class VariantCase:
         """SDPA's boolean attn_mask ([1 or B, 1, S, S]: True = attend), or None for is_causal."""
         if self.name in ("causal", "gqa"):
             return None
+        if self.name == "dilated":   # additive: log(pairs that have the key), -inf where none has it
+            idx = torch.arange(self.S, device="cuda")
+            zero = torch.tensor(0, device="cuda")
+            heads = []
+            for h in range(self.H):
+                s = self.score_mod(torch.zeros((), device="cuda"), zero, torch.tensor(h, device="cuda"), idx[:, None],
+                                   idx[None, :])
+                heads.append(s.to(torch.bfloat16))
+                del s
+            return torch.stack(heads)[None]
         if self.per_batch:
             return torch.stack([self.grid_mask(torch, b, 0) for b in range(self.B)])[:, None]
         return self.grid_mask(torch, 0, 0)[None, None]
@@ -687,7 +760,8 @@ def run_variants(args):
                 line.append("%s %.3f ms %.1f TFLOP/s (rRMSE %.1e)" % (peer, ms, tf, rr))
 
             def flex_peer():
-                bm = create_block_mask(case.mask_mod, case.B if case.per_batch else None, None, S, S, device="cuda")
+                bm = create_block_mask(case.mask_mod, case.B if case.per_batch else None, H if case.per_head else None, S, S,
+                                       device="cuda")
                 t0 = time.time()
                 flex(q, kk, vv, score_mod=case.score_mod, block_mask=bm, enable_gqa=gqa)   # compiles
                 torch.cuda.synchronize()
@@ -755,6 +829,9 @@ def main(argv=None):
     var.add_argument("--doc-eighths", default="1,3,2,2",
                      help="documents: document d has length S * EIGHTHS[d] / 8 + SHIFTS[d] (the last: the rest of S)")
     var.add_argument("--doc-shifts", default="37,-90,70,-17", help="documents: see --doc-eighths (they sum to 0)")
+    var.add_argument("--block-cell", type=int, default=128, help="block_mask: cells of CELL x CELL (the pattern: "
+                     "tools/bench_variants.cpp variant_block_kept)")
+    var.add_argument("--dilated", default="2048:1,4096:2,8192:4", help="dilated: LongNet's (segment, rate) pairs W:R,...")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be at least 1")

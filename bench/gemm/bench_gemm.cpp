@@ -75,13 +75,13 @@ const std::vector<NamedConfig>& fp8_configs() {
       {"coop_256x128_c2", R"({"blocks":{"m":256,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})"},
       {"ping_128x128_c2", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"warp_specialize":2,"promote":0}})"},
       {"ping_64x256_c2", R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":0}})"},
-      {"coop_128x128_c2_promote", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":1}})", true},
-      {"coop_128x128_c2_promote2", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":2}})", true},
+      // The promoted tiles without promotion: what promotion itself costs.
+      {"coop_128x192_c2", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":0}})"},
+      {"coop_128x128_c2", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":0}})"},
       {"coop_128x128_c2_promote4", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":2,"promote":4}})", true},
+      {"coop_128x192_c2_promote1", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":1}})", true},
       {"coop_128x192_c2_promote2", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", true},
-      {"coop_128x192_c1_promote2", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":1,"promote":2}})", true},
       {"coop_128x192_c2_promote4", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4}})", true},
-      {"coop_256x96_c2_promote2", R"({"blocks":{"m":256,"n":96,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", true},
   };
   return v;
 }

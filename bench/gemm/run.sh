@@ -69,7 +69,7 @@ fi
 
 if has sanitize; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  step memcheck_fp8 300 "$CS" --tool memcheck --error-exitcode 9 $B/bench_gemm --small --configs coop_128x256_c2,ping_128x128_c2,coop_128x128_c2_promote,default
+  step memcheck_fp8 300 "$CS" --tool memcheck --error-exitcode 9 $B/bench_gemm --small --configs coop_128x256_c2,ping_128x128_c2,coop_128x192_c2_promote1,coop_128x192_c2_promote4,default
   step racecheck_fp8 300 "$CS" --tool racecheck --error-exitcode 9 $B/bench_gemm --small --configs coop_128x256_c2,ping_64x256_c2
   step synccheck 200 "$CS" --tool synccheck --error-exitcode 9 $B/bench_gemm --small --configs coop_128x256_c1,default
 fi

@@ -112,11 +112,15 @@ struct AttnCfg {
   static constexpr int kKStep = 32 / kEs;                      // K elements per wgmma
   static constexpr int kPRegs = kFp8 ? kBN / 8 : kBN / 4;      // A-fragment registers
   static constexpr float kPOffset = kFp8 ? 8.0f : 0.0f;
+  // Key blocks whose mask class is computed once per CTA, by all its threads at once, into
+  // shared memory (the walk then reads bytes instead of waiting on a mask's loads block by block);
+  // blocks past it are classified as they come.
+  static constexpr int kClassTable = 512;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
-  // 1024 alignment slack + Q + stages + barriers (q, 4 per stage)
+  // 1024 alignment slack + Q + stages + barriers (q, 4 per stage) + the block-class table
   static constexpr int kSmemBytes =
-      1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 4 * kStages) * 8;
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 4 * kStages) * 8 + kClassTable;
 
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
@@ -265,13 +269,17 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // What the mask hook makes of key block j for this CTA's rows (NoHooks: 1, all kept). The
   // producer and the consumers walk the same blocks: the ones not classified 0.
   const int m_last = (m0 + BM < p.Sq ? m0 + BM : p.Sq) - 1;
+  unsigned char* class_table = reinterpret_cast<unsigned char*>(empty_v + S);   // [kClassTable]
+  auto classify_block = [&](int j) -> int {
+    const int n0 = j * BN;
+    return hooks.classify(m0, m_last, n0, (n0 + BN < p.Skv ? n0 + BN : p.Skv) - 1);
+  };
   auto block_class = [&](int j) -> int {
     if constexpr (!Hooks::kMask) {
       return 1;
     } else {
       if (!Hooks::kSkipBlocks) return 2;
-      const int n0 = j * BN;
-      return hooks.classify(m0, m_last, n0, (n0 + BN < p.Skv ? n0 + BN : p.Skv) - 1);
+      return j < Cfg::kClassTable ? (int)class_table[j] : classify_block(j);
     }
   };
   auto next_block = [&](int j) {
@@ -292,6 +300,11 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       mbar_init(&empty_v[s], 4 * Cfg::kConsumers);
     }
     fence_mbarrier_init();
+  }
+  if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
+    const int listed = n_blocks < Cfg::kClassTable ? n_blocks : Cfg::kClassTable;
+#pragma unroll 1
+    for (int j = (int)threadIdx.x; j < listed; j += Cfg::kThreads) class_table[j] = (unsigned char)classify_block(j);
   }
   __syncthreads();
 

@@ -310,6 +310,10 @@ struct Sm90Gemm {
       // tensor cores would idle while both drain and add. Consumer 1's first interval is half
       // as long: from then on one consumer's drain overlaps the other's wgmmas in flight.
       const int first_len = (!Cfg::kPingpong && Cfg::kPromote >= 2 && c == 1) ? Cfg::kPromote / 2 : Cfg::kPromote;
+      // acc starts at 0 so that a promotion is one FADD per register: a select for the first
+      // interval doubled the instruction stream, which holds the other consumer's wgmma issue
+      // on the same SM sub-partitions.
+      zero(acc);
 #pragma unroll 1
       for (int kb0 = 0; kb0 < num_kb;) {
         const int len = kb0 == 0 ? first_len : Cfg::kPromote;
@@ -350,7 +354,7 @@ struct Sm90Gemm {
         for (int mb = 0; mb < Cfg::kMBlocks; ++mb)
 #pragma unroll
           for (int i = 0; i < BN / 2; ++i)
-            acc[mb][i] = (kb0 == 0) ? tmp[mb][i] : acc[mb][i] + tmp[mb][i];
+            acc[mb][i] += tmp[mb][i];
         kb0 = kend;
       }
     }
