@@ -37,6 +37,7 @@
 
 #include "autotune/config.h"
 #include "dsl/kernel.h"
+#include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/tensor.h"
 
@@ -92,6 +93,13 @@ int64_t attention_fp8_quantize_chunks(int64_t heads_total, int64_t S);
 // The config of attention_fp8_forward's quantizer launches (they run SIMT): rows in blocks of 64
 // ("s", "s2"); with `rotate`, columns of x·H in blocks of 64 too ("d", "d2").
 Config attention_fp8_quantize_config(bool rotate);
+
+// x [B,H,S,D] -> e4m3 y [B,H,S,D] (transpose: yᵀ [B,H,D,S_pad]) with descale [B,H] f32 = amax /
+// 448 per (b, h), over B·H·C programs (chunk_amax, then quantize_fp8_chunked /
+// quantize_transpose_fp8_chunked; bit for bit what the one-pass quantizers write). `partial` is
+// the chunk amaxes' scratch, (re)allocated as needed. Views may be strided.
+void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
+                           const TensorView& descale, bool transpose, const LaunchOptions& lo);
 
 // Sylvester's Hadamard matrix of order d, normalized (entries ±1/√d, H·Hᵀ = I), f32 [d, d]:
 // the rotation the hadamard option passes to the quantizers. d must be a power of two.

@@ -51,10 +51,10 @@ TensorView as_halves(const TensorView& t) {
   return v;
 }
 
-// x -> e4m3 y (or yᵀ) with per-(b, h) descales, over B·H·C programs: chunk amaxes, then the
-// quantization chunk by chunk (bit for bit what quantize_fp8 / quantize_transpose_fp8 write).
-void quantize_chunked(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
-                      const TensorView& descale, bool transpose, const LaunchOptions& lo) {
+}  // namespace
+
+void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
+                           const TensorView& descale, bool transpose, const LaunchOptions& lo) {
   const int64_t C = attention_fp8_quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
   ensure(partial, DType::f32, {x.shape[0], x.shape[1], C});
   LaunchOptions o = lo;
@@ -64,6 +64,8 @@ void quantize_chunked(const TensorView& x, std::optional<DeviceTensor>& partial,
   o.config->blocks = {{"s2", 64}};
   launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, partial->view(), y, descale}, o);
 }
+
+namespace {
 
 // Fills ws.q8 / ws.k8 (and their descales) with the recipe's Q and K.
 void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Options& opt, AttentionFp8Workspace& ws,
@@ -88,8 +90,8 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
     launch(quantize_hadamard_fp8(), {q, rotation, ws.q8->view(), ws.qd->view()}, qo);
     launch(quantize_hadamard_fp8(), {k, rotation, ws.k8->view(), ws.kd->view()}, qo);
   } else {
-    quantize_chunked(q, ws.q_amax, ws.q8->view(), ws.qd->view(), /*transpose=*/false, lo);
-    quantize_chunked(k, ws.k_amax, ws.k8->view(), ws.kd->view(), /*transpose=*/false, lo);
+    quantize_fp8_per_head(q, ws.q_amax, ws.q8->view(), ws.qd->view(), /*transpose=*/false, lo);
+    quantize_fp8_per_head(k, ws.k_amax, ws.k8->view(), ws.kd->view(), /*transpose=*/false, lo);
   }
 }
 
@@ -192,7 +194,7 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   ensure(ws.vt8, DType::e4m3, {B, Hkv, D, S_pad}, /*zero=*/true);   // the pad past Skv must be finite
   ensure(ws.vd, DType::f32, {B, Hkv});
   quantize_qk(q, k, opt, ws, lo);
-  quantize_chunked(v, ws.v_amax, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, lo);
+  quantize_fp8_per_head(v, ws.v_amax, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, lo);
   launch_attention(opt,
                    {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse,
                     scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},

@@ -64,49 +64,150 @@ const Kernel& dilated_merge() {
   return k;
 }
 
-void dilated_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                               const DilatedOptions& opt, DilatedWorkspace& ws) {
-  const int64_t P = static_cast<int64_t>(opt.pairs.size());
-  if (P == 0) throw Error("dilated_attention_forward: no (segment, rate) pairs");
+namespace {
+
+// Columns [first, first + count) of the last dim.
+TensorView columns(const TensorView& t, int64_t first, int64_t count) {
+  TensorView s = t;
+  s.strides = t.effective_strides();
+  s.data = static_cast<char*>(t.data) + first * s.strides.back() * size_bytes(t.dtype);
+  s.shape.back() = count;
+  return s;
+}
+
+// The pairs' rates as a device tensor, and the checks every path shares; returns P.
+int64_t check_pairs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                    const std::vector<DilatedPair>& pairs, const char* who) {
+  const int64_t P = static_cast<int64_t>(pairs.size());
+  if (P == 0) throw Error(fmt::format("{}: no (segment, rate) pairs", who));
   if (q.rank() != 4 || k.shape != q.shape || v.shape != q.shape || o.shape != q.shape)
-    throw Error(fmt::format("dilated_attention_forward: q, k, v and o must all be [B, H, S, D]; got q {} k {} v {} o {}",
-                            q.describe(), k.describe(), v.describe(), o.describe()));
-  const int64_t B = q.shape[0], H = q.shape[1], S = q.shape[2], D = q.shape[3];
-  HostTensor rates(DType::i64, {P});
-  for (int64_t p = 0; p < P; ++p) {
-    const auto [w, r] = opt.pairs[p];
+    throw Error(fmt::format("{}: q, k, v and o must all be [B, H, S, D]; got q {} k {} v {} o {}", who, q.describe(),
+                            k.describe(), v.describe(), o.describe()));
+  const int64_t H = q.shape[1];
+  for (const auto& [w, r] : pairs)
     if (w < 1 || r < 1 || w % r != 0 || H % r != 0)
-      throw Error(fmt::format("dilated_attention_forward: pair (segment {}, rate {}): the rate must divide the segment "
-                              "length and the number of heads ({})",
-                              w, r, H));
-    rates.set(p, static_cast<double>(r));
-  }
-  if (!ws.parts || ws.parts->shape() != std::vector<int64_t>{P, B, H, S, D}) {
+      throw Error(fmt::format("{}: pair (segment {}, rate {}): the rate must divide the segment length and the number of "
+                              "heads ({})",
+                              who, w, r, H));
+  return P;
+}
+
+void ensure_parts(DilatedWorkspace& ws, const std::vector<DilatedPair>& pairs, const TensorView& q) {
+  const int64_t P = static_cast<int64_t>(pairs.size());
+  const int64_t B = q.shape[0], H = q.shape[1], S = q.shape[2], D = q.shape[3];
+  if (!ws.parts || ws.parts->shape() != std::vector<int64_t>{P, B, H, S, D} || ws.parts->dtype() != q.dtype) {
     ws.parts.emplace(q.dtype, std::vector<int64_t>{P, B, H, S, D});
     ws.lse.emplace(DType::f32, std::vector<int64_t>{P, B, H, S});
   }
+  HostTensor rates(DType::i64, {P});
+  for (int64_t p = 0; p < P; ++p) rates.set(p, static_cast<double>(pairs[p].rate));
   ws.rates.emplace(DeviceTensor::from_host(rates));
+}
+
+void merge(const TensorView& o, DilatedWorkspace& ws, CUstream stream) {
+  LaunchOptions lo;
+  lo.stream = stream;
+  lo.config = Config();
+  lo.config->blocks = {{"s", 64}};
+  launch(dilated_merge(), {ws.parts->view(), ws.lse->view(), ws.rates->view(), o}, lo);
+}
+
+// Heads j, j + r, ... and rows j, j + r, ... of [B, H, S, ...].
+TensorView sparse(const TensorView& t, int64_t j, int64_t r) { return every(every(t, 1, j, r), 2, j, r); }
+
+}  // namespace
+
+bool dilated_fp8_quantize_once_fits(int64_t S, const std::vector<DilatedPair>& pairs) {
+  for (const auto& [w, r] : pairs)
+    if (r < 1 || S % r != 0 || (S / r) % 16 != 0) return false;
+  return true;
+}
+
+void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const std::vector<DilatedPair>& pairs,
+                      DilatedFp8Inputs& in, CUstream stream) {
+  check_pairs(q, k, v, q, pairs, "dilated_quantize");
+  const int64_t B = q.shape[0], H = q.shape[1], S = q.shape[2], D = q.shape[3];
+  if (!dilated_fp8_quantize_once_fits(S, pairs))
+    throw Error(fmt::format("dilated_quantize: S = {} must be a multiple of 16·r for every rate r (each offset's keys of "
+                            "Vᵀ start 16-byte aligned); dilated_attention_forward quantizes view by view otherwise",
+                            S));
+  auto ensure = [](std::optional<DeviceTensor>& t, DType dt, std::vector<int64_t> shape) {
+    if (!t || t->dtype() != dt || t->shape() != shape) t.emplace(dt, shape);
+  };
+  ensure(in.q8, DType::e4m3, {B, H, S, D});
+  ensure(in.k8, DType::e4m3, {B, H, S, D});
+  ensure(in.qd, DType::f32, {B, H});
+  ensure(in.kd, DType::f32, {B, H});
+  LaunchOptions lo;
+  lo.stream = stream;
+  quantize_fp8_per_head(q, in.partial, in.q8->view(), in.qd->view(), /*transpose=*/false, lo);
+  quantize_fp8_per_head(k, in.partial, in.k8->view(), in.kd->view(), /*transpose=*/false, lo);
+  in.vt8.clear();
+  in.vd.clear();
+  for (const auto& [w, r] : pairs) {
+    in.vt8.emplace_back(DType::e4m3, std::vector<int64_t>{B, H, D, S});
+    in.vd.emplace_back(DType::f32, std::vector<int64_t>{r, B, H});
+    for (int64_t j = 0; j < r; ++j)
+      quantize_fp8_per_head(every(v, 2, j, r), in.partial, columns(in.vt8.back().view(), j * (S / r), S / r),
+                            entry(in.vd.back().view(), j), /*transpose=*/true, lo);
+  }
+}
+
+void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, const DilatedOptions& opt, DilatedWorkspace& ws) {
+  if (!in.q8 || in.vt8.size() != opt.pairs.size())
+    throw Error("dilated_attention_fp8: the inputs were not quantized for these pairs (run dilated_quantize first)");
+  const TensorView q8 = in.q8->view();
+  const int64_t P = check_pairs(q8, in.k8->view(), q8, o, opt.pairs, "dilated_attention_fp8");
+  const int64_t S = q8.shape[2], D = q8.shape[3];
+  ensure_parts(ws, opt.pairs, o);
+  LaunchOptions lo;
+  lo.stream = opt.stream;
+  const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
+  for (int64_t p = 0; p < P; ++p) {
+    const auto [w, r] = opt.pairs[p];
+    const AttentionVariant variant = segment_variant(w / r, opt.causal);
+    const Kernel segments = attention_variant(variant);
+    lo.config = attention_fp8_default_config(DType::e4m3, D, true, 0, variant.key_block);
+    for (int64_t j = 0; j < r; ++j) {
+      const TensorView vt = every(columns(in.vt8[p].view(), j * (S / r), S / r), 1, j, r);
+      const TensorView vd = every(entry(in.vd[p].view(), j), 1, j, r);
+      launch(segments,
+             {sparse(q8, j, r), sparse(in.k8->view(), j, r), vt, every(in.qd->view(), 1, j, r),
+              every(in.kd->view(), 1, j, r), vd, sparse(entry(ws.parts->view(), p), j, r),
+              sparse(entry(ws.lse->view(), p), j, r), scale, 1.0, false, true},
+             lo);
+    }
+  }
+  merge(o, ws, opt.stream);
+}
+
+void dilated_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                               const DilatedOptions& opt, DilatedWorkspace& ws) {
+  const int64_t P = check_pairs(q, k, v, o, opt.pairs, "dilated_attention_forward");
+  const int64_t S = q.shape[2], D = q.shape[3];
+  if (opt.fp8 && dilated_fp8_quantize_once_fits(S, opt.pairs)) {
+    dilated_quantize(q, k, v, opt.pairs, ws.fp8, opt.stream);
+    dilated_attention_fp8(ws.fp8, o, opt, ws);
+    return;
+  }
+  ensure_parts(ws, opt.pairs, q);
   // One attention per (pair, offset): heads j, j + r, ... see rows j, j + r, ... of their
   // sequence, in segments of w / r of those rows.
   for (int64_t p = 0; p < P; ++p) {
     const auto [w, r] = opt.pairs[p];
     const Kernel segments = attention_variant(segment_variant(w / r, opt.causal));
     for (int64_t j = 0; j < r; ++j) {
-      auto sparse = [&](const TensorView& t) { return every(every(t, 1, j, r), 2, j, r); };
       AttentionFp8Options a;
       a.quantize = opt.fp8;
       a.kernel = &segments;
       a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
-      a.lse = sparse(entry(ws.lse->view(), p));
+      a.lse = sparse(entry(ws.lse->view(), p), j, r);
       a.stream = opt.stream;
-      attention_fp8_forward(sparse(q), sparse(k), sparse(v), sparse(entry(ws.parts->view(), p)), a, ws.attention);
+      attention_fp8_forward(sparse(q, j, r), sparse(k, j, r), sparse(v, j, r), sparse(entry(ws.parts->view(), p), j, r), a,
+                            ws.attention);
     }
   }
-  LaunchOptions lo;
-  lo.stream = opt.stream;
-  lo.config = Config();
-  lo.config->blocks = {{"s", 64}};
-  launch(dilated_merge(), {ws.parts->view(), ws.lse->view(), ws.rates->view(), o}, lo);
+  merge(o, ws, opt.stream);
 }
 
 }  // namespace tj::kernels

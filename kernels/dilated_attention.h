@@ -31,15 +31,39 @@ struct DilatedOptions {
   CUstream stream = nullptr;
 };
 
+// The e4m3 inputs of dilated attention, quantized once (dilated_quantize): Q and K whole with a
+// descale per (b, h); V per pair transposed so that each offset's keys lie together (Vᵀ [B, H,
+// D, S], offset j's keys j, j + r, ... in columns [j·S/r, (j+1)·S/r)) with a descale per (offset,
+// b, h). Every (pair, offset) attention then reads strided views of these.
+struct DilatedFp8Inputs {
+  std::optional<DeviceTensor> q8, k8, qd, kd;   // [B, H, S, D] e4m3; [B, H] f32
+  std::vector<DeviceTensor> vt8, vd;           // per pair: [B, H, D, S] e4m3; [r, B, H] f32
+  std::optional<DeviceTensor> partial;         // the quantizers' scratch
+};
+
 struct DilatedWorkspace {
   std::optional<DeviceTensor> parts, lse, rates;   // per pair: outputs, logsumexps; the rates
   AttentionFp8Workspace attention;
+  DilatedFp8Inputs fp8;                            // dilated_attention_forward's quantized inputs
 };
 
 // o = dilated attention of q, k, v: [B, H, S, D] device tensors (bf16 or f16), o like q.
 // Throws tj::Error for pairs that do not fit (r not dividing w or H, mismatched shapes).
 void dilated_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                                const DilatedOptions& opt, DilatedWorkspace& ws);
+
+// Whether the quantize-once FP8 path fits S: every rate divides S, and S / r is a multiple of 16
+// (each offset's Vᵀ columns start 16-byte aligned for TMA). Otherwise fp8 quantizes each
+// (pair, offset) view on its own (attention_fp8_forward's pipeline).
+bool dilated_fp8_quantize_once_fits(int64_t S, const std::vector<DilatedPair>& pairs);
+
+// The quantize-once FP8 path in two steps (dilated_attention_forward with fp8 runs both when
+// dilated_fp8_quantize_once_fits): quantize q, k, v ([B, H, S, D] bf16 / f16) into `in`, then the
+// attentions and the mix from `in` (o [B, H, S, D] bf16 / f16). Throws tj::Error when S does not
+// fit (see above) or the shapes differ.
+void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const std::vector<DilatedPair>& pairs,
+                      DilatedFp8Inputs& in, CUstream stream = nullptr);
+void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, const DilatedOptions& opt, DilatedWorkspace& ws);
 
 // The mixing kernel: parts [P, B, H, S, D] (the pairs' outputs), lse [P, B, H, S] f32 (their
 // natural-log logsumexps), rates [P] i64, o [B, H, S, D]. Row s of head h belongs to pair p iff

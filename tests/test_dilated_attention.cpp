@@ -112,6 +112,23 @@ TEST_CASE("dilated_merge on the CPU reference executor mixes the pairs like floa
   CHECK(m.rel_rmse <= 5e-3);   // bf16 output rounding
 }
 
+TEST_CASE("dilated FP8 quantizes once where every offset's keys start 16-byte aligned, else says why not") {
+  const std::vector<kernels::DilatedPair> pairs = {{2048, 1}, {4096, 2}, {8192, 4}};
+  CHECK(kernels::dilated_fp8_quantize_once_fits(8192, pairs));
+  CHECK(kernels::dilated_fp8_quantize_once_fits(2048, pairs));   // segments longer than S
+  CHECK_FALSE(kernels::dilated_fp8_quantize_once_fits(8190, pairs));   // 4 does not divide S
+  CHECK_FALSE(kernels::dilated_fp8_quantize_once_fits(8200, pairs));   // 8200 / 4 = 2050: not a multiple of 16
+  HostTensor t(DType::bf16, {1, 4, 8200, 64});
+  kernels::DilatedFp8Inputs in;
+  CHECK_THROWS_WITH(kernels::dilated_quantize(t.view(), t.view(), t.view(), pairs, in),
+                    doctest::Contains("S = 8200 must be a multiple of 16·r for every rate r"));
+  kernels::DilatedOptions opt;
+  opt.pairs = pairs;
+  kernels::DilatedWorkspace ws;
+  CHECK_THROWS_WITH(kernels::dilated_attention_fp8(in, t.view(), opt, ws),
+                    doctest::Contains("the inputs were not quantized for these pairs (run dilated_quantize first)"));
+}
+
 TEST_CASE("dilated_attention_forward: pairs that do not fit are errors naming them") {
   TensorView t{reinterpret_cast<void*>(256), DType::bf16, {1, 6, 64, 64}, {}, Device::cuda};
   kernels::DilatedWorkspace ws;
@@ -135,8 +152,12 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
     return;
   }
   std::mt19937 rng(82);
-  const int64_t B = 1, H = 4, S = 1000, D = 64;   // S: not a multiple of the segments
+  // S = 1000: not a multiple of the segments, FP8 quantizes view by view; S = 1024: FP8 quantizes
+  // once (dilated_quantize) and the attentions read strided views of it.
+  for (const int64_t S : {int64_t{1000}, int64_t{1024}}) {
+  const int64_t B = 1, H = 4, D = 64;
   const std::vector<kernels::DilatedPair> pairs = {{128, 1}, {256, 2}, {512, 4}};
+  CHECK(kernels::dilated_fp8_quantize_once_fits(S, pairs) == (S == 1024));
   HostTensor q = randn(DType::bf16, {B, H, S, D}, rng), k = randn(DType::bf16, {B, H, S, D}, rng),
              v = randn(DType::bf16, {B, H, S, D}, rng);
   DeviceTensor qd = DeviceTensor::from_host(q), kd = DeviceTensor::from_host(k), vd = DeviceTensor::from_host(v);
@@ -145,7 +166,7 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
     for (const auto& pr : pairs) parts.push_back(dilated_pair_f64(q.values(), k.values(), v.values(), B, H, S, D, pr, causal));
     const std::vector<double> want = mix_f64(parts, B * H * S, D);
     for (bool fp8 : {false, true}) {
-      INFO("causal " << causal << " fp8 " << fp8);
+      INFO("S " << S << " causal " << causal << " fp8 " << fp8);
       DeviceTensor o(DType::bf16, {B, H, S, D});
       o.fill_bytes(0xFF);
       kernels::DilatedOptions opt;
@@ -156,9 +177,11 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
       kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o.view(), opt, ws);
       runtime::synchronize();
       Metrics m = compare(o.to_host().values(), want);
-      MESSAGE(fmt::format("dilated attention {}{} vs float64: {}", fp8 ? "fp8" : "bf16", causal ? " causal" : "", str(m)));
+      MESSAGE(fmt::format("dilated attention S {} {}{} vs float64: {}", S, fp8 ? "fp8" : "bf16", causal ? " causal" : "",
+                          str(m)));
       CHECK(m.nan == 0);
       CHECK(m.rel_rmse <= (fp8 ? 6e-2 : 1e-2));
     }
+  }
   }
 }
