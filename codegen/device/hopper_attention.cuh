@@ -300,6 +300,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       mbar_init(&empty_v[s], 4 * Cfg::kConsumers);
     }
     fence_mbarrier_init();
+    // Q first, by the thread that made the barriers: its load overlaps the block classes below
+    // and the warpgroups' register handover.
+    prefetch_tma_descriptor(tma_q);
+    mbar_arrive_expect_tx(q_bar, (unsigned)Cfg::kQBytes);
+#pragma unroll
+    for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
+      tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
   }
   if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
     const int listed = n_blocks < Cfg::kClassTable ? n_blocks : Cfg::kClassTable;
@@ -312,13 +319,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     // ---------------------------------------------------------------- producer
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (warp_idx_in_warpgroup() == 0 && lane_id() == 0) {
-      prefetch_tma_descriptor(tma_q);
       prefetch_tma_descriptor(tma_k);
       prefetch_tma_descriptor(tma_v);
-      mbar_arrive_expect_tx(q_bar, (unsigned)Cfg::kQBytes);
-#pragma unroll
-      for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
-        tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
       int t = 0;   // blocks loaded so far: picks the stage and its phase
 #pragma unroll 1
       for (int j = next_block(0); j < n_blocks; j = next_block(j + 1), ++t) {
