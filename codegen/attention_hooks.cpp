@@ -162,6 +162,7 @@ class HookWriter {
   std::string value(int v, Ctx ctx, const std::string& var) const;
   std::optional<std::string> scalar_expr(const Op& op, const std::string& var, std::string* why) const;
   std::optional<std::string> element_expr(const Op& op, std::string* why) const;
+  std::optional<std::string> float_positions(int v) const;
   std::optional<std::string> gather_expr(const Op& op, Ctx ctx, const std::string& var, std::string* why) const;
   std::string interval(int v) const;
   std::string interval_expr(const Op& op) const;
@@ -237,12 +238,43 @@ std::optional<std::string> HookWriter::element_expr(const Op& op, std::string* w
     case OpKind::unary: return scalar::unary_expr(op.unary, rd, in(0), false);
     case OpKind::binary: return scalar::binary_expr(op.binary, dtype(op.operands[0]), rd, in(0), in(1));
     case OpKind::where: return fmt::format("({} ? {} : {})", in(0), in(1), in(2));
-    case OpKind::cast: return scalar::cast_expr(dtype(op.operands[0]), rd, in(0));
+    case OpKind::cast:
+      // An int -> f32 cast of position arithmetic (ALiBi's kv - q) in the score hook: the same
+      // sums in float on the positions the main loop passes as floats (exact below 2^24).
+      if (op.tag == "score_mod" && rd == DType::f32 && !is_float(dtype(op.operands[0])) &&
+          dtype(op.operands[0]) != DType::i1)
+        if (auto f = float_positions(op.operands[0])) return *f;
+      return scalar::cast_expr(dtype(op.operands[0]), rd, in(0));
     case OpKind::gather: return gather_expr(op, Ctx::member, "", why);
     default: break;
   }
   fail(why, fmt::format("a hook computes a tile with '{}' (at {}); hooks are elementwise", ir::name(op.kind),
                         op.loc.str()));
+  return std::nullopt;
+}
+
+// Value v (an integer) as float arithmetic on tj_qf / tj_kvf: q, kv, integer constants and scalar
+// fields combined by +, - and negation; nothing for anything else.
+std::optional<std::string> HookWriter::float_positions(int v) const {
+  if (auto a = alias_.find(v); a != alias_.end()) {
+    if (a->second == kQ) return std::string("tj_qf");
+    if (a->second == kKv) return std::string("tj_kvf");
+    if (a->second == kScore) return std::nullopt;
+    return float_positions(a->second);
+  }
+  auto d = def_.find(v);
+  if (d == def_.end()) return std::nullopt;
+  const Op& op = *d->second;
+  if (op.kind == OpKind::const_value || scalar(v)) return fmt::format("(float)({})", value(v, Ctx::member, ""));
+  if (op.kind == OpKind::unary && op.unary == ir::UnaryFn::neg) {
+    auto a = float_positions(op.operands[0]);
+    return a ? std::optional<std::string>("(-" + *a + ")") : std::nullopt;
+  }
+  if (op.kind == OpKind::binary && (op.binary == ir::BinaryFn::add || op.binary == ir::BinaryFn::sub)) {
+    auto a = float_positions(op.operands[0]), b = float_positions(op.operands[1]);
+    if (!a || !b) return std::nullopt;
+    return fmt::format("({} {} {})", *a, op.binary == ir::BinaryFn::add ? "+" : "-", *b);
+  }
   return std::nullopt;
 }
 
@@ -422,7 +454,7 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   d += fmt::format("  static constexpr bool kMask = {};\n", h_.mask_mod ? "true" : "false");
   d += fmt::format("  static constexpr bool kSkipBlocks = {};\n", skip_blocks && h_.mask_mod ? "true" : "false");
   d += "  long long b, h;\n" + fields;
-  d += "  __device__ __forceinline__ float score(float tj_s, int q, int kv) const {\n";
+  d += "  __device__ __forceinline__ float score(float tj_s, int q, int kv, float tj_qf, float tj_kvf) const {\n";
   if (h_.score_mod) d += score_body + fmt::format("    return {};\n", value(score_result, Ctx::member, ""));
   else d += "    return tj_s;\n";
   d += "  }\n";

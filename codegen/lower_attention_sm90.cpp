@@ -265,7 +265,11 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_q");
   params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_k");
   params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_v");
-  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, 1) {}({}) {{\n", threads, entry,
+  // One consumer warpgroup and room for two CTAs' shared memory (228 KB per SM): two CTAs per SM
+  // (128 registers per thread at launch; the warpgroups rebalance them), so one CTA's start and
+  // end overlap the other's main loop.
+  const int ctas_per_sm = consumers == 1 && 2 * (smem + 1024) <= 233472 ? 2 : 1;
+  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, {}) {}({}) {{\n", threads, ctas_per_sm, entry,
                      fmt::join(params, ",\n    "));
   auto line = [&](const std::string& s) { src += "  " + s + "\n"; };
   line(fmt::format("const long long tj_m_tiles = (p0.shape[2] + {}) / {};", bm - 1, bm));

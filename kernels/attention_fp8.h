@@ -83,8 +83,10 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // fp8 D 128: m 128, n 192; fp8 D 256 and 16-bit: m 128, n 128 (16-bit D 256: n 64); 2 stages.
 // qk_head_dim (2·D with q_residual, at most 256) fits the same blocks. key_block (an attention
 // variant's, kernels/attention_variant.h; 0: none) caps the key block where it is a valid one.
+// fp8 D 128 takes query blocks of 64 (two CTAs per SM) where a tile has little work: seq_kv (the
+// keys; 0: unknown) up to 4096, or a key_block of 128 or less (a sparse mask).
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0,
-                                    int64_t key_block = 0);
+                                    int64_t key_block = 0, int64_t seq_kv = 0);
 
 // Row chunks per (b, h) the plain recipe's quantizers use (chunk_amax and the chunked quantizers
 // in kernels/library.h, blocks "s" / "s2" = 64) for B·H = heads_total and sequence length S.

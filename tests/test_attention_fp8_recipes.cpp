@@ -269,6 +269,13 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("n") == 192);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 256, false).blocks.at("n") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, false).blocks.at("n") == 64);
+  // fp8 D 128 with little work per query tile: 64 rows (two CTAs per SM); long dense tiles: 128.
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 2048).blocks.at("m") == 64);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 2048).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192).blocks.at("m") == 128);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192).blocks.at("m") == 64);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192).blocks.at("n") == 128);
+  CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, 2048).blocks.at("m") == 128);
 }
 
 TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with the pipeline's config (SIMT; D 64-256)") {

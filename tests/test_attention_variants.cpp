@@ -333,6 +333,10 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       CHECK(ck.generated.lowering == "sm90_attention");
       CHECK(ck.generated.source.find("struct tj_hooks") != std::string::npos);
       if (nv.variant.mask_mod) CHECK(ck.generated.source.find("kSkipBlocks = true") != std::string::npos);
+      // ALiBi's (float)(kv - q): float arithmetic on the positions the main loop passes as floats
+      // (no int -> float conversion per score element)
+      if (nv.variant.name.find("alibi") != std::string::npos)
+        CHECK(ck.generated.source.find("(tj_kvf - tj_qf)") != std::string::npos);
       // the block mask: read per element by a gather, per key block by a range query
       if (nv.variant.name.find("block_mask") != std::string::npos) {
         CHECK(ck.generated.source.find("tj::dev::gather_at<tj::dev::i32>") != std::string::npos);

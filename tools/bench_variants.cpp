@@ -519,9 +519,9 @@ CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf, con
   }
   const bool masked = c.causal_flag || c.variant.has_value();
   const int64_t key_block = c.variant ? c.variant->key_block : 0;
-  l.cfg16 = o.config_bf16.empty() ? kernels::attention_fp8_default_config(DType::bf16, c.D, masked, 0, key_block)
+  l.cfg16 = o.config_bf16.empty() ? kernels::attention_fp8_default_config(DType::bf16, c.D, masked, 0, key_block, c.S)
                                   : Config::from_json(o.config_bf16);
-  l.cfg8 = o.config_fp8.empty() ? kernels::attention_fp8_default_config(DType::e4m3, c.D, masked, 0, key_block)
+  l.cfg8 = o.config_fp8.empty() ? kernels::attention_fp8_default_config(DType::e4m3, c.D, masked, 0, key_block, c.S)
                                 : Config::from_json(o.config_fp8);
   return l;
 }

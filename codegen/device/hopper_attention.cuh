@@ -117,7 +117,9 @@ struct AttnCfg {
   // blocks past it are classified as they come.
   static constexpr int kClassTable = 512;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  // One consumer: 232 + 24 registers per thread pair = 128 per thread at launch, so that two
+  // CTAs fit an SM when their shared memory does (the lowering asks for 2 blocks per SM then).
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
   // 1024 alignment slack + Q + stages + barriers (q, 4 per stage) + the block-class table
   static constexpr int kSmemBytes =
       1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 4 * kStages) * 8 + kClassTable;
@@ -136,7 +138,9 @@ struct AttnCfg {
 // User code spliced into the main loop (attention variants: kernels/attention_variant.h). The
 // sm_90a lowering generates a struct like this from the kernel's score_mod / mask_mod ops;
 // NoHooks is the plain kernel.
-//   score(s, q, kv): the modified score, both in natural-log units (s = q.k * descales * scale * ln 2)
+//   score(s, q, kv, qf, kvf): the modified score, both in natural-log units (s = q.k * descales *
+//     scale * ln 2); qf, kvf = q, kv as floats (exact below 2^24), formed without a conversion
+//     per element: a hook's int -> float casts of position arithmetic use them
 //   keep(q, kv): whether key kv stays visible to query q
 //   classify(q_lo, q_hi, kv_lo, kv_hi): what keep() is over that box of positions (interval
 //     arithmetic over the mask's ops): 0 never kept (the block is skipped: not loaded, not
@@ -146,7 +150,7 @@ struct NoHooks {
   static constexpr bool kScoreMod = false;
   static constexpr bool kMask = false;
   static constexpr bool kSkipBlocks = false;
-  __device__ __forceinline__ float score(float s, int, int) const { return s; }
+  __device__ __forceinline__ float score(float s, int, int, float, float) const { return s; }
   __device__ __forceinline__ bool keep(int, int) const { return true; }
   __device__ __forceinline__ int classify(int, int, int, int) const { return 1; }
 };
@@ -414,11 +418,15 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // hook where the block's class (block_class) is 2.
   auto mask = [&](int n0, int cls) {
     if constexpr (Hooks::kScoreMod) {
+      // Positions as floats: one conversion per row and per block, the column offsets folded in
+      // as immediates (an I2F per score element runs at a quarter of the FP32 rate).
+      const float rowf = (float)(rb + r0), colf = (float)(n0 + q2);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) {
         const int row = rb + r0 + 8 * ((i >> 1) & 1);
         const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
-        s[i] = hooks.score(s[i] * sc_nat, row, col);
+        s[i] = hooks.score(s[i] * sc_nat, row, col, rowf + (float)(8 * ((i >> 1) & 1)),
+                           colf + (float)(8 * (i >> 2) + (i & 1)));
       }
     }
     const bool tail = n0 + BN > p.Skv;
