@@ -31,7 +31,8 @@ struct ScoreIndex {
 // score_mod(score, at) -> the new score: f32 [m, n], on the scaled score q.k * softmax_scale in
 // natural-log units (like torch's flex_attention). mask_mod(at) -> i1 tile broadcastable to
 // [m, n]: true where the key stays visible. Either may be empty. Fully masked rows give O = 0 and
-// lse = -inf.
+// lse = -inf. On sm_90a a score_mod's f32 cast of position sums (ALiBi's kv - q) is computed as
+// the same sums of the positions in f32: exact for positions below 2^24, like the cast itself.
 using ScoreMod = std::function<Tile(const Tile& score, const ScoreIndex& at)>;
 using MaskMod = std::function<Tile(const ScoreIndex& at)>;
 
