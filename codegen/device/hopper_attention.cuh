@@ -170,7 +170,9 @@ __device__ __forceinline__ float lg2(float x) {
 }
 
 #if TJ_SM90_ENABLED
-// Named barriers 1.. (0 is __syncthreads): `count` threads (multiple of 32) take part.
+// Named barriers 1.. (0 is __syncthreads): `count` threads (multiple of 32) take part. Ids 1..3:
+// the kWgSync schedule's; kConsumersBar: all consumer warpgroups.
+constexpr int kConsumersBar = 4;
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
@@ -636,16 +638,54 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
                        : attn_detail::neg_inf();
   }
   acc_scale_rows<D>(o, inv);
+  // A 16-bit O through shared memory: the accumulator layout gives each thread 4-byte pieces of
+  // 8 rows per store (half of every 32-byte sector), so each warp stages its 16 rows and writes
+  // them back as whole 16-byte pieces of contiguous rows. Shared memory is free once every
+  // consumer has left the main loop (their last wgmmas read Q and the last K/V stage).
+  constexpr int kOPitch = D * 2 + 16;   // bytes per staged row (16 of padding: no bank conflicts)
+  constexpr bool kStageO = Cfg::kOut != ATTN_OUT_E4M3 &&
+                           Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
+  const bool stage_o = kStageO && p.o_sd == 1 && ((p.o_ss | p.o_sh | p.o_sb) & 7) == 0 &&
+                       (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
+  if (kStageO && stage_o) {
+    attn_detail::named_bar_sync(attn_detail::kConsumersBar, 128 * Cfg::kConsumers);
+    const int warp = tid >> 5, lane = tid & 31;
+    unsigned char* stage = sQ + (64 * c + 16 * warp) * kOPitch;   // this warp's 16 rows
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      unsigned char* srow = stage + ((lane >> 2) + 8 * hh) * kOPitch;
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj) {
+        const float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
+        *reinterpret_cast<unsigned*>(srow + 2 * (8 * jj + q2)) =
+            Cfg::kOut == ATTN_OUT_BF16 ? f32x2_to_bf16x2(v0, v1) : f32x2_to_f16x2(v0, v1);
+      }
+    }
+    __syncwarp();
+    constexpr int kChunks = D * 2 / 16;             // 16-byte pieces per row
+    constexpr int kRowsPerPass = 32 / kChunks;      // rows one warp writes per pass
+    const int row0 = rb + 16 * warp;
+#pragma unroll
+    for (int r = lane / kChunks; r < 16; r += kRowsPerPass) {
+      const int row = row0 + r, chunk = lane % kChunks;
+      if (row < p.Sq) {
+        const uint4 piece = *reinterpret_cast<const uint4*>(stage + r * kOPitch + 16 * chunk);
+        char* dst = reinterpret_cast<char*>(p.O) +
+                    ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * 2 + 16 * chunk;
+        *reinterpret_cast<uint4*>(dst) = piece;
+      }
+    }
+  }
   float amax = 0.0f;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = rb + r0 + 8 * hh;
-    if (row < p.Sq) {
+    if (row < p.Sq && (!kStageO || !stage_o || p.lse)) {
       char* row_ptr = reinterpret_cast<char*>(p.O) +
                       ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) *
                           (Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2);
 #pragma unroll
-      for (int jj = 0; jj < D / 8; ++jj) {
+      for (int jj = 0; jj < D / 8 && !(kStageO && stage_o); ++jj) {
         const float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
         if (Cfg::kOut == ATTN_OUT_E4M3) amax = fmaxf(amax, fmaxf(fabsf(v0), fabsf(v1)));
         attn_detail::store_out_pair<Cfg>(p, row_ptr, 8 * jj + q2, v0, v1);
