@@ -256,6 +256,9 @@ using CsvRecord = std::map<std::string, std::string>;
 // line with too few fields, or one `row` throws on, becomes a note, never an error.
 void read_csv(std::istream& in, const std::vector<std::string>& required, std::vector<std::string>& notes,
               const std::function<void(const CsvRecord&)>& row);
+// One peer row's result (columns ms, tflops, rrmse (empty: not checked), ok, note); throws on
+// unreadable numbers (read_csv turns that into a note).
+BenchResult peer_result(const CsvRecord& f);
 
 // Table cells: TFLOP/s ("611.1", " (FAIL)" when its check failed), a ratio of two results'
 // TFLOP/s ("1.11"), a relative RMSE ("5.0e-02"); "n/a" for what was not measured.

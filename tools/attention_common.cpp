@@ -475,9 +475,7 @@ void read_csv(std::istream& in, const std::vector<std::string>& required, std::v
   }
 }
 
-void read_peer_csv(std::istream& in, BenchTable& table, std::vector<std::string>& notes) {
-  read_csv(in, {"S", "D", "B", "H", "causal", "peer", "ms", "tflops", "rrmse", "ok", "note"}, notes, [&](const CsvRecord& f) {
-    BenchShape s{std::stoll(f.at("B")), std::stoll(f.at("H")), std::stoll(f.at("S")), std::stoll(f.at("D")), f.at("causal") == "1"};
+BenchResult peer_result(const CsvRecord& f) {
     BenchResult r;
     r.ms = std::stod(f.at("ms"));
     r.tflops = std::stod(f.at("tflops"));
@@ -485,7 +483,13 @@ void read_peer_csv(std::istream& in, BenchTable& table, std::vector<std::string>
     r.rel_rmse = rr.empty() ? -1 : std::stod(rr);
     r.ok = f.at("ok") != "0";
     r.note = f.at("note");
-    table[s][f.at("peer")] = r;
+  return r;
+}
+
+void read_peer_csv(std::istream& in, BenchTable& table, std::vector<std::string>& notes) {
+  read_csv(in, {"S", "D", "B", "H", "causal", "peer", "ms", "tflops", "rrmse", "ok", "note"}, notes, [&](const CsvRecord& f) {
+    BenchShape s{std::stoll(f.at("B")), std::stoll(f.at("H")), std::stoll(f.at("S")), std::stoll(f.at("D")), f.at("causal") == "1"};
+    table[s][f.at("peer")] = peer_result(f);
   });
 }
 

@@ -319,14 +319,7 @@ void read_variant_peer_csv(std::istream& in, const std::vector<VariantCase>& cas
                                   key.variant, key.S, B, H, Hkv, c->B, c->H, c->Hkv, f.at("peer")));
       return;
     }
-    BenchResult r;
-    r.ms = std::stod(f.at("ms"));
-    r.tflops = std::stod(f.at("tflops"));
-    const std::string& rr = f.at("rrmse");
-    r.rel_rmse = rr.empty() ? -1 : std::stod(rr);
-    r.ok = f.at("ok") != "0";
-    r.note = f.at("note");
-    table[key][f.at("peer")] = r;
+    table[key][f.at("peer")] = peer_result(f);
   });
 }
 
