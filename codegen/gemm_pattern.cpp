@@ -27,6 +27,10 @@ using scalar::binary_expr;
 
 namespace {
 
+// gemm_common.cuh's staging geometry: 64 bytes of each row per chunk, rows 80 bytes apart.
+constexpr int kGemmStageChunkBytes = 64;
+constexpr int kGemmStagePitch = 80;
+
 Rate join(Rate a, Rate b) { return static_cast<Rate>(static_cast<int>(a) | static_cast<int>(b)); }
 
 bool is_scalar_leaf(const Op& op) {
@@ -574,9 +578,29 @@ void EpilogueWriter::emit_tile_epilogue(const AccLayout& acc) {
   indent_ -= 2;
   line("  }");
   line("}");
-  line("#pragma unroll");
-  line(fmt::format("for (int tj_j = 0; tj_j < {}; ++tj_j) {{", acc.col_octets));
-  ++indent_;
+  const int cbytes = size_bytes(cparam.dtype);
+  const int chunk_octets = kGemmStageChunkBytes / (8 * cbytes);   // octets of columns per 64-byte chunk
+  const bool staged = !acc.stage_buf.empty() && acc.col_octets % chunk_octets == 0;
+  if (staged) {
+    // A contiguous output row with 16-byte aligned rows goes out in whole 16-byte pieces.
+    line(fmt::format("const bool tj_stage = {}.stride[{}] == 1 && (({}.stride[{}] * {}) & 15LL) == 0 && "
+                     "((unsigned long long)(({}*){}.data + tj_c_off) & 15ULL) == 0;",
+                     C, g_.store_col_dim, C, g_.store_row_dim, cbytes, mem, C));
+    line(fmt::format("unsigned char* const tj_sbuf = {};", acc.stage_buf));
+    line(fmt::format("const int tj_spair = (({0} & 31) >> 2) * {1} + 2 * ({0} & 3) * {2};   // this thread's pair in the buffer",
+                     "tj_g.tid", kGemmStagePitch, cbytes));
+    line("#pragma unroll");
+    line(fmt::format("for (int tj_ch = 0; tj_ch < {}; ++tj_ch) {{", acc.col_octets / chunk_octets));
+    ++indent_;
+    line("#pragma unroll");
+    line(fmt::format("for (int tj_jj = 0; tj_jj < {}; ++tj_jj) {{", chunk_octets));
+    ++indent_;
+    line(fmt::format("const int tj_j = tj_ch * {} + tj_jj;", chunk_octets));
+  } else {
+    line("#pragma unroll");
+    line(fmt::format("for (int tj_j = 0; tj_j < {}; ++tj_j) {{", acc.col_octets));
+    ++indent_;
+  }
   line("const long long tj_colp = tj_col0 + 8 * tj_j;");
   if (any_col) {
     line("// Values per column: the pair tj_colp, tj_colp + 1.");
@@ -610,15 +634,40 @@ void EpilogueWriter::emit_tile_epilogue(const AccLayout& acc) {
   line(fmt::format("tj_out[tj_e] = {};", ref(store_value_)), &st.loc);
   --indent_;
   line("}");
-  line(fmt::format("tj::dev::gemm_store_pair<{}>(tj_cp[tj_mb][tj_h], tj_rok[tj_mb][tj_h], tj_cleft, 8 * tj_j, {}.stride[{}], "
-                   "tj_out[0], tj_out[1], tj_vec);",
-                   dtag(cparam.dtype), C, g_.store_col_dim),
-       &st.loc);
+  const std::string direct = fmt::format(
+      "tj::dev::gemm_store_pair<{}>(tj_cp[tj_mb][tj_h], tj_rok[tj_mb][tj_h], tj_cleft, 8 * tj_j, {}.stride[{}], "
+      "tj_out[0], tj_out[1], tj_vec);",
+      dtag(cparam.dtype), C, g_.store_col_dim);
+  if (staged) {
+    line(fmt::format("if (tj_stage) tj::dev::gemm_stage_pair<{}>(tj_sbuf, tj_spair + (16 * tj_mb + 8 * tj_h) * {} + 8 * tj_jj * {}, "
+                     "tj_out[0], tj_out[1]);",
+                     dtag(cparam.dtype), kGemmStagePitch, cbytes),
+         &st.loc);
+    line("else " + direct, &st.loc);
+  } else {
+    line(direct, &st.loc);
+  }
   indent_ -= 2;
   line("  }");
   line("}");
   --indent_;
   line("}");
+  if (staged) {
+    line("if (tj_stage) {");
+    line("  __syncwarp();");
+    line(fmt::format("  tj::dev::gemm_flush_chunk<{}, {}>(tj_sbuf, ({}*){}.data + tj_c_off, {}.stride[{}], {}, {}, {} + {} * tj_ch, {}, "
+                     "tj_c_ok, tj_g.tid & 31);",
+                     dtag(cparam.dtype), acc.row_blocks, mem, C, C, g_.store_row_dim, acc.warp_row0,
+                     param_dim(st.param, g_.store_row_dim), acc.tile_col0, kGemmStageChunkBytes / cbytes,
+                     param_dim(st.param, g_.store_col_dim)),
+         &st.loc);
+    line("  __syncwarp();   // the buffer is rewritten by the next chunk");
+    line("}");
+    --indent_;
+    line("}");
+  }
 }
+
+int64_t staged_store_bytes_per_warp(int row_blocks) { return int64_t(row_blocks) * 16 * kGemmStagePitch; }
 
 }  // namespace tj::codegen::gemm

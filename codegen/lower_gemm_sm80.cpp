@@ -167,7 +167,7 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   w.emit_store_setup();
   w.line("const long long tj_row0 = tj_g.row0();");
   w.line("const long long tj_col0 = tj_g.col0();");
-  w.emit_tile_epilogue(gemm::AccLayout{p.m_tiles, 16, p.n_tiles});
+  w.emit_tile_epilogue(gemm::AccLayout{p.m_tiles, 16, p.n_tiles, "", "", ""});
 
   GeneratedKernel k;
   k.name = f.name;

@@ -38,6 +38,7 @@ int64_t promote_fallback(const gemm::Match& g) { return is_fp8(g.ta) ? 4 : 0; }
 struct Plan {
   int bm = 0, bn = 0, bk_elems = 0, bk_bytes = 0, stages = 0, cluster = 1, group = 8, promote = 0;
   bool pingpong = false;
+  bool staged_store = false;   // the epilogue stores through shared memory (gemm_common.cuh)
   int wg_m = 0, m_blocks = 0, swz_bytes = 0;
   int64_t smem = 0;
 };
@@ -92,6 +93,11 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   if (p.stages < 1) throw fail("num_stages must be >= 1");
   const int64_t stage = int64_t(p.bm + p.bn) * p.bk_bytes;
   p.smem = 1024 + p.stages * stage + (2 * p.stages + 2) * 8;
+  // The epilogue's output staging (8 consumer warps) where it fits beside the stages; otherwise
+  // the accumulator layout's direct stores.
+  const int64_t staging = 8 * gemm::staged_store_bytes_per_warp(p.m_blocks);
+  p.staged_store = cfg.knob("staged_store", 1) != 0 && ((p.smem + 15) & ~int64_t(15)) + staging <= t.max_smem_per_block();
+  if (p.staged_store) p.smem = ((p.smem + 15) & ~int64_t(15)) + staging;
   if (p.smem > t.max_smem_per_block())
     throw fail(fmt::format("{} stages of {} bytes ({}x{} A and {}x{} B bytes) need {} bytes of shared memory, more than the "
                            "{} bytes a block can use",
@@ -159,7 +165,14 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   w.line("tj_g.mainloop(tj_acc);   // the K loop", &g.lk->loc);
   w.line("const long long tj_row0 = (long long)tj_g.m0 + tj::dev::acc_row(0, tj_g.tid);");
   w.line("const long long tj_col0 = (long long)tj_g.n0 + 2 * (tj_g.tid & 3);");
-  w.emit_tile_epilogue(gemm::AccLayout{p.m_blocks, 64, p.bn / 8});
+  gemm::AccLayout layout{p.m_blocks, 64, p.bn / 8, "", "", ""};
+  if (p.staged_store) {
+    layout.stage_buf = fmt::format("tj_g.scratch + ((int)(threadIdx.x >> 5) - 4) * {}",
+                                   gemm::staged_store_bytes_per_warp(p.m_blocks));
+    layout.warp_row0 = "(long long)tj_g.m0 + 16 * (tj_g.tid >> 5)";
+    layout.tile_col0 = "(long long)tj_g.n0";
+  }
+  w.emit_tile_epilogue(layout);
   w.indent(-1);
   w.line("}");
   w.indent(-1);

@@ -374,10 +374,25 @@ TEST_CASE("gemm: the epilogue runs at each value's rate (scalar, per row, per co
   CHECK(std::regex_search(g.source, std::regex(R"(v\d+\[tj_e\] = tj::dev::load_scalar<tj::dev::f32>\(scale_b\.data)")));
   CHECK(std::regex_search(g.source, std::regex(R"(v\d+\[tj_e\] = tj::dev::load_scalar<tj::dev::f32>\(bias\.data)")));
   CHECK(contains(g.source, "gemm_store_pair<tj::dev::f32>"));
-  // no shared-memory round trip in the epilogue
+  // no block-wide synchronization in the epilogue: each warp stages its own rows in shared
+  // memory (64-byte chunks: 16 f32 columns) and writes them back as 16-byte pieces
   CHECK_FALSE(contains(g.source, "__syncthreads"));
+  CHECK(contains(g.source, "tj::dev::gemm_flush_chunk<tj::dev::f32, 1>("));
+  CHECK(contains(g.source, "for (int tj_ch = 0; tj_ch < 8; ++tj_ch)"));
+  CHECK(g.dynamic_smem_bytes == 1024 + 4 * 256 * 128 + 10 * 8 + 8 * 16 * 80);
   const auto r = nvrtc(g, "sm_90a", false);
   CHECK(contains(r.ptx, "wgmma.mma_async"));
+  CHECK(contains(r.ptx, "st.global.v4"));
+  // Where the staging buffers do not fit beside the stages (or with knob staged_store = 0), the
+  // accumulator layout's own stores.
+  for (const char* c : {R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":7})",
+                        R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":4,"knobs":{"staged_store":0}})"}) {
+    CAPTURE(c);
+    const auto d = codegen::generate_cuda(kernels::fp8_gemm().trace(fp8_specs({512, 512, 512, 512, 512, 512, DType::f32})),
+                                          cfg(c), t);
+    CHECK_FALSE(contains(d.source, "gemm_flush_chunk"));
+    CHECK(contains(d.source, "gemm_store_pair<tj::dev::f32>"));
+  }
 
   // Dynamic shapes: the scale kinds are decided at run time (a where per row / per column).
   const auto dyn = codegen::generate_cuda(kernels::fp8_gemm().trace(fp8_specs({512, 512, 512, 1, 1, 512, DType::bf16}, true)),
@@ -539,6 +554,7 @@ TEST_CASE("gpu: fp8_gemm through tj::launch matches float64 (f32/bf16/f16 out; s
       R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4}})",
       R"({"blocks":{"m":256,"n":128,"k":256},"num_stages":2,"knobs":{"cluster":1,"promote":0}})",
       R"({"blocks":{"m":128,"n":16,"k":32},"num_stages":8,"knobs":{"cluster":2}})",
+      R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":4,"knobs":{"cluster":2,"staged_store":0}})",   // direct stores
   };
   const std::vector<GemmCase> cases = {
       {1000, 520, 784, 1, 1, 0, DType::bf16},

@@ -58,5 +58,58 @@ __device__ __forceinline__ void gemm_store_pair(typename E::mem* p, bool row_ok,
   if (jcol + 1 < col_left) E::st(p + (jcol + 1) * s1, v1);
 }
 
+// ---- staged output (sm_90a epilogue): each warp writes its accumulator pieces (4-byte pairs
+// scattered over 8 rows) into a small shared-memory buffer, then stores whole 16-byte row pieces
+// (full 32-byte sectors) -- the accumulator layout's direct stores fill half of every sector per
+// instruction. A chunk is 64 bytes of each of the warp's rows: kRowBlocks blocks of 16 rows
+// (rows 64 * mb + 16 * warp + 0..15 of the tile), kGemmStagePitch bytes apart (16 of padding
+// keep the pair writes of the 8 row groups in distinct banks).
+constexpr int kGemmStageChunkBytes = 64;
+constexpr int kGemmStagePitch = kGemmStageChunkBytes + 16;
+
+// The pair (v0, v1) at byte `off` of the warp's staging buffer.
+template <class E>
+__device__ __forceinline__ void gemm_stage_pair(unsigned char* buf, int off, float v0, float v1) {
+  typedef typename E::mem M;
+  typename GemmPair<M>::T pr;
+  E::st(&pr.x, v0);
+  E::st(&pr.y, v1);
+  *reinterpret_cast<typename GemmPair<M>::T*>(buf + off) = pr;
+}
+
+// One staged chunk to global memory. `c` = the output at (row 0, column 0) of its scalar indices,
+// `rs` its row stride in elements (the column stride is 1; c, rs and col0 keep 16-byte pieces
+// aligned), `row0` the warp's first row, `col0` the chunk's first column, M x N the output's
+// extent; `ok` = the scalar indices are in range. Lane l writes piece l % 4 of rows l / 4 + 8 p.
+template <class E, int kRowBlocks>
+__device__ __forceinline__ void gemm_flush_chunk(const unsigned char* buf, typename E::mem* c, long long rs,
+                                                 long long row0, long long M, long long col0, long long N,
+                                                 bool ok, int lane) {
+  typedef typename E::mem Mm;
+  constexpr int kPer = 16 / (int)sizeof(Mm);   // elements per 16-byte piece
+  if (!ok) return;
+  const int piece = lane & 3;
+  const long long col = col0 + piece * kPer;
+  if (col >= N) return;
+#pragma unroll
+  for (int mb = 0; mb < kRowBlocks; ++mb) {
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int r = (lane >> 2) + 8 * pass;
+      const long long row = row0 + 64 * mb + r;
+      if (row >= M) continue;
+      const unsigned char* src = buf + (16 * mb + r) * kGemmStagePitch + 16 * piece;
+      Mm* dst = c + row * rs + col;
+      if (col + kPer <= N) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kPer; ++e)
+          if (col + e < N) dst[e] = reinterpret_cast<const Mm*>(src)[e];
+      }
+    }
+  }
+}
+
 }  // namespace dev
 }  // namespace tj

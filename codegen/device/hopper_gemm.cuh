@@ -141,6 +141,9 @@ struct Sm90Gemm {
   // the two never wait on the same stage barrier more than one phase apart (parity waits
   // cannot tell phase r from r+2) -- and it serializes their main loops, as intended.
   unsigned long long* order_bar;
+  // Past the barriers, 16-byte aligned: what the launch allocates beyond Cfg::kSmemBytes (the
+  // generated epilogue's output staging buffers, gemm_common.cuh).
+  unsigned char* scratch;
   TileRaster rs;
   int num_kb;
   int cluster_id, num_clusters;
@@ -164,6 +167,7 @@ struct Sm90Gemm {
     full_bar = reinterpret_cast<unsigned long long*>(smem + S * Cfg::kStageBytes);
     empty_bar = full_bar + S;
     order_bar = empty_bar + S;
+    scratch = smem + ((S * Cfg::kStageBytes + (2 * S + 2) * 8 + 15) & ~15);
     wg = warpgroup_idx();
     rank = (CM > 1) ? cluster_ctarank() : 0u;
     if (threadIdx.x == 0) {
