@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -127,6 +129,10 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
          "// the epilogue below runs in the accumulator layout: per thread, rows tj_row0 + 64*mb + 8*h and\n"
          "// column pairs tj_col0 + 8*j + {0, 1}. Each statement ends with `// @ file:line` (the DSL line).\n";
   src += "#include \"tile.cuh\"\n#include \"hopper_gemm.cuh\"\n\n";
+  // hopper_wgmma.cuh predefines the common wgmma widths; any other n (e.g. 160, 224) gets its own.
+  static const int kPredefined[] = {16, 32, 64, 96, 128, 192, 256};
+  if (std::find(std::begin(kPredefined), std::end(kPredefined), p.bn) == std::end(kPredefined))
+    src += fmt::format("TJ_WGMMA_DEFINE({})\n\n", p.bn);
   src += fmt::format("using tj_cfg = tj::dev::Sm90GemmCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", wg_type(g.ta),
                      wg_type(g.tb), p.bm, p.bn, p.bk_bytes, p.stages, p.pingpong ? "true" : "false", p.cluster,
                      p.promote);

@@ -262,6 +262,16 @@ TEST_CASE("gemm: bf16, f16 and e4m3 x e5m2 operands use the matching wgmma") {
                                         cfg(R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"promote":0}})"), t);
   const auto r = nvrtc(g, "sm_90a", false);
   CHECK(std::regex_search(r.ptx, std::regex(R"(m64n256k32\.f32\.e4m3\.e5m2)")));
+  // Widths hopper_wgmma.cuh does not predefine (160, 224) are defined by the generated kernel.
+  for (int n : {160, 224}) {
+    CAPTURE(n);
+    const auto w = codegen::generate_cuda(
+        kernels::fp8_gemm().trace(fp8_specs(GemmCase{256, 448, 256})),
+        cfg(fmt::format(R"({{"blocks":{{"m":128,"n":{},"k":128}},"num_stages":4,"knobs":{{"promote":0}}}})", n).c_str()), t);
+    CHECK(contains(w.source, fmt::format("TJ_WGMMA_DEFINE({})", n)));
+    const auto rw = nvrtc(w, "sm_90a", false);
+    CHECK(contains(rw.ptx, fmt::format("m64n{}k32.f32.e4m3.e4m3", n)));
+  }
 }
 
 TEST_CASE("gemm: the benchmark configs assemble without spills (ptxas -v)") {

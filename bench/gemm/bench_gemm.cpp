@@ -5,6 +5,9 @@
 //   bench_gemm [--out FILE.jsonl] [--shapes all|square|llm|M,N,K;...] [--reps 20] [--warmup 3]
 //              [--kernels fp8,bf16] [--configs NAME,...] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90]
 //              [--out-dtype bf16|f32]   (fp8_gemm's output; the bf16 gemm always writes bf16)
+//              [--config NAME=JSON]...  (one more config of the --kernels given, e.g. for a sweep
+//                                        beside --configs none;
+//                                        a name containing "promote" reports as a promoted row)
 //   bench_gemm --small          correctness on small and ragged shapes (also for compute-sanitizer)
 //
 // --arch: generate for that architecture instead of the GPU's own (its own config list: the
@@ -446,6 +449,7 @@ struct Options {
   std::string shapes = "all";
   std::vector<std::string> kernels = {"fp8", "bf16"};
   std::vector<std::string> configs;   // empty: all
+  std::vector<NamedConfig> extra;     // --config NAME=JSON
   int reps = 20, warmup = 3, threads = 0;
   bool check = true;
   bool small = false;
@@ -520,6 +524,7 @@ int run_bench(const Options& o) {
     std::vector<NamedConfig> cfgs;
     for (const auto& c : configs_for(fp8, arch))
       if (o.configs.empty() || std::find(o.configs.begin(), o.configs.end(), c.name) != o.configs.end()) cfgs.push_back(c);
+    cfgs.insert(cfgs.end(), o.extra.begin(), o.extra.end());
     // Compile everything first (static shapes: one kernel per shape and config).
     {
       std::vector<std::pair<const Kernel*, std::vector<ArgSpec>>> work;
@@ -684,13 +689,21 @@ int main(int argc, char** argv) {
       else if (a == "--threads") o.threads = std::stoi(next());
       else if (a == "--kernels") o.kernels = split(next(), ',');
       else if (a == "--configs") o.configs = split(next(), ',');
+      else if (a == "--config") {
+        const std::string v = next();
+        const size_t eq = v.find('=');
+        if (eq == std::string::npos || eq == 0) throw Error("--config takes NAME=JSON, got '" + v + "'");
+        const std::string name = v.substr(0, eq);
+        (void)Config::from_json(v.substr(eq + 1));   // a bad JSON fails here, before any work
+        o.extra.push_back({name, v.substr(eq + 1), name.find("promote") != std::string::npos});
+      }
       else if (a == "--no-check") o.check = false;
       else if (a == "--small") o.small = true;
       else if (a == "--arch") o.arch = next();
       else if (a == "--out-dtype") o.out_dtype = parse_out_dtype(next());
       else if (a == "--help" || a == "-h") {
         std::puts("bench_gemm [--out F.jsonl] [--shapes all|square|llm|M,N,K;...] [--kernels fp8,bf16] [--configs a,b]"
-                  " [--reps N] [--warmup N] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90] [--out-dtype bf16|f32] | --small [--arch ...]");
+                  " [--reps N] [--warmup N] [--threads N] [--no-check] [--arch sm_80|sm_89|sm_90] [--out-dtype bf16|f32] [--config NAME=JSON]... | --small [--arch ...]");
         return 0;
       } else {
         throw Error("unknown argument " + a);
