@@ -426,6 +426,7 @@ TEST_CASE("gemm: the untuned config is the lowering's default tile, fp8 promotin
   CHECK(c.blocks.at("m") == 128);
   CHECK(c.blocks.at("n") == 192);
   CHECK(c.blocks.at("k") == 128);
+  CHECK(c.num_stages == 4);
   const auto g = codegen::generate_cuda(f8, c, codegen::Target::parse("sm_90a"));
   CHECK(g.lowering == "sm90_gemm");
   CHECK(contains(g.source, "fp32 promotion every 4 stage(s)"));

@@ -85,6 +85,9 @@ const std::vector<NamedConfig>& fp8_configs() {
       {"coop_128x192_c2_promote1", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":1}})", true},
       {"coop_128x192_c2_promote2", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", true},
       {"coop_128x192_c2_promote4", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4}})", true},
+      // The lowering's default (4 stages: the staged epilogue's buffers take shared memory too).
+      {"coop_128x192_c2_s4_promote4", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":4}})", true},
+      {"coop_128x192_c2_s4", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0}})"},
       // The accumulator layout's direct stores instead of the staged epilogue: what staging buys.
       {"coop_128x256_c2_direct", R"({"blocks":{"m":128,"n":256,"k":128},"num_stages":4,"knobs":{"cluster":2,"promote":0,"staged_store":0}})"},
       {"coop_128x192_c2_promote4_direct", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4,"staged_store":0}})", true},

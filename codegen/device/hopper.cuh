@@ -472,25 +472,14 @@ __device__ __forceinline__ float quad_allreduce_sum(float v) {
 // four threads of a quad get the full-row maximum (over the N columns of this fragment).
 template <int N>
 __device__ __forceinline__ void acc_row_max(const float* d, float* m) {
-  // A tree (depth log2(N/8) + 2 instead of a chain of N/8): the max is exact in any order, and
-  // the chain's latency sat between the score wgmma and the exp2s of every attention block.
-  constexpr int P = N / 8;   // column pairs per row
-  float a[P], b[P];
+  float a = m[0], b = m[1];
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    a[j] = fmaxf(d[4 * j], d[4 * j + 1]);
-    b[j] = fmaxf(d[4 * j + 2], d[4 * j + 3]);
+  for (int i = 0; i < N / 2; i += 4) {
+    a = fmaxf(a, fmaxf(d[i], d[i + 1]));
+    b = fmaxf(b, fmaxf(d[i + 2], d[i + 3]));
   }
-#pragma unroll
-  for (int w = 1; w < P; w *= 2) {
-#pragma unroll
-    for (int j = 0; j + w < P; j += 2 * w) {
-      a[j] = fmaxf(a[j], a[j + w]);
-      b[j] = fmaxf(b[j], b[j + w]);
-    }
-  }
-  m[0] = quad_allreduce_max(fmaxf(m[0], a[0]));
-  m[1] = quad_allreduce_max(fmaxf(m[1], b[0]));
+  m[0] = quad_allreduce_max(a);
+  m[1] = quad_allreduce_max(b);
 }
 // s[h] += sum of this thread's values of row h (no shuffles: reduce with quad_allreduce_sum
 // once at the end, as online softmax does).

@@ -184,22 +184,12 @@ __device__ __forceinline__ void named_bar_arrive(int id, int count) {
 // m[h] = min(m[h], min of accumulator row h), quad-reduced (acc_row_max's twin).
 template <int N>
 __device__ __forceinline__ void acc_row_min(const float* d, float* m) {
-  constexpr int P = N / 8;   // a tree, like acc_row_max
-  float ta[P], tb[P];
+  float a = m[0], b = m[1];
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    ta[j] = fminf(d[4 * j], d[4 * j + 1]);
-    tb[j] = fminf(d[4 * j + 2], d[4 * j + 3]);
+  for (int i = 0; i < N / 2; i += 4) {
+    a = fminf(a, fminf(d[i], d[i + 1]));
+    b = fminf(b, fminf(d[i + 2], d[i + 3]));
   }
-#pragma unroll
-  for (int w = 1; w < P; w *= 2) {
-#pragma unroll
-    for (int j = 0; j + w < P; j += 2 * w) {
-      ta[j] = fminf(ta[j], ta[j + w]);
-      tb[j] = fminf(tb[j], tb[j + w]);
-    }
-  }
-  float a = fminf(m[0], ta[0]), b = fminf(m[1], tb[0]);
   a = fminf(a, __shfl_xor_sync(0xffffffffu, a, 1));
   a = fminf(a, __shfl_xor_sync(0xffffffffu, a, 2));
   b = fminf(b, __shfl_xor_sync(0xffffffffu, b, 1));
