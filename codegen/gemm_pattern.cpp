@@ -586,9 +586,10 @@ void EpilogueWriter::emit_tile_epilogue(const AccLayout& acc) {
     line(fmt::format("const bool tj_stage = {}.stride[{}] == 1 && (({}.stride[{}] * {}) & 15LL) == 0 && "
                      "((unsigned long long)(({}*){}.data + tj_c_off) & 15ULL) == 0;",
                      C, g_.store_col_dim, C, g_.store_row_dim, cbytes, mem, C));
+    if (!acc.stage_sync.empty()) line(acc.stage_sync);
     line(fmt::format("unsigned char* const tj_sbuf = {};", acc.stage_buf));
-    line(fmt::format("const int tj_spair = (({0} & 31) >> 2) * {1} + 2 * ({0} & 3) * {2};   // this thread's pair in the buffer",
-                     "tj_g.tid", kGemmStagePitch, cbytes));
+    line(fmt::format("const int tj_spair = (({0}) >> 2) * {1} + 2 * (({0}) & 3) * {2};   // this thread's pair in the buffer",
+                     acc.lane, kGemmStagePitch, cbytes));
     line("#pragma unroll");
     line(fmt::format("for (int tj_ch = 0; tj_ch < {}; ++tj_ch) {{", acc.col_octets / chunk_octets));
     ++indent_;
@@ -655,11 +656,11 @@ void EpilogueWriter::emit_tile_epilogue(const AccLayout& acc) {
   if (staged) {
     line("if (tj_stage) {");
     line("  __syncwarp();");
-    line(fmt::format("  tj::dev::gemm_flush_chunk<{}, {}>(tj_sbuf, ({}*){}.data + tj_c_off, {}.stride[{}], {}, {}, {} + {} * tj_ch, {}, "
-                     "tj_c_ok, tj_g.tid & 31);",
-                     dtag(cparam.dtype), acc.row_blocks, mem, C, C, g_.store_row_dim, acc.warp_row0,
-                     param_dim(st.param, g_.store_row_dim), acc.tile_col0, kGemmStageChunkBytes / cbytes,
-                     param_dim(st.param, g_.store_col_dim)),
+    line(fmt::format("  tj::dev::gemm_flush_chunk<{}, {}, {}>(tj_sbuf, ({}*){}.data + tj_c_off, {}.stride[{}], {}, {}, {} + {} * tj_ch, "
+                     "{}, tj_c_ok, {});",
+                     dtag(cparam.dtype), acc.row_blocks, acc.row_block_stride, mem, C, C, g_.store_row_dim, acc.warp_row0,
+                     param_dim(st.param, g_.store_row_dim), acc.warp_col0, kGemmStageChunkBytes / cbytes,
+                     param_dim(st.param, g_.store_col_dim), acc.lane),
          &st.loc);
     line("  __syncwarp();   // the buffer is rewritten by the next chunk");
     line("}");

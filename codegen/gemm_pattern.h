@@ -80,11 +80,12 @@ struct AccLayout {
   int row_blocks = 0;
   int row_block_stride = 0;   // 64 for wgmma's m64 blocks, 16 for mma.sync's m16 tiles
   int col_octets = 0;
-  // Staged stores (gemm_common.cuh, gemm_flush_chunk; wgmma layout only): when stage_buf is set,
-  // an output with unit column stride and 16-byte aligned rows goes out through this warp's
-  // shared-memory buffer (expression stage_buf) in chunks of 64 bytes per row; warp_row0 is the
-  // expression of the warp's first row in the tile, tile_col0 the tile's first column.
-  std::string stage_buf, warp_row0, tile_col0;
+  // Staged stores (gemm_common.cuh, gemm_flush_chunk): when stage_buf is set, an output with
+  // unit column stride and 16-byte aligned rows goes out through this warp's shared-memory buffer
+  // (expression stage_buf) in chunks of 64 bytes per row. Expressions: warp_row0 = the warp's
+  // first row, warp_col0 = its first column, lane = the lane index; stage_sync = a statement run
+  // before the buffer is first written (empty when it is the warp's own memory).
+  std::string stage_buf, warp_row0, warp_col0, lane, stage_sync;
 };
 
 // Shared memory per consumer warp that staged stores need (AccLayout::stage_buf), for

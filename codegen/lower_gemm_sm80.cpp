@@ -40,6 +40,7 @@ struct Plan {
   int wm = 0, wn = 0;               // rows and columns per warp
   int m_tiles = 0, n_tiles = 0;     // m16 / n8 mma tiles per warp
   int64_t smem = 0;
+  bool staged_store = false;        // the epilogue stores through the (then free) stage memory
 };
 
 // The split of `warps` warps over a bm x bn tile: every warp a multiple of 16 rows and of 16
@@ -103,6 +104,11 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   if (p.stages < 1) throw fail("num_stages must be >= 1");
   const int64_t stage = int64_t(p.bm + p.bn) * p.bk_bytes;
   p.smem = p.stages * stage;
+  // The epilogue's output staging reuses the stages' memory (free after the K loop), growing it
+  // where a small tile's stages are smaller than the warps' buffers.
+  const int64_t staging = int64_t(p.warps) * gemm::staged_store_bytes_per_warp(p.m_tiles);
+  p.staged_store = cfg.knob("staged_store", 1) != 0 && std::max(p.smem, staging) <= t.max_smem_per_block();
+  if (p.staged_store) p.smem = std::max(p.smem, staging);
   if (p.smem > t.max_smem_per_block())
     throw fail(fmt::format("{} stages of {} bytes ({}x{} A and {}x{} B bytes) need {} bytes of shared memory, more than the "
                            "{} bytes a block can use on {}",
@@ -167,7 +173,15 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   w.emit_store_setup();
   w.line("const long long tj_row0 = tj_g.row0();");
   w.line("const long long tj_col0 = tj_g.col0();");
-  w.emit_tile_epilogue(gemm::AccLayout{p.m_tiles, 16, p.n_tiles, "", "", ""});
+  gemm::AccLayout layout{p.m_tiles, 16, p.n_tiles, "", "", "", "", ""};
+  if (p.staged_store) {
+    layout.stage_buf = fmt::format("tj_smem + (threadIdx.x >> 5) * {}", gemm::staged_store_bytes_per_warp(p.m_tiles));
+    layout.warp_row0 = "(long long)tj_g.m0 + tj_g.warp_m * tj_cfg::kWM";
+    layout.warp_col0 = "(long long)tj_g.n0 + tj_g.warp_n * tj_cfg::kWN";
+    layout.lane = "tj_g.lane";
+    layout.stage_sync = "if (tj_stage) __syncthreads();   // the stages are free once every warp has left the K loop";
+  }
+  w.emit_tile_epilogue(layout);
 
   GeneratedKernel k;
   k.name = f.name;

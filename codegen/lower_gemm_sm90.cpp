@@ -171,12 +171,13 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   w.line("tj_g.mainloop(tj_acc);   // the K loop", &g.lk->loc);
   w.line("const long long tj_row0 = (long long)tj_g.m0 + tj::dev::acc_row(0, tj_g.tid);");
   w.line("const long long tj_col0 = (long long)tj_g.n0 + 2 * (tj_g.tid & 3);");
-  gemm::AccLayout layout{p.m_blocks, 64, p.bn / 8, "", "", ""};
-  if (p.staged_store) {
+  gemm::AccLayout layout{p.m_blocks, 64, p.bn / 8, "", "", "", "", ""};
+  if (p.staged_store) {   // the consumer warps' own buffers past the barriers
     layout.stage_buf = fmt::format("tj_g.scratch + ((int)(threadIdx.x >> 5) - 4) * {}",
                                    gemm::staged_store_bytes_per_warp(p.m_blocks));
     layout.warp_row0 = "(long long)tj_g.m0 + 16 * (tj_g.tid >> 5)";
-    layout.tile_col0 = "(long long)tj_g.n0";
+    layout.warp_col0 = "(long long)tj_g.n0";
+    layout.lane = "tj_g.tid & 31";
   }
   w.emit_tile_epilogue(layout);
   w.indent(-1);

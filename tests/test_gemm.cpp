@@ -387,7 +387,7 @@ TEST_CASE("gemm: the epilogue runs at each value's rate (scalar, per row, per co
   // no block-wide synchronization in the epilogue: each warp stages its own rows in shared
   // memory (64-byte chunks: 16 f32 columns) and writes them back as 16-byte pieces
   CHECK_FALSE(contains(g.source, "__syncthreads"));
-  CHECK(contains(g.source, "tj::dev::gemm_flush_chunk<tj::dev::f32, 1>("));
+  CHECK(contains(g.source, "tj::dev::gemm_flush_chunk<tj::dev::f32, 1, 64>("));
   CHECK(contains(g.source, "for (int tj_ch = 0; tj_ch < 8; ++tj_ch)"));
   CHECK(g.dynamic_smem_bytes == 1024 + 4 * 256 * 128 + 10 * 8 + 8 * 16 * 80);
   const auto r = nvrtc(g, "sm_90a", false);

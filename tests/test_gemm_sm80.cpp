@@ -250,7 +250,7 @@ TEST_CASE("sm80 gemm: configs the lowering cannot use are rejected naming the li
 
 TEST_CASE("sm80 gemm: the shared epilogue runs at each value's rate; the sm_90a epilogue code is the same") {
   const ir::Function f = kernels::fp8_gemm().trace(fp8_specs({512, 512, 512, 512, 512, 512, DType::f32}));
-  const Config c = cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_stages":3})");
+  const Config c = cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_stages":3,"knobs":{"staged_store":0}})");
   const auto g = codegen::generate_cuda(f, c, Target::parse("sm_89"));
   INFO(g.source);
   REQUIRE(g.lowering == "sm80_gemm");
@@ -274,6 +274,13 @@ TEST_CASE("sm80 gemm: the shared epilogue runs at each value's rate; the sm_90a 
     return std::regex_replace(e, std::regex("\n +"), "\n");
   };
   CHECK(epilogue(g.source) == epilogue(h.source));
+  // By default both stage each warp's rows in shared memory (sm_80: in the stages' memory, after a
+  // barrier; the warp's rows are its own m16 tiles) and store whole 16-byte row pieces.
+  const auto gs = codegen::generate_cuda(f, cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_stages":3})"), Target::parse("sm_89"));
+  CHECK(contains(gs.source, "if (tj_stage) __syncthreads();"));
+  CHECK(std::regex_search(gs.source, std::regex(R"(gemm_flush_chunk<tj::dev::f32, \d+, 16>)")));
+  CHECK(gs.dynamic_smem_bytes == g.dynamic_smem_bytes);   // the stages hold the buffers
+  CHECK(contains(nvrtc(gs, "sm_89").ptx, "st.global.v4"));
   CHECK(contains(h.source, "const long long tj_row = tj_row0 + 64 * tj_mb + 8 * tj_h;"));
 
   // A richer epilogue (where, arange comparisons, a residual [M, N] load, a runtime scalar) with

@@ -61,9 +61,9 @@ __device__ __forceinline__ void gemm_store_pair(typename E::mem* p, bool row_ok,
 // ---- staged output (sm_90a epilogue): each warp writes its accumulator pieces (4-byte pairs
 // scattered over 8 rows) into a small shared-memory buffer, then stores whole 16-byte row pieces
 // (full 32-byte sectors) -- the accumulator layout's direct stores fill half of every sector per
-// instruction. A chunk is 64 bytes of each of the warp's rows: kRowBlocks blocks of 16 rows
-// (rows 64 * mb + 16 * warp + 0..15 of the tile), kGemmStagePitch bytes apart (16 of padding
-// keep the pair writes of the 8 row groups in distinct banks).
+// instruction. A chunk is 64 bytes of each of the warp's rows: kRowBlocks blocks of 16 rows,
+// kGemmStagePitch bytes apart (16 of padding keep the pair writes of the 8 row groups in
+// distinct banks).
 constexpr int kGemmStageChunkBytes = 64;
 constexpr int kGemmStagePitch = kGemmStageChunkBytes + 16;
 
@@ -80,8 +80,10 @@ __device__ __forceinline__ void gemm_stage_pair(unsigned char* buf, int off, flo
 // One staged chunk to global memory. `c` = the output at (row 0, column 0) of its scalar indices,
 // `rs` its row stride in elements (the column stride is 1; c, rs and col0 keep 16-byte pieces
 // aligned), `row0` the warp's first row, `col0` the chunk's first column, M x N the output's
-// extent; `ok` = the scalar indices are in range. Lane l writes piece l % 4 of rows l / 4 + 8 p.
-template <class E, int kRowBlocks>
+// extent; `ok` = the scalar indices are in range. The warp's rows are row0 + kRowBlockStride * mb
+// + 0..15 (64: wgmma's m64 blocks, one warp's 16 rows each; 16: a warp's own m16 mma.sync tiles).
+// Lane l writes piece l % 4 of rows l / 4 + 8 p.
+template <class E, int kRowBlocks, int kRowBlockStride>
 __device__ __forceinline__ void gemm_flush_chunk(const unsigned char* buf, typename E::mem* c, long long rs,
                                                  long long row0, long long M, long long col0, long long N,
                                                  bool ok, int lane) {
@@ -96,7 +98,7 @@ __device__ __forceinline__ void gemm_flush_chunk(const unsigned char* buf, typen
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
       const int r = (lane >> 2) + 8 * pass;
-      const long long row = row0 + 64 * mb + r;
+      const long long row = row0 + kRowBlockStride * mb + r;
       if (row >= M) continue;
       const unsigned char* src = buf + (16 * mb + r) * kGemmStagePitch + 16 * piece;
       Mm* dst = c + row * rs + col;
