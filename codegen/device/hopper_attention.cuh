@@ -534,7 +534,12 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         wgmma_fence();
         issue_qk(st);
         wgmma_commit();
-        acc_scale_rows<D>(o, alpha);
+        // alpha = 1 exactly when no row max of the warp moved (ex2(0) = 1): the rescale would
+        // multiply by 1, so the warp skips it -- most blocks once the running max has settled
+        // (H100, session 5: causal bf16 / fp8 S 8192 +2-3%). Not with a score hook: ALiBi's bias
+        // moves the max at almost every block, and the vote cost it 1-4%.
+        if (Hooks::kScoreMod || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+          acc_scale_rows<D>(o, alpha);
         fence_acc<D / 2>(o);
         fence_pa();
         wgmma_fence();
@@ -638,15 +643,17 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
                        : attn_detail::neg_inf();
   }
   acc_scale_rows<D>(o, inv);
-  // A 16-bit O through shared memory: the accumulator layout gives each thread 4-byte pieces of
-  // 8 rows per store (half of every 32-byte sector), so each warp stages its 16 rows and writes
-  // them back as whole 16-byte pieces of contiguous rows. Shared memory is free once every
-  // consumer has left the main loop (their last wgmmas read Q and the last K/V stage).
-  constexpr int kOPitch = D * 2 + 16;   // bytes per staged row (16 of padding: no bank conflicts)
-  constexpr bool kStageO = Cfg::kOut != ATTN_OUT_E4M3 &&
-                           Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
-  const bool stage_o = kStageO && p.o_sd == 1 && ((p.o_ss | p.o_sh | p.o_sb) & 7) == 0 &&
+  // O through shared memory: the accumulator layout gives each thread 4-byte (16-bit O) or 2-byte
+  // (e4m3) pieces of 8 rows per store (half / a quarter of every 32-byte sector), so each warp
+  // stages its 16 rows and writes them back as whole 16-byte pieces of contiguous rows. Shared
+  // memory is free once every consumer has left the main loop (their last wgmmas read Q and the
+  // last K/V stage).
+  constexpr int kOBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2;
+  constexpr int kOPitch = D * kOBytes + 16;   // bytes per staged row (16 of padding: no bank conflicts)
+  constexpr bool kStageO = Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
+  const bool stage_o = kStageO && p.o_sd == 1 && (((p.o_ss | p.o_sh | p.o_sb) * kOBytes) & 15) == 0 &&
                        (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
+  float amax = 0.0f;
   if (kStageO && stage_o) {
     attn_detail::named_bar_sync(attn_detail::kConsumersBar, 128 * Cfg::kConsumers);
     const int warp = tid >> 5, lane = tid & 31;
@@ -654,15 +661,21 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       unsigned char* srow = stage + ((lane >> 2) + 8 * hh) * kOPitch;
+      const bool real_row = rb + r0 + 8 * hh < p.Sq;   // rows past Sq are staged, never stored
 #pragma unroll
       for (int jj = 0; jj < D / 8; ++jj) {
         const float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
-        *reinterpret_cast<unsigned*>(srow + 2 * (8 * jj + q2)) =
-            Cfg::kOut == ATTN_OUT_BF16 ? f32x2_to_bf16x2(v0, v1) : f32x2_to_f16x2(v0, v1);
+        if (Cfg::kOut == ATTN_OUT_E4M3) {
+          if (real_row) amax = fmaxf(amax, fmaxf(fabsf(v0), fabsf(v1)));
+          *reinterpret_cast<unsigned short*>(srow + 8 * jj + q2) = f32x2_to_e4m3x2(v0 * p.o_scale, v1 * p.o_scale);
+        } else {
+          *reinterpret_cast<unsigned*>(srow + 2 * (8 * jj + q2)) =
+              Cfg::kOut == ATTN_OUT_BF16 ? f32x2_to_bf16x2(v0, v1) : f32x2_to_f16x2(v0, v1);
+        }
       }
     }
     __syncwarp();
-    constexpr int kChunks = D * 2 / 16;             // 16-byte pieces per row
+    constexpr int kChunks = D * kOBytes / 16;       // 16-byte pieces per row
     constexpr int kRowsPerPass = 32 / kChunks;      // rows one warp writes per pass
     const int row0 = rb + 16 * warp;
 #pragma unroll
@@ -671,19 +684,17 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       if (row < p.Sq) {
         const uint4 piece = *reinterpret_cast<const uint4*>(stage + r * kOPitch + 16 * chunk);
         char* dst = reinterpret_cast<char*>(p.O) +
-                    ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * 2 + 16 * chunk;
+                    ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes + 16 * chunk;
         *reinterpret_cast<uint4*>(dst) = piece;
       }
     }
   }
-  float amax = 0.0f;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = rb + r0 + 8 * hh;
     if (row < p.Sq && (!kStageO || !stage_o || p.lse)) {
       char* row_ptr = reinterpret_cast<char*>(p.O) +
-                      ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) *
-                          (Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2);
+                      ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes;
 #pragma unroll
       for (int jj = 0; jj < D / 8 && !(kStageO && stage_o); ++jj) {
         const float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
