@@ -561,6 +561,10 @@ __device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
   const unsigned base = (threadIdx.x & 31u) & ~3u;
   const unsigned src1 = base + 2u * odd + hi;          // matching 1
   const unsigned src2 = base + 2u * odd + 1u - hi;     // matching 2
+  // The words from quad lanes 2*(q%2) and 2*(q%2)+1 are r1, r2 (q < 2) or r2, r1 (q >= 2): the
+  // byte selectors swap their operands instead of two selects per word pair.
+  const unsigned sel_lo = hi ? 0x1054u : 0x5410u;
+  const unsigned sel_hi = hi ? 0x3276u : 0x7632u;
 #pragma unroll
   for (int c = 0; c < N / 32; ++c) {
 #pragma unroll
@@ -576,10 +580,8 @@ __device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
       const unsigned v = x[1] | (x[3] << 16);   // columns 8*1.., 8*3..
       const unsigned r1 = __shfl_sync(0xffffffffu, odd ? v : u, src1);
       const unsigned r2 = __shfl_sync(0xffffffffu, odd ? u : v, src2);
-      const unsigned ev = hi ? r2 : r1;         // word from quad lane 2*(q%2)
-      const unsigned od = hi ? r1 : r2;         // word from quad lane 2*(q%2)+1
-      a[4 * c + h] = byte_perm(ev, od, 0x5410u);
-      a[4 * c + 2 + h] = byte_perm(ev, od, 0x7632u);
+      a[4 * c + h] = byte_perm(r1, r2, sel_lo);
+      a[4 * c + 2 + h] = byte_perm(r1, r2, sel_hi);
     }
   }
 }
