@@ -144,6 +144,10 @@ class Emitter {
   void emit_memory(const Op& op);
   void emit_gather(const Op& op);
   void emit_elementwise(const Op& op);
+  // Defines op's result as `expr` (a scalar result) or as tj::dev::map of a lambda with `capture`
+  // and `params` returning `expr` over `args` (a tile in layout L).
+  void define_mapped(const Op& op, const Layout& L, const char* capture, const std::vector<std::string>& params,
+                     const std::string& expr, const std::vector<std::string>& args);
   void emit_shape(const Op& op);
   void emit_reduce(const Op& op);
   void emit_dot(const Op& op);
@@ -648,12 +652,17 @@ void Emitter::emit_elementwise(const Op& op) {
     case OpKind::cast: expr = cast_expr(f_.type(op.operands[0]).dtype, rt.dtype, vars[0]); break;
     default: break;
   }
+  define_mapped(op, L, "[]", params, expr, args);
+}
+
+void Emitter::define_mapped(const Op& op, const Layout& L, const char* capture, const std::vector<std::string>& params,
+                            const std::string& expr, const std::vector<std::string>& args) {
   if (L.is_scalar()) {
     define(op.result, expr, op.loc);
     return;
   }
   define(op.result,
-         fmt::format("tj::dev::map<{}>([]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), expr,
+         fmt::format("tj::dev::map<{}>({}({}) {{ return {}; }}, {})", alias(L), capture, fmt::join(params, ", "), expr,
                      fmt::join(args, ", ")),
          op.loc);
 }
@@ -673,14 +682,7 @@ void Emitter::emit_gather(const Op& op) {
     vars.push_back(L.is_scalar() ? fmt::format("(long long)({})", ref(v)) : fmt::format("i{}", i));
   }
   const std::string call = fmt::format("tj::dev::gather_at<{}>({}, {})", elem, tensor, fmt::join(vars, ", "));
-  if (L.is_scalar()) {
-    define(op.result, call, op.loc);
-    return;
-  }
-  define(op.result,
-         fmt::format("tj::dev::map<{}>([=]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), call,
-                     fmt::join(args, ", ")),
-         op.loc);
+  define_mapped(op, L, "[=]", params, call, args);
 }
 
 void Emitter::emit_shape(const Op& op) {
