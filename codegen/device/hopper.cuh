@@ -1,7 +1,7 @@
 #pragma once
 // tilejit device library: Hopper (sm_90a) building blocks for `dot` and its pipelines.
 //
-//   mbarrier      mbar_init / mbar_arrive / mbar_arrive_expect_tx / mbar_try_wait / mbar_wait ...
+//   mbarrier      mbar_init / mbar_arrive / mbar_arrive_expect_tx / mbar_try_wait / mbar_test_wait / mbar_wait ...
 //   TMA           TmaDescriptor, prefetch_tma_descriptor, tma_load_{2,3,4,5}d (+ multicast,
 //                 + L2 hint), tma_store_{2,3,4,5}d, tma_store_commit / tma_store_wait<N>
 //   cluster       cluster_ctarank, cluster_sync, mbar_arrive_cluster
@@ -156,6 +156,18 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned 
   asm volatile(
       "{\n.reg .pred p;\n"
       "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(smem_u32(bar)), "r"(phase)
+      : "memory");
+  return ok != 0u;
+}
+// Non-blocking: whether that phase has completed now (try_wait may suspend the thread a while).
+__device__ __forceinline__ bool mbar_test_wait(unsigned long long* bar, unsigned phase) {
+  unsigned ok;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
       "selp.u32 %0, 1, 0, p;\n}\n"
       : "=r"(ok)
       : "r"(smem_u32(bar)), "r"(phase)

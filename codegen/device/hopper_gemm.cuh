@@ -291,6 +291,37 @@ struct Sm90Gemm {
     return (unsigned)(((32 * kk) / W) * (BN * W) + (32 * kk) % W);
   }
 
+  static __device__ __forceinline__ void advance_stage(unsigned& s, unsigned& ph) {
+    if (++s == (unsigned)S) {
+      s = 0;
+      ph ^= 1u;
+    }
+  }
+
+  // One stage's wgmmas into t (fresh: the first overwrites t instead of adding), committed as
+  // one batch.
+  __device__ __forceinline__ void issue_batch(float (&t)[Cfg::kMBlocks][BN / 2], unsigned s,
+                                              unsigned long long da0, unsigned long long db0,
+                                              bool fresh) {
+    constexpr int TA = Cfg::kTA, TB = Cfg::kTB;
+    const unsigned long long da = desc_advance(da0, s * (unsigned)Cfg::kABytes);
+    const unsigned long long db = desc_advance(db0, s * (unsigned)Cfg::kBBytes);
+#pragma unroll
+    for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(t[mb]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK / 32; ++kk) {
+#pragma unroll
+      for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
+        mma_async_ss<BN, TA, TB>(t[mb], desc_advance(da, (unsigned)(mb * 64 * W) + a_koff(kk)),
+                                 desc_advance(db, b_koff(kk)), (!fresh || kk > 0) ? 1 : 0);
+      }
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(t[mb]);
+  }
+
   // The K loop of the current tile: acc = A[m0.., :] . B[n0.., :]^T.
   __device__ __forceinline__ void mainloop(float (&acc)[Cfg::kMBlocks][BN / 2]) {
     constexpr int TA = Cfg::kTA, TB = Cfg::kTB;
@@ -318,49 +349,46 @@ struct Sm90Gemm {
       // interval doubled the instruction stream, which holds the other consumer's wgmma issue
       // on the same SM sub-partitions.
       zero(acc);
+      // Software-pipelined so that only the FADDs sit between the drain of an interval and the
+      // issue of the next one: the next stage's barrier is tested and its descriptors formed
+      // while the tensor cores still work (a barrier wait there cost each interval its latency).
+      unsigned s = it % (unsigned)S, ph = (it / (unsigned)S) & 1u;
+      mbar_wait(&full_bar[s], ph);
+      issue_batch(tmp, s, da0, db0, true);
 #pragma unroll 1
-      for (int kb0 = 0; kb0 < num_kb;) {
+      for (int kb0 = 0;;) {   // one promotion interval per iteration; its first K block is in flight
         const int len = kb0 == 0 ? first_len : Cfg::kPromote;
         const int kend = kb0 + len < num_kb ? kb0 + len : num_kb;
-        int pending = -1;
+        unsigned cur = s;
+        advance_stage(s, ph);
 #pragma unroll 1
-        for (int kb = kb0; kb < kend; ++kb, ++it) {
-          const int s = (int)(it % (unsigned)S);
-          mbar_wait(&full_bar[s], (it / (unsigned)S) & 1u);
-          const unsigned long long da = desc_advance(da0, (unsigned)(s * Cfg::kABytes));
-          const unsigned long long db = desc_advance(db0, (unsigned)(s * Cfg::kBBytes));
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < Cfg::kBK / 32; ++kk) {
-#pragma unroll
-            for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
-              mma_async_ss<BN, TA, TB>(tmp[mb],
-                                       desc_advance(da, (unsigned)(mb * 64 * W) + a_koff(kk)),
-                                       desc_advance(db, b_koff(kk)), (kb > kb0 || kk > 0) ? 1 : 0);
-            }
-          }
-          wgmma_commit();
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
+        for (int kb = kb0 + 1; kb < kend; ++kb) {
+          mbar_wait(&full_bar[s], ph);
+          issue_batch(tmp, s, da0, db0, false);
           wgmma_wait<1>();
 #pragma unroll
           for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-          if (pending >= 0) release_stage(&empty_bar[pending]);
-          pending = s;
+          release_stage(&empty_bar[cur]);
+          cur = s;
+          advance_stage(s, ph);
         }
+        const bool more = kend < num_kb;
+        const bool ready = more && mbar_test_wait(&full_bar[s], ph);
         wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-        release_stage(&empty_bar[pending]);
+        release_stage(&empty_bar[cur]);
 #pragma unroll
         for (int mb = 0; mb < Cfg::kMBlocks; ++mb)
 #pragma unroll
           for (int i = 0; i < BN / 2; ++i)
             acc[mb][i] += tmp[mb][i];
+        if (!more) break;
+        if (!ready) mbar_wait(&full_bar[s], ph);
+        issue_batch(tmp, s, da0, db0, true);
         kb0 = kend;
       }
+      it += (unsigned)num_kb;
     }
 #pragma unroll 1
     for (int kb = 0; kb < (Cfg::kPromote ? 0 : num_kb); ++kb, ++it) {
