@@ -165,10 +165,10 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   w.emit_store_setup();
   w.line(fmt::format("float tj_acc[{}][{}];", p.m_blocks, p.bn / 2));
   w.line("tj_g.zero(tj_acc);");
-  w.line("#pragma unroll 1");
-  w.line("for (; tj_g.tile_valid(); tj_g.next_tile()) {");
+  // Every tile: the K loop, then this epilogue (Sm90Gemm::consume overlaps it with the next
+  // tile's first K block where it can).
+  w.line("tj_g.consume(tj_acc, [&]() {   // the K loop, then per tile:", &g.lk->loc);
   w.indent(1);
-  w.line("tj_g.mainloop(tj_acc);   // the K loop", &g.lk->loc);
   w.line("const long long tj_row0 = (long long)tj_g.m0 + tj::dev::acc_row(0, tj_g.tid);");
   w.line("const long long tj_col0 = (long long)tj_g.n0 + 2 * (tj_g.tid & 3);");
   gemm::AccLayout layout{p.m_blocks, 64, p.bn / 8, "", "", "", "", ""};
@@ -181,7 +181,7 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   }
   w.emit_tile_epilogue(layout);
   w.indent(-1);
-  w.line("}");
+  w.line("});");
   w.indent(-1);
   w.line("}");
   w.line("tj_g.finish();");

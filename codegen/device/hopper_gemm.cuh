@@ -155,6 +155,8 @@ struct Sm90Gemm {
   int t, t_step;   // current cluster tile, step to the next one
   int local;       // pingpong: index of this tile in the CTA's tile sequence (c, c+2, ...)
   unsigned it;     // k-block counter of this consumer in the CTA's stage sequence
+  // kPromote: the partial sums of the current promotion interval (the wgmma accumulators).
+  float part[Cfg::kPromote ? Cfg::kMBlocks : 1][Cfg::kPromote ? BN / 2 : 1];
   int m0, n0;      // this consumer's current rows start at m0 (its first row), columns at n0
 
   // Every thread of the block: carve shared memory, init the barriers, synchronize.
@@ -322,6 +324,100 @@ struct Sm90Gemm {
     for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(t[mb]);
   }
 
+  // The promoted K loop of the current tile (kPromote > 0): its first K block is already in
+  // flight in `part`, issued from stage (s, ph); on return (s, ph) is the next K block's stage.
+  // P = kPromote stages accumulate in part (fresh at each interval's first stage) with one
+  // batch kept in flight, then part is added into acc once every wgmma is done. (The reads of
+  // part sit after an inner loop, where ptxas can see that no wgmma is in flight; reading it
+  // inside the K loop makes ptxas serialize every wgmma, C7514.) The loop is software-pipelined
+  // so that only the adds sit between an interval's drain and the next interval's issue: the
+  // next stage's barrier is tested while the tensor cores still work.
+  // Cooperative consumers share every stage, so if both promoted at the same K block the
+  // tensor cores would idle while both drain and add. Consumer 1's first interval is half as
+  // long: from then on one consumer's drain overlaps the other's wgmmas in flight.
+  __device__ __forceinline__ void promoted_kloop(float (&acc)[Cfg::kMBlocks][BN / 2], unsigned& s, unsigned& ph,
+                                                 unsigned long long da0, unsigned long long db0) {
+    const int first_len = (!Cfg::kPingpong && Cfg::kPromote >= 2 && c == 1) ? Cfg::kPromote / 2 : Cfg::kPromote;
+    // acc starts at 0 so that a promotion is one FADD per register: a select for the first
+    // interval doubled the instruction stream, which holds the other consumer's wgmma issue
+    // on the same SM sub-partitions.
+    zero(acc);
+#pragma unroll 1
+    for (int kb0 = 0;;) {   // one promotion interval per iteration; its first K block is in flight
+      const int len = kb0 == 0 ? first_len : Cfg::kPromote;
+      const int kend = kb0 + len < num_kb ? kb0 + len : num_kb;
+      unsigned cur = s;
+      advance_stage(s, ph);
+#pragma unroll 1
+      for (int kb = kb0 + 1; kb < kend; ++kb) {
+        mbar_wait(&full_bar[s], ph);
+        issue_batch(part, s, da0, db0, false);
+        wgmma_wait<1>();
+#pragma unroll
+        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(part[mb]);
+        release_stage(&empty_bar[cur]);
+        cur = s;
+        advance_stage(s, ph);
+      }
+      const bool more = kend < num_kb;
+      const bool ready = more && mbar_test_wait(&full_bar[s], ph);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(part[mb]);
+      release_stage(&empty_bar[cur]);
+#pragma unroll
+      for (int mb = 0; mb < Cfg::kMBlocks; ++mb)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i)
+          acc[mb][i] += part[mb][i];
+      if (!more) break;
+      if (!ready) mbar_wait(&full_bar[s], ph);
+      issue_batch(part, s, da0, db0, true);
+      kb0 = kend;
+    }
+    it += (unsigned)num_kb;
+  }
+
+  // Shared-memory descriptors of stage 0, this consumer's first m64 block, k slice 0.
+  __device__ __forceinline__ unsigned long long desc_a0() const {
+    return make_desc_kmajor<Cfg::kSwizzle>(sA + (Cfg::kPingpong ? 0 : c * Cfg::kWgM) * W);
+  }
+  __device__ __forceinline__ unsigned long long desc_b0() const { return make_desc_kmajor<Cfg::kSwizzle>(sB); }
+
+  // Every tile of this consumer: the K loop into acc, then epilogue() (which reads acc, m0, n0).
+  // Cooperative with promotion, the next tile's first K block is issued into `part` before the
+  // epilogue, so the tensor cores work through it (acc alone holds the finished tile). The
+  // epilogue is written twice, after the last tile and with `part` in flight: where the two
+  // paths merged, ptxas waited for the wgmmas (C7517) before the epilogue.
+  template <class Epilogue>
+  __device__ __forceinline__ void consume(float (&acc)[Cfg::kMBlocks][BN / 2], Epilogue&& epilogue) {
+    if constexpr (Cfg::kPromote > 0 && !Cfg::kPingpong) {
+      if (!tile_valid()) return;
+      const unsigned long long da0 = desc_a0(), db0 = desc_b0();
+      unsigned s = it % (unsigned)S, ph = (it / (unsigned)S) & 1u;
+      mbar_wait(&full_bar[s], ph);
+      issue_batch(part, s, da0, db0, true);
+#pragma unroll 1
+      for (;;) {
+        promoted_kloop(acc, s, ph, da0, db0);
+        if (t + t_step >= rs.total) {
+          epilogue();
+          break;
+        }
+        mbar_wait(&full_bar[s], ph);
+        issue_batch(part, s, da0, db0, true);
+        epilogue();   // a second copy: merged with the path above, ptxas drained part first
+        next_tile();
+      }
+    } else {
+#pragma unroll 1
+      for (; tile_valid(); next_tile()) {
+        mainloop(acc);
+        epilogue();
+      }
+    }
+  }
+
   // The K loop of the current tile: acc = A[m0.., :] . B[n0.., :]^T.
   __device__ __forceinline__ void mainloop(float (&acc)[Cfg::kMBlocks][BN / 2]) {
     constexpr int TA = Cfg::kTA, TB = Cfg::kTB;
@@ -329,66 +425,13 @@ struct Sm90Gemm {
       // wait until the other consumer has passed all stage waits of tile local-1
       if (local >= 1) mbar_wait(&order_bar[1 - c], (unsigned)(((local - 1) >> 1) & 1));
     }
-    const int row_off = Cfg::kPingpong ? 0 : c * Cfg::kWgM;
-    // Descriptors of stage 0, this consumer's first m64 block, k slice 0.
-    const unsigned long long da0 = make_desc_kmajor<Cfg::kSwizzle>(sA + row_off * W);
-    const unsigned long long db0 = make_desc_kmajor<Cfg::kSwizzle>(sB);
+    const unsigned long long da0 = desc_a0(), db0 = desc_b0();
     int prev_s = 0;
-    float tmp[Cfg::kPromote ? Cfg::kMBlocks : 1][Cfg::kPromote ? BN / 2 : 1];
-    if constexpr (Cfg::kPromote) zero(tmp);
     if constexpr (Cfg::kPromote) {
-      // P = kPromote stages accumulate in tmp (fresh at each interval's first stage) with one
-      // batch kept in flight, then tmp is added into acc once every wgmma is done. (The reads
-      // of tmp sit after an inner loop, where ptxas can see that no wgmma is in flight;
-      // reading it inside the K loop makes ptxas serialize every wgmma, C7514.)
-      // Cooperative consumers share every stage, so if both promoted at the same K block the
-      // tensor cores would idle while both drain and add. Consumer 1's first interval is half
-      // as long: from then on one consumer's drain overlaps the other's wgmmas in flight.
-      const int first_len = (!Cfg::kPingpong && Cfg::kPromote >= 2 && c == 1) ? Cfg::kPromote / 2 : Cfg::kPromote;
-      // acc starts at 0 so that a promotion is one FADD per register: a select for the first
-      // interval doubled the instruction stream, which holds the other consumer's wgmma issue
-      // on the same SM sub-partitions.
-      zero(acc);
-      // Software-pipelined so that only the FADDs sit between the drain of an interval and the
-      // issue of the next one: the next stage's barrier is tested and its descriptors formed
-      // while the tensor cores still work (a barrier wait there cost each interval its latency).
       unsigned s = it % (unsigned)S, ph = (it / (unsigned)S) & 1u;
       mbar_wait(&full_bar[s], ph);
-      issue_batch(tmp, s, da0, db0, true);
-#pragma unroll 1
-      for (int kb0 = 0;;) {   // one promotion interval per iteration; its first K block is in flight
-        const int len = kb0 == 0 ? first_len : Cfg::kPromote;
-        const int kend = kb0 + len < num_kb ? kb0 + len : num_kb;
-        unsigned cur = s;
-        advance_stage(s, ph);
-#pragma unroll 1
-        for (int kb = kb0 + 1; kb < kend; ++kb) {
-          mbar_wait(&full_bar[s], ph);
-          issue_batch(tmp, s, da0, db0, false);
-          wgmma_wait<1>();
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-          release_stage(&empty_bar[cur]);
-          cur = s;
-          advance_stage(s, ph);
-        }
-        const bool more = kend < num_kb;
-        const bool ready = more && mbar_test_wait(&full_bar[s], ph);
-        wgmma_wait<0>();
-#pragma unroll
-        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(tmp[mb]);
-        release_stage(&empty_bar[cur]);
-#pragma unroll
-        for (int mb = 0; mb < Cfg::kMBlocks; ++mb)
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i)
-            acc[mb][i] += tmp[mb][i];
-        if (!more) break;
-        if (!ready) mbar_wait(&full_bar[s], ph);
-        issue_batch(tmp, s, da0, db0, true);
-        kb0 = kend;
-      }
-      it += (unsigned)num_kb;
+      issue_batch(part, s, da0, db0, true);
+      promoted_kloop(acc, s, ph, da0, db0);
     }
 #pragma unroll 1
     for (int kb = 0; kb < (Cfg::kPromote ? 0 : num_kb); ++kb, ++it) {
