@@ -27,9 +27,10 @@ using scalar::binary_expr;
 
 namespace {
 
-// gemm_common.cuh's staging geometry: 64 bytes of each row per chunk, rows 80 bytes apart.
+// gemm_common.cuh's staging geometry: 64 bytes of each row per chunk, rows 64 bytes apart
+// (its pieces swizzled: gemm_stage_offset).
 constexpr int kGemmStageChunkBytes = 64;
-constexpr int kGemmStagePitch = 80;
+constexpr int kGemmStagePitch = 64;
 
 Rate join(Rate a, Rate b) { return static_cast<Rate>(static_cast<int>(a) | static_cast<int>(b)); }
 
@@ -588,8 +589,8 @@ void EpilogueWriter::emit_tile_epilogue(const AccLayout& acc) {
                      C, g_.store_col_dim, C, g_.store_row_dim, cbytes, mem, C));
     if (!acc.stage_sync.empty()) line(acc.stage_sync);
     line(fmt::format("unsigned char* const tj_sbuf = {};", acc.stage_buf));
-    line(fmt::format("const int tj_spair = (({0}) >> 2) * {1} + 2 * (({0}) & 3) * {2};   // this thread's pair in the buffer",
-                     acc.lane, kGemmStagePitch, cbytes));
+    line(fmt::format("const int tj_srow = ({0}) >> 2, tj_sbyte = 2 * (({0}) & 3) * {1};   // this thread's pair in a chunk",
+                     acc.lane, cbytes));
     line("#pragma unroll");
     line(fmt::format("for (int tj_ch = 0; tj_ch < {}; ++tj_ch) {{", acc.col_octets / chunk_octets));
     ++indent_;
@@ -640,9 +641,9 @@ void EpilogueWriter::emit_tile_epilogue(const AccLayout& acc) {
       "tj_out[0], tj_out[1], tj_vec);",
       dtag(cparam.dtype), C, g_.store_col_dim);
   if (staged) {
-    line(fmt::format("if (tj_stage) tj::dev::gemm_stage_pair<{}>(tj_sbuf, tj_spair + (16 * tj_mb + 8 * tj_h) * {} + 8 * tj_jj * {}, "
-                     "tj_out[0], tj_out[1]);",
-                     dtag(cparam.dtype), kGemmStagePitch, cbytes),
+    line(fmt::format("if (tj_stage) tj::dev::gemm_stage_pair<{}>(tj_sbuf, tj::dev::gemm_stage_offset(tj_srow + 16 * tj_mb + 8 * tj_h, "
+                     "tj_sbyte + 8 * tj_jj * {}), tj_out[0], tj_out[1]);",
+                     dtag(cparam.dtype), cbytes),
          &st.loc);
     line("else " + direct, &st.loc);
   } else {

@@ -316,10 +316,12 @@ TEST_CASE("gemm: the benchmark configs assemble without spills (ptxas -v)") {
     CHECK(info.spill_loads == 0);
     // e.g. C7514: wgmmas serialized because accumulator registers are read while wgmmas run
     CHECK_FALSE(contains(r.log, "Potential Performance Loss"));
-    // the K loop stays a loop (one stage's wgmmas: BK/32 per m64 block), however K is known
+    // the K loop stays a loop however K is known: one stage's wgmmas (4 for these 128-byte K
+    // stages, per m64 block) at no more than four issue sites (the promoted loop's: the first
+    // tile's first stage, an interval's first, the rest, the next tile's first before the epilogue)
     size_t wgmmas = 0;
     for (size_t p = r.ptx.find("wgmma.mma_async"); p != std::string::npos; p = r.ptx.find("wgmma.mma_async", p + 1)) ++wgmmas;
-    CHECK(wgmmas <= 8);
+    CHECK(wgmmas <= 16);
     CHECK(info.registers > 0);
   }
 }
@@ -389,7 +391,7 @@ TEST_CASE("gemm: the epilogue runs at each value's rate (scalar, per row, per co
   CHECK_FALSE(contains(g.source, "__syncthreads"));
   CHECK(contains(g.source, "tj::dev::gemm_flush_chunk<tj::dev::f32, 1, 64>("));
   CHECK(contains(g.source, "for (int tj_ch = 0; tj_ch < 8; ++tj_ch)"));
-  CHECK(g.dynamic_smem_bytes == 1024 + 4 * 256 * 128 + 10 * 8 + 8 * 16 * 80);
+  CHECK(g.dynamic_smem_bytes == 1024 + 4 * 256 * 128 + 10 * 8 + 8 * 16 * 64);
   const auto r = nvrtc(g, "sm_90a", false);
   CHECK(contains(r.ptx, "wgmma.mma_async"));
   CHECK(contains(r.ptx, "st.global.v4"));

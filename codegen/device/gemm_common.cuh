@@ -62,10 +62,19 @@ __device__ __forceinline__ void gemm_store_pair(typename E::mem* p, bool row_ok,
 // scattered over 8 rows) into a small shared-memory buffer, then stores whole 16-byte row pieces
 // (full 32-byte sectors) -- the accumulator layout's direct stores fill half of every sector per
 // instruction. A chunk is 64 bytes of each of the warp's rows: kRowBlocks blocks of 16 rows,
-// kGemmStagePitch bytes apart (16 of padding keep the pair writes of the 8 row groups in
-// distinct banks).
+// kGemmStagePitch bytes apart, unpadded; the four 16-byte pieces of row r are stored in the
+// order piece ^ s(r), s(r) = bit 1 of r -> bit 1, bit 2 of r -> bit 0. Then the pair writes of
+// a warp (4-byte pairs: 8 rows x one piece; 8-byte pairs: 4 rows x two pieces per half warp)
+// and the 16-byte piece reads (2 whole rows per quarter warp) all hit 32 distinct banks (a
+// padded pitch of 80 bytes left 8-byte pairs and the piece reads 2-way conflicts).
 constexpr int kGemmStageChunkBytes = 64;
-constexpr int kGemmStagePitch = kGemmStageChunkBytes + 16;
+constexpr int kGemmStagePitch = kGemmStageChunkBytes;
+
+// Byte offset in the staging buffer of byte b (0..63) of the chunk's row r.
+__device__ __forceinline__ int gemm_stage_offset(int r, int b) {
+  const int s = (((r >> 1) & 1) << 1) | ((r >> 2) & 1);
+  return r * kGemmStagePitch + ((((b >> 4) ^ s) << 4) | (b & 15));
+}
 
 // The pair (v0, v1) at byte `off` of the warp's staging buffer.
 template <class E>
@@ -100,7 +109,7 @@ __device__ __forceinline__ void gemm_flush_chunk(const unsigned char* buf, typen
       const int r = (lane >> 2) + 8 * pass;
       const long long row = row0 + kRowBlockStride * mb + r;
       if (row >= M) continue;
-      const unsigned char* src = buf + (16 * mb + r) * kGemmStagePitch + 16 * piece;
+      const unsigned char* src = buf + gemm_stage_offset(16 * mb + r, 16 * piece);
       Mm* dst = c + row * rs + col;
       if (col + kPer <= N) {
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
