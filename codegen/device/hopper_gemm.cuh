@@ -40,10 +40,9 @@
 //     g.consumer_begin();
 //     float acc[Cfg::kMBlocks][Cfg::kBN / 2];
 //     g.zero(acc);
-//     for (; g.tile_valid(); g.next_tile()) {
-//       g.mainloop(acc);
+//     g.consume(acc, [&] {   // once per tile, after its K loop:
 //       // epilogue: acc[mb][i] is D[g.m0 + 64*mb + acc_row(i, g.tid)][g.n0 + acc_col(i, g.tid)]
-//     }
+//     });                    // (or: for (; g.tile_valid(); g.next_tile()) { g.mainloop(acc); ... })
 //   }
 //   g.finish();
 //
