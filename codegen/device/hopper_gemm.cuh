@@ -437,24 +437,8 @@ struct Sm90Gemm {
       const int s = (int)(it % (unsigned)S);
       const unsigned ph = (it / (unsigned)S) & 1u;
       mbar_wait(&full_bar[s], ph);
-      const unsigned long long da = desc_advance(da0, (unsigned)(s * Cfg::kABytes));
-      const unsigned long long db = desc_advance(db0, (unsigned)(s * Cfg::kBBytes));
       if constexpr (Cfg::kPromote == 0) {
-#pragma unroll
-        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < Cfg::kBK / 32; ++kk) {
-#pragma unroll
-          for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
-            mma_async_ss<BN, TA, TB>(acc[mb],
-                                     desc_advance(da, (unsigned)(mb * 64 * W) + a_koff(kk)),
-                                     desc_advance(db, b_koff(kk)), (kb > 0 || kk > 0) ? 1 : 0);
-          }
-        }
-        wgmma_commit();
-#pragma unroll
-        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(acc[mb]);
+        issue_batch(acc, (unsigned)s, da0, db0, kb == 0);
         // Keep one batch in flight: the previous k block's wgmmas are done after this.
         wgmma_wait<1>();
 #pragma unroll
