@@ -323,6 +323,15 @@ struct Sm90Gemm {
     for (int mb = 0; mb < Cfg::kMBlocks; ++mb) fence_acc<BN / 2>(t[mb]);
   }
 
+  // kPromote: the current tile's first K block into `part`, from the stage (s, ph) of K block `it`.
+  __device__ __forceinline__ void issue_first_kblock(unsigned& s, unsigned& ph, unsigned long long da0,
+                                                     unsigned long long db0) {
+    s = it % (unsigned)S;
+    ph = (it / (unsigned)S) & 1u;
+    mbar_wait(&full_bar[s], ph);
+    issue_batch(part, s, da0, db0, true);
+  }
+
   // The promoted K loop of the current tile (kPromote > 0): its first K block is already in
   // flight in `part`, issued from stage (s, ph); on return (s, ph) is the next K block's stage.
   // P = kPromote stages accumulate in part (fresh at each interval's first stage) with one
@@ -393,9 +402,8 @@ struct Sm90Gemm {
     if constexpr (Cfg::kPromote > 0 && !Cfg::kPingpong) {
       if (!tile_valid()) return;
       const unsigned long long da0 = desc_a0(), db0 = desc_b0();
-      unsigned s = it % (unsigned)S, ph = (it / (unsigned)S) & 1u;
-      mbar_wait(&full_bar[s], ph);
-      issue_batch(part, s, da0, db0, true);
+      unsigned s, ph;
+      issue_first_kblock(s, ph, da0, db0);
 #pragma unroll 1
       for (;;) {
         promoted_kloop(acc, s, ph, da0, db0);
@@ -427,9 +435,8 @@ struct Sm90Gemm {
     const unsigned long long da0 = desc_a0(), db0 = desc_b0();
     int prev_s = 0;
     if constexpr (Cfg::kPromote) {
-      unsigned s = it % (unsigned)S, ph = (it / (unsigned)S) & 1u;
-      mbar_wait(&full_bar[s], ph);
-      issue_batch(part, s, da0, db0, true);
+      unsigned s, ph;
+      issue_first_kblock(s, ph, da0, db0);
       promoted_kloop(acc, s, ph, da0, db0);
     }
 #pragma unroll 1
