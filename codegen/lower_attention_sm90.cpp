@@ -167,7 +167,7 @@ int max_bn(bool fp8, int64_t D, int consumers) {
     if (D == 128) return 64;
     return 0;
   }
-  if (fp8) return D == 64 ? 256 : (D == 128 ? 192 : 128);
+  if (fp8) return D == 64 ? 256 : (D == 128 ? 224 : 128);
   return D == 256 ? 64 : 128;
 }
 
@@ -204,25 +204,29 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                            "(config knob lowering = 0 selects the SIMT path)",
                            bm));
   const int consumers = static_cast<int>(bm / 64);
+  // fp8: the producer's spare warps permute each V stage so that P needs no shuffles (16-bit: no
+  // effect). On by default with 2+ consumers; with one, the permutation cost about what it saved
+  // (H100, session 7: m128 n192 +1-3%, m64 n192 -3%).
+  const bool vperm = cfg.knob("attn_vperm", consumers >= 2 ? 1 : 0) != 0;
   const int limit = max_bn(fp8, D, consumers);
-  const int64_t bn_mult = fp8 ? 64 : 16;
-  const bool bn_defined = bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 256;   // wgmma wrappers
-  if (bn % bn_mult != 0 || bn < 64 || bn > limit || !bn_defined)
-    throw fail(fmt::format("block n (the key block) must be a multiple of {} in [64, {}] among 64, 96, 128, 192, 256 "
-                           "for head dim {} with {} consumer warpgroup(s), not {}",
+  const int64_t bn_mult = fp8 ? 32 : 16;
+  const bool bn_listed = bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 224 || bn == 256;
+  if (bn % bn_mult != 0 || bn < 64 || bn > limit || !bn_listed)
+    throw fail(fmt::format("block n (the key block) must be a multiple of {} in [64, {}] among 64, 96, 128, 192, 224, "
+                           "256 for head dim {} with {} consumer warpgroup(s), not {}",
                            bn_mult, limit, D, consumers, bn));
   if (stages < 1 || stages > 4) throw fail(fmt::format("num_stages must be in [1, 4], not {}", stages));
   if (wgsync && consumers != 2) throw fail("knob attn_wgsync = 1 needs block m = 128 (two consumer warpgroups)");
   const int es = fp8 ? 1 : 2;
   const int64_t dbytes = Dqk * es;   // a Q / K row
   // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, barriers, block classes
-  const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (1 + 4 * stages) * 8 + 512;
+  const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (1 + 5 * stages) * 8 + 512;
   if (smem > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
                            smem, stages, t.max_smem_per_block()));
   const int threads = 128 * (1 + consumers);
   const int wq = static_cast<int>(dbytes >= 128 ? 128 : dbytes);
-  const int wv = fp8 ? ((bn % 128 == 0) ? 128 : 64) : 128;
+  const int wv = fp8 ? ((bn % 128 == 0) ? 128 : (bn % 64 == 0) ? 64 : 32) : 128;   // Cfg::kWv
 
   // ---- hooks
   std::optional<HooksSource> hooks_src;
@@ -245,16 +249,17 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                      m->mask_mod ? (block_skip ? ", mask_mod hook with block skipping" : ", mask_mod hook") : "",
                      name(in), name(o.dtype), Dqk, D);
   src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
-                     "{}, {} K/V stages;\n// warpgroups: one TMA producer, {} wgmma consumer(s) of 64 rows{}{}. "
+                     "{}, {} K/V stages;\n// warpgroups: one TMA producer{}, {} wgmma consumer(s) of 64 rows{}{}. "
                      "The main loop is codegen/device/hopper_attention.cuh.\n",
-                     bm, D, bm, bn, stages, consumers, overlap ? ", softmax overlapped with P.V" : "",
-                     wgsync ? ", inter-warpgroup schedule" : "");
+                     bm, D, bm, bn, stages, fp8 && vperm ? " (its other warps permute V's keys for a shuffle-free P)" : "",
+                     consumers, overlap ? ", softmax overlapped with P.V" : "", wgsync ? ", inter-warpgroup schedule" : "");
   src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n";
+  if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, false, {}>;\n\n", Dqk, bn,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk, bn,
                      stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
-                     overlap ? "true" : "false", wgsync ? "true" : "false", D);
+                     overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm ? "true" : "false", D);
   if (hooks_src) src += "// The variant's hooks (codegen/attention_hooks.cpp), from the ops tagged in its trace.\n" + hooks_src->decl + "\n";
   std::vector<std::string> params;
   for (size_t i = 0; i < f.params.size(); ++i) {
@@ -340,6 +345,7 @@ const bool registered = [] {
     if (arch != "sm_90a" || !match_attention_fp8(f)) return knobs;
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
+    if (is_fp8(f.params[0].dtype)) knobs.push_back({"attn_vperm", {1, 0}, 1});
     return knobs;
   });
   return true;

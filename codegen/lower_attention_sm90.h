@@ -23,11 +23,12 @@
 // head dims other than 64/128/256 -- is left to the next lowering (SIMT).
 //
 // Config: block "m" (the query tile: 64, 128 or 192 rows = 1, 2 or 3 consumer warpgroups),
-// block "n" (the key block BN; fp8: a multiple of 64, 16-bit: of 16, within the register budget
-// of the head dim), num_stages (K/V pipeline depth, 1..4); knobs "attn_overlap" (default 1:
-// FA3's intra-warpgroup overlap of softmax and P.V) and "attn_wgsync" (default 0; 1: FA3's
-// inter-warpgroup schedule, 2 consumers only). Configs that match but cannot work throw
-// tj::Error naming the limit.
+// block "n" (the key block BN: 64, 96, 128, 192, 224 or 256 within the register budget of the
+// head dim; fp8: a multiple of 32), num_stages (K/V pipeline depth, 1..4); knobs "attn_overlap"
+// (default 1: FA3's intra-warpgroup overlap of softmax and P.V), "attn_wgsync" (default 0; 1:
+// FA3's inter-warpgroup schedule, 2 consumers only) and "attn_vperm" (fp8; default 1 with 2+
+// consumers: the producer's spare warps permute V's keys in shared memory so that P is packed
+// without shuffles). Configs that match but cannot work throw tj::Error naming the limit.
 //
 // Launch: one CTA per program of the DSL's launch nest [B*H][ceil(Sq/BM)] (program id =
 // bh * m_tiles + m_tile; causal tiles run longest first within a head), 128*(1 + consumers)

@@ -182,6 +182,7 @@ TEST_CASE("attention_fp8: lowered for sm_90a, NVRTC compiles it (e4m3 wgmma, TMA
   };
   for (Case c : {Case{DType::e4m3, 128, 128, 128, false}, Case{DType::e4m3, 64, 128, 256, true},
                  Case{DType::e4m3, 256, 128, 128, false}, Case{DType::e4m3, 128, 64, 64, true},
+                 Case{DType::e4m3, 128, 128, 224, false},
                  Case{DType::bf16, 128, 128, 128, true}, Case{DType::f16, 64, 128, 128, false}}) {
     INFO(fmt::format("{} D={} m={} n={} causal={}", name(c.in), c.D, c.bm, c.bn, c.causal));
     auto specs = attention_specs(c.in, DType::bf16, 2, 4, 1000, 1000, c.D, c.causal, true);
@@ -199,6 +200,25 @@ TEST_CASE("attention_fp8: lowered for sm_90a, NVRTC compiles it (e4m3 wgmma, TMA
     CHECK(ptx.find("cp.async.bulk.tensor.3d") != std::string::npos);
     CHECK(ptx.find("setmaxnreg") != std::string::npos);
     CHECK(ptx.find("mbarrier.try_wait") != std::string::npos);
+    // fp8 with 2+ consumers (the default of knob attn_vperm): the producer's spare warps permute V's
+    // keys, so P reaches the P.V wgmma without index shuffles (what is left broadcasts warp indices);
+    // attn_vperm = 0 converts P with 2 shuffles per 32 keys and half row.
+    if (is_fp8(c.in)) {
+      auto idx_shuffles = [](const std::string& text) {
+        size_t n = 0;
+        for (size_t at = text.find("shfl.sync.idx"); at != std::string::npos; at = text.find("shfl.sync.idx", at + 1)) ++n;
+        return n;
+      };
+      Config no_perm = blocks(c.bm, c.bn);
+      no_perm.knobs["attn_vperm"] = 0;
+      const std::string ptx_no_perm = compile(kernels::attention_fp8(), specs, no_perm, CompileRequest{"sm_90a", true, false}).ptx;
+      Config perm = blocks(c.bm, c.bn);
+      perm.knobs["attn_vperm"] = 1;
+      const std::string ptx_perm = compile(kernels::attention_fp8(), specs, perm, CompileRequest{"sm_90a", true, false}).ptx;
+      CHECK(idx_shuffles(ptx_perm) <= 4);
+      CHECK(idx_shuffles(ptx_no_perm) >= idx_shuffles(ptx_perm) + static_cast<size_t>(2 * c.bn / 32));
+      CHECK(ptx == (c.bm >= 128 ? ptx_perm : ptx_no_perm));
+    }
   }
 }
 
@@ -310,11 +330,15 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
       {DType::e4m3, 1, 2, 200, 200, 64, false, 128, 128}, {DType::e4m3, 2, 1, 333, 517, 128, false, 128, 128},
       {DType::e4m3, 1, 2, 300, 300, 128, true, 128, 128}, {DType::e4m3, 1, 1, 250, 100, 128, true, 64, 64},
       {DType::e4m3, 1, 1, 130, 130, 256, true, 128, 128}, {DType::e4m3, 1, 2, 256, 256, 64, true, 128, 256},
+      {DType::e4m3, 1, 2, 300, 300, 128, true, 128, 224}, {DType::e4m3, 1, 1, 333, 517, 128, false, 64, 224},
       {DType::bf16, 1, 2, 200, 300, 128, false, 128, 128}, {DType::bf16, 1, 1, 190, 190, 64, true, 64, 64},
       {DType::bf16, 1, 1, 129, 129, 256, false, 128, 64}, {DType::f16, 1, 2, 100, 100, 128, true, 128, 128},
   };
   for (const Case& c : cases) {
-    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={}", name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn));
+   // fp8: V's keys permuted in shared memory by the producer's spare warps (the default) and not
+   for (int vperm = is_fp8(c.in) ? 1 : 0; vperm >= 0; --vperm) {
+    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={}", name(c.in), c.B, c.H, c.Sq, c.Skv, c.D,
+                     c.causal, c.bm, c.bn, vperm));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -343,6 +367,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     lse.fill_bytes(0xFF);
     LaunchOptions lo;
     lo.config = blocks(c.bm, c.bn);
+    lo.config->knobs["attn_vperm"] = vperm;
     launch(kernels::attention_fp8(),
            attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(), o.view(),
                           lse.view(), c.causal, true),
@@ -356,6 +381,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     CHECK(mo.cosine >= 0.9999);
     CHECK(ml.nan == 0);
     CHECK(ml.max_abs <= 2e-3);
+   }
   }
 }
 

@@ -103,7 +103,7 @@ struct Problem {
   int Skv_pad = 0;
   unsigned short *q = nullptr, *k = nullptr, *v = nullptr;         // bf16, natural layout
   unsigned short *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;   // f16 copies (lazily)
-  unsigned char *q8 = nullptr, *k8 = nullptr, *vt8 = nullptr, *vt8p = nullptr;
+  unsigned char *q8 = nullptr, *k8 = nullptr, *vt8 = nullptr;
   float *qd = nullptr, *kd = nullptr, *vd = nullptr;
   void* out = nullptr;      // [B,H,Sq,D] up to 2 bytes per element
   float* lse = nullptr;     // [B,H,Sq]
@@ -148,7 +148,7 @@ static Runner make_runner(const char* name) {
     if (Cfg::kFp8) {
       qb = P.q8;
       kb = P.k8;
-      vb = Cfg::kVPerm ? P.vt8p : P.vt8;
+      vb = P.vt8;
       dt = CU_TENSOR_MAP_DATA_TYPE_UINT8;
     } else if (Cfg::kIn == WG_BF16) {
       qb = P.q;

@@ -14,7 +14,7 @@
 //                                          map dims {Skv, D, B*Hkv}, box {Wv, D, 1}
 //   16-bit: V [B*Hkv, Skv, D] natural (MN-major B operand, wgmma transpose bit)
 //                                          map dims {D, Skv, B*Hkv}, box {64, BN, 1}
-// (W = min(D bytes, 128) for Q/K; Wv = 128 if BN % 128 == 0 else 64; es = element bytes.)
+// (W = min(D bytes, 128) for Q/K; Wv = 128, 64 or 32: the widest dividing BN; es = element bytes.)
 //
 // Scaling (FlashAttention-3's FP8 recipe): descales per (batch, kv-head) as f32 arrays with
 // strides (0, 0 = per-tensor broadcast; nullptr = 1). The score scale is one constant
@@ -29,8 +29,7 @@
 // the same running max), so the CPU reference executor reproduces every P quantization.
 //
 // Preconditions: Q/K/V rows 16-byte aligned (TMA); Vt's pad columns [Skv, map width) finite
-// (zeros from the quantize pre-pass: P is 0 there, but 0 * NaN would poison O). kVPerm needs
-// the Vt map to cover whole 32-key groups (width = Skv rounded up to 32).
+// (zeros from the quantize pre-pass: P is 0 there, but 0 * NaN would poison O).
 //
 // Structure (per CTA: one BM = 64*kConsumers row tile of one (b, h); kConsumers = 1, 2 or 3):
 //   warpgroup 0 = producer (setmaxnreg.dec), one thread issues TMA: Q once, then K_j and V_j
@@ -44,9 +43,11 @@
 //   are issued together and the softmax of S_j runs while the P.V wgmma is in flight.
 //   kWgSync: FA3's inter-warpgroup schedule -- named barriers make the consumers take turns
 //   issuing their GEMMs so one's softmax overlaps the other's tensor-core work.
-//   kVPerm (fp8 only): Vt's key index is permuted inside every 32-key group the way
-//   acc_to_a_fp8_kperm expects (the caller's transpose wrote it so), which makes the P
-//   conversion shuffle-free; otherwise acc_to_a_fp8 (exact, 2 shuffles per 32 keys and row).
+//   kVPerm (fp8 only): the producer warpgroup's other three warps permute every landed Vt stage
+//   in shared memory (the keys inside each 16-byte piece, the order acc_to_a_fp8_kperm gives
+//   P's k positions) and signal it on a barrier of their own; the consumers' P conversion is
+//   then shuffle-free (FA3's trick; FA3 permutes while it transposes V). Otherwise
+//   acc_to_a_fp8 (2 shuffles per 32 keys and row). The inputs and the result are the same.
 // Causal masking is top-left aligned (key j visible to query i iff j <= i), like
 // torch.nn.functional.scaled_dot_product_attention(is_causal=True).
 //
@@ -103,8 +104,9 @@ struct AttnCfg {
   static constexpr int kWq = kDBytes >= 128 ? 128 : kDBytes;   // Q/K swizzle width (bytes)
   static constexpr int kQkSwizzle = kWq == 128 ? SWIZZLE_128B : SWIZZLE_64B;
   static constexpr int kQkBlocks = kDBytes / kWq;
-  static constexpr int kWv = kFp8 ? ((kBN % 128 == 0) ? 128 : 64) : 128;
-  static constexpr int kVSwizzle = kWv == 128 ? SWIZZLE_128B : SWIZZLE_64B;
+  // fp8 Vt: the widest swizzle whose blocks tile BN (224 = 7 blocks of 32 bytes)
+  static constexpr int kWv = kFp8 ? ((kBN % 128 == 0) ? 128 : (kBN % 64 == 0) ? 64 : 32) : 128;
+  static constexpr int kVSwizzle = kWv == 128 ? SWIZZLE_128B : kWv == 64 ? SWIZZLE_64B : SWIZZLE_32B;
   static constexpr int kVBlocks = kFp8 ? kBN / kWv : kDv / 64;
   static constexpr int kQBytes = kBM * kDBytes;
   static constexpr int kKBytes = kBN * kDBytes;                // per stage
@@ -120,16 +122,15 @@ struct AttnCfg {
   // One consumer: 232 + 24 registers per thread pair = 128 per thread at launch, so that two
   // CTAs fit an SM when their shared memory does (the lowering asks for 2 blocks per SM then).
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
-  // 1024 alignment slack + Q + stages + barriers (q, 4 per stage) + the block-class table
+  // 1024 alignment slack + Q + stages + barriers (q, 5 per stage) + the block-class table
   static constexpr int kSmemBytes =
-      1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 4 * kStages) * 8 + kClassTable;
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 5 * kStages) * 8 + kClassTable;
 
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "1, 2 or 3 consumer warpgroups");
   static_assert(kIn == WG_E4M3 || kIn == WG_BF16 || kIn == WG_F16, "input type");
   static_assert(kBN % 32 == 0 && kBN >= 64 && kBN <= 256, "BN: multiple of 32 in [64, 256]");
-  static_assert(!kFp8 || kBN % 64 == 0, "fp8: BN must be a multiple of 64 (Vt swizzle blocks)");
   static_assert(kFp8 || kBN % 16 == 0, "16-bit: BN must be a multiple of 16");
   static_assert(kSmemBytes <= 232448, "shared memory exceeds 227 KB");
   static_assert(kStages >= 1 && kStages <= 8, "stages");
@@ -263,6 +264,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned long long* full_v = full_k + S;
   unsigned long long* empty_k = full_v + S;
   unsigned long long* empty_v = empty_k + S;
+  unsigned long long* vperm_done = empty_v + S;   // kVPerm: stage permuted by the producer's warps 1-3
+  // The barrier that says a V stage may be read by the P.V wgmma.
+  unsigned long long* v_ready = Cfg::kVPerm ? vperm_done : full_v;
 
   const int b = bh / p.H;
   const int h = bh - b * p.H;
@@ -275,7 +279,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // What the mask hook makes of key block j for this CTA's rows (NoHooks: 1, all kept). The
   // producer and the consumers walk the same blocks: the ones not classified 0.
   const int m_last = (m0 + BM < p.Sq ? m0 + BM : p.Sq) - 1;
-  unsigned char* class_table = reinterpret_cast<unsigned char*>(empty_v + S);   // [kClassTable]
+  unsigned char* class_table = reinterpret_cast<unsigned char*>(vperm_done + S);   // [kClassTable]
   auto classify_block = [&](int j) -> int {
     const int n0 = j * BN;
     return hooks.classify(m0, m_last, n0, (n0 + BN < p.Skv ? n0 + BN : p.Skv) - 1);
@@ -304,6 +308,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       mbar_init(&full_v[s], 1);
       mbar_init(&empty_k[s], 4 * Cfg::kConsumers);
       mbar_init(&empty_v[s], 4 * Cfg::kConsumers);
+      mbar_init(&vperm_done[s], 3);
     }
     fence_mbarrier_init();
     // Q first, by the thread that made the barriers: its load overlaps the block classes below
@@ -352,6 +357,28 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
           for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
             tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
         }
+      }
+    } else if (Cfg::kVPerm && warp_idx_in_warpgroup() >= 1) {
+      // Warps 1-3 take each V stage as it lands, in the producer's block order: every 16-byte
+      // piece holds keys k0..k0+15 of one d row; word t of the result is keys 2t, 2t+1, 2t+8,
+      // 2t+9 (the key order acc_to_a_fp8_kperm packs P in). The swizzle moves whole pieces, so
+      // the permutation does not depend on it.
+      const int pt = (int)threadIdx.x - 32;
+      int t = 0;
+#pragma unroll 1
+      for (int j = next_block(0); j < n_blocks; j = next_block(j + 1), ++t) {
+        const int s = t % S;
+        mbar_wait(&full_v[s], (unsigned)((t / S) & 1));
+        uint4* piece = reinterpret_cast<uint4*>(sV + s * Cfg::kVBytes);
+#pragma unroll 4
+        for (int i = pt; i < Cfg::kVBytes / 16; i += 96) {
+          const uint4 w = piece[i];
+          piece[i] = make_uint4(byte_perm(w.x, w.z, 0x5410u), byte_perm(w.x, w.z, 0x7632u),
+                                byte_perm(w.y, w.w, 0x5410u), byte_perm(w.y, w.w, 0x7632u));
+        }
+        fence_proxy_async_shared();   // the wgmmas read the stage through the async proxy
+        __syncwarp();
+        if (lane_id() == 0) mbar_arrive(&vperm_done[s]);
       }
     }
     return;
@@ -528,7 +555,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         const int st = t % S, pst = (t - 1) % S;
         const unsigned ph = (unsigned)((t / S) & 1), pph = (unsigned)(((t - 1) / S) & 1);
         mbar_wait(&full_k[st], ph);
-        mbar_wait(&full_v[pst], pph);
+        mbar_wait(&v_ready[pst], pph);
         if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
         fence_acc<BN / 2>(s);
         wgmma_fence();
@@ -579,7 +606,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       {
         const int pst = (t - 1) % S;
         const unsigned pph = (unsigned)(((t - 1) / S) & 1);
-        mbar_wait(&full_v[pst], pph);
+        mbar_wait(&v_ready[pst], pph);
         acc_scale_rows<D>(o, alpha);
         fence_acc<D / 2>(o);
         fence_pa();
@@ -617,7 +644,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         softmax(alpha);
         acc_scale_rows<D>(o, alpha);
         to_a();
-        mbar_wait(&full_v[st], ph);
+        mbar_wait(&v_ready[st], ph);
         fence_acc<D / 2>(o);
         fence_pa();
         wgmma_fence();
