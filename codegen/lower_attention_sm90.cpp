@@ -164,7 +164,7 @@ const char* out_type(DType t) {
 int max_bn(bool fp8, int64_t D, int consumers) {
   if (consumers == 3) {
     if (D == 64) return 128;
-    if (D == 128) return 64;
+    if (D == 128) return fp8 ? 96 : 64;
     return 0;
   }
   if (fp8) return D == 64 ? 256 : (D == 128 ? 224 : 128);

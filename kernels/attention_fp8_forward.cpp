@@ -21,7 +21,7 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   if (!is_fp8(in) && head_dim == 256) bn = 64;
   if (is_fp8(in) && head_dim == 64) bm = 192;
   if (is_fp8(in) && head_dim == 128) bn = 192;
-  (void)qk_head_dim;   // q_residual (Dqk = 2 D <= 256) fits these blocks: at D 128, 181 KB of shared memory
+  // q_residual (Dqk = 2 D <= 256) fits these blocks: at D 128, 181 KB of shared memory
   // A variant's mask favours smaller key blocks (a window, documents, block-mask cells): fp8 D 128
   // then takes 128 (bench/RESULTS.md, session 4: sliding window, documents, block masks).
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
@@ -29,11 +29,21 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the
   // other's main loop (H100, session 4: S 2048 730 vs 688 TFLOP/s, causal 590 vs 525; block-
   // sparse variants up to 1.16x; at S 8192 and up 128 rows stay ahead, 851 vs 789).
-  const bool short_work = (seq_kv > 0 && seq_kv <= 4096) || (key_block > 0 && key_block <= 128);
+  // (Session 7: with 192-row tiles for long rows, non-causal S 4096 moved to them: 870-877 vs 821.)
+  const int64_t short_keys = causal ? 4096 : 2048;
+  const bool short_work = (seq_kv > 0 && seq_kv <= short_keys) || (key_block > 0 && key_block <= 128);
   if (is_fp8(in) && head_dim == 128 && short_work) bm = 64;
+  int stages = 2;
+  // fp8 D 128 with long rows and no mask preference: three consumer warpgroups of key blocks of 96,
+  // 4 stages: more warps hide the softmax's latency (H100, session 7, vs 128 x 192: S 8192 876-913
+  // vs 853-869 TFLOP/s, causal 840-845 vs 798; S 16384 909-924 vs 855-880).
+  if (is_fp8(in) && head_dim == 128 && !short_work && key_block <= 0 && qk_head_dim <= 128) {
+    bm = 192;
+    bn = 96;
+    stages = 4;
+  }
   c.blocks = {{"m", bm}, {"n", bn}};
-  c.num_stages = 2;
-  (void)causal;
+  c.num_stages = stages;
   return c;
 }
 

@@ -265,14 +265,19 @@ TEST_CASE("attention_fp8_forward: recipe errors (hadamard needs a power-of-two h
 
 TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head dim; 16-bit D 256 takes key blocks of 64") {
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 64, false).blocks.at("m") == 192);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false).blocks.at("n") == 96);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("m") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 256, false).blocks.at("n") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, false).blocks.at("n") == 64);
-  // fp8 D 128 with little work per query tile: 64 rows (two CTAs per SM); long dense tiles: 128.
+  // fp8 D 128 with little work per query tile: 64 rows (two CTAs per SM); long dense tiles: 192
+  // rows (three consumer warpgroups) by key blocks of 96, 4 stages.
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 2048).blocks.at("m") == 64);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 2048).blocks.at("n") == 192);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192).blocks.at("m") == 128);
+  const Config long_rows = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192);
+  CHECK(long_rows.blocks.at("m") == 192);
+  CHECK(long_rows.blocks.at("n") == 96);
+  CHECK(long_rows.num_stages == 4);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192).blocks.at("m") == 64);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192).blocks.at("n") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, 2048).blocks.at("m") == 128);
