@@ -80,13 +80,13 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 
 // The config attention_fp8_forward uses by default, the fastest of the harness sweep in
 // bench/RESULTS.md (H200, S >= 2k): fp8 D 64: block m 192 (three consumer warpgroups), n 128;
-// fp8 D 128: m 128, n 192; fp8 D 256 and 16-bit: m 128, n 128 (16-bit D 256: n 64); 2 stages.
-// qk_head_dim (2·D with q_residual, at most 256) fits the same blocks. key_block (an attention
-// variant's, kernels/attention_variant.h; 0: none) caps the key block where it is a valid one.
-// fp8 D 128 takes query blocks of 64 (two CTAs per SM) where a tile has little work: seq_kv (the
-// keys; 0: unknown) up to 4096 (causal) / 2048, or a key_block of 128 or less (a sparse mask); with more keys, no
-// key_block and qk_head_dim <= 128, query blocks of 192 (three consumer warpgroups), key blocks of
-// 96 and 4 stages (H100, session 7).
+// fp8 D 128: m 128, n 192 (but see below); fp8 D 256 and 16-bit: m 128, n 128 (16-bit D 256:
+// n 64); 2 stages. qk_head_dim (2·D with q_residual, at most 256) fits the same blocks. key_block
+// (an attention variant's, kernels/attention_variant.h; 0: none) caps the key block where it is a
+// valid one. fp8 D 128 takes query blocks of 64 (two CTAs per SM) where a tile has little work:
+// seq_kv (the keys; 0: unknown) up to 4096 (causal) / 2048, or a key_block of 128 or less (a
+// sparse mask); with more keys, no key_block and qk_head_dim <= 128, query blocks of 192 (three
+// consumer warpgroups), key blocks of 96 and 4 stages (H100, session 7).
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0,
                                     int64_t key_block = 0, int64_t seq_kv = 0);
 

@@ -16,7 +16,8 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
                                     int64_t seq_kv) {
   Config c;
   // The fastest configs of bench/RESULTS.md's harness sweep (H200, S >= 2k): fp8 head dim 64
-  // takes three consumer warpgroups (block m 192), head dim 128 key blocks of 192.
+  // takes three consumer warpgroups (block m 192), head dim 128 key blocks of 192 (long rows:
+  // 192 x 96, below).
   int64_t bm = 128, bn = 128;
   if (!is_fp8(in) && head_dim == 256) bn = 64;
   if (is_fp8(in) && head_dim == 64) bm = 192;

@@ -665,7 +665,7 @@ std::string documents_text(const std::vector<VariantCase>& cases) {
                      at.empty() ? "" : fmt::format(" ({})", fmt::join(at, "; ")));
 }
 
-// "bf16 m128 n128 s2 (all); fp8 m128 n192 s2 (causal, alibi, ...), fp8 m128 n128 s2 (sliding_window, ...)".
+// "bf16 m128 n128 s2 (all); fp8 m192 n96 s4 (causal, alibi, ...), fp8 m64 n128 s2 (sliding_window, ...)".
 std::string configs_text(const std::vector<CaseLaunch>& launches) {
   auto group = [&](const char* what, Config CaseLaunch::*cfg) {
     std::vector<std::pair<std::string, std::vector<std::string>>> by;   // config -> variants, first-seen order

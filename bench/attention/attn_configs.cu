@@ -18,7 +18,7 @@
 
 // Configs come in causal / non-causal pairs. Naming: <in>_d<D>_bn<BN>_s<stages>[_c3][_ws][_seq][_perm]
 //   c3 / c1: 3 / 1 consumer warpgroups (BM 192 / 64; else 2, BM 128), ws: inter-warpgroup schedule (named
-//   barriers), seq: no intra-warpgroup overlap, perm: k-permuted Vt (shuffle-free P conversion)
+//   barriers), seq: no intra-warpgroup overlap, perm: Vt's keys permuted in shared memory (shuffle-free P)
 #define E4 WG_E4M3
 #define OB ATTN_OUT_BF16
 #define RUN2(v, NAME, D, BN, ST, NC, IN, OUT, OVL, WS, PERM)                                   \
