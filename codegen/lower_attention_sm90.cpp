@@ -260,6 +260,11 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk, bn,
                      stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
                      overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm ? "true" : "false", D);
+  // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
+  // its Cfg. NVRTC checks that the two agree.
+  src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
+                     "match hopper_attention.cuh's Cfg::kSmemBytes\");\n\n",
+                     smem);
   if (hooks_src) src += "// The variant's hooks (codegen/attention_hooks.cpp), from the ops tagged in its trace.\n" + hooks_src->decl + "\n";
   std::vector<std::string> params;
   for (size_t i = 0; i < f.params.size(); ++i) {
