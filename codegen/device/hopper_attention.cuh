@@ -115,10 +115,11 @@ struct AttnCfg {
   static constexpr int kPRegs = kFp8 ? kBN / 8 : kBN / 4;      // A-fragment registers
   static constexpr float kPOffset = kFp8 ? 8.0f : 0.0f;
   // Key blocks whose mask class is computed once per CTA, by all its threads at once, into
-  // shared memory (the walk then reads bytes instead of waiting on a mask's loads block by block),
-  // with a bit per block (class != 0, one ballot per warp) that the walk scans 32 blocks at a time
-  // (causal rows skip ~45 blocks at their end, a window all those before it); blocks past the
-  // table are classified as they come.
+  // shared memory (reading bytes instead of waiting on a mask's loads block by block), with a bit
+  // per block (class != 0, one ballot per warp) and from those the list of the blocks to visit:
+  // the consumers read one entry per step, the producer's warps walk the bits (causal rows skip
+  // ~45 blocks at their end, a window all those before it); blocks past the table are classified
+  // as they come.
   static constexpr int kClassTable = 512;
   static constexpr int kClassWords = kClassTable / 32;
   static constexpr int kProducerRegs = 24;
