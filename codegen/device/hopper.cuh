@@ -149,43 +149,25 @@ __device__ __forceinline__ void mbar_arrive_cluster_release(unsigned long long* 
       "r"(cta_rank)
       : "memory");
 }
+// One parity probe per PTX instruction below, all of the same shape: the predicate comes back as
+// 0/1 (an asm output cannot be a predicate).
+#define TJ_MBAR_PROBE(NAME, INSTR)                                              \
+  __device__ __forceinline__ bool NAME(unsigned long long* bar, unsigned phase) { \
+    unsigned ok;                                                                \
+    asm volatile("{\n.reg .pred p;\n" INSTR " p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n" \
+                 : "=r"(ok)                                                     \
+                 : "r"(smem_u32(bar)), "r"(phase)                               \
+                 : "memory");                                                   \
+    return ok != 0u;                                                            \
+  }
 // True once the phase with parity `phase` (0/1) has completed. Waiting for parity 1 on a freshly
 // initialized barrier returns true at once (the "previous" phase counts as complete).
-__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned phase) {
-  unsigned ok;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(smem_u32(bar)), "r"(phase)
-      : "memory");
-  return ok != 0u;
-}
+TJ_MBAR_PROBE(mbar_try_wait, "mbarrier.try_wait.parity.shared::cta.b64")
 // Non-blocking: whether that phase has completed now (try_wait may suspend the thread a while).
-__device__ __forceinline__ bool mbar_test_wait(unsigned long long* bar, unsigned phase) {
-  unsigned ok;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(smem_u32(bar)), "r"(phase)
-      : "memory");
-  return ok != 0u;
-}
-// Same with acquire at cluster scope (the arrivals came from other CTAs of the cluster).
-__device__ __forceinline__ bool mbar_try_wait_cluster(unsigned long long* bar, unsigned phase) {
-  unsigned ok;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(smem_u32(bar)), "r"(phase)
-      : "memory");
-  return ok != 0u;
-}
+TJ_MBAR_PROBE(mbar_test_wait, "mbarrier.test_wait.parity.shared::cta.b64")
+// Same as mbar_try_wait with acquire at cluster scope (the arrivals came from other CTAs).
+TJ_MBAR_PROBE(mbar_try_wait_cluster, "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64")
+#undef TJ_MBAR_PROBE
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned phase) {
   while (!mbar_try_wait(bar, phase)) {
   }
