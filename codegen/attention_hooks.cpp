@@ -482,4 +482,30 @@ std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHo
   return HookWriter(f, h, sym).run(type, var, skip_blocks, why);
 }
 
+bool mask_keeps_causal(const AttentionHooks& h, const HookSymbols& sym) {
+  if (!h.mask_mod || h.keep < 0) return false;
+  std::map<int, const ir::Op*> def;
+  for (const ir::Op* op : h.ops)
+    if (op->result >= 0) def[op->result] = op;
+  // What a value is, through broadcasts and added dims: 'q' / 'k' for the positions, else 0.
+  auto position = [&](int v) -> char {
+    for (auto d = def.find(v); d != def.end(); d = def.find(v)) {
+      const ir::Op& op = *d->second;
+      if (op.kind == ir::OpKind::arange) {
+        if (op.operands[0] == sym.m_start) return 'q';
+        if (op.operands[0] == sym.n_start) return 'k';
+        return 0;
+      }
+      if (op.kind != ir::OpKind::expand_dims && op.kind != ir::OpKind::broadcast) return 0;
+      v = op.operands[0];
+    }
+    return 0;
+  };
+  auto d = def.find(h.keep);
+  if (d == def.end() || d->second->kind != ir::OpKind::binary) return false;
+  const ir::Op& cmp = *d->second;
+  const char a = position(cmp.operands[0]), b = position(cmp.operands[1]);
+  return (cmp.binary == ir::BinaryFn::le && a == 'k' && b == 'q') || (cmp.binary == ir::BinaryFn::ge && a == 'q' && b == 'k');
+}
+
 }  // namespace tj::codegen

@@ -43,6 +43,10 @@ struct HookSymbols {
   int m_start = -1, n_start = -1;      // starts of the query and key tiles (tile loop indices)
 };
 
+// Whether the mask hook keeps exactly kv <= q (or q >= kv), the kernel's own top-left causal
+// mask: a lowering may then mask and skip blocks as its built-in causal kernel does.
+bool mask_keeps_causal(const AttentionHooks& h, const HookSymbols& sym);
+
 struct HooksSource {
   std::string decl;                    // `struct <type> { ... };`
   std::string init;                    // statements setting up `<var>` in the kernel body, given

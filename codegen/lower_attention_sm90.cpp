@@ -208,6 +208,12 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // effect). On by default with 2+ consumers; with one, the permutation cost about what it saved
   // (H100, session 7: m128 n192 +1-3%, m64 n192 -3%).
   const bool vperm = cfg.knob("attn_vperm", consumers >= 2 ? 1 : 0) != 0;
+  // Of every 8 score exp2s, how many run on the FMA pipes (exp2_fma.cuh) instead of the MUFU.
+  const int64_t exp2_fma = cfg.knob("attn_exp2_fma", 0);
+  if (exp2_fma < 0 || exp2_fma > 8)
+    throw fail(fmt::format("knob attn_exp2_fma counts the score exp2s of every 8 computed on the FMA pipes: 0 to 8, "
+                           "not {}",
+                           exp2_fma));
   const int limit = max_bn(fp8, D, consumers);
   const int64_t bn_mult = fp8 ? 32 : 16;
   const bool bn_listed = bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 224 || bn == 256;
@@ -229,6 +235,24 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const int wv = fp8 ? ((bn % 128 == 0) ? 128 : (bn % 64 == 0) ? 64 : 32) : 128;   // Cfg::kWv
 
   // ---- hooks
+  // A mask hook that keeps exactly kv <= q is the kernel's own causal mask: masked and skipped as
+  // the built-in one does (the last key block from the tile's rows, the diagonal per consumer), no
+  // block table (H100, session 8: the causal variant fp8 S 8192 through its hook 755-767 TFLOP/s,
+  // the built-in causal mask 830-838). Not with block skipping off: that must visit every block.
+  // Knob attn_causal_hook = 1 keeps the hook: the default for 16-bit inputs with a score hook too
+  // (same session, bf16 ALiBi S 2048 / 8192: 398-409 / 508-509 TFLOP/s built in, 411-413 / 534 as
+  // a hook; fp8 ALiBi 527-536 / 618-620 built in, 492-495 / 592-593 as a hook).
+  const int64_t causal_hook_default = !fp8 && hooks && hooks->score_mod ? 1 : 0;
+  bool causal_from_hook = false;
+  if (hooks && hooks->mask_mod && block_skip && cfg.knob("attn_causal_hook", causal_hook_default) == 0 &&
+      mask_keeps_causal(*hooks, hook_symbols(f))) {
+    causal_from_hook = true;
+    m->causal = true;
+    m->mask_mod = false;
+    hooks->mask_mod = false;
+    hooks->keep = -1;
+    if (!hooks->score_mod) hooks.reset();
+  }
   std::optional<HooksSource> hooks_src;
   if (hooks) {
     std::string why;
@@ -245,7 +269,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   src += fmt::format("// config: {}\n", cfg.to_json());
   src += fmt::format("// Recognized as kernels/attention_fp8.cpp (causal: {}, with_lse: {}{}{}): {} inputs, {} output, "
                      "head dims {} (q, k) and {} (v, o).\n",
-                     m->causal ? "yes" : "no", m->with_lse ? "yes" : "no", m->score_mod ? ", score_mod hook" : "",
+                     causal_from_hook ? "yes, the mask hook's kv <= q as the built-in causal mask" : m->causal ? "yes" : "no",
+                     m->with_lse ? "yes" : "no", m->score_mod ? ", score_mod hook" : "",
                      m->mask_mod ? (block_skip ? ", mask_mod hook with block skipping" : ", mask_mod hook") : "",
                      name(in), name(o.dtype), Dqk, D);
   src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
@@ -257,9 +282,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk, bn,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk, bn,
                      stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
-                     overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm ? "true" : "false", D);
+                     overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm ? "true" : "false", D,
+                     exp2_fma);
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
@@ -333,7 +359,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.source = std::move(src);
   g.threads = threads;
   g.dynamic_smem_bytes = static_cast<size_t>(smem);
-  g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "hopper_attention.cuh"};
+  g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "exp2_fma.cuh", "hopper_attention.cuh"};
   if (hooks_src) g.device_headers.push_back("interval.cuh");
   const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);
   g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {0, 1}});
@@ -347,10 +373,14 @@ const bool registered = [] {
   register_lowering(PatternLowering{"sm90_attention", &try_lower});
   autotune::register_knob_provider("sm90_attention", [](const ir::Function& f, const std::string& arch) {
     std::vector<autotune::Knob> knobs;
-    if (arch != "sm_90a" || !match_attention_fp8(f)) return knobs;
+    std::optional<AttentionHooks> hooks;
+    if (arch != "sm_90a" || !match_uncached(f, &hooks)) return knobs;
+    const bool fp8 = is_fp8(f.params[0].dtype);
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
-    if (is_fp8(f.params[0].dtype)) knobs.push_back({"attn_vperm", {1, 0}, 1});
+    if (fp8) knobs.push_back({"attn_vperm", {1, 0}, 1});
+    if (hooks && hooks->mask_mod && mask_keeps_causal(*hooks, hook_symbols(f)))
+      knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
     return knobs;
   });
   return true;

@@ -28,7 +28,11 @@
 // (default 1: FA3's intra-warpgroup overlap of softmax and P.V), "attn_wgsync" (default 0; 1:
 // FA3's inter-warpgroup schedule, 2 consumers only) and "attn_vperm" (fp8; default 1 with 2+
 // consumers: the producer's spare warps permute V's keys in shared memory so that P is packed
-// without shuffles). Configs that match but cannot work throw tj::Error naming the limit.
+// without shuffles) and "attn_exp2_fma" (0-8, default 0: of every 8 score exp2s, how many are
+// computed on the FMA pipes by exp2_fma.cuh instead of the MUFU's ex2.approx) and
+// "attn_causal_hook" (0: a mask hook that keeps exactly kv <= q is lowered as the built-in causal
+// mask; 1 keeps it a hook; default 0, except 1 for 16-bit inputs that also have a score hook). Configs that match but cannot work throw tj::Error naming the
+// limit.
 //
 // Launch: one CTA per program of the DSL's launch nest [B*H][ceil(Sq/BM)] (program id =
 // bh * m_tiles + m_tile; causal tiles run longest first within a head), 128*(1 + consumers)

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "codegen/lower_attention_sm90.h"
@@ -222,11 +223,36 @@ TEST_CASE("attention_fp8: lowered for sm_90a, NVRTC compiles it (e4m3 wgmma, TMA
   }
 }
 
+TEST_CASE("attention_fp8: knob attn_exp2_fma moves that many of every 8 score exp2s from ex2.approx to exp2_fma") {
+  auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 1024, 1024, 128, true, false);
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  // BN 96: 48 score registers per thread, in the first block's softmax and the steady state's; 4
+  // more ex2 for the rescale factors (alpha) of the two half rows
+  for (int k : {0, 3, 8}) {
+    CAPTURE(k);
+    Config c = blocks(192, 96);
+    c.num_stages = 4;
+    c.knobs["attn_exp2_fma"] = k;
+    const std::string ptx = compile(kernels::attention_fp8(), specs, c, CompileRequest{"sm_90a", true, false}).ptx;
+    const size_t fma_per_softmax = 48 / 8 * static_cast<size_t>(k);
+    CHECK(count(ptx, "max.NaN.f32") == 2 * fma_per_softmax);
+    CHECK(count(ptx, "ex2.approx.ftz.f32") == 2 * (48 - fma_per_softmax) + 4);
+  }
+}
+
 TEST_CASE("attention_fp8: configs the lowering cannot take are errors; lowering = 0 and sm_80 take the SIMT path") {
   auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 256, 256, 128, false, false);
   CompileRequest req{"sm_90a", false, false};
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, blocks(32, 128), req), doctest::Contains("block m"), Error);
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, blocks(128, 256), req), doctest::Contains("block n"), Error);
+  Config bad_exp2 = blocks(128, 128);
+  bad_exp2.knobs["attn_exp2_fma"] = 9;
+  CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, bad_exp2, req),
+                       doctest::Contains("knob attn_exp2_fma counts the score exp2s of every 8"), Error);
   Config simt = blocks(64, 64);
   simt.knobs["lowering"] = 0;
   CHECK(compile(kernels::attention_fp8(), specs, simt, req).generated.lowering == "simt");
@@ -336,10 +362,16 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
       {DType::bf16, 1, 1, 129, 129, 256, false, 128, 64}, {DType::f16, 1, 2, 100, 100, 128, true, 128, 128},
   };
   for (const Case& c : cases) {
-   // fp8: V's keys permuted in shared memory by the producer's spare warps (the default) and not
-   for (int vperm = is_fp8(c.in) ? 1 : 0; vperm >= 0; --vperm) {
-    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={}", name(c.in), c.B, c.H, c.Sq, c.Skv, c.D,
-                     c.causal, c.bm, c.bn, vperm));
+   // fp8: V's keys permuted in shared memory by the producer's spare warps (the default) and not;
+   // part or all of the score exp2s on the FMA pipes (knob attn_exp2_fma)
+   struct Knobs {
+     int vperm, exp2_fma;
+   };
+   const std::vector<Knobs> knob_sets =
+       is_fp8(c.in) ? std::vector<Knobs>{{1, 0}, {0, 0}, {1, 3}} : std::vector<Knobs>{{0, 0}, {0, 8}};
+   for (const auto [vperm, exp2_fma] : knob_sets) {
+    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={}", name(c.in), c.B, c.H, c.Sq,
+                     c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -369,6 +401,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     LaunchOptions lo;
     lo.config = blocks(c.bm, c.bn);
     lo.config->knobs["attn_vperm"] = vperm;
+    lo.config->knobs["attn_exp2_fma"] = exp2_fma;
     if (c.bm == 192) lo.config->num_stages = 4;   // the long-row default's ring
     launch(kernels::attention_fp8(),
            attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(), o.view(),
@@ -384,6 +417,64 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     CHECK(ml.nan == 0);
     CHECK(ml.max_abs <= 2e-3);
    }
+  }
+}
+
+TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.approx and exp2_fma alike)") {
+  TJ_REQUIRE_GPU();
+  if (runtime::current_device().arch() != "sm_90a") {
+    MESSAGE("SKIPPED: not a Hopper GPU");
+    return;
+  }
+  std::mt19937 rng(15);
+  const int64_t B = 1, H = 2, S = 300, D = 128, nan_row = 77;
+  HostTensor q = randn(DType::bf16, {B, H, S, D}, rng), k = randn(DType::bf16, {B, H, S, D}, rng),
+             v = randn(DType::bf16, {B, H, S, D}, rng);
+  HostTensor ones = filled(DType::f32, {B, H}, 1.0);
+  Fp8Inputs r8 = quantize_ref(q, k, v);
+  for (DType in : {DType::bf16, DType::e4m3}) {
+    // q, k, v(t), qd, kd, vd; a NaN in query row 77 of head 0 (e4m3: the NaN code 0x7f)
+    std::vector<HostTensor> hin = in == DType::bf16 ? std::vector<HostTensor>{q, k, v, ones, ones, ones}
+                                                    : std::vector<HostTensor>{r8.q8, r8.k8, r8.vt8, r8.qd, r8.kd, r8.vd};
+    hin[0].set(nan_row * D + 5, std::numeric_limits<double>::quiet_NaN());
+    HostTensor o_ref(DType::bf16, {B, H, S, D}), lse_ref(DType::f32, {B, H, S});
+    run_ref(kernels::attention_fp8(),
+            attention_args(hin[0].view(), hin[1].view(), hin[2].view(), hin[3].view(), hin[4].view(), hin[5].view(),
+                           o_ref.view(), lse_ref.view(), true, true),
+            blocks(128, 128));
+    std::vector<DeviceTensor> dev;
+    for (const auto& t : hin) dev.push_back(DeviceTensor::from_host(t));
+    for (int exp2_fma : {0, 3, 8}) {
+      INFO(fmt::format("{} attn_exp2_fma={}", name(in), exp2_fma));
+      DeviceTensor o(DType::bf16, o_ref.shape()), lse(DType::f32, lse_ref.shape());
+      o.fill_bytes(0x3F);   // 0.75-ish bf16: neither NaN nor a plausible output
+      lse.fill_bytes(0x3F);
+      LaunchOptions lo;
+      lo.config = blocks(128, 128);
+      lo.config->knobs["attn_exp2_fma"] = exp2_fma;
+      launch(kernels::attention_fp8(),
+             attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(),
+                            o.view(), lse.view(), true, true),
+             lo);
+      runtime::synchronize();
+      const std::vector<double> got = o.to_host().values(), want = o_ref.values();
+      int nan_in_row = 0, nan_elsewhere = 0;
+      std::vector<double> got_rest, want_rest;
+      for (int64_t i = 0; i < (int64_t)got.size(); ++i) {
+        if (i / D == nan_row) {
+          nan_in_row += std::isnan(got[i]);
+        } else {
+          nan_elsewhere += std::isnan(got[i]);
+          got_rest.push_back(got[i]);
+          want_rest.push_back(want[i]);
+        }
+      }
+      CHECK(nan_in_row == D);
+      CHECK(nan_elsewhere == 0);
+      const Metrics m = compare(got_rest, want_rest);
+      MESSAGE("rows without the NaN vs the CPU reference: " << str(m));
+      CHECK(m.rel_rmse <= 1e-2);
+    }
   }
 }
 

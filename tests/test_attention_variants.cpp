@@ -15,6 +15,7 @@
 #include <random>
 
 #include "attention_accuracy.h"
+#include "autotune/space.h"
 #include "codegen/lower_attention_sm90.h"
 #include "gpu.h"
 #include "kernels/attention_fp8.h"
@@ -331,8 +332,33 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       CHECK(ir::print(f).find(nv.variant.mask_mod ? "#mask_mod" : "#score_mod") != std::string::npos);
       const CompiledKernel& ck = compile(k, specs, variant_config(128, 128), CompileRequest{"sm_90a", true, false});
       CHECK(ck.generated.lowering == "sm90_attention");
-      CHECK(ck.generated.source.find("struct tj_hooks") != std::string::npos);
-      if (nv.variant.mask_mod) CHECK(ck.generated.source.find("kSkipBlocks = true") != std::string::npos);
+      // A mask of exactly kv <= q (causal, ALiBi's) becomes the kernel's built-in causal mask; a
+      // score hook stays. With block skipping off, the mask stays a hook (every block visited).
+      // (16-bit inputs with a score hook keep the mask hook by default: measured faster)
+      const bool causal_mask = nv.variant.name == "attention_causal" || nv.variant.name.find("alibi") != std::string::npos;
+      const bool built_in = causal_mask && (is_fp8(dt) || !nv.variant.score_mod);
+      const std::string& src = ck.generated.source;
+      if (built_in) {
+        CHECK(src.find("causal: yes, the mask hook's kv <= q as the built-in causal mask") != std::string::npos);
+        CHECK((src.find("struct tj_hooks") != std::string::npos) == static_cast<bool>(nv.variant.score_mod));
+        CHECK(src.find("kMask = true") == std::string::npos);
+        const CompiledKernel& no_skip = compile(k, specs, variant_config(128, 128, false), CompileRequest{"sm_90a", false, false});
+        CHECK(no_skip.generated.source.find("kMask = true") != std::string::npos);
+        CHECK(no_skip.generated.source.find("kSkipBlocks = false") != std::string::npos);
+        CHECK(no_skip.generated.source.find("(causal: no") != std::string::npos);
+        Config keep_hook = variant_config(128, 128);
+        keep_hook.knobs["attn_causal_hook"] = 1;
+        const CompiledKernel& hooked = compile(k, specs, keep_hook, CompileRequest{"sm_90a", false, false});
+        CHECK(hooked.generated.source.find("kMask = true") != std::string::npos);
+        CHECK(hooked.generated.source.find("kSkipBlocks = true") != std::string::npos);
+        // and the autotuner may try both
+        bool listed = false;
+        for (const auto& knob : autotune::registered_knobs(f, "sm_90a")) listed |= knob.name == "attn_causal_hook";
+        CHECK(listed);
+      } else {
+        CHECK(src.find("struct tj_hooks") != std::string::npos);
+        if (nv.variant.mask_mod) CHECK(src.find("kSkipBlocks = true") != std::string::npos);
+      }
       // ALiBi's (float)(kv - q): float arithmetic on the positions the main loop passes as floats
       // (no int -> float conversion per score element)
       if (nv.variant.name.find("alibi") != std::string::npos)

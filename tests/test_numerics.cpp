@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "codegen/device/exp2_fma.cuh"   // host-compilable device math
 #include "runtime/numerics.h"
 
 using namespace tj;
@@ -352,4 +353,29 @@ TEST_CASE("numerics: round_to and load/store of every dtype") {
     const float v = e5m2_to_f32(in);
     CHECK((out == in || (std::isnan(v) && out == 0x7F) || (std::isinf(v) && out == ((in & 0x80u) | 0x7Bu))));
   }
+}
+
+// The attention softmax's exp2 on the FMA pipes (knob attn_exp2_fma), compiled for the host here:
+// the same arithmetic as on the GPU (one rounding per add and fma).
+TEST_CASE("numerics: exp2_fma is 2^x within 7.6e-5 relative on the softmax's range; -inf -> 0, NaN -> NaN") {
+  double worst = 0.0;
+  int too_big = 0;
+  auto rel_err = [](float x) { return std::abs(tj::dev::exp2_fma(x) / std::exp2(static_cast<double>(x)) - 1.0); };
+  for (int i = 0; i <= 135 * 4096; ++i) {   // [-127, 8]: below the max (P offset 8) down to 2^-127
+    const float x = -127.0f + static_cast<float>(i) / 4096.0f;
+    if (x >= -125.0f) worst = std::max(worst, rel_err(x));
+    else too_big += tj::dev::exp2_fma(x) > 2.0 * std::exp2(static_cast<double>(x));   // denormal-sized, 0 at -127
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-125.0f, 8.0f);
+  for (int i = 0; i < 100000; ++i) worst = std::max(worst, rel_err(u(rng)));
+  MESSAGE("exp2_fma max relative error on [-125, 8]: " << worst);
+  CHECK(worst < 7.6e-5);
+  CHECK(too_big == 0);
+  // masked scores: exactly 0, as ex2.approx gives (a fully masked row keeps l = 0)
+  CHECK(tj::dev::exp2_fma(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(tj::dev::exp2_fma(-127.0f) == 0.0f);
+  CHECK(tj::dev::exp2_fma(-1e30f) == 0.0f);
+  CHECK(std::isnan(tj::dev::exp2_fma(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(std::abs(tj::dev::exp2_fma(8.0f) - 256.0f) < 256.0f * 7.6e-5f);
 }

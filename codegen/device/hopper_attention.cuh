@@ -48,6 +48,11 @@
 //   P's k positions) and signal it on a barrier of their own; the consumers' P conversion is
 //   then shuffle-free (FA3's trick; FA3 permutes while it transposes V). Otherwise
 //   acc_to_a_fp8 (2 shuffles per 32 keys and row). The inputs and the result are the same.
+//   kExp2Fma (0-8): of every 8 consecutive score registers a thread holds, this many take their
+//   exp2 from exp2_fma() (FMA and integer pipes) instead of ex2.approx (the MUFU): the FP8
+//   kernels' softmax needs one MUFU op per score, as many as the tensor cores take for its two
+//   dots. (H100, session 8: slower at every setting; the softmax is bound by issue and latency,
+//   not by the MUFU's throughput. Default 0.)
 // Causal masking is top-left aligned (key j visible to query i iff j <= i), like
 // torch.nn.functional.scaled_dot_product_attention(is_causal=True).
 //
@@ -57,6 +62,7 @@
 // itself (the generated kernels: program id = bh * m_tiles + m_tile).
 
 #include "hopper.cuh"
+#include "exp2_fma.cuh"
 
 namespace tj {
 namespace dev {
@@ -82,7 +88,7 @@ struct AttnParams {
 };
 
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
-          bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_>
+          bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -96,6 +102,7 @@ struct AttnCfg {
   static constexpr bool kWgSync = kWgSync_ && kConsumers_ == 2;
   static constexpr bool kFp8 = (kIn_ == WG_E4M3 || kIn_ == WG_E5M2);
   static constexpr bool kVPerm = kVPerm_ && kFp8;
+  static constexpr int kExp2Fma = kExp2Fma_;   // of every 8 score exp2s, those on the FMA pipes
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
   static constexpr int kBM = 64 * kConsumers;
@@ -134,6 +141,7 @@ struct AttnCfg {
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "1, 2 or 3 consumer warpgroups");
+  static_assert(kExp2Fma >= 0 && kExp2Fma <= 8, "kExp2Fma counts exp2s of every 8: 0..8");
   static_assert(kIn == WG_E4M3 || kIn == WG_BF16 || kIn == WG_F16, "input type");
   static_assert(kBN % 32 == 0 && kBN >= 64 && kBN <= 256, "BN: multiple of 32 in [64, 256]");
   static_assert(kFp8 || kBN % 16 == 0, "16-bit: BN must be a multiple of 16");
@@ -558,7 +566,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       bias[hh] = Cfg::kPOffset - m_use;
     }
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] = attn_detail::ex2(fmaf(s[i], scm, bias[(i >> 1) & 1]));
+    for (int i = 0; i < BN / 2; ++i) {
+      const float x = fmaf(s[i], scm, bias[(i >> 1) & 1]);
+      s[i] = (i & 7) < Cfg::kExp2Fma ? exp2_fma(x) : attn_detail::ex2(x);
+    }
     float rs[2] = {0.0f, 0.0f};
     acc_row_sum_partial<BN>(s, rs);
     l_run[0] = l_run[0] * alpha[0] + rs[0];
@@ -583,7 +594,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 
   // The consumers take the visited blocks from visit_list, one entry per step (the u-th visit);
   // blocks past the table by the walk. (H100, session 7: walking the classes in every iteration
-  // cost the causal variant 10% more instructions than the built-in causal mask.)
+  // cost the causal variant 10% more instructions than the built-in causal mask.) (H100, session
+  // 8: the list read and its move to a uniform register hold 4.5% of the causal variant's stall
+  // samples; computing the block and its class instead, for one-run masks whose classify() does
+  // not gather, or reading the entry a step ahead, did not make the variants faster.)
   auto visit = [&](int u, int j_prev, int& cls) -> int {   // the u-th visited block
     if constexpr (!(Hooks::kMask && Hooks::kSkipBlocks)) {
       const int j = j_prev + 1;
