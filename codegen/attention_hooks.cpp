@@ -147,6 +147,24 @@ std::optional<AttentionHooks> split_attention_hooks(const ir::Function& f, std::
 
 namespace {
 
+// Hook tile values that are positions or copies: an arange of the query / key tile start is the
+// element's q / kv (kPosQ / kPosKv); expand_dims and broadcast copy their operand (its id).
+// nullopt (with *why) for an arange of anything else.
+constexpr int kPosQ = -2, kPosKv = -3;
+std::optional<std::map<int, int>> position_aliases(const AttentionHooks& h, const HookSymbols& sym, std::string* why) {
+  std::map<int, int> alias;
+  for (const Op* op : h.ops) {
+    if (op->kind == OpKind::arange) {
+      if (op->operands[0] == sym.m_start) alias[op->result] = kPosQ;
+      else if (op->operands[0] == sym.n_start) alias[op->result] = kPosKv;
+      else return fail(why, "a hook builds positions from something other than the query / key tile"), std::nullopt;
+    } else if (op->kind == OpKind::expand_dims || op->kind == OpKind::broadcast) {
+      alias[op->result] = op->operands[0];
+    }
+  }
+  return alias;
+}
+
 class HookWriter {
  public:
   HookWriter(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym) : f_(f), h_(h), sym_(sym) {}
@@ -171,7 +189,7 @@ class HookWriter {
   const AttentionHooks& h_;
   const HookSymbols& sym_;
   std::map<int, const Op*> def_;        // hook value -> its op
-  static constexpr int kQ = -2, kKv = -3, kScore = -4;
+  static constexpr int kQ = kPosQ, kKv = kPosKv, kScore = -4;
   std::map<int, int> alias_;            // tile values that are positions (kQ, kKv) or copies of a value
 };
 
@@ -376,16 +394,9 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
                                            std::string* why) {
   for (const Op* op : h_.ops)
     if (op->result >= 0) def_[op->result] = op;
-  // Positions and copies: arange of a tile start is the element's q / kv; shape ops copy.
-  for (const Op* op : h_.ops) {
-    if (op->kind == OpKind::arange) {
-      if (op->operands[0] == sym_.m_start) alias_[op->result] = kQ;
-      else if (op->operands[0] == sym_.n_start) alias_[op->result] = kKv;
-      else return fail(why, "a hook builds positions from something other than the query / key tile"), std::nullopt;
-    } else if (op->kind == OpKind::expand_dims || op->kind == OpKind::broadcast) {
-      alias_[op->result] = op->operands[0];
-    }
-  }
+  auto aliases = position_aliases(h_, sym_, why);
+  if (!aliases) return std::nullopt;
+  alias_ = std::move(*aliases);
   // The score hook's unit changes (kernels/attention_fp8.cpp traces score_mod(s * ln 2) * log2 e):
   // the main loop folds them into its score scale and its softmax, so score() works in natural
   // units and returns the user's score.
@@ -484,28 +495,19 @@ std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHo
 
 bool mask_keeps_causal(const AttentionHooks& h, const HookSymbols& sym) {
   if (!h.mask_mod || h.keep < 0) return false;
-  std::map<int, const ir::Op*> def;
-  for (const ir::Op* op : h.ops)
-    if (op->result >= 0) def[op->result] = op;
-  // What a value is, through broadcasts and added dims: 'q' / 'k' for the positions, else 0.
-  auto position = [&](int v) -> char {
-    for (auto d = def.find(v); d != def.end(); d = def.find(v)) {
-      const ir::Op& op = *d->second;
-      if (op.kind == ir::OpKind::arange) {
-        if (op.operands[0] == sym.m_start) return 'q';
-        if (op.operands[0] == sym.n_start) return 'k';
-        return 0;
-      }
-      if (op.kind != ir::OpKind::expand_dims && op.kind != ir::OpKind::broadcast) return 0;
-      v = op.operands[0];
-    }
-    return 0;
+  auto alias = position_aliases(h, sym, nullptr);
+  if (!alias) return false;
+  auto position = [&](int v) {   // kPosQ, kPosKv, or the value itself when it is neither
+    for (auto a = alias->find(v); a != alias->end(); a = alias->find(v)) v = a->second;
+    return v;
   };
-  auto d = def.find(h.keep);
-  if (d == def.end() || d->second->kind != ir::OpKind::binary) return false;
-  const ir::Op& cmp = *d->second;
-  const char a = position(cmp.operands[0]), b = position(cmp.operands[1]);
-  return (cmp.binary == ir::BinaryFn::le && a == 'k' && b == 'q') || (cmp.binary == ir::BinaryFn::ge && a == 'q' && b == 'k');
+  const ir::Op* cmp = nullptr;
+  for (const ir::Op* op : h.ops)
+    if (op->result == h.keep) cmp = op;
+  if (!cmp || cmp->kind != ir::OpKind::binary) return false;
+  const int a = position(cmp->operands[0]), b = position(cmp->operands[1]);
+  return (cmp->binary == ir::BinaryFn::le && a == kPosKv && b == kPosQ) ||
+         (cmp->binary == ir::BinaryFn::ge && a == kPosQ && b == kPosKv);
 }
 
 }  // namespace tj::codegen

@@ -373,6 +373,37 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
     }
 }
 
+TEST_CASE("attention variants: only a mask of exactly kv <= q (or q >= kv) becomes the built-in causal mask") {
+  const Problem p{1, 2, 2, 300, 300, 128};
+  TensorSpec q{DType::e4m3, {p.B, p.H, p.Sq, p.D}}, kk{DType::e4m3, {p.B, p.Hkv, p.Skv, p.D}};
+  TensorSpec v{DType::e4m3, {p.B, p.Hkv, p.D, 304}}, ds{DType::f32, {p.B, p.Hkv}};
+  const std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
+                                      TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
+                                      false, false};
+  struct Case {
+    const char* name;
+    kernels::MaskMod mask;
+    bool built_in;
+  };
+  const std::vector<Case> cases = {
+      {"attention_mask_le", [](const kernels::ScoreIndex& at) { return at.kv <= at.q; }, true},
+      {"attention_mask_ge", [](const kernels::ScoreIndex& at) { return at.q >= at.kv; }, true},
+      {"attention_mask_lt", [](const kernels::ScoreIndex& at) { return at.kv < at.q; }, false},     // strict: not causal
+      {"attention_mask_shift", [](const kernels::ScoreIndex& at) { return at.kv <= at.q + 1; }, false},
+      {"attention_mask_swapped", [](const kernels::ScoreIndex& at) { return at.q <= at.kv; }, false},   // anti-causal
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    kernels::AttentionVariant var{c.name};
+    var.mask_mod = c.mask;
+    const CompiledKernel& ck =
+        compile(kernels::attention_variant(var), specs, variant_config(128, 128), CompileRequest{"sm_90a", false, false});
+    CHECK(ck.generated.lowering == "sm90_attention");
+    CHECK((ck.generated.source.find("the built-in causal mask") != std::string::npos) == c.built_in);
+    CHECK((ck.generated.source.find("kMask = true") != std::string::npos) == !c.built_in);
+  }
+}
+
 TEST_CASE("attention variants: hooks it cannot inline take the SIMT path; malformed hooks are errors") {
   // A hook with a row reduction is fine DSL but not elementwise: not inlined.
   kernels::AttentionVariant bias{"attention_row_centered"};
