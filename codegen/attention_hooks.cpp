@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -199,6 +200,7 @@ std::string HookWriter::value(int v, Ctx ctx, const std::string& var) const {
   if (v == sym_.b) return pre + "b";
   if (v == sym_.h) return pre + "h";
   if (v == h_.score_in) return "tj_s";
+  if (v == h_.assumed_true) return "true";
   if (auto a = alias_.find(v); a != alias_.end())
     return a->second == kQ ? "q" : a->second == kKv ? "kv" : a->second == kScore ? "tj_s" : value(a->second, ctx, var);
   auto d = def_.find(v);
@@ -310,6 +312,7 @@ std::string point_interval(DType t, const std::string& x) {
 
 // The interval expression of value v over a block of positions.
 std::string HookWriter::interval(int v) const {
+  if (v == h_.assumed_true) return point_interval(DType::i1, "true");
   if (auto a = alias_.find(v); a != alias_.end()) {
     if (a->second == kScore) return any_interval(DType::f32);
     return a->second == kQ ? "tj_q" : a->second == kKv ? "tj_kv" : interval(a->second);
@@ -440,7 +443,8 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   }
   for (const Op* op : h_.ops) {
     if (op->result < 0) return fail(why, "a hook op without a result"), std::nullopt;
-    if (alias_.count(op->result) || op->kind == OpKind::const_value || folded.count(op)) continue;
+    if (alias_.count(op->result) || op->kind == OpKind::const_value || folded.count(op) || op->result == h_.assumed_true)
+      continue;
     const int v = op->result;
     const bool mask_op = op->tag == "mask_mod";
     if (mask_op && v == h_.result) continue;   // the final where: the main loop masks
@@ -493,21 +497,41 @@ std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHo
   return HookWriter(f, h, sym).run(type, var, skip_blocks, why);
 }
 
-bool mask_keeps_causal(const AttentionHooks& h, const HookSymbols& sym) {
-  if (!h.mask_mod || h.keep < 0) return false;
+int causal_conjunct(const AttentionHooks& h, const HookSymbols& sym) {
+  if (!h.mask_mod || h.keep < 0) return -1;
   auto alias = position_aliases(h, sym, nullptr);
-  if (!alias) return false;
+  if (!alias) return -1;
+  std::map<int, const ir::Op*> def;
+  for (const ir::Op* op : h.ops)
+    if (op->result >= 0) def[op->result] = op;
   auto position = [&](int v) {   // kPosQ, kPosKv, or the value itself when it is neither
     for (auto a = alias->find(v); a != alias->end(); a = alias->find(v)) v = a->second;
     return v;
   };
-  const ir::Op* cmp = nullptr;
-  for (const ir::Op* op : h.ops)
-    if (op->result == h.keep) cmp = op;
-  if (!cmp || cmp->kind != ir::OpKind::binary) return false;
-  const int a = position(cmp->operands[0]), b = position(cmp->operands[1]);
-  return (cmp->binary == ir::BinaryFn::le && a == kPosKv && b == kPosQ) ||
-         (cmp->binary == ir::BinaryFn::ge && a == kPosQ && b == kPosKv);
+  auto is_causal = [&](int v) {
+    auto d = def.find(v);
+    if (d == def.end() || d->second->kind != OpKind::binary) return false;
+    const int a = position(d->second->operands[0]), b = position(d->second->operands[1]);
+    return (d->second->binary == ir::BinaryFn::le && a == kPosKv && b == kPosQ) ||
+           (d->second->binary == ir::BinaryFn::ge && a == kPosQ && b == kPosKv);
+  };
+  auto through_broadcasts = [&](int v) {
+    for (auto d = def.find(v); d != def.end() && (d->second->kind == OpKind::broadcast || d->second->kind == OpKind::expand_dims);
+         d = def.find(v))
+      v = d->second->operands[0];
+    return v;
+  };
+  // keep implies every value it ands in, so keep == c && keep[c := true] for such a c, wherever
+  // else c is read (the hooks take it as true everywhere: a score where c is false is masked).
+  std::function<int(int)> find = [&](int v) {
+    if (is_causal(v)) return v;
+    auto d = def.find(v);
+    if (d == def.end() || d->second->kind != OpKind::binary || d->second->binary != ir::BinaryFn::logical_and) return -1;
+    for (int operand : d->second->operands)
+      if (const int c = find(through_broadcasts(operand)); c >= 0) return c;
+    return -1;
+  };
+  return find(h.keep);
 }
 
 }  // namespace tj::codegen

@@ -30,6 +30,8 @@ struct AttentionHooks {
   int score_out = -1;                  // score_mod's result (-1 without one),
   int keep = -1;                       // mask_mod's boolean (-1 without one),
   int result = -1;                     // and the score the kernel goes on with
+  int assumed_true = -1;               // a mask value the lowering enforces itself (the causal
+                                       // conjunct): the written hooks take it as true
   std::vector<const ir::Op*> ops;      // the tagged ops, in trace order (point into the function)
 };
 
@@ -43,9 +45,12 @@ struct HookSymbols {
   int m_start = -1, n_start = -1;      // starts of the query and key tiles (tile loop indices)
 };
 
-// Whether the mask hook keeps exactly kv <= q (or q >= kv), the kernel's own top-left causal
-// mask: a lowering may then mask and skip blocks as its built-in causal kernel does.
-bool mask_keeps_causal(const AttentionHooks& h, const HookSymbols& sym);
+// The mask hook's causal conjunct: its comparison kv <= q (or q >= kv), the kernel's own top-left
+// causal mask, when the hook keeps exactly that (the id is h.keep) or that and the rest (keep =
+// rest && kv <= q, through ands and broadcasts); -1 otherwise. A lowering
+// may then mask and skip as its built-in causal kernel does and keep only the rest as a hook
+// (AttentionHooks::assumed_true = the id).
+int causal_conjunct(const AttentionHooks& h, const HookSymbols& sym);
 
 struct HooksSource {
   std::string decl;                    // `struct <type> { ... };`

@@ -235,19 +235,27 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const int wv = fp8 ? ((bn % 128 == 0) ? 128 : (bn % 64 == 0) ? 64 : 32) : 128;   // Cfg::kWv
 
   // ---- hooks
-  // A mask hook that keeps exactly kv <= q is the kernel's own causal mask: masked and skipped as
-  // the built-in one does (the last key block from the tile's rows, the diagonal per consumer), no
-  // block table (H100, session 8: the causal variant fp8 S 8192 through its hook 755-767 TFLOP/s,
-  // the built-in causal mask 830-838). Not with block skipping off: that must visit every block.
-  // Knob attn_causal_hook = 1 keeps the hook: the default for 16-bit inputs with a score hook too
-  // (same session, bf16 ALiBi S 2048 / 8192: 398-409 / 508-509 TFLOP/s built in, 411-413 / 534 as
-  // a hook; fp8 ALiBi 527-536 / 618-620 built in, 492-495 / 592-593 as a hook).
+  // A mask hook that keeps kv <= q, alone or and-ed with the rest of the mask (documents, windows,
+  // block masks: causal_conjunct), has the kernel's own causal mask in it: that part is masked and
+  // skipped as the built-in one does (the last key block from the tile's rows, the diagonal per
+  // consumer, a comparison per element) and only the rest stays a hook, per element where a block
+  // is partly visible to it. Exactly kv <= q needs no hook and no block table (H100, session 8:
+  // the causal variant fp8 S 8192 through its hook 755-767 TFLOP/s, the built-in causal mask
+  // 830-838). Not with block skipping off: that must visit every block. Knob attn_causal_hook = 1
+  // keeps the hook whole: the default for 16-bit inputs with a score hook too (same session, bf16
+  // ALiBi S 2048 / 8192: 398-409 / 508-509 TFLOP/s built in, 411-413 / 534 as a hook; fp8 ALiBi
+  // 527-536 / 618-620 built in, 492-495 / 592-593 as a hook).
   const int64_t causal_hook_default = !fp8 && hooks && hooks->score_mod ? 1 : 0;
-  bool causal_from_hook = false;
-  if (hooks && hooks->mask_mod && block_skip && cfg.knob("attn_causal_hook", causal_hook_default) == 0 &&
-      mask_keeps_causal(*hooks, hook_symbols(f))) {
-    causal_from_hook = true;
+  const int causal_leaf = hooks && block_skip && cfg.knob("attn_causal_hook", causal_hook_default) == 0
+                              ? causal_conjunct(*hooks, hook_symbols(f))
+                              : -1;
+  const bool causal_from_hook = causal_leaf >= 0;
+  const bool causal_only = causal_from_hook && hooks->keep == causal_leaf;
+  if (causal_from_hook) {
     m->causal = true;
+    hooks->assumed_true = causal_leaf;
+  }
+  if (causal_only) {
     m->mask_mod = false;
     hooks->mask_mod = false;
     hooks->keep = -1;
@@ -269,7 +277,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   src += fmt::format("// config: {}\n", cfg.to_json());
   src += fmt::format("// Recognized as kernels/attention_fp8.cpp (causal: {}, with_lse: {}{}{}): {} inputs, {} output, "
                      "head dims {} (q, k) and {} (v, o).\n",
-                     causal_from_hook ? "yes, the mask hook's kv <= q as the built-in causal mask" : m->causal ? "yes" : "no",
+                     causal_only ? "yes, the mask hook's kv <= q as the built-in causal mask"
+                     : causal_from_hook ? "yes, the mask hook's kv <= q as the built-in causal mask, the rest of it a hook"
+                     : m->causal ? "yes" : "no",
                      m->with_lse ? "yes" : "no", m->score_mod ? ", score_mod hook" : "",
                      m->mask_mod ? (block_skip ? ", mask_mod hook with block skipping" : ", mask_mod hook") : "",
                      name(in), name(o.dtype), Dqk, D);
@@ -379,7 +389,7 @@ const bool registered = [] {
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
     if (fp8) knobs.push_back({"attn_vperm", {1, 0}, 1});
-    if (hooks && hooks->mask_mod && mask_keeps_causal(*hooks, hook_symbols(f)))
+    if (hooks && causal_conjunct(*hooks, hook_symbols(f)) >= 0)
       knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
     return knobs;
   });

@@ -100,10 +100,14 @@ std::vector<NamedVariant> variants(int64_t heads) {
                  cu_seqlens_tensor});
   out.push_back({kernels::segment_variant(64),
                  {.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return i / 64 == j / 64; }}});
-  if (heads == kMaskHeads)
+  if (heads == kMaskHeads) {
     out.push_back({kernels::block_mask_variant(kCell, kCell),
                    {.keep = [](int64_t, int64_t h, int64_t i, int64_t j) { return cell_kept(h, i / kCell, j / kCell); }},
                    block_mask_tensor});
+    out.push_back({kernels::block_mask_variant(kCell, kCell, true),
+                   {.keep = [](int64_t, int64_t h, int64_t i, int64_t j) { return j <= i && cell_kept(h, i / kCell, j / kCell); }},
+                   block_mask_tensor});
+  }
   return out;
 }
 
@@ -337,11 +341,21 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       // (16-bit inputs with a score hook keep the mask hook by default: measured faster)
       const bool causal_mask = nv.variant.name == "attention_causal" || nv.variant.name.find("alibi") != std::string::npos;
       const bool built_in = causal_mask && (is_fp8(dt) || !nv.variant.score_mod);
+      // Masks that and kv <= q with more (windows, causal documents and block masks): the causal
+      // part built in, the rest a hook.
+      const bool causal_part = !causal_mask && (nv.variant.name.find("sliding") != std::string::npos ||
+                                                nv.variant.name.find("_causal") != std::string::npos);
       const std::string& src = ck.generated.source;
       if (built_in) {
-        CHECK(src.find("causal: yes, the mask hook's kv <= q as the built-in causal mask") != std::string::npos);
+        CHECK(src.find("causal: yes, the mask hook's kv <= q as the built-in causal mask, with_lse") != std::string::npos);
         CHECK((src.find("struct tj_hooks") != std::string::npos) == static_cast<bool>(nv.variant.score_mod));
         CHECK(src.find("kMask = true") == std::string::npos);
+      } else {
+        CHECK(src.find("struct tj_hooks") != std::string::npos);
+        if (nv.variant.mask_mod) CHECK(src.find("kSkipBlocks = true") != std::string::npos);
+        CHECK((src.find("the built-in causal mask, the rest of it a hook") != std::string::npos) == causal_part);
+      }
+      if (built_in || causal_part) {
         const CompiledKernel& no_skip = compile(k, specs, variant_config(128, 128, false), CompileRequest{"sm_90a", false, false});
         CHECK(no_skip.generated.source.find("kMask = true") != std::string::npos);
         CHECK(no_skip.generated.source.find("kSkipBlocks = false") != std::string::npos);
@@ -351,13 +365,11 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
         const CompiledKernel& hooked = compile(k, specs, keep_hook, CompileRequest{"sm_90a", false, false});
         CHECK(hooked.generated.source.find("kMask = true") != std::string::npos);
         CHECK(hooked.generated.source.find("kSkipBlocks = true") != std::string::npos);
+        CHECK(hooked.generated.source.find("(causal: no") != std::string::npos);
         // and the autotuner may try both
         bool listed = false;
         for (const auto& knob : autotune::registered_knobs(f, "sm_90a")) listed |= knob.name == "attn_causal_hook";
         CHECK(listed);
-      } else {
-        CHECK(src.find("struct tj_hooks") != std::string::npos);
-        if (nv.variant.mask_mod) CHECK(src.find("kSkipBlocks = true") != std::string::npos);
       }
       // ALiBi's (float)(kv - q): float arithmetic on the positions the main loop passes as floats
       // (no int -> float conversion per score element)
@@ -373,24 +385,35 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
     }
 }
 
-TEST_CASE("attention variants: only a mask of exactly kv <= q (or q >= kv) becomes the built-in causal mask") {
+TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed with the rest, becomes the built-in causal mask") {
   const Problem p{1, 2, 2, 300, 300, 128};
   TensorSpec q{DType::e4m3, {p.B, p.H, p.Sq, p.D}}, kk{DType::e4m3, {p.B, p.Hkv, p.Skv, p.D}};
   TensorSpec v{DType::e4m3, {p.B, p.Hkv, p.D, 304}}, ds{DType::f32, {p.B, p.Hkv}};
   const std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
                                       TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
                                       false, false};
+  enum Causal { none, whole, part };
   struct Case {
     const char* name;
     kernels::MaskMod mask;
-    bool built_in;
+    Causal causal;
   };
+  using At = kernels::ScoreIndex;
   const std::vector<Case> cases = {
-      {"attention_mask_le", [](const kernels::ScoreIndex& at) { return at.kv <= at.q; }, true},
-      {"attention_mask_ge", [](const kernels::ScoreIndex& at) { return at.q >= at.kv; }, true},
-      {"attention_mask_lt", [](const kernels::ScoreIndex& at) { return at.kv < at.q; }, false},     // strict: not causal
-      {"attention_mask_shift", [](const kernels::ScoreIndex& at) { return at.kv <= at.q + 1; }, false},
-      {"attention_mask_swapped", [](const kernels::ScoreIndex& at) { return at.q <= at.kv; }, false},   // anti-causal
+      {"attention_mask_le", [](const At& at) { return at.kv <= at.q; }, whole},
+      {"attention_mask_ge", [](const At& at) { return at.q >= at.kv; }, whole},
+      {"attention_mask_lt", [](const At& at) { return at.kv < at.q; }, none},     // strict: not causal
+      {"attention_mask_shift", [](const At& at) { return at.kv <= at.q + 1; }, none},
+      {"attention_mask_swapped", [](const At& at) { return at.q <= at.kv; }, none},   // anti-causal
+      {"attention_mask_and", [](const At& at) { return at.q - at.kv < 100 && at.kv <= at.q; }, part},
+      {"attention_mask_and3", [](const At& at) { return (at.kv <= at.q && at.kv > 7) && at.q < 250; }, part},
+      {"attention_mask_or", [](const At& at) { return at.kv <= at.q || at.kv < 4; }, none},   // prefix-LM-like
+      // kv <= q read again under the and: c && f(c) == c && f(true), so still the causal part
+      {"attention_mask_reused", [](const At& at) {
+         Tile c = at.kv <= at.q;
+         return c && (c || at.kv < 4) && at.kv > 7;
+       }, part},
+      {"attention_mask_not_and", [](const At& at) { return !(at.kv <= at.q && at.kv > 7); }, none},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -398,9 +421,11 @@ TEST_CASE("attention variants: only a mask of exactly kv <= q (or q >= kv) becom
     var.mask_mod = c.mask;
     const CompiledKernel& ck =
         compile(kernels::attention_variant(var), specs, variant_config(128, 128), CompileRequest{"sm_90a", false, false});
+    const std::string& src = ck.generated.source;
     CHECK(ck.generated.lowering == "sm90_attention");
-    CHECK((ck.generated.source.find("the built-in causal mask") != std::string::npos) == c.built_in);
-    CHECK((ck.generated.source.find("kMask = true") != std::string::npos) == !c.built_in);
+    CHECK((src.find("the built-in causal mask") != std::string::npos) == (c.causal != none));
+    CHECK((src.find("the rest of it a hook") != std::string::npos) == (c.causal == part));
+    CHECK((src.find("kMask = true") != std::string::npos) == (c.causal != whole));
   }
 }
 
