@@ -86,7 +86,8 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // valid one. fp8 D 128 takes query blocks of 64 (two CTAs per SM) where a tile has little work:
 // seq_kv (the keys; 0: unknown) up to 4096 (causal) / 2048, or a key_block of 128 or less (a
 // sparse mask); with more keys, no key_block and qk_head_dim <= 128, query blocks of 192 (three
-// consumer warpgroups), key blocks of 96 and 4 stages (H100, session 7).
+// consumer warpgroups), key blocks of 96 and 4 stages (H100, session 7). 16-bit D <= 128 with a
+// key_block of 64 (rows that see few keys) takes 64 x 64 tiles, two CTAs per SM (session 9).
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0,
                                     int64_t key_block = 0, int64_t seq_kv = 0);
 

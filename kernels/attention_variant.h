@@ -46,7 +46,8 @@ struct AttentionVariant {
                                        // mask: kernels/attention_variants.h)
   // A key-block size the mask's structure favours (0: none): a window, documents or block-mask
   // cells waste less of each partly visible block in smaller ones. The default configs
-  // (attention_fp8_default_config) take key blocks no larger than this.
+  // (attention_fp8_default_config) take key blocks no larger than this; 64 also says that rows
+  // see few keys (documents, block masks), and 16-bit inputs then take query tiles of 64 as well.
   int64_t key_block = 0;
 };
 

@@ -281,6 +281,14 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192).blocks.at("m") == 64);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192).blocks.at("n") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, 2048).blocks.at("m") == 128);
+  // key blocks of 64 (rows that see few keys): 16-bit D <= 128 takes 64 x 64 tiles (two CTAs per
+  // SM), D 256 keeps query tiles of 128; fp8 64 x 64
+  for (DType dt : {DType::bf16, DType::f16, DType::e4m3}) {
+    const Config c = kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 8192);
+    CHECK(c.blocks.at("m") == 64);
+    CHECK(c.blocks.at("n") == 64);
+  }
+  CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, true, 0, 64, 8192).blocks.at("m") == 128);
 }
 
 TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with the pipeline's config (SIMT; D 64-256)") {
