@@ -244,7 +244,7 @@ TEST_CASE("attention_fp8: knob attn_exp2_fma moves that many of every 8 score ex
   }
 }
 
-TEST_CASE("attention_fp8: configs the lowering cannot take are errors; lowering = 0 and sm_80 take the SIMT path") {
+TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering = 0 and sm_80 take the SIMT path") {
   auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 256, 256, 128, false, false);
   CompileRequest req{"sm_90a", false, false};
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, blocks(32, 128), req), doctest::Contains("block m"), Error);
@@ -287,7 +287,7 @@ TEST_CASE("quantize_fp8 / quantize_transpose_fp8: per-(b, h) descales, saturatin
   }
 }
 
-TEST_CASE("attention_fp8 on the CPU reference executor: FP8 pipeline vs float64 (N(0,1); causal; Sq != Skv)") {
+TEST_CASE("attention_fp8 on the CPU reference executor: FP8 pipeline vs float64 (N(0,1), causal, Sq != Skv)") {
   std::mt19937 rng(12);
   struct Case {
     int64_t B, H, Sq, Skv, D;

@@ -143,7 +143,7 @@ TensorView unbacked_device_view(DType dt, std::vector<int64_t> shape) {
 
 }  // namespace
 
-TEST_CASE("hadamard_matrix: orthonormal Sylvester matrix; a head dim that is not a power of two is an error") {
+TEST_CASE("hadamard_matrix: orthonormal Sylvester matrix, a head dim that is not a power of two is an error") {
   for (int64_t d : {1, 2, 64, 128}) {
     HostTensor h = kernels::hadamard_matrix(d);
     REQUIRE(h.shape() == std::vector<int64_t>{d, d});
@@ -241,7 +241,7 @@ TEST_CASE("rotating / splitting quantizers: a wrong rotation or output shape is 
                        doctest::Contains("x's head dim (dim 3) must be static"), Error);
 }
 
-TEST_CASE("attention_fp8_forward: recipe errors (hadamard needs a power-of-two head dim; recipes need quantize)") {
+TEST_CASE("attention_fp8_forward: recipe errors (hadamard needs a power-of-two head dim, recipes need quantize)") {
   auto q = unbacked_device_view(DType::bf16, {1, 2, 64, 96});
   kernels::AttentionFp8Workspace ws;
   kernels::AttentionFp8Options opt;
@@ -263,7 +263,7 @@ TEST_CASE("attention_fp8_forward: recipe errors (hadamard needs a power-of-two h
                        doctest::Contains("q_residual doubles the QK head dim; 256 would be 512"), Error);
 }
 
-TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head dim; 16-bit D 256 takes key blocks of 64") {
+TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head dim, 16-bit D 256 takes key blocks of 64") {
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 64, false).blocks.at("m") == 192);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false).blocks.at("n") == 96);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("n") == 192);
@@ -291,7 +291,7 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, true, 0, 64, 8192).blocks.at("m") == 128);
 }
 
-TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with the pipeline's config (SIMT; D 64-256)") {
+TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with the pipeline's config (SIMT, D 64-256)") {
   // D = 256 with a rotation is the largest: the dot stages 64·257 + 256·64 floats (131 KB) and
   // the row tile holds 128 f32 per thread. (NVRTC takes seconds per kernel: three of them.)
   struct Case {
@@ -440,7 +440,7 @@ TEST_CASE("gpu: attention_fp8_forward recipes (plain, hadamard, q_residual, both
   }
 }
 
-TEST_CASE("head_amax on the CPU reference executor; attention_fp8_forward checks the o_amax it is given") {
+TEST_CASE("head_amax on the CPU reference executor, attention_fp8_forward checks the o_amax it is given") {
   std::mt19937 rng(31);
   HostTensor x = tj_test::randn(DType::e4m3, {2, 3, 70, 64}, rng), amax_out(DType::f32, {2, 3});
   Config cfg;

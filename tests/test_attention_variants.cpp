@@ -286,7 +286,7 @@ std::vector<TensorView> views(const std::vector<HostTensor>& t) {
 
 }  // namespace
 
-TEST_CASE("attention variants on the CPU reference executor match float64 (bf16, e4m3; GQA, tails, Sq != Skv)") {
+TEST_CASE("attention variants on the CPU reference executor match float64 (bf16, e4m3, GQA, tails, Sq != Skv)") {
   std::mt19937 rng(71);
   const Problem p{2, 4, 2, 150, 170, 64};
   for (const NamedVariant& nv : variants(p.H)) {
@@ -429,7 +429,7 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
   }
 }
 
-TEST_CASE("attention variants: hooks it cannot inline take the SIMT path; malformed hooks are errors") {
+TEST_CASE("attention variants: hooks it cannot inline take the SIMT path, malformed hooks are errors") {
   // A hook with a row reduction is fine DSL but not elementwise: not inlined.
   kernels::AttentionVariant bias{"attention_row_centered"};
   bias.inputs = {"unused"};
@@ -452,7 +452,7 @@ TEST_CASE("attention variants: hooks it cannot inline take the SIMT path; malfor
   CHECK_THROWS_WITH(kernels::attention_variant(kernels::AttentionVariant{}), doctest::Contains("needs a name"));
 }
 
-TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference executor (bf16, e4m3; block skipping on/off)") {
+TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference executor (bf16, e4m3, block skipping on/off)") {
   TJ_REQUIRE_GPU();
   if (runtime::current_device().arch() != "sm_90a") {
     MESSAGE("SKIPPED: not a Hopper GPU (" << runtime::current_device().arch() << ")");

@@ -58,7 +58,7 @@ std::optional<CliResult> run_cli(const std::string& args) {
 
 }  // namespace
 
-TEST_CASE("cli attention: --dtype picks the path; f32 and other kernels keep the library kernel") {
+TEST_CASE("cli attention: --dtype picks the path, f32 and other kernels keep the library kernel") {
   CHECK(runs_attention_pipeline(attention_opts("e4m3")));
   CHECK(runs_attention_pipeline(attention_opts("bf16")));
   CHECK(runs_attention_pipeline(attention_opts("f16")));

@@ -391,7 +391,7 @@ TEST_CASE("cli bench variants: peers.py's arguments, its CSV and the merged tabl
   CHECK(md.find("\n- a note\n") != std::string::npos);
 }
 
-TEST_CASE("cli bench variants: without a GPU it says so; bad paths fail before any timing") {
+TEST_CASE("cli bench variants: without a GPU it says so, bad paths fail before any timing") {
   BenchVariantsOptions o;
   o.quick = true;
   o.variants = {"causal"};

@@ -342,7 +342,7 @@ TEST_CASE("codegen: softmax compiles for sm_90a and sm_80 (f32, f16, bf16)") {
   compile_and_check(dyn, config(R"({"blocks":{"c":128,"c2":128},"num_warps":4})"));
 }
 
-TEST_CASE("codegen: attention compiles for sm_90a and sm_80 (f32, f16, bf16; causal and not)") {
+TEST_CASE("codegen: attention compiles for sm_90a and sm_80 (f32, f16, bf16, causal and not)") {
   const Config cfgs[] = {config(R"({"blocks":{"m":64,"n":64},"num_warps":4})"),
                          config(R"({"blocks":{"m":32,"n":16},"num_warps":2})")};
   struct Variant {

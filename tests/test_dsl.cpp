@@ -56,7 +56,7 @@ TEST_CASE("dsl: tracing records ops, source lines and launch loops") {
   CHECK(text.find("// launch") != std::string::npos);
 }
 
-TEST_CASE("dsl: host values specialize the trace; Scalar stays a runtime parameter") {
+TEST_CASE("dsl: host values specialize the trace, Scalar stays a runtime parameter") {
   Kernel k = kernel("scale", {"x", "out", "s", "negate"}, [](In x, Out out, Scalar s, bool negate) {
     for (auto i : tile(x.dim(0))) {
       auto v = x.load(i) * s;

@@ -553,7 +553,7 @@ GpuRun run_gpu(const GemmCase& g, const Config& config, std::mt19937& rng, bool 
 
 }  // namespace
 
-TEST_CASE("gpu: fp8_gemm through tj::launch matches float64 (f32/bf16/f16 out; scales per tensor/row/column; bias; tails)") {
+TEST_CASE("gpu: fp8_gemm through tj::launch matches float64 (f32/bf16/f16 out, scales per tensor/row/column, bias, tails)") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(21);
   const std::vector<const char*> configs = {
@@ -616,7 +616,7 @@ TEST_CASE("gpu: fp8_gemm promotes into fp32 by default: K = 16384 with f32 outpu
                                                                           << fast.vs_f64.rel_rms);
 }
 
-TEST_CASE("gpu: fp8_gemm on the GPU agrees with the CPU reference executor; e5m2 B; dynamic shapes") {
+TEST_CASE("gpu: fp8_gemm on the GPU agrees with the CPU reference executor, e5m2 B, dynamic shapes") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(22);
   GemmCase g{200, 136, 256, 200, 136, 136, DType::f32};

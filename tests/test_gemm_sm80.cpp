@@ -75,7 +75,7 @@ std::string config_error(const ir::Function& f, const char* config, const char* 
 
 // ---- which kernels and targets ---------------------------------------------------------------------
 
-TEST_CASE("sm80 gemm: takes the GEMM pattern on sm_80, sm_89 and sm_90; sm_90a stays with wgmma") {
+TEST_CASE("sm80 gemm: takes the GEMM pattern on sm_80, sm_89 and sm_90, sm_90a stays with wgmma") {
   const char* c = R"({"blocks":{"m":64,"n":64,"k":64}})";
   const ir::Function bf16 = kernels::gemm().trace(gemm_specs(DType::bf16, 256, 192, 128));
   const ir::Function fp8 = kernels::fp8_gemm().trace(fp8_specs({256, 192, 128, 256, 192, 192, DType::f32}));
@@ -248,7 +248,7 @@ TEST_CASE("sm80 gemm: configs the lowering cannot use are rejected naming the li
   CHECK(err(R"({"blocks":{"m":64,"n":256,"k":128},"num_stages":2,"num_warps":8})", "sm_89", true).empty());
 }
 
-TEST_CASE("sm80 gemm: the shared epilogue runs at each value's rate; the sm_90a epilogue code is the same") {
+TEST_CASE("sm80 gemm: the shared epilogue runs at each value's rate, the sm_90a epilogue code is the same") {
   const ir::Function f = kernels::fp8_gemm().trace(fp8_specs({512, 512, 512, 512, 512, 512, DType::f32}));
   const Config c = cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_stages":3,"knobs":{"staged_store":0}})");
   const auto g = codegen::generate_cuda(f, c, Target::parse("sm_89"));
@@ -456,7 +456,7 @@ void check_compiled_for(const Kernel& k, const std::vector<Arg>& args, const Lau
 
 }  // namespace
 
-TEST_CASE("gpu: sm80 bf16 and f16 gemm for sm_80 (and sm_90) on this GPU match float64 (ragged M, N, K; configs)") {
+TEST_CASE("gpu: sm80 bf16 and f16 gemm for sm_80 (and sm_90) on this GPU match float64 (ragged M, N, K, configs)") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(81);
   const std::vector<const char*> configs = {

@@ -116,7 +116,7 @@ TEST_CASE("gpu: softmax matches the reference") {
   }
 }
 
-TEST_CASE("gpu: attention matches the reference (f32, f16, bf16, e4m3; causal and not; ragged lengths)") {
+TEST_CASE("gpu: attention matches the reference (f32, f16, bf16, e4m3, causal and not, ragged lengths)") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(3);
   struct Case { DType in, out; int64_t B, H, S, D; bool causal; };

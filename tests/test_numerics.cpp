@@ -357,7 +357,7 @@ TEST_CASE("numerics: round_to and load/store of every dtype") {
 
 // The attention softmax's exp2 on the FMA pipes (knob attn_exp2_fma), compiled for the host here:
 // the same arithmetic as on the GPU (one rounding per add and fma).
-TEST_CASE("numerics: exp2_fma is 2^x within 7.6e-5 relative on the softmax's range; -inf -> 0, NaN -> NaN") {
+TEST_CASE("numerics: exp2_fma is 2^x within 7.6e-5 relative on the softmax's range, -inf -> 0, NaN -> NaN") {
   double worst = 0.0;
   int too_big = 0;
   auto rel_err = [](float x) { return std::abs(tj::dev::exp2_fma(x) / std::exp2(static_cast<double>(x)) - 1.0); };
