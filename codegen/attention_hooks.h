@@ -47,9 +47,8 @@ struct HookSymbols {
 
 // The mask hook's causal conjunct: its comparison kv <= q (or q >= kv), the kernel's own top-left
 // causal mask, when the hook keeps exactly that (the id is h.keep) or that and the rest (keep =
-// rest && kv <= q, through ands and broadcasts); -1 otherwise. A lowering
-// may then mask and skip as its built-in causal kernel does and keep only the rest as a hook
-// (AttentionHooks::assumed_true = the id).
+// rest && kv <= q, through ands and broadcasts); -1 otherwise. A lowering may then mask and skip
+// as its built-in causal kernel does and keep only the rest as a hook (assumed_true = the id).
 int causal_conjunct(const AttentionHooks& h, const HookSymbols& sym);
 
 struct HooksSource {
