@@ -38,7 +38,7 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // tiles of 64 rows too, two CTAs per SM (H100, session 9, bf16 S 2048 / 8192: documents 208 / 381
   // vs 164 / 365 TFLOP/s at m128 n128, block mask 229 / 322 vs 197 / 313; a window of 1024 is
   // faster at m128 n128: 416 / 442 vs 403 / 410).
-  if (!is_fp8(in) && head_dim <= 128 && bn == 64 && key_block == 64) bm = 64;
+  if (!is_fp8(in) && head_dim <= 128 && key_block == 64) bm = 64;   // bn is 64 then too
   int stages = 2;
   // fp8 D 128 with long rows and no mask preference: three consumer warpgroups of key blocks of 96,
   // 4 stages: more warps hide the softmax's latency (H100, session 7, vs 128 x 192: S 8192 876-913

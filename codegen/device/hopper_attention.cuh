@@ -542,7 +542,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     // hook's), ptxas computed every element's predicate before the selects and parked them in
     // registers (P2R, +12% SASS in the causal + hook kernels). The hook's keep() runs only on the
     // blocks its class says it cuts: a diagonal block it keeps whole (causal documents, block
-    // masks) takes the bound alone. (keep() in a loop of its own after the bound's made ptxas park
+    // masks) takes the bound alone. (With keep() in a second loop after the bound's, ptxas parked
     // the predicates again: documents +5% SASS.)
     if (tail || diag || hook) {
       int last_key[2];
