@@ -6,7 +6,8 @@
 // NVRTC compilation of every variant for sm_90a (wgmma in the PTX, hooks in the source);
 // error messages for malformed hooks; hooks the lowering cannot inline take the SIMT path.
 // GPU (TJ_REQUIRE_GPU): every variant lowered on the GPU against the CPU reference executor
-// running the same IR, with block skipping on and off.
+// running the same IR, with block skipping on and off; a block mask and segments over more key
+// blocks than the kernel's block table against float64.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -498,6 +499,65 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         CHECK(ml.mismatched_inf == 0);
         CHECK(ml.max_abs <= 2e-3);
       }
+    }
+  }
+}
+
+TEST_CASE("gpu: attention variants with more key blocks than the block table (entries of two blocks) match float64") {
+  TJ_REQUIRE_GPU();
+  if (runtime::current_device().arch() != "sm_90a") {
+    MESSAGE("SKIPPED: not a Hopper GPU (" << runtime::current_device().arch() << ")");
+    return;
+  }
+  // 625 key blocks of 64 (the last one partial) for a table of 512 entries: each entry spans two
+  // blocks and is classified as a whole. Cells of 96 keys straddle the entries' 128, so entries of
+  // every class (skipped, kept whole, masked per element) occur.
+  std::mt19937 rng(73);
+  const Problem p{1, 2, 2, 150, 39963, 64};
+  constexpr int64_t kCellQ = 64, kCellK = 96;
+  const int64_t cells_q = (p.Sq + kCellQ - 1) / kCellQ, cells_k = (p.Skv + kCellK - 1) / kCellK;
+  auto kept = [](int64_t h, int64_t qi, int64_t kj) { return kj == 3 * qi + h || (h * 5 + qi * 11 + kj * 7) % 9 < 2; };
+  HostTensor cells(DType::i32, {1, p.H, cells_q, cells_k});
+  for (int64_t h = 0; h < p.H; ++h)
+    for (int64_t i = 0; i < cells_q; ++i)
+      for (int64_t j = 0; j < cells_k; ++j) cells.set((h * cells_q + i) * cells_k + j, kept(h, i, j) ? 1.0 : 0.0);
+  struct Case {
+    kernels::AttentionVariant variant;
+    VariantMeaning meaning;
+    bool block_mask;
+  };
+  const std::vector<Case> cases = {
+      {kernels::block_mask_variant(kCellQ, kCellK),
+       {.keep = [&](int64_t, int64_t h, int64_t i, int64_t j) { return kept(h, i / kCellQ, j / kCellK); }},
+       true},
+      {kernels::segment_variant(5000), {.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return i / 5000 == j / 5000; }}, false},
+  };
+  HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
+             v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
+  DeviceTensor cells_d = DeviceTensor::from_host(cells);
+  for (const Case& c : cases) {
+    Kernel k = kernels::attention_variant(c.variant);
+    for (DType dt : {DType::bf16, DType::e4m3}) {
+      INFO(c.variant.name << " " << name(dt));
+      KernelInputs in = kernel_inputs(dt, q, kk, v);
+      std::vector<DeviceTensor> dev;
+      std::vector<TensorView> dv;
+      for (const auto& t : in.t) {
+        dev.push_back(DeviceTensor::from_host(t));
+        dv.push_back(dev.back().view());
+      }
+      DeviceTensor o(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse(DType::f32, {p.B, p.H, p.Sq});
+      o.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      LaunchOptions lo;
+      lo.config = variant_config(64, 64);
+      const TensorView cv = cells_d.view();
+      launch(k, variant_args(dv, o.view(), lse.view(), c.block_mask ? &cv : nullptr, p.D), lo);
+      runtime::synchronize();
+      Metrics m = compare(o.to_host().values(), variant_f64(in.q64, in.k64, in.v64, c.meaning));
+      MESSAGE(c.variant.name << " " << name(dt) << " Skv " << p.Skv << " GPU vs float64: " << str(m));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= (is_fp8(dt) ? 4e-2 : 1e-2));
     }
   }
 }

@@ -121,12 +121,14 @@ struct AttnCfg {
   static constexpr int kKStep = 32 / kEs;                      // K elements per wgmma
   static constexpr int kPRegs = kFp8 ? kBN / 8 : kBN / 4;      // A-fragment registers
   static constexpr float kPOffset = kFp8 ? 8.0f : 0.0f;
-  // Key blocks whose mask class is computed once per CTA, by all its threads at once, into
+  // The mask classes of a CTA's key blocks, computed once per CTA by all its threads at once into
   // shared memory (reading bytes instead of waiting on a mask's loads block by block), with a bit
-  // per block (class != 0, one ballot per warp) and from those the list of the blocks to visit:
-  // the consumers read one entry per step, the producer's warps walk the bits (causal rows skip
-  // ~45 blocks at their end, a window all those before it); blocks past the table are classified
-  // as they come.
+  // per entry (class != 0, one ballot per warp) and from those the list of the entries to visit,
+  // which the producer and the consumers walk. Up to kClassTable key blocks an entry is one block;
+  // past that an entry spans several (ceil(blocks / kClassTable)), classified as a whole. Nothing
+  // is classified after the roles split: with classify() in the loops (blocks past the table, as
+  // they came), the producer's 24 registers could not hold a block mask's gather and ptxas
+  // spilled at every block (H100, session 10).
   static constexpr int kClassTable = 512;
   static constexpr int kClassWords = kClassTable / 32;
   static constexpr int kProducerRegs = 24;
@@ -252,6 +254,43 @@ __device__ __forceinline__ void store_out_pair(const AttnParams& p, char* row_pt
   }
 }
 
+// A walk over the key blocks a CTA computes (hopper_attention's visit_list: entry e * 4 + class
+// covers blocks [e * span, (e + 1) * span)); j is the current block, n_blocks once past the last.
+template <bool kMask, bool kSkipBlocks>
+struct BlockWalk {
+  const unsigned short* list;
+  int n_listed, span, n_blocks;
+  int j = -1;
+  int next_entry = 0;   // the next list entry
+  int entry_end = 0;    // the current entry's blocks end here
+  int entry_cls = 0;
+  // Moves to the next block; returns it and sets its class.
+  __device__ __forceinline__ int next(int& cls) {
+    if constexpr (!kMask) {
+      cls = 1;
+      return ++j;
+    } else if constexpr (!kSkipBlocks) {
+      cls = 2;
+      return ++j;
+    } else {
+      if (j + 1 < entry_end) {   // the entry spans several blocks
+        cls = entry_cls;
+        return ++j;
+      }
+      if (next_entry >= n_listed) {
+        cls = 0;
+        return j = n_blocks;
+      }
+      const int e = list[next_entry++];
+      j = (e >> 2) * span;
+      entry_end = min(j + span, n_blocks);
+      entry_cls = e & 3;
+      cls = entry_cls;
+      return j;
+    }
+  }
+};
+
 }  // namespace attn_detail
 
 #if TJ_SM90A_ENABLED
@@ -298,45 +337,23 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // producer and the consumers walk the same blocks: the ones not classified 0.
   const int m_last = (m0 + BM < p.Sq ? m0 + BM : p.Sq) - 1;
   unsigned char* class_table = reinterpret_cast<unsigned char*>(vperm_done + S);   // [kClassTable]
-  // visit_bits[w] bit i: block 32 w + i is not classified 0; visit_list[u]: the u-th such block
-  // j and its class, as j * 4 + class (the consumers read one entry per step)
+  // Entry e of the table: key blocks [e * span, (e + 1) * span) (the last one ends at n_blocks).
+  // visit_bits[w] bit i: entry 32 w + i is not classified 0; visit_list[u]: the u-th such entry
+  // e and its class, as e * 4 + class.
   unsigned* visit_bits = reinterpret_cast<unsigned*>(class_table + Cfg::kClassTable);
   unsigned short* visit_list = reinterpret_cast<unsigned short*>(visit_bits + Cfg::kClassWords);
+  const int span = n_blocks > Cfg::kClassTable ? (n_blocks + Cfg::kClassTable - 1) / Cfg::kClassTable : 1;
+  const int entries = (n_blocks + span - 1) / span;
   int n_listed = 0;   // entries in visit_list
-  const int listed = n_blocks < Cfg::kClassTable ? n_blocks : Cfg::kClassTable;
-  auto classify_block = [&](int j) -> int {
-    const int n0 = j * BN;
-    return hooks.classify(m0, m_last, n0, (n0 + BN < p.Skv ? n0 + BN : p.Skv) - 1);
-  };
-  // The table's visited blocks: [visit_first, visit_last], all of them when visit_run (causal,
-  // windows, prefixes, documents: one run per query tile), so the producer's walk is a compare;
-  // otherwise (block masks) it scans the bits. Set after the table is built.
-  int visit_first = 0, visit_last = -1;
-  bool visit_run = true;
-  auto block_class = [&](int j) -> int {
-    if constexpr (!Hooks::kMask) {
-      return 1;
-    } else {
-      if (!Hooks::kSkipBlocks) return 2;
-      return j < Cfg::kClassTable ? (int)class_table[j] : classify_block(j);
-    }
-  };
-  auto next_block = [&](int j) {
-    if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
-      if (j < listed) {
-        if (visit_run) {
-          j = j < visit_first ? visit_first : (j <= visit_last ? j : listed);
-        } else {
-          int w = j >> 5;
-          unsigned bits = visit_bits[w] & (0xffffffffu << (j & 31));
-          const int words = (listed + 31) >> 5;
-          while (bits == 0u && ++w < words) bits = visit_bits[w];
-          j = bits != 0u ? 32 * w + __ffs((int)bits) - 1 : listed;
-        }
-      }
-      while (j >= Cfg::kClassTable && j < n_blocks && classify_block(j) == 0) ++j;   // past the table
-    }
-    return j;
+
+  // The blocks to compute, in ascending order: a walk over visit_list (each thread that walks them
+  // has its own) from first_block to n_blocks; `cls` is the block's class (1: no per-element mask
+  // hook, 2: keep() on every element).
+  auto first_block = [&](int& cls) {
+    attn_detail::BlockWalk<Hooks::kMask, Hooks::kSkipBlocks> w{visit_list, n_listed, span, n_blocks};
+    w.j = -1;
+    w.next(cls);
+    return w;
   };
 
   const int wg = warpgroup_idx();
@@ -362,44 +379,34 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
     // Whole warps per pass (kThreads is a multiple of 32), so every lane takes part in the ballot.
 #pragma unroll 1
-    for (int base = 0; base < listed; base += Cfg::kThreads) {
-      const int j = base + (int)threadIdx.x;
-      const int cls = j < listed ? classify_block(j) : 0;
-      if (j < listed) class_table[j] = (unsigned char)cls;
+    for (int base = 0; base < entries; base += Cfg::kThreads) {
+      const int e = base + (int)threadIdx.x;
+      int cls = 0;
+      if (e < entries) {
+        const int n0 = e * span * BN;
+        const int n_last = min((e + 1) * span * BN, p.Skv) - 1;
+        cls = hooks.classify(m0, m_last, n0, n_last);
+        class_table[e] = (unsigned char)cls;
+      }
       const unsigned bits = __ballot_sync(0xffffffffu, cls != 0);
-      if ((threadIdx.x & 31u) == 0u && j < listed) visit_bits[j >> 5] = bits;
+      if ((threadIdx.x & 31u) == 0u && e < entries) visit_bits[e >> 5] = bits;
     }
     __syncthreads();
-    // Each visited block's rank: the visited blocks before it, from the bits.
+    // Each visited entry's rank: the visited entries before it, from the bits.
 #pragma unroll 1
-    for (int j = (int)threadIdx.x; j < listed; j += Cfg::kThreads) {
-      const int cls = class_table[j];
+    for (int e = (int)threadIdx.x; e < entries; e += Cfg::kThreads) {
+      const int cls = class_table[e];
       if (cls == 0) continue;
-      int rank = __popc(visit_bits[j >> 5] & ((1u << (j & 31)) - 1u));
+      int rank = __popc(visit_bits[e >> 5] & ((1u << (e & 31)) - 1u));
 #pragma unroll 1
-      for (int w = 0; w < (j >> 5); ++w) rank += __popc(visit_bits[w]);
-      visit_list[rank] = (unsigned short)(4 * j + cls);
+      for (int w = 0; w < (e >> 5); ++w) rank += __popc(visit_bits[w]);
+      visit_list[rank] = (unsigned short)(4 * e + cls);
     }
   }
   __syncthreads();
   if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
-    // first / last set bit and whether every bit between them is set
-    auto run_of = [&](const unsigned* words, int& first, int& last) {
-      int count = 0;
-      first = listed;
-      last = -1;
 #pragma unroll 1
-      for (int w = 0; w < (listed + 31) >> 5; ++w) {
-        const unsigned bits = words[w];
-        if (bits == 0u) continue;
-        if (first == listed) first = 32 * w + __ffs((int)bits) - 1;
-        last = 32 * w + 31 - __clz((int)bits);
-        count += __popc(bits);
-      }
-      n_listed = count;
-      return count == last - first + 1 || count == 0;
-    };
-    visit_run = run_of(visit_bits, visit_first, visit_last);
+    for (int w = 0; w < (entries + 31) >> 5; ++w) n_listed += __popc(visit_bits[w]);
   }
 
   if (wg == 0) {
@@ -409,8 +416,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       prefetch_tma_descriptor(tma_k);
       prefetch_tma_descriptor(tma_v);
       int t = 0;   // blocks loaded so far: picks the stage and its phase
+      int cls = 0;
+      auto walk = first_block(cls);
 #pragma unroll 1
-      for (int j = next_block(0); j < n_blocks; j = next_block(j + 1), ++t) {
+      for (int j = walk.j; j < n_blocks; j = walk.next(cls), ++t) {
         const int s = t % S;
         const unsigned ph = (unsigned)((t / S) & 1);
         const int n0 = j * BN;
@@ -441,8 +450,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       // the permutation does not depend on it.
       const int pt = (int)threadIdx.x - 32;
       int t = 0;
+      int cls = 0;
+      auto walk = first_block(cls);
 #pragma unroll 1
-      for (int j = next_block(0); j < n_blocks; j = next_block(j + 1), ++t) {
+      for (int j = walk.j; j < n_blocks; j = walk.next(cls), ++t) {
         const int s = t % S;
         mbar_wait(&full_v[s], (unsigned)((t / S) & 1));
         uint4* piece = reinterpret_cast<uint4*>(sV + s * Cfg::kVBytes);
@@ -520,7 +531,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     }
   };
   // The score hook on block n0, then the masks: the KV end, the causal diagonal, and the mask
-  // hook where the block's class (block_class) is 2.
+  // hook where the block's class is 2.
   auto mask = [&](int n0, int cls) {
     if constexpr (Hooks::kScoreMod) {
       // Positions as floats: one conversion per row and per block, the column offsets folded in
@@ -612,32 +623,16 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 
   mbar_wait(q_bar, 0u);
 
-  // The consumers take the visited blocks from visit_list, one entry per step (the u-th visit);
-  // blocks past the table by the walk. (H100, session 7: walking the classes in every iteration
-  // cost the causal variant 10% more instructions than the built-in causal mask.) (H100, session
-  // 8: the list read and its move to a uniform register hold 4.5% of the causal variant's stall
-  // samples; computing the block and its class instead, for one-run masks whose classify() does
-  // not gather, or reading the entry a step ahead, did not make the variants faster.)
-  auto visit = [&](int u, int j_prev, int& cls) -> int {   // the u-th visited block
-    if constexpr (!(Hooks::kMask && Hooks::kSkipBlocks)) {
-      const int j = j_prev + 1;
-      cls = j < n_blocks ? block_class(j) : 0;
-      return j;
-    } else {
-      if (u < n_listed) {
-        const int e = visit_list[u];
-        cls = e & 3;
-        return e >> 2;
-      }
-      const int j = next_block(j_prev + 1 > listed ? j_prev + 1 : listed);
-      cls = j < n_blocks ? block_class(j) : 0;
-      return j;
-    }
-  };
-  // The key blocks this CTA computes: j0, then next_block(j + 1) ... (all of them without a
-  // mask hook); t counts them and picks the stage and its phase, like the producer's loop.
+  // The consumers walk the table as the producer does, one list entry per step. (H100, session 7:
+  // walking the classes in every iteration cost the causal variant 10% more instructions than the
+  // built-in causal mask.) (H100, session 8: the list read and its move to a uniform register hold
+  // 4.5% of the causal variant's stall samples; computing the block and its class instead, for
+  // one-run masks whose classify() does not gather, or reading the entry a step ahead, did not make
+  // the variants faster.) t counts the blocks and picks the stage and its phase, like the
+  // producer's loop.
   int cls0 = 0;
-  const int j0 = visit(0, -1, cls0);
+  auto walk = first_block(cls0);
+  const int j0 = walk.j;
   if (j0 < n_blocks) {
     if constexpr (Cfg::kWgSync) {
       // consumer 0 issues first: consumer 1 pre-arrives on consumer 0's barrier
@@ -646,7 +641,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     if constexpr (Cfg::kOverlap) {
       // ---- block j0: S, softmax, P
       int cls_next = 0;
-      int j_next = visit(1, j0, cls_next);
+      int j_next = walk.next(cls_next);
       mbar_wait(&full_k[0], 0u);
       if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
       wgmma_fence();
@@ -692,7 +687,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         wgmma_fence();
         issue_pv(pst);
         wgmma_commit();
-        j_next = visit(t + 1, j, cls_next);
+        j_next = walk.next(cls_next);
         if constexpr (Cfg::kWgSync) {
           if (!(c == 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(2 - c, 256);
         }
@@ -745,7 +740,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll 1
       for (int j = j0, cls = cls0; j < n_blocks; ++t) {
         int cls_next = 0;
-        const int j_next = visit(t + 1, j, cls_next);
+        const int j_next = walk.next(cls_next);
         const int st = t % S;
         const unsigned ph = (unsigned)((t / S) & 1);
         mbar_wait(&full_k[st], ph);

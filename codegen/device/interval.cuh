@@ -181,12 +181,16 @@ __device__ __forceinline__ Iv<typename IvOf<T>::type> iv_gather(const TA& t, I..
   if (cells > kIvGatherCells) return iv_any<V>();
   V vlo = (V)0, vhi = (V)0;   // 0 is in the range when some index is out of range
   bool first = !outside;
-  for (long long c = 0; c < cells; ++c) {
-    long long rest = c, offset = 0;
+  // 32-bit cell arithmetic (cells <= kIvGatherCells): a 64-bit division is a long subroutine, and
+  // every CTA classifies its key blocks this way before its first load.
+  for (int c = 0; c < (int)cells; ++c) {
+    int rest = c;
+    long long offset = 0;
 #pragma unroll
     for (int d = R - 1; d >= 0; --d) {
-      offset += (lo[d] + rest % n[d]) * t.stride[d];
-      rest /= n[d];
+      const int nd = (int)n[d];
+      offset += (lo[d] + rest % nd) * t.stride[d];
+      rest /= nd;
     }
     const V x = (V)(static_cast<const T*>(t.data)[offset]);
     vlo = first || x < vlo ? x : vlo;
