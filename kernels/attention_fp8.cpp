@@ -153,7 +153,7 @@ Kernel attention_variant(const AttentionVariant& variant) {
                             variant.key_block));
   {
     std::lock_guard<std::mutex> lock(key_block_mutex);
-    key_blocks()[variant.name] = variant.key_block;
+    key_blocks()[variant.name] = variant.key_block > 0 ? variant.key_block : (variant.score_mod ? 128 : 0);
   }
   std::vector<Slot> slots;
   const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,

@@ -24,7 +24,11 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   if (is_fp8(in) && head_dim == 128) bn = 192;
   // q_residual (Dqk = 2 D <= 256) fits these blocks: at D 128, 181 KB of shared memory
   // A variant's mask favours smaller key blocks (a window, documents, block-mask cells): fp8 D 128
-  // then takes 128 (bench/RESULTS.md, session 4: sliding window, documents, block masks).
+  // then takes 128 (bench/RESULTS.md, session 4: sliding window, documents, block masks). fp8 takes
+  // key blocks of 64 only for up to 2048 keys: with more, 128 run faster even where rows see few
+  // keys (H100, session 10, 64 x 128 vs 64 x 64 at S 4096 / 8192: documents 352 / 482 vs 341 / 434
+  // TFLOP/s, block mask 444 / 531 vs 411 / 473; at S 2048 documents 212 vs 236, block mask 374 vs 356).
+  if (is_fp8(in) && key_block == 64 && seq_kv > 2048) key_block = 128;
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   // fp8 D 128 with little work per query tile (keys up to 4096, or a sparse mask): query tiles of
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the

@@ -18,6 +18,8 @@
 #include "attention_accuracy.h"
 #include "gpu.h"
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variant.h"
+#include "kernels/attention_variants.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/jit.h"
@@ -283,12 +285,32 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, 2048).blocks.at("m") == 128);
   // key blocks of 64 (rows that see few keys): 16-bit D <= 128 takes 64 x 64 tiles (two CTAs per
   // SM), D 256 keeps query tiles of 128; fp8 64 x 64
+  // (fp8 only up to 2048 keys: with more, 64 x 128)
   for (DType dt : {DType::bf16, DType::f16, DType::e4m3}) {
-    const Config c = kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 8192);
+    const Config c = kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 2048);
     CHECK(c.blocks.at("m") == 64);
     CHECK(c.blocks.at("n") == 64);
   }
+  for (DType dt : {DType::bf16, DType::f16}) CHECK(kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 8192).blocks.at("n") == 64);
+  const Config fp8_long = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 64, 8192);
+  CHECK(fp8_long.blocks.at("m") == 64);
+  CHECK(fp8_long.blocks.at("n") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, true, 0, 64, 8192).blocks.at("m") == 128);
+}
+
+TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score_mod without one, 0 otherwise") {
+  CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::document_variant(3, true)).name()) == 64);
+  CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::causal_variant()).name()) == 0);
+  CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::softcap_variant(20.0, true)).name()) == 128);
+  CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::alibi_variant(8, false)).name()) == 128);
+  CHECK(kernels::attention_variant_key_block("attention_fp8") == 0);
+  // a score_mod variant's fp8 tiles at every length: 64 x 128 (bf16 keeps 128 x 128)
+  for (int64_t S : {2048, 8192}) {
+    const Config c = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, S);
+    CHECK(c.blocks.at("m") == 64);
+    CHECK(c.blocks.at("n") == 128);
+    CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, S).blocks.at("m") == 128);
+  }
 }
 
 TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with the pipeline's config (SIMT, D 64-256)") {
