@@ -34,4 +34,5 @@ const GpuState& state() {
 
 bool gpu_available() { return state().available; }
 const std::string& gpu_unavailable_reason() { return state().reason; }
+std::string gpu_arch() { return tj::runtime::current_device().arch(); }
 }  // namespace tj_test

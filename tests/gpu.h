@@ -1,7 +1,8 @@
 #pragma once
 // GPU tests: put TJ_REQUIRE_GPU(); first in a TEST_CASE. Without a usable CUDA GPU the test
 // prints "SKIPPED: <test name>: no CUDA GPU (<reason>)" (doctest MESSAGE and stderr; CTest
-// counts it as skipped) and returns.
+// counts it as skipped) and returns. TJ_REQUIRE_HOPPER() also skips on a GPU that is not sm_90a
+// ("SKIPPED: <test name>: not a Hopper GPU (<arch>)").
 #include <doctest/doctest.h>
 
 #include <iostream>
@@ -15,6 +16,8 @@ bool gpu_available();
 const std::string& gpu_unavailable_reason();
 // The name of the running TEST_CASE (tests/main.cpp).
 const std::string& current_test_name();
+// The current device's architecture ("sm_90a", ...); call only when gpu_available().
+std::string gpu_arch();
 }  // namespace tj_test
 
 #define TJ_REQUIRE_GPU()                                                                  \
@@ -27,4 +30,16 @@ const std::string& current_test_name();
       std::cerr << tj_skip_message_ << std::endl;                                         \
       return;                                                                             \
     }                                                                                     \
+  } while (0)
+
+#define TJ_REQUIRE_HOPPER()                                                                                    \
+  do {                                                                                                         \
+    TJ_REQUIRE_GPU();                                                                                          \
+    if (const std::string tj_arch_ = ::tj_test::gpu_arch(); tj_arch_ != "sm_90a") {                            \
+      const std::string tj_skip_message_ =                                                                     \
+          "SKIPPED: " + ::tj_test::current_test_name() + ": not a Hopper GPU (" + tj_arch_ + ")";               \
+      MESSAGE(tj_skip_message_);                                                                               \
+      std::cerr << tj_skip_message_ << std::endl;                                                              \
+      return;                                                                                                  \
+    }                                                                                                          \
   } while (0)

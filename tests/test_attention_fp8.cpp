@@ -340,11 +340,7 @@ TEST_CASE("attention_fp8 on the CPU reference executor: FP8 pipeline vs float64 
 }
 
 TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference executor (e4m3 / bf16, tails, causal)") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU (" << runtime::current_device().arch() << ")");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   std::mt19937 rng(13);
   struct Case {
     DType in;
@@ -421,11 +417,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
 }
 
 TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.approx and exp2_fma alike)") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   std::mt19937 rng(15);
   const int64_t B = 1, H = 2, S = 300, D = 128, nan_row = 77;
   HostTensor q = randn(DType::bf16, {B, H, S, D}, rng), k = randn(DType::bf16, {B, H, S, D}, rng),
@@ -479,11 +471,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.appr
 }
 
 TEST_CASE("gpu: attention_fp8_forward (quantize + attention from bf16) accuracy vs float64") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   std::mt19937 rng(14);
   for (double outliers : {0.0, 1e-3})
     for (bool causal : {false, true}) {

@@ -420,11 +420,7 @@ TEST_CASE("gpu: rotating / splitting quantizers match the CPU reference executor
 }
 
 TEST_CASE("gpu: attention_fp8_forward recipes (plain, hadamard, q_residual, both) vs float64, B1 H4 S2048 D128") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   std::mt19937 rng(24);
   const int64_t B = 1, H = 4, S = 2048, D = 128;
   const int64_t stride = 8;   // float64 reference and emulation on every 8th query row (CPU time: ~1 s each)
@@ -482,11 +478,7 @@ TEST_CASE("head_amax on the CPU reference executor, attention_fp8_forward checks
 }
 
 TEST_CASE("gpu: attention_fp8_forward with an e4m3 output: o_scale applied, o_amax per head matches the output") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   std::mt19937 rng(32);
   const int64_t B = 1, H = 3, S = 300, D = 128;
   HostTensor q = tj_test::randn(DType::bf16, {B, H, S, D}, rng), k = tj_test::randn(DType::bf16, {B, H, S, D}, rng),

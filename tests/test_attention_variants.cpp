@@ -454,11 +454,7 @@ TEST_CASE("attention variants: hooks it cannot inline take the SIMT path, malfor
 }
 
 TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference executor (bf16, e4m3, block skipping on/off)") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU (" << runtime::current_device().arch() << ")");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   std::mt19937 rng(72);
   const Problem p{2, 4, 2, 333, 300, 128};
   for (const NamedVariant& nv : variants(p.H)) {
@@ -504,11 +500,7 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
 }
 
 TEST_CASE("gpu: attention variants with more key blocks than the block table (entries of two blocks) match float64") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU (" << runtime::current_device().arch() << ")");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   // 625 key blocks of 64 (the last one partial) for a table of 512 entries: each entry spans two
   // blocks and is classified as a whole. Cells of 96 keys straddle the entries' 128, so entries of
   // every class (skipped, kept whole, masked per element) occur.

@@ -146,11 +146,7 @@ TEST_CASE("dilated_attention_forward: pairs that do not fit are errors naming th
 }
 
 TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 and FP8, causal and not") {
-  TJ_REQUIRE_GPU();
-  if (runtime::current_device().arch() != "sm_90a") {
-    MESSAGE("SKIPPED: not a Hopper GPU (" << runtime::current_device().arch() << ")");
-    return;
-  }
+  TJ_REQUIRE_HOPPER();
   std::mt19937 rng(82);
   // S = 1000: not a multiple of the segments, FP8 quantizes view by view; S = 1024: FP8 quantizes
   // once (dilated_quantize) and the attentions read strided views of it.
