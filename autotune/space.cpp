@@ -285,6 +285,9 @@ std::string ConfigSpace::describe() const {
 
 ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& o) {
   Config base = default_config(f);
+  // The lowering's own default may use block sizes that are not powers of two (attention: 96, 192):
+  // they join their dimensions, so the search starts at that point and steps to its neighbours.
+  const Config untuned = o.arch.empty() ? base : untuned_config(f, o.arch);
   std::vector<Dimension> dims;
   const auto extents = constant_block_extents(f);
   const auto in_2d = blocks_in_2d_tiles(f);
@@ -303,6 +306,11 @@ ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& o) {
     d.name = b.name;
     for (int64_t v = next_pow2(std::max<int64_t>(lo, 1)); v <= hi; v *= 2) d.values.push_back(v);
     if (d.values.empty()) d.values.push_back(hi);
+    if (auto u = untuned.blocks.find(b.name); u != untuned.blocks.end() && u->second >= lo && u->second <= hi &&
+                                              std::find(d.values.begin(), d.values.end(), u->second) == d.values.end()) {
+      d.values.push_back(u->second);
+      std::sort(d.values.begin(), d.values.end());
+    }
     d.fallback = base.blocks.count(b.name) ? base.blocks[b.name] : 64;
     dims.push_back(std::move(d));
   }

@@ -6,7 +6,8 @@
 //   - one dimension per tunable tile-loop block (blocks fixed with tile(n, size) are left
 //     out): powers of two from 16 up to the loop's extent rounded up to a power of two
 //     (when the extent is a compile-time constant), at most 256 when the block sizes a
-//     rank-2 tile and 1024 when it only ever sizes rank-1 tiles (elementwise kernels);
+//     rank-2 tile and 1024 when it only ever sizes rank-1 tiles (elementwise kernels), and
+//     the value of the lowering's untuned config (untuned_config) where it is none of those;
 //   - num_warps: {2, 4, 8};
 //   - num_stages: {1, 2, 3, 4} when the kernel has a loop inside a program that loads from
 //     memory (something to pipeline), else fixed at the default;

@@ -38,6 +38,9 @@
 
 #include <cmath>
 
+#include "autotune/space.h"
+#include "codegen/lower_attention_sm90.h"
+#include "codegen/target.h"
 #include "kernels/attention_variant.h"
 #include "kernels/library.h"
 #include "runtime/error.h"
@@ -145,6 +148,42 @@ int64_t attention_variant_key_block(const std::string& kernel_name) {
   auto it = key_blocks().find(kernel_name);
   return it == key_blocks().end() ? 0 : it->second;
 }
+
+namespace {
+
+bool is_attention_kernel(const std::string& name) {
+  if (name == "attention_fp8") return true;
+  std::lock_guard<std::mutex> lock(key_block_mutex);
+  return key_blocks().count(name) > 0;
+}
+
+// What a config-less launch and the tuner's reference take for attention_fp8 and its variants on
+// sm_90a: attention_fp8_default_config for the traced dtypes and shapes (q [B,H,Sq,Dqk], k
+// [B,Hkv,Skv,Dqk], o [B,H,Sq,D]), as attention_fp8_forward and tilejit run attention pick it.
+// Without it they took the generic 64 x 64 tiles.
+const bool default_config_registered = [] {
+  autotune::register_default_config_provider("attention_fp8", [](const ir::Function& f, const std::string& arch) {
+    std::optional<Config> c;
+    if (arch != "sm_90a" || f.params.size() < 7 || !is_attention_kernel(f.name)) return c;
+    const std::optional<codegen::AttentionMatch> m = codegen::match_attention_fp8(f);
+    const ir::Param &q = f.params[0], &k = f.params[1], &o = f.params[6];
+    if (!m || q.rank() != 4 || k.rank() != 4 || o.rank() != 4 || q.static_shape[3] <= 0 || o.static_shape[3] <= 0)
+      return c;
+    const int64_t seq_kv = k.static_shape[2] > 0 ? k.static_shape[2] : 0;
+    Config d = attention_fp8_default_config(q.dtype, o.static_shape[3], m->causal || m->mask_mod, q.static_shape[3],
+                                            attention_variant_key_block(f.name), seq_kv);
+    // Only where the tensor-core lowering takes it (head dims, dtypes); the SIMT path keeps the
+    // generic tiles.
+    try {
+      if (codegen::lower_attention_sm90(f, d, codegen::Target::parse("sm_90a"))) c = d;
+    } catch (const Error&) {
+    }
+    return c;
+  });
+  return true;
+}();
+
+}  // namespace
 
 Kernel attention_variant(const AttentionVariant& variant) {
   if (variant.name.empty()) throw Error("attention_variant: the variant needs a name (it names the kernel)");

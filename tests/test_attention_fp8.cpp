@@ -13,10 +13,12 @@
 #include <limits>
 #include <random>
 
+#include "autotune/space.h"
 #include "codegen/lower_attention_sm90.h"
 #include "attention_accuracy.h"
 #include "gpu.h"
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variants.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/jit.h"
@@ -113,6 +115,39 @@ std::vector<ArgSpec> attention_specs(DType in, DType out, int64_t B, int64_t H, 
 }
 
 }  // namespace
+
+TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attention_fp8_default_config on sm_90a") {
+  struct Case {
+    DType in;
+    int64_t S;
+    bool causal;
+  };
+  for (const Case& c : {Case{DType::e4m3, 8192, true}, Case{DType::e4m3, 2048, true}, Case{DType::e4m3, 8192, false},
+                        Case{DType::bf16, 8192, true}, Case{DType::e4m3, 2048, false}}) {
+    INFO(fmt::format("{} S {} causal {}", name(c.in), c.S, c.causal));
+    ir::Function f = kernels::attention_fp8().trace(attention_specs(c.in, DType::bf16, 2, 16, c.S, c.S, 128, c.causal, false));
+    const Config expected = kernels::attention_fp8_default_config(c.in, 128, c.causal, 128, 0, c.S);
+    const Config got = autotune::untuned_config(f, "sm_90a");
+    CHECK(got == expected);
+    // Its block sizes are in the tuner's space even where they are not powers of two (96, 192).
+    autotune::SpaceOptions so;
+    so.arch = "sm_90a";
+    const autotune::ConfigSpace space = autotune::derive_space(f, so);
+    CHECK(space.contains(got));
+  }
+  // Other targets, and head dims the tensor-core lowering does not take, keep the generic default
+  // (the SIMT path).
+  ir::Function f = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 256, 256, 64, true, false));
+  CHECK(autotune::untuned_config(f, "sm_80") == default_config(f));
+  ir::Function f32d = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 64, 64, 32, true, false));
+  CHECK(autotune::untuned_config(f32d, "sm_90a") == default_config(f32d));
+  // A variant's key block and score mod: softcap's fp8 tiles are 64 x 128 at every length.
+  const Kernel softcap = kernels::attention_variant(kernels::softcap_variant(30.0, true));
+  ir::Function fs = softcap.trace(attention_specs(DType::e4m3, DType::bf16, 2, 16, 8192, 8192, 128, false, false));
+  const Config cs = autotune::untuned_config(fs, "sm_90a");
+  CHECK(cs.blocks.at("m") == 64);
+  CHECK(cs.blocks.at("n") == 128);
+}
 
 TEST_CASE("attention_fp8: the sm_90a lowering recognizes the library kernel exactly, and nothing else") {
   for (DType in : {DType::e4m3, DType::bf16, DType::f16})
