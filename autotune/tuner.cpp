@@ -24,7 +24,9 @@
 #include "autotune/worker.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/target.h"
+#include "runtime/device.h"
 #include "runtime/disk_cache.h"
+#include "runtime/driver.h"
 #include "runtime/error.h"
 #include "runtime/hash.h"
 #include "runtime/jit.h"
@@ -736,8 +738,14 @@ TuneResult Tuner::run() {
   TuneResult result;
   check_specs();
   if (o_.effort == Effort::none) {
-    // No worker, so no GPU arch: the generic default (what a config-less launch on an unknown
-    // arch gets).
+    // No worker: the arch of this process's GPU when the driver has one (what a config-less
+    // launch here gets), else none and the generic default.
+    if (arch_.empty() && runtime::driver().available()) {
+      try {
+        arch_ = runtime::current_device().arch();
+      } catch (const Error&) {
+      }
+    }
     result.reference_config = untuned_config(f_, arch_);
     result.best = result.reference_config;
     result.strategy = Strategy::exhaustive;

@@ -397,7 +397,7 @@ TEST_CASE("cli bench attention: without a GPU it says so") {
   CHECK_THROWS_WITH_AS(bench_attention(o), "--peers-script /nonexistent/peers.py: no such file", Error);
 }
 
-TEST_CASE("cli: the tilejit program wires `run attention`, `bench attention` and `bench variants` (subprocess)") {
+TEST_CASE("cli: the tilejit program wires `run attention`, `tune attention`, `bench attention` and `bench variants` (subprocess)") {
   auto r = run_cli("bench attention --seq 3000");
   if (!r) {
     MESSAGE("the tilejit program is not where this build put it: skipped");
@@ -431,6 +431,13 @@ TEST_CASE("cli: the tilejit program wires `run attention`, `bench attention` and
   CHECK(r->output.find("tilejit: head dim 80: --dtype e4m3 runs the FP8 pipeline") != std::string::npos);
   r = run_cli("run softmax --seq 5");
   CHECK(r->output.find("apply to `tilejit run attention` only") != std::string::npos);
+  // `tune attention` tunes the kernel `run attention` runs: attention_fp8 for e4m3 / bf16 / f16
+  r = run_cli("tune attention --dtype e4m3 --shape 1,2,256,64 --effort none");
+  CHECK(r->status == 0);
+  CHECK(r->output.find("runs attention_fp8 on the tensor cores (tilejit run attention): tuning it") != std::string::npos);
+  CHECK(r->output.find("kernel attention_fp8  shape [1, 2, 256, 64]") != std::string::npos);
+  r = run_cli("tune attention --dtype f32 --shape 1,2,256,64 --effort none");
+  CHECK(r->output.find("kernel attention  shape [1, 2, 256, 64]") != std::string::npos);
   if (!tj_test::gpu_available()) {
     r = run_cli("run attention --dtype e4m3 --shape 1,2,128,64 --causal");
     CHECK(r->status == 0);

@@ -9,12 +9,15 @@
 #include <vector>
 
 #include "autotune/worker.h"
+#include "kernels/library.h"
 #include "runtime/error.h"
 #include "tools/commands.h"
 
 namespace {
 void add_problem_options(CLI::App* cmd, tj::tools::ProblemOptions& p) {
-  cmd->add_option("kernel", p.kernel, "library kernel: vector_add, softmax, attention")->required();
+  std::vector<std::string> names;
+  for (const auto& e : tj::kernels::library()) names.push_back(e.name);
+  cmd->add_option("kernel", p.kernel, fmt::format("library kernel: {}", fmt::join(names, ", ")))->required();
   cmd->add_option("--dtype", p.dtype,
                   "input element type: f32, f16, bf16, e4m3, e5m2 (`run attention`: e4m3 = the FP8 pipeline, bf16/f16 = "
                   "attention_fp8 on tensor cores, f32 = the SIMT kernel)")->capture_default_str();

@@ -7,6 +7,7 @@
 
 #include "autotune/cache.h"
 #include "autotune/tuner.h"
+#include "tools/attention.h"
 #include "tools/problem.h"
 
 namespace tj::tools {
@@ -31,6 +32,13 @@ int tune(const ProblemOptions& o, const TuneCliOptions& t) {
   if (!effort) throw Error(fmt::format("unknown --effort '{}' (none, quick, full, exhaustive)", t.effort));
   ProblemOptions po = o;
   po.config.clear();
+  // `tilejit run attention` with e4m3 / bf16 / f16 runs attention_fp8 on the tensor cores (and
+  // takes its tuned config): tune that kernel, not the SIMT one.
+  if (runs_attention_pipeline(po)) {
+    po.kernel = "attention_fp8";
+    fmt::print("attention with {} inputs runs attention_fp8 on the tensor cores (tilejit run attention): tuning it\n",
+               po.dtype);
+  }
   ResolvedProblem r = resolve(po);
   const double flops = r.entry->flops(r.problem);
 
