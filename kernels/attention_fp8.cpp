@@ -16,10 +16,12 @@
 // Q-residual scheme (kernels/attention_fp8.h).
 //
 // Numerics: the q·k descales and the scale fold into one constant per (b, h); scores and the
-// online softmax are f32 in exp2; P = exp2(s - (m - 8)) lies in [0, 256] -- e4m3's full
-// relative precision -- and is quantized to the input type for the second dot; l accumulates
-// the same f32 P, so the offset cancels in acc / l; the V descale folds into that final
-// normalization. Causal masking is top-left aligned (key j <= query i). Rows that see no key
+// online softmax are f32 in exp2; P = exp2(s - (m - 8)) is quantized to the input type for the
+// second dot; l accumulates the same f32 P, so the offset cancels in acc / l; the V descale folds
+// into that final normalization. Lazy rescaling: the running max m moves only when a block's max
+// passes it by more than a slack (0.75 fp8, 8 in 16-bit), so P lies in [0, 2^8.75] (fp8: up to 430,
+// e4m3's full relative precision and below its 448) or [0, 2^8] (16-bit, offset 0). Causal
+// masking is top-left aligned (key j <= query i). Rows that see no key
 // (masks) get O = 0 and lse = -inf: the running max is used as 0 while it is -inf.
 //
 // Variants (kernels/attention_variant.h) trace their hooks right after the scores: score_mod on
@@ -82,6 +84,10 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
                     const std::vector<In>& inputs) {
   const bool fp8 = is_fp8(q.dtype());
   const double p_offset = fp8 ? 8.0 : 0.0;   // P in [0, 2^8]: e4m3's range, full precision
+  // The running max moves only when a block's max passes it by more than this: P then stays in
+  // [0, 2^(offset + slack)] (fp8: 430 < 448, e4m3's largest), and on the GPU most blocks skip the
+  // rescale of O (alpha = 1 in every row of a warp).
+  const double rescale_slack = fp8 ? 0.75 : 8.0;
   auto [B, H, S, D] = q.shape<4>();
   auto Dv = fp8 ? v.dim(2) : v.dim(3);
   auto Hkv = k.dim(1);
@@ -101,7 +107,8 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
         auto s = dot(qt, k.load(b, hk, n, all).T()) * qk_scale;
         if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
         if (hooks) s = apply_hooks(*hooks, s, b, h, m, n, inputs);
-        auto m_new = maximum(m_i, amax(s, 1));
+        auto m_blk = maximum(m_i, amax(s, 1));
+        auto m_new = where(m_blk > m_i + rescale_slack, m_blk, m_i);   // lazy rescaling
         auto m_use = where(m_new == -INFINITY, 0.0, m_new);   // no key yet: exp2(-inf - 0) = 0
         auto p = exp2(s - (m_use - p_offset).col());
         auto alpha = exp2(m_i - m_use);

@@ -114,6 +114,59 @@ std::vector<ArgSpec> attention_specs(DType in, DType out, int64_t B, int64_t H, 
           RuntimeScalar{1.0f}, causal, with_lse};
 }
 
+// Rows whose running max creeps up: every query row is e_0, key block b (of 64) scores s_b =
+// s_0 + b * step in log2 units, the same for all its keys, so lazy rescaling (kernels/
+// attention_fp8.cpp: the max moves only past a slack, 0.75 fp8 / 8 16-bit) keeps a stale max on
+// every other block and P reaches 2^(offset + step): step 0.7 fp8 (P = 2^8.7 = 416, an e4m3
+// value; a slack past log2(448 / 256) = 0.81 would saturate it at 448), 7 in bf16. V is random.
+// Also returns the decoded inputs (k with its descale) for the float64 truth.
+struct CreepInputs {
+  std::vector<HostTensor> in;   // q, k, v(t), qd, kd, vd in the kernel's dtypes
+  HostTensor q_true, k_true, v_true;
+};
+CreepInputs creeping_max_inputs(DType in, int64_t Sq, int64_t Skv, std::mt19937& rng) {
+  const int64_t D = 64;
+  const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
+  const bool fp8 = is_fp8(in);
+  const double step = fp8 ? 0.7 : 7.0;
+  // fp8: k = 256 + 32 b (e4m3 values up to 448), descale kd so that 32 kd * scale = step
+  const double kd = fp8 ? step / (32.0 * scale) : 1.0;
+  HostTensor q(in, {1, 1, Sq, D}), k(in, {1, 1, Skv, D}), q_true(DType::f32, q.shape()), k_true(DType::f32, k.shape());
+  q.fill_bytes(0);
+  k.fill_bytes(0);
+  for (int64_t i = 0; i < Sq; ++i) q.set(i * D, 1.0);
+  for (int64_t j = 0; j < Skv; ++j) {
+    const int64_t b = std::min<int64_t>(j / 64, 6);
+    k.set(j * D, fp8 ? 256.0 + 32.0 * b : step * b / scale);
+  }
+  for (int64_t i = 0; i < q.numel(); ++i) q_true.set(i, q.at(i));
+  for (int64_t i = 0; i < k.numel(); ++i) k_true.set(i, k.at(i) * kd);
+  HostTensor v = randn(DType::bf16, {1, 1, Skv, D}, rng), v_true(DType::f32, v.shape());
+  HostTensor ones(DType::f32, {1, 1}), kds(DType::f32, {1, 1});
+  ones.set(0, 1.0);
+  kds.set(0, kd);
+  CreepInputs r{{}, q_true, k_true, v_true};
+  if (fp8) {
+    const int64_t Sp = (Skv + 15) / 16 * 16;
+    HostTensor vt(in, {1, 1, D, Sp});
+    vt.fill_bytes(0);
+    for (int64_t j = 0; j < Skv; ++j)
+      for (int64_t d = 0; d < D; ++d) {
+        vt.set(d * Sp + j, v.at(j * D + d));
+        r.v_true.set(j * D + d, vt.at(d * Sp + j));
+      }
+    r.in = {q, k, vt, ones, kds, ones};
+  } else {
+    HostTensor v16(in, v.shape());
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      v16.set(i, v.at(i));
+      r.v_true.set(i, v16.at(i));
+    }
+    r.in = {q, k, v16, ones, ones, ones};
+  }
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attention_fp8_default_config on sm_90a") {
@@ -374,6 +427,25 @@ TEST_CASE("attention_fp8 on the CPU reference executor: FP8 pipeline vs float64 
   }
 }
 
+TEST_CASE("attention_fp8: lazy rescaling keeps P in e4m3's range while row maxima creep up (CPU reference vs float64)") {
+  std::mt19937 rng(31);
+  for (DType in : {DType::e4m3, DType::bf16}) {
+    INFO(name(in));
+    CreepInputs c = creeping_max_inputs(in, 64, 64 * 7 + 20, rng);
+    const std::vector<double> truth = attention_f64(c.q_true, c.k_true, c.v_true, false);
+    HostTensor o(DType::bf16, c.q_true.shape()), lse(DType::f32, {1, 1, 64});
+    run_ref(kernels::attention_fp8(),
+            attention_args(c.in[0].view(), c.in[1].view(), c.in[2].view(), c.in[3].view(), c.in[4].view(),
+                           c.in[5].view(), o.view(), lse.view(), false, true),
+            blocks(64, 64));
+    const Metrics m = compare(o.values(), truth);
+    MESSAGE(name(in) << " CPU reference vs float64: " << str(m));
+    CHECK(m.nan == 0);
+    // P saturated at 448 on the stale blocks (a slack past 0.81) costs more than 1e-1 here
+    CHECK(m.rel_rmse <= (is_fp8(in) ? 2e-2 : 1e-2));
+  }
+}
+
 TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference executor (e4m3 / bf16, tails, causal)") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(13);
@@ -448,6 +520,43 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     CHECK(ml.nan == 0);
     CHECK(ml.max_abs <= 2e-3);
    }
+  }
+}
+
+TEST_CASE("gpu: attention_fp8 lowered to sm_90a with row maxima creeping up (lazy rescaling) matches the CPU reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(32);
+  for (DType in : {DType::e4m3, DType::bf16}) {
+    CreepInputs c = creeping_max_inputs(in, 200, 64 * 7 + 20, rng);
+    const std::vector<double> truth = attention_f64(c.q_true, c.k_true, c.v_true, false);
+    std::vector<DeviceTensor> dev;
+    for (const auto& t : c.in) dev.push_back(DeviceTensor::from_host(t));
+    for (int64_t bm : {64, 128, 192}) {
+      INFO(fmt::format("{} m={} n=64", name(in), bm));
+      HostTensor o_ref(DType::bf16, c.q_true.shape()), lse_ref(DType::f32, {1, 1, 200});
+      run_ref(kernels::attention_fp8(),
+              attention_args(c.in[0].view(), c.in[1].view(), c.in[2].view(), c.in[3].view(), c.in[4].view(),
+                             c.in[5].view(), o_ref.view(), lse_ref.view(), false, true),
+              blocks(bm, 64));
+      DeviceTensor o(DType::bf16, o_ref.shape()), lse(DType::f32, lse_ref.shape());
+      o.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      LaunchOptions lo;
+      lo.config = blocks(bm, 64);
+      launch(kernels::attention_fp8(),
+             attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(),
+                            o.view(), lse.view(), false, true),
+             lo);
+      runtime::synchronize();
+      const std::vector<double> got = o.to_host().values();
+      const Metrics mr = compare(got, o_ref.values()), mt = compare(got, truth);
+      const Metrics ml = compare(lse.to_host().values(), lse_ref.values());
+      MESSAGE("GPU vs CPU reference: O " << str(mr) << "; LSE max abs " << ml.max_abs << "; vs float64: " << str(mt));
+      CHECK(mr.nan == 0);
+      CHECK(mr.rel_rmse <= 1e-2);
+      CHECK(ml.max_abs <= 2e-3);
+      CHECK(mt.rel_rmse <= (is_fp8(in) ? 2e-2 : 1e-2));
+    }
   }
 }
 
