@@ -214,6 +214,11 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     throw fail(fmt::format("knob attn_exp2_fma counts the score exp2s of every 8 computed on the FMA pipes: 0 to 8, "
                            "not {}",
                            exp2_fma));
+  // The warp skips O's rescale where all its alphas are 1 (a vote per block). With a score hook too
+  // since lazy rescaling (H100, session 11, vote vs none, S 2048 / 8192: bf16 ALiBi +1-3%, softcap
+  // +2%, fp8 within 1%; at session 5, without it, the vote had cost ALiBi 1-4%). Knob
+  // attn_rescale_vote = 0 rescales at every block.
+  const bool rescale_vote = cfg.knob("attn_rescale_vote", 1) != 0;
   const int limit = max_bn(fp8, D, consumers);
   const int64_t bn_mult = fp8 ? 32 : 16;
   const bool bn_listed = bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 224 || bn == 256;
@@ -292,10 +297,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk, bn,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk, bn,
                      stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
                      overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm ? "true" : "false", D,
-                     exp2_fma);
+                     exp2_fma, rescale_vote ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
@@ -389,6 +394,7 @@ const bool registered = [] {
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
     if (fp8) knobs.push_back({"attn_vperm", {1, 0}, 1});
+    if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
     if (hooks && causal_conjunct(*hooks, hook_symbols(f)) >= 0)
       knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
     return knobs;

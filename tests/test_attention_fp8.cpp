@@ -332,6 +332,24 @@ TEST_CASE("attention_fp8: knob attn_exp2_fma moves that many of every 8 score ex
   }
 }
 
+TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that skips O's rescale (default 1, score hooks too)") {
+  auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 1024, 1024, 128, true, false);
+  specs.resize(12);
+  const Kernel softcap = kernels::attention_variant(kernels::softcap_variant(30, true));
+  for (int vote : {-1, 0, 1}) {
+    CAPTURE(vote);
+    Config c = blocks(64, 128);
+    if (vote >= 0) c.knobs["attn_rescale_vote"] = vote;
+    for (const Kernel* k : {&kernels::attention_fp8(), &softcap}) {
+      CAPTURE(k->name());
+      const CompiledKernel& ck = compile(*k, specs, c, CompileRequest{"sm_90a", true, false});
+      const bool voted = vote != 0;
+      CHECK(ck.generated.source.find(voted ? ", true>;" : ", false>;") != std::string::npos);
+      CHECK((ck.ptx.find("vote.sync.any.pred") != std::string::npos) == voted);
+    }
+  }
+}
+
 TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering = 0 and sm_80 take the SIMT path") {
   auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 256, 256, 128, false, false);
   CompileRequest req{"sm_90a", false, false};

@@ -88,7 +88,8 @@ struct AttnParams {
 };
 
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
-          bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0>
+          bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0,
+          bool kRescaleVote_ = true>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -103,6 +104,7 @@ struct AttnCfg {
   static constexpr bool kFp8 = (kIn_ == WG_E4M3 || kIn_ == WG_E5M2);
   static constexpr bool kVPerm = kVPerm_ && kFp8;
   static constexpr int kExp2Fma = kExp2Fma_;   // of every 8 score exp2s, those on the FMA pipes
+  static constexpr bool kRescaleVote = kRescaleVote_;   // skip O's rescale where a warp's alphas are all 1
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
   static constexpr int kBM = 64 * kConsumers;
@@ -685,9 +687,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         wgmma_commit();
         // alpha = 1 exactly when no row max of the warp moved (ex2(0) = 1): the rescale would
         // multiply by 1, so the warp skips it -- most blocks once the running max has settled
-        // (H100, session 5: causal bf16 / fp8 S 8192 +2-3%). Not with a score hook: ALiBi's bias
-        // moves the max at almost every block, and the vote cost it 1-4%.
-        if (Hooks::kScoreMod || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+        // (H100, session 5: causal bf16 / fp8 S 8192 +2-3%). kRescaleVote = false (knob
+        // attn_rescale_vote = 0) rescales at every block.
+        if (!Cfg::kRescaleVote || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
           acc_scale_rows<D>(o, alpha);
         fence_acc<D / 2>(o);
         fence_pa();
