@@ -539,9 +539,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     }
   };
   // The score hook on block n0, then the masks: the KV end, the causal diagonal, and the mask
-  // hook where the block's class is 2. Blocks starting at or before n0_unbounded_max lie before
-  // the KV end (n0 + BN <= Skv) and, causal, left of this consumer's diagonal (n0 + BN - 1 <= rb).
-  const int n0_unbounded_max = Cfg::kCausal ? min(p.Skv - BN, rb - BN + 1) : p.Skv - BN;
+  // hook where the block's class is 2.
   auto mask = [&](int n0, int cls) {
     if constexpr (Hooks::kScoreMod) {
       // Positions as floats: one conversion per row and per block, the column offsets folded in
@@ -555,7 +553,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
                            colf + (float)(8 * (i >> 2) + (i & 1)));
       }
     }
-    const bool bounded = n0 > n0_unbounded_max;   // the KV end or the causal diagonal cuts it
+    const bool tail = n0 + BN > p.Skv;
+    const bool diag = Cfg::kCausal && (n0 + BN - 1 > rb);
     const bool hook = Hooks::kMask && cls == 2;
     // Boundary blocks only; branch-free per element (comparisons, a select). The KV end and the
     // causal diagonal are one bound per row, so one comparison per element: with two (and a
@@ -564,7 +563,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     // blocks its class says it cuts: a diagonal block it keeps whole (causal documents, block
     // masks) takes the bound alone. (With keep() in a second loop after the bound's, ptxas parked
     // the predicates again: documents +5% SASS.)
-    if (bounded || hook) {
+    if (tail || diag || hook) {
       int last_key[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -671,15 +670,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       // ---- steady state (FA3's order): issue S_t = Q.K_t^T; rescale O by alpha_{t-1} while it
       // runs; issue O += P_{t-1}.V_{t-1}; softmax of S_t while the P.V wgmma is in flight; after
       // the wait only the P conversion is left.
-      // Block t's stage st and phase ph, and block t - 1's (pst, pph), stepped once per block: as
-      // t % S and t / S they took 14 uniform instructions per block (signed division).
-      int st = 1 % S, pst = 0;
-      unsigned ph = (unsigned)((1 / S) & 1), pph = 0u;
+      int t = 1;
       // The mask class of the block after the current one is read with it (shared memory), while
       // the wgmmas run: at the top of the iteration both reads sat before the S = Q.K^T issue
       // (H100, session 7: 12% of the causal variant's stall samples, none in the built-in mask).
 #pragma unroll 1
-      for (int j = j_next, cls = cls_next; j < n_blocks; j = j_next, cls = cls_next) {
+      for (int j = j_next, cls = cls_next; j < n_blocks; j = j_next, cls = cls_next, ++t) {
+        const int st = t % S, pst = (t - 1) % S;
+        const unsigned ph = (unsigned)((t / S) & 1), pph = (unsigned)(((t - 1) / S) & 1);
         mbar_wait(&full_k[st], ph);
         mbar_wait(&v_ready[pst], pph);
         if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
@@ -728,15 +726,11 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         fence_pa();
         attn_detail::release(&empty_v[pst]);
         to_a();
-        pst = st;
-        pph = ph;
-        if (++st == S) {
-          st = 0;
-          ph ^= 1u;
-        }
       }
       // ---- last P.V
       {
+        const int pst = (t - 1) % S;
+        const unsigned pph = (unsigned)(((t - 1) / S) & 1);
         mbar_wait(&v_ready[pst], pph);
         acc_scale_rows<D>(o, alpha);
         fence_acc<D / 2>(o);
