@@ -235,7 +235,12 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (smem > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
                            smem, stages, t.max_smem_per_block()));
-  const int threads = 128 * (1 + consumers);
+  // A producer warp instead of a producer warpgroup (hopper_attention.cuh's kLeanProducer): with one
+  // consumer and room for three CTAs' shared memory, three CTAs share an SM.
+  const bool lean = cfg.knob("attn_lean_producer", 0) != 0;
+  if (lean && fp8 && vperm && cfg.knobs.count("attn_vperm"))
+    throw fail("knob attn_lean_producer = 1 has no warps to permute V with (attn_vperm = 1)");
+  const int threads = lean ? 128 * consumers + 32 : 128 * (1 + consumers);
   const int wq = static_cast<int>(dbytes >= 128 ? 128 : dbytes);
   const int wv = fp8 ? ((bn % 128 == 0) ? 128 : (bn % 64 == 0) ? 64 : 32) : 128;   // Cfg::kWv
 
@@ -291,16 +296,16 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
                      "{}, {} K/V stages;\n// warpgroups: one TMA producer{}, {} wgmma consumer(s) of 64 rows{}{}. "
                      "The main loop is codegen/device/hopper_attention.cuh.\n",
-                     bm, D, bm, bn, stages, fp8 && vperm ? " (its other warps permute V's keys for a shuffle-free P)" : "",
+                     bm, D, bm, bn, stages, fp8 && vperm && !lean ? " (its other warps permute V's keys for a shuffle-free P)" : "",
                      consumers, overlap ? ", softmax overlapped with P.V" : "", wgsync ? ", inter-warpgroup schedule" : "");
   src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n";
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk, bn,
-                     stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
-                     overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm ? "true" : "false", D,
-                     exp2_fma, rescale_vote ? "true" : "false");
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
+                     bn, stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
+                     overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm && !lean ? "true" : "false", D,
+                     exp2_fma, rescale_vote ? "true" : "false", lean ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
@@ -319,7 +324,11 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // One consumer warpgroup and room for two CTAs' shared memory (228 KB per SM): two CTAs per SM
   // (128 registers per thread at launch; the warpgroups rebalance them), so one CTA's start and
   // end overlap the other's main loop.
-  const int ctas_per_sm = consumers == 1 && 2 * (smem + 1024) <= 233472 ? 2 : 1;
+  // Three with a producer warp (160 threads, 128 registers each) where the shared memory fits and
+  // the consumer's accumulators (S: BN / 2 registers, O: D / 2) leave room in 128 registers.
+  const int ctas_per_sm = consumers != 1 ? 1
+                          : lean && 3 * (smem + 1024) <= 233472 && bn / 2 + D / 2 <= 96 ? 3
+                          : 2 * (smem + 1024) <= 233472 ? 2 : 1;
   src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, {}) {}({}) {{\n", threads, ctas_per_sm, entry,
                      fmt::join(params, ",\n    "));
   auto line = [&](const std::string& s) { src += "  " + s + "\n"; };
@@ -394,6 +403,7 @@ const bool registered = [] {
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
     if (fp8) knobs.push_back({"attn_vperm", {1, 0}, 1});
+    knobs.push_back({"attn_lean_producer", {0, 1}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
     if (hooks && causal_conjunct(*hooks, hook_symbols(f)) >= 0)
       knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});

@@ -54,6 +54,12 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   }
   c.blocks = {{"m", bm}, {"n", bn}};
   c.num_stages = stages;
+  // fp8 64 x 64 tiles (rows that see few keys, up to 2048 of them): a producer warp instead of a
+  // producer warpgroup, so that three CTAs share an SM (their shared memory fits; 128 registers
+  // each). Their main loops wait on one block's chain of wgmmas and softmax, and a third CTA hides
+  // more of it (H100, session 11, S 2048: documents 236.9 -> 252.0-252.9 TFLOP/s, block mask
+  // 353.8-354.6 -> 357.0-359.0; at S 8192 these tiles lost 3-5% with it, but take key blocks of 128).
+  if (is_fp8(in) && bm == 64 && bn == 64 && head_dim <= 128 && qk_head_dim <= 128) c.knobs["attn_lean_producer"] = 1;
   return c;
 }
 

@@ -344,10 +344,38 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
       CAPTURE(k->name());
       const CompiledKernel& ck = compile(*k, specs, c, CompileRequest{"sm_90a", true, false});
       const bool voted = vote != 0;
-      CHECK(ck.generated.source.find(voted ? ", true>;" : ", false>;") != std::string::npos);
+      CHECK(ck.generated.source.find(voted ? ", true, false>;" : ", false, false>;") != std::string::npos);   // vote, lean
       CHECK((ck.ptx.find("vote.sync.any.pred") != std::string::npos) == voted);
     }
   }
+}
+
+TEST_CASE("attention_fp8: knob attn_lean_producer = 1 takes a producer warp (no setmaxnreg), three CTAs per SM where they fit") {
+  auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 1024, 1024, 128, true, false);
+  struct Case {
+    int64_t bm, bn;
+    int lean;
+    std::string bounds;
+  };
+  for (const Case& c : {Case{64, 64, 1, "__launch_bounds__(160, 3)"}, Case{64, 128, 1, "__launch_bounds__(160, 2)"},
+                        Case{128, 128, 1, "__launch_bounds__(288, 1)"}, Case{64, 64, 0, "__launch_bounds__(256, 2)"}}) {
+    CAPTURE(c.bm);
+    CAPTURE(c.bn);
+    CAPTURE(c.lean);
+    Config cfg = blocks(c.bm, c.bn);
+    cfg.knobs["attn_lean_producer"] = c.lean;
+    const CompiledKernel& ck = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", true, false});
+    CHECK(ck.generated.source.find(c.bounds) != std::string::npos);
+    CHECK((ck.ptx.find("setmaxnreg") == std::string::npos) == (c.lean == 1));
+    CHECK(ck.ptx.find("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") != std::string::npos);
+  }
+  // no warps left to permute V with
+  Config both = blocks(128, 128);
+  both.knobs["attn_lean_producer"] = 1;
+  both.knobs["attn_vperm"] = 1;
+  CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, both, CompileRequest{"sm_90a", true, false}),
+                       doctest::Contains("knob attn_lean_producer = 1 has no warps to permute V with (attn_vperm = 1)"),
+                       Error);
 }
 
 TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering = 0 and sm_80 take the SIMT path") {
@@ -485,14 +513,15 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
   for (const Case& c : cases) {
    // fp8: V's keys permuted in shared memory by the producer's spare warps (the default) and not;
    // part or all of the score exp2s on the FMA pipes (knob attn_exp2_fma)
+   // a producer warp instead of a producer warpgroup (attn_lean_producer)
    struct Knobs {
-     int vperm, exp2_fma;
+     int vperm, exp2_fma, lean;
    };
-   const std::vector<Knobs> knob_sets =
-       is_fp8(c.in) ? std::vector<Knobs>{{1, 0}, {0, 0}, {1, 3}} : std::vector<Knobs>{{0, 0}, {0, 8}};
-   for (const auto [vperm, exp2_fma] : knob_sets) {
-    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={}", name(c.in), c.B, c.H, c.Sq,
-                     c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma));
+   const std::vector<Knobs> knob_sets = is_fp8(c.in) ? std::vector<Knobs>{{1, 0, 0}, {0, 0, 0}, {1, 3, 0}, {0, 0, 1}}
+                                                     : std::vector<Knobs>{{0, 0, 0}, {0, 8, 0}, {0, 0, 1}};
+   for (const auto [vperm, exp2_fma, lean] : knob_sets) {
+    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={} attn_lean_producer={}",
+                     name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -523,6 +552,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     lo.config = blocks(c.bm, c.bn);
     lo.config->knobs["attn_vperm"] = vperm;
     lo.config->knobs["attn_exp2_fma"] = exp2_fma;
+    lo.config->knobs["attn_lean_producer"] = lean;
     if (c.bm == 192) lo.config->num_stages = 4;   // the long-row default's ring
     launch(kernels::attention_fp8(),
            attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(), o.view(),

@@ -290,11 +290,14 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
     const Config c = kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 2048);
     CHECK(c.blocks.at("m") == 64);
     CHECK(c.blocks.at("n") == 64);
+    // fp8's 64 x 64 tiles run three CTAs per SM with a producer warp; 16-bit keeps the warpgroup
+    CHECK(c.knob("attn_lean_producer", 0) == (is_fp8(dt) ? 1 : 0));
   }
   for (DType dt : {DType::bf16, DType::f16}) CHECK(kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 8192).blocks.at("n") == 64);
   const Config fp8_long = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 64, 8192);
   CHECK(fp8_long.blocks.at("m") == 64);
   CHECK(fp8_long.blocks.at("n") == 128);
+  CHECK(fp8_long.knob("attn_lean_producer", 0) == 0);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, true, 0, 64, 8192).blocks.at("m") == 128);
 }
 

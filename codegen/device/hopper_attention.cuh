@@ -32,7 +32,8 @@
 // (zeros from the quantize pre-pass: P is 0 there, but 0 * NaN would poison O).
 //
 // Structure (per CTA: one BM = 64*kConsumers row tile of one (b, h); kConsumers = 1, 2 or 3):
-//   warpgroup 0 = producer (setmaxnreg.dec), one thread issues TMA: Q once, then K_j and V_j
+//   warpgroup 0 = producer (setmaxnreg.dec; kLeanProducer: one warp after the consumers instead,
+//   no setmaxnreg), one thread issues TMA: Q once, then K_j and V_j
 //   for j = 0, 1, ... (ascending, the order of the DSL's tile loop, so the online-softmax
 //   running max -- and with it every P quantization -- matches the CPU reference executor
 //   block for block) through a kStages ring with separate full/empty mbarriers for K and V.
@@ -89,7 +90,7 @@ struct AttnParams {
 
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
           bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0,
-          bool kRescaleVote_ = true>
+          bool kRescaleVote_ = true, bool kLeanProducer_ = false>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -102,13 +103,19 @@ struct AttnCfg {
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kWgSync = kWgSync_ && kConsumers_ == 2;
   static constexpr bool kFp8 = (kIn_ == WG_E4M3 || kIn_ == WG_E5M2);
-  static constexpr bool kVPerm = kVPerm_ && kFp8;
+  static constexpr bool kVPerm = kVPerm_ && kFp8 && !kLeanProducer_;
   static constexpr int kExp2Fma = kExp2Fma_;   // of every 8 score exp2s, those on the FMA pipes
   static constexpr bool kRescaleVote = kRescaleVote_;   // skip O's rescale where a warp's alphas are all 1
+  // The producer is one warp after the consumer warpgroups instead of a warpgroup before them: no
+  // setmaxnreg (every thread has the launch's registers), no V-permuting warps. With one consumer,
+  // 160 threads of 136 registers let three CTAs share an SM (with a producer warpgroup, ptxas
+  // sized the consumers' wgmmas by the 80 registers of 256-thread CTAs).
+  static constexpr bool kLeanProducer = kLeanProducer_;
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
   static constexpr int kBM = 64 * kConsumers;
-  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kThreads = kLeanProducer ? 128 * kConsumers + 32 : 128 * (kConsumers + 1);
+  static constexpr int kProducerWg = kLeanProducer ? kConsumers : 0;   // the producer's warpgroup index
   static constexpr int kDBytes = kD * kEs;
   static constexpr int kWq = kDBytes >= 128 ? 128 : kDBytes;   // Q/K swizzle width (bytes)
   static constexpr int kQkSwizzle = kWq == 128 ? SWIZZLE_128B : SWIZZLE_64B;
@@ -417,9 +424,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     for (int w = 0; w < (entries + 31) >> 5; ++w) n_listed += __popc(visit_bits[w]);
   }
 
-  if (wg == 0) {
+  if (wg == Cfg::kProducerWg) {
     // ---------------------------------------------------------------- producer
-    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if constexpr (!Cfg::kLeanProducer) setmaxnreg_dec<Cfg::kProducerRegs>();
     if (warp_idx_in_warpgroup() == 0 && lane_id() == 0) {
       prefetch_tma_descriptor(tma_k);
       prefetch_tma_descriptor(tma_v);
@@ -480,8 +487,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   }
 
   // ------------------------------------------------------------------ consumers
-  setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const int c = wg - 1;
+  if constexpr (!Cfg::kLeanProducer) setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int c = Cfg::kLeanProducer ? wg : wg - 1;
   const int tid = (int)(threadIdx.x & 127u);
   const int rb = m0 + 64 * c;                       // first row of this consumer
   const int r0 = acc_row(0, tid);                   // this thread's rows: rb + r0, rb + r0 + 8
