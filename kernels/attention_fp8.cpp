@@ -21,8 +21,8 @@
 // into that final normalization. Lazy rescaling: the running max m moves only when a block's max
 // passes it by more than a slack (0.75 fp8, 8 in 16-bit), so P lies in [0, 2^8.75] (fp8: up to 430,
 // e4m3's full relative precision and below its 448) or [0, 2^8] (16-bit, offset 0). Causal
-// masking is top-left aligned (key j <= query i). Rows that see no key
-// (masks) get O = 0 and lse = -inf: the running max is used as 0 while it is -inf.
+// masking is top-left aligned (key j <= query i). Rows that see no key (masks) get O = 0 and
+// lse = -inf: the running max is used as 0 while it is -inf.
 //
 // Variants (kernels/attention_variant.h) trace their hooks right after the scores: score_mod on
 // the natural-log score, then mask_mod as where(keep, s, -inf).

@@ -108,8 +108,8 @@ struct AttnCfg {
   static constexpr bool kRescaleVote = kRescaleVote_;   // skip O's rescale where a warp's alphas are all 1
   // The producer is one warp after the consumer warpgroups instead of a warpgroup before them: no
   // setmaxnreg (every thread has the launch's registers), no V-permuting warps. With one consumer,
-  // 160 threads of 136 registers let three CTAs share an SM (with a producer warpgroup, ptxas
-  // sized the consumers' wgmmas by the 80 registers of 256-thread CTAs).
+  // 160 threads of 128 registers let three CTAs share an SM (with a producer warpgroup, ptxas
+  // sized the consumers' wgmmas by the 80 registers of three 256-thread CTAs: C7602).
   static constexpr bool kLeanProducer = kLeanProducer_;
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
@@ -134,7 +134,8 @@ struct AttnCfg {
   // passes it by more than this (log2 units), so that most blocks leave every alpha at 1 and the
   // warp skips the O rescale. P = exp2(s - (m - offset)) then reaches 2^(offset + slack): 430 in
   // fp8 (e4m3's largest is 448), 256 in 16-bit. kernels/attention_fp8.cpp does the same. (H100,
-  // session 11: causal S 8192 bf16 +2.5%, fp8 +2%.)
+  // session 11: bf16 1-3.5% faster, fp8 up to 2.5%, but fp8 ALiBi at S 8192 1.5-2% slower: its
+  // max moves at most blocks anyway, and the compare sits between the row max and the exp2s.)
   static constexpr float kRescaleSlack = kFp8 ? 0.75f : 8.0f;
   // The mask classes of a CTA's key blocks, computed once per CTA by all its threads at once into
   // shared memory (reading bytes instead of waiting on a mask's loads block by block), with a bit
