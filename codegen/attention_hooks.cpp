@@ -468,6 +468,10 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   d += fmt::format("  static constexpr bool kScoreMod = {};\n", h_.score_mod ? "true" : "false");
   d += fmt::format("  static constexpr bool kMask = {};\n", h_.mask_mod ? "true" : "false");
   d += fmt::format("  static constexpr bool kSkipBlocks = {};\n", skip_blocks && h_.mask_mod ? "true" : "false");
+  bool keep_gathers = false;
+  for (const Op* op : h_.ops)
+    keep_gathers = keep_gathers || (op->kind == OpKind::gather && !scalar(op->result) && op->tag == "mask_mod");
+  d += fmt::format("  static constexpr bool kKeepGathers = {};\n", h_.mask_mod && keep_gathers ? "true" : "false");
   d += "  long long b, h;\n" + fields;
   d += "  __device__ __forceinline__ float score(float tj_s, int q, int kv, float tj_qf, float tj_kvf) const {\n";
   if (h_.score_mod) d += score_body + fmt::format("    return {};\n", value(score_result, Ctx::member, ""));

@@ -178,10 +178,13 @@ struct AttnCfg {
 //     arithmetic over the mask's ops): 0 never kept (the block is skipped: not loaded, not
 //     computed), 1 always kept (no per-element mask), 2 either (mask per element).
 //   kSkipBlocks = false evaluates keep() on every element of every block (block skipping off).
+//   kKeepGathers: keep() reads a tensor per element (a gather); the kernel evaluates it in a
+//     rolled loop.
 struct NoHooks {
   static constexpr bool kScoreMod = false;
   static constexpr bool kMask = false;
   static constexpr bool kSkipBlocks = false;
+  static constexpr bool kKeepGathers = false;
   __device__ __forceinline__ float score(float s, int, int, float, float) const { return s; }
   __device__ __forceinline__ bool keep(int, int) const { return true; }
   __device__ __forceinline__ int classify(int, int, int, int) const { return 1; }
@@ -588,8 +591,39 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
           s[i] = bad ? masked_raw : s[i];
         }
       };
-      if (Hooks::kMask && hook) apply(attn_detail::Flag<true>{});
-      else apply(attn_detail::Flag<false>{});
+      if constexpr (Hooks::kMask && Hooks::kKeepGathers) {
+        // keep() gathers (a block mask): evaluated in a rolled loop into bits, then applied. Unrolled
+        // per element, its 64-bit index arithmetic set the register peak of the whole loop (H100,
+        // session 11: the fp8 64 x 64 block mask at 128 registers spilled 192 bytes, loop-carried
+        // values reloaded at every block).
+        if (hook) {
+          unsigned drop[(BN / 2 + 31) / 32];
+#pragma unroll
+          for (int w = 0; w < (BN / 2 + 31) / 32; ++w) drop[w] = 0u;
+#pragma unroll
+          for (int w = 0; w < (BN / 2 + 31) / 32; ++w) {
+#pragma unroll 1
+            for (int b = 0; b < 32 && 32 * w + b < BN / 2; ++b) {
+              const int i = 32 * w + b;
+              const int row = rb + r0 + 8 * ((i >> 1) & 1);
+              const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+              if (!hooks.keep(row, col)) drop[w] |= 1u << b;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) {
+            const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+            const bool bad = col > last_key[(i >> 1) & 1] || ((drop[i >> 5] >> (i & 31)) & 1u);
+            s[i] = bad ? masked_raw : s[i];
+          }
+        } else {
+          apply(attn_detail::Flag<false>{});
+        }
+      } else if (Hooks::kMask && hook) {
+        apply(attn_detail::Flag<true>{});
+      } else {
+        apply(attn_detail::Flag<false>{});
+      }
     }
   };
   // Online softmax on s (in place -> P); returns the rescale factors of the running O.
