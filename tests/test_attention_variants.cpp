@@ -354,6 +354,9 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       } else {
         CHECK(src.find("struct tj_hooks") != std::string::npos);
         if (nv.variant.mask_mod) CHECK(src.find("kSkipBlocks = true") != std::string::npos);
+        // a keep() that gathers per element (the block mask's cells) runs in a rolled loop
+        const bool gathers = nv.variant.name.find("block_mask") != std::string::npos;
+        if (nv.variant.mask_mod) CHECK((src.find("kKeepGathers = true") != std::string::npos) == gathers);
         CHECK((src.find("the built-in causal mask, the rest of it a hook") != std::string::npos) == causal_part);
       }
       if (built_in || causal_part) {
