@@ -85,7 +85,7 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // fp8 D 128: m 128, n 192 (but see below); fp8 D 256 and 16-bit: m 128, n 128 (16-bit D 256:
 // n 64); 2 stages. qk_head_dim (2·D with q_residual, at most 256) fits the same blocks. key_block
 // (an attention variant's, kernels/attention_variant.h; 0: none) caps the key block where it is a
-// valid one (fp8 with more than 2048 keys: 128 for a key_block of 64, session 10). fp8 D 128 takes
+// valid one (fp8 with more than 4096 keys: 128 for a key_block of 64, session 12). fp8 D 128 takes
 // query blocks of 64 (two CTAs per SM) where a tile has little work or much per score:
 // seq_kv (the keys; 0: unknown) up to 4096 (causal) / 2048, or a key_block of 128 or less (a
 // sparse mask, a score_mod: attention_variant_key_block); with more keys, no key_block and

@@ -25,10 +25,11 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // q_residual (Dqk = 2 D <= 256) fits these blocks: at D 128, 181 KB of shared memory
   // A variant's mask favours smaller key blocks (a window, documents, block-mask cells): fp8 D 128
   // then takes 128 (bench/RESULTS.md, session 4: sliding window, documents, block masks). fp8 takes
-  // key blocks of 64 only for up to 2048 keys: with more, 128 run faster even where rows see few
-  // keys (H100, session 10, 64 x 128 vs 64 x 64 at S 4096 / 8192: documents 352 / 482 vs 341 / 434
-  // TFLOP/s, block mask 444 / 531 vs 411 / 473; at S 2048 documents 212 vs 236, block mask 374 vs 356).
-  if (is_fp8(in) && key_block == 64 && seq_kv > 2048) key_block = 128;
+  // key blocks of 64 only for up to 4096 keys: with more, 128 run faster even where rows see few
+  // keys (H100, session 12, 64 x 64 with a producer warp and no overlap (below) vs 64 x 128, TFLOP/s
+  // at S 2048 / 4096 / 8192 / 16384: documents 274 / 380 / 467 / 525 vs 253 / 350 / 493 / 588, block
+  // mask 430 / 485 / 545 / 598 vs 388 / 464 / 559 / 650).
+  if (is_fp8(in) && key_block == 64 && seq_kv > 4096) key_block = 128;
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   // fp8 D 128 with little work per query tile (keys up to 4096, or a sparse mask): query tiles of
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the
@@ -54,12 +55,18 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   }
   c.blocks = {{"m", bm}, {"n", bn}};
   c.num_stages = stages;
-  // fp8 64 x 64 tiles (rows that see few keys, up to 2048 of them): a producer warp instead of a
+  // fp8 64 x 64 tiles (rows that see few keys, up to 4096 of them): a producer warp instead of a
   // producer warpgroup, so that three CTAs share an SM (their shared memory fits; 128 registers
   // each). Their main loops wait on one block's chain of wgmmas and softmax, and a third CTA hides
   // more of it (H100, session 11, S 2048: documents 236.9 -> 252.0-252.9 TFLOP/s, block mask
-  // 353.8-354.6 -> 357.0-359.0; at S 8192 these tiles lost 3-5% with it, but take key blocks of 128).
-  if (is_fp8(in) && bm == 64 && bn == 64 && head_dim <= 128 && qk_head_dim <= 128) c.knobs["attn_lean_producer"] = 1;
+  // 353.8-354.6 -> 357.0-359.0). And without the softmax / P.V overlap: at 128 registers the
+  // overlap's live S, P and O made ptxas serialize the wgmmas (C7512) and spill 48 bytes; the
+  // simple schedule has neither, and the three CTAs overlap each other instead (session 12, S 2048:
+  // documents 252.7 -> 274.3, block mask 387.7 -> 429.7).
+  if (is_fp8(in) && bm == 64 && bn == 64 && head_dim <= 128 && qk_head_dim <= 128) {
+    c.knobs["attn_lean_producer"] = 1;
+    c.knobs["attn_overlap"] = 0;
+  }
   return c;
 }
 

@@ -513,15 +513,18 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
   for (const Case& c : cases) {
    // fp8: V's keys permuted in shared memory by the producer's spare warps (the default) and not;
    // part or all of the score exp2s on the FMA pipes (knob attn_exp2_fma)
-   // a producer warp instead of a producer warpgroup (attn_lean_producer)
+   // a producer warp instead of a producer warpgroup (attn_lean_producer), with the softmax / P.V
+   // overlap and without it (attn_overlap = 0: fp8 64 x 64's default)
    struct Knobs {
-     int vperm, exp2_fma, lean;
+     int vperm, exp2_fma, lean, overlap;
    };
-   const std::vector<Knobs> knob_sets = is_fp8(c.in) ? std::vector<Knobs>{{1, 0, 0}, {0, 0, 0}, {1, 3, 0}, {0, 0, 1}}
-                                                     : std::vector<Knobs>{{0, 0, 0}, {0, 8, 0}, {0, 0, 1}};
-   for (const auto [vperm, exp2_fma, lean] : knob_sets) {
-    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={} attn_lean_producer={}",
-                     name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean));
+   const std::vector<Knobs> knob_sets =
+       is_fp8(c.in) ? std::vector<Knobs>{{1, 0, 0, 1}, {0, 0, 0, 1}, {1, 3, 0, 1}, {0, 0, 1, 1}, {0, 0, 1, 0}}
+                    : std::vector<Knobs>{{0, 0, 0, 1}, {0, 8, 0, 1}, {0, 0, 1, 0}};
+   for (const auto [vperm, exp2_fma, lean, overlap] : knob_sets) {
+    INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={} attn_lean_producer={} "
+                     "attn_overlap={}",
+                     name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean, overlap));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -553,6 +556,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     lo.config->knobs["attn_vperm"] = vperm;
     lo.config->knobs["attn_exp2_fma"] = exp2_fma;
     lo.config->knobs["attn_lean_producer"] = lean;
+    lo.config->knobs["attn_overlap"] = overlap;
     if (c.bm == 192) lo.config->num_stages = 4;   // the long-row default's ring
     launch(kernels::attention_fp8(),
            attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(), o.view(),

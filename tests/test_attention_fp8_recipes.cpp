@@ -285,19 +285,24 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, 2048).blocks.at("m") == 128);
   // key blocks of 64 (rows that see few keys): 16-bit D <= 128 takes 64 x 64 tiles (two CTAs per
   // SM), D 256 keeps query tiles of 128; fp8 64 x 64
-  // (fp8 only up to 2048 keys: with more, 64 x 128)
-  for (DType dt : {DType::bf16, DType::f16, DType::e4m3}) {
-    const Config c = kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 2048);
-    CHECK(c.blocks.at("m") == 64);
-    CHECK(c.blocks.at("n") == 64);
-    // fp8's 64 x 64 tiles run three CTAs per SM with a producer warp; 16-bit keeps the warpgroup
-    CHECK(c.knob("attn_lean_producer", 0) == (is_fp8(dt) ? 1 : 0));
+  // (fp8 only up to 4096 keys: with more, 64 x 128)
+  for (int64_t keys : {2048, 4096}) {
+    for (DType dt : {DType::bf16, DType::f16, DType::e4m3}) {
+      const Config c = kernels::attention_fp8_default_config(dt, 128, true, 0, 64, keys);
+      CHECK(c.blocks.at("m") == 64);
+      CHECK(c.blocks.at("n") == 64);
+      // fp8's 64 x 64 tiles run three CTAs per SM with a producer warp and without the overlap
+      // schedule; 16-bit keeps the warpgroup and the overlap
+      CHECK(c.knob("attn_lean_producer", 0) == (is_fp8(dt) ? 1 : 0));
+      CHECK(c.knob("attn_overlap", 1) == (is_fp8(dt) ? 0 : 1));
+    }
   }
   for (DType dt : {DType::bf16, DType::f16}) CHECK(kernels::attention_fp8_default_config(dt, 128, true, 0, 64, 8192).blocks.at("n") == 64);
   const Config fp8_long = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 64, 8192);
   CHECK(fp8_long.blocks.at("m") == 64);
   CHECK(fp8_long.blocks.at("n") == 128);
   CHECK(fp8_long.knob("attn_lean_producer", 0) == 0);
+  CHECK(fp8_long.knob("attn_overlap", 1) == 1);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, true, 0, 64, 8192).blocks.at("m") == 128);
 }
 

@@ -19,6 +19,7 @@
 #include "autotune/space.h"
 #include "codegen/lower_attention_sm90.h"
 #include "gpu.h"
+#include "nvrtc_testing.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variants.h"
 #include "kernels/library.h"
@@ -389,6 +390,44 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
     }
 }
 
+TEST_CASE("attention variants: their default fp8 configs assemble without serialized wgmmas (ptxas -v)") {
+  // What a config-less launch takes (attention_fp8_default_config with the variant's key block) at
+  // 2048 keys (fp8 64 x 64 with a producer warp for documents and block masks, 64 x 128 / 64 x 192
+  // for the rest) and 8192 (64 x 128, 192 x 96). With the softmax / P.V overlap in 64 x 64 tiles of
+  // 128 registers, ptxas serialized every wgmma (C7512) and spilled (H100, session 12: documents and
+  // block masks 7-11% slower at S 2048).
+  const codegen::Target t = codegen::Target::parse("sm_90a");
+  const DType dt = DType::e4m3;
+  for (const NamedVariant& nv : variants(kMaskHeads))
+    for (int64_t S : {2048, 8192}) {
+      const Problem p{1, kMaskHeads, kMaskHeads, S, S, 128};
+      Kernel k = kernels::attention_variant(nv.variant);
+      TensorSpec q{dt, {p.B, p.H, p.Sq, p.D}}, kk{dt, {p.B, p.Hkv, p.Skv, p.D}}, ds{DType::f32, {p.B, p.Hkv}};
+      std::vector<ArgSpec> specs = {q, kk, TensorSpec{dt, {p.B, p.Hkv, p.D, p.Skv}}, ds, ds, ds,
+                                    TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}}, TensorSpec{DType::f32, {p.B, p.H, p.Sq}},
+                                    RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
+      if (nv.input) {
+        HostTensor x = nv.input(p.B);
+        specs.push_back(TensorSpec{x.dtype(), x.shape()});
+      }
+      const ir::Function f = k.trace(specs);
+      const auto m = codegen::match_attention_fp8(f);
+      REQUIRE(m.has_value());
+      const Config d = kernels::attention_fp8_default_config(dt, p.D, m->causal || m->mask_mod, p.D,
+                                                             kernels::attention_variant_key_block(f.name), S);
+      INFO(nv.variant.name << " S " << S << " config " << d.to_json());
+      const codegen::GeneratedKernel g = codegen::generate_cuda(f, d, t);
+      REQUIRE(g.lowering == "sm90_attention");
+      runtime::CompileResult r;
+      REQUIRE_NOTHROW(r = tj_test::nvrtc(g, "sm_90a", true, true));
+      const tj_test::PtxasInfo info = tj_test::ptxas_info(r.log);
+      MESSAGE(fmt::format("{} S {} {}: {} registers, spills {}/{} bytes", nv.variant.name, S, d.to_json(), info.registers,
+                          info.spill_stores, info.spill_loads));
+      INFO(r.log);
+      CHECK(r.log.find("Potential Performance Loss") == std::string::npos);
+    }
+}
+
 TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed with the rest, becomes the built-in causal mask") {
   const Problem p{1, 2, 2, 300, 300, 128};
   TensorSpec q{DType::e4m3, {p.B, p.H, p.Sq, p.D}}, kk{DType::e4m3, {p.B, p.Hkv, p.Skv, p.D}};
@@ -482,8 +521,8 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         dev.push_back(DeviceTensor::from_host(t));
         dv.push_back(dev.back().view());
       }
-      // 128 x 128 with and without block skipping; 64 x 64 with a producer warp (fp8: three CTAs
-      // per SM, the default for rows that see few keys)
+      // 128 x 128 with and without block skipping; 64 x 64 with a producer warp and no softmax /
+      // P.V overlap (fp8: three CTAs per SM, the default for rows that see few keys)
       for (int run = 0; run < 3; ++run) {
         const bool skip = run != 1, lean = run == 2;
         INFO(nv.variant.name << " " << name(dt) << " block skipping " << skip << " producer warp " << lean);
@@ -492,7 +531,10 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         lse.fill_bytes(0xFF);
         LaunchOptions lo;
         lo.config = lean ? variant_config(64, 64) : variant_config(128, 128, skip);
-        if (lean) lo.config->knobs["attn_lean_producer"] = 1;
+        if (lean) {
+          lo.config->knobs["attn_lean_producer"] = 1;
+          lo.config->knobs["attn_overlap"] = 0;
+        }
         TensorView xv = extra_d.view();
         launch(k, variant_args(dv, o.view(), lse.view(), nv.input ? &xv : nullptr, p.D), lo);
         runtime::synchronize();
