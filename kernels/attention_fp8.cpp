@@ -143,8 +143,11 @@ const Kernel& attention_fp8() {
 namespace {
 
 std::mutex key_block_mutex;
-std::map<std::string, int64_t>& key_blocks() {
-  static std::map<std::string, int64_t> m;
+struct KeyBlocks {
+  int64_t any = 0, fp8 = 0;   // attention_variant_key_block's and attention_variant_fp8_key_block's
+};
+std::map<std::string, KeyBlocks>& key_blocks() {
+  static std::map<std::string, KeyBlocks> m;
   return m;
 }
 
@@ -153,7 +156,13 @@ std::map<std::string, int64_t>& key_blocks() {
 int64_t attention_variant_key_block(const std::string& kernel_name) {
   std::lock_guard<std::mutex> lock(key_block_mutex);
   auto it = key_blocks().find(kernel_name);
-  return it == key_blocks().end() ? 0 : it->second;
+  return it == key_blocks().end() ? 0 : it->second.any;
+}
+
+int64_t attention_variant_fp8_key_block(const std::string& kernel_name) {
+  std::lock_guard<std::mutex> lock(key_block_mutex);
+  auto it = key_blocks().find(kernel_name);
+  return it == key_blocks().end() ? 0 : it->second.fp8;
 }
 
 namespace {
@@ -178,7 +187,8 @@ const bool default_config_registered = [] {
       return c;
     const int64_t seq_kv = k.static_shape[2] > 0 ? k.static_shape[2] : 0;
     Config d = attention_fp8_default_config(q.dtype, o.static_shape[3], m->causal || m->mask_mod, q.static_shape[3],
-                                            attention_variant_key_block(f.name), seq_kv);
+                                            attention_variant_key_block(f.name), seq_kv,
+                                            attention_variant_fp8_key_block(f.name));
     // Only where the tensor-core lowering takes it (head dims, dtypes); the SIMT path keeps the
     // generic tiles.
     try {
@@ -197,9 +207,13 @@ Kernel attention_variant(const AttentionVariant& variant) {
   if (variant.key_block < 0)
     throw Error(fmt::format("attention_variant {}: key_block must be 0 (none) or a block size, got {}", variant.name,
                             variant.key_block));
+  if (variant.fp8_key_block < 0)
+    throw Error(fmt::format("attention_variant {}: fp8_key_block must be 0 (none) or a block size, got {}",
+                            variant.name, variant.fp8_key_block));
   {
     std::lock_guard<std::mutex> lock(key_block_mutex);
-    key_blocks()[variant.name] = variant.key_block > 0 ? variant.key_block : (variant.score_mod ? 128 : 0);
+    key_blocks()[variant.name] = {variant.key_block > 0 ? variant.key_block : (variant.score_mod ? 128 : 0),
+                                  variant.fp8_key_block};
   }
   std::vector<Slot> slots;
   const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,

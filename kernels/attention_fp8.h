@@ -91,9 +91,10 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // sparse mask, a score_mod: attention_variant_key_block); with more keys, no key_block and
 // qk_head_dim <= 128, query blocks of 192 (three consumer warpgroups), key blocks of 96 and 4
 // stages (H100, session 7). 16-bit D <= 128 with a key_block of 64 (rows that see few keys) takes
-// 64 x 64 tiles, two CTAs per SM (session 9).
+// 64 x 64 tiles, two CTAs per SM (session 9). fp8_key_block (attention_variant_fp8_key_block; 0:
+// none) replaces key_block for fp8 inputs at every length (a window's 64, session 12).
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0,
-                                    int64_t key_block = 0, int64_t seq_kv = 0);
+                                    int64_t key_block = 0, int64_t seq_kv = 0, int64_t fp8_key_block = 0);
 
 // Row chunks per (b, h) the plain recipe's quantizers use (chunk_amax and the chunked quantizers
 // in kernels/library.h, blocks "s" / "s2" = 64) for B·H = heads_total and sequence length S.

@@ -13,7 +13,7 @@
 namespace tj::kernels {
 
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim, int64_t key_block,
-                                    int64_t seq_kv) {
+                                    int64_t seq_kv, int64_t fp8_key_block) {
   Config c;
   // The fastest configs of bench/RESULTS.md's harness sweep (H200, S >= 2k): fp8 head dim 64
   // takes three consumer warpgroups (block m 192), head dim 128 key blocks of 192 (long rows:
@@ -30,6 +30,8 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // at S 2048 / 4096 / 8192 / 16384: documents 274 / 380 / 467 / 525 vs 253 / 350 / 493 / 588, block
   // mask 430 / 485 / 545 / 598 vs 388 / 464 / 559 / 650).
   if (is_fp8(in) && key_block == 64 && seq_kv > 4096) key_block = 128;
+  // A variant's fp8 key block holds at every length (a window: the keys per row do not grow).
+  if (is_fp8(in) && fp8_key_block > 0) key_block = fp8_key_block;
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   // fp8 D 128 with little work per query tile (keys up to 4096, or a sparse mask): query tiles of
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the
@@ -209,7 +211,8 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   const int64_t Dqk = opt.quantize && opt.q_residual ? 2 * D : D;
   Config cfg = opt.attention_config.value_or(
       attention_fp8_default_config(opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk,
-                                   opt.kernel ? attention_variant_key_block(opt.kernel->name()) : 0, Skv));
+                                   opt.kernel ? attention_variant_key_block(opt.kernel->name()) : 0, Skv,
+                                   opt.kernel ? attention_variant_fp8_key_block(opt.kernel->name()) : 0));
   ensure(ws.no_lse, DType::f32, {1});
   TensorView lse = opt.lse.value_or(ws.no_lse->view());
   const bool with_lse = opt.lse.has_value();

@@ -49,6 +49,10 @@ struct AttentionVariant {
   // (attention_fp8_default_config) take key blocks no larger than this; 64 also says that rows
   // see few keys (documents, block masks), and 16-bit inputs then take query tiles of 64 as well.
   int64_t key_block = 0;
+  // A key block for fp8 inputs that the default configs take at every sequence length (0: none,
+  // key_block's rules apply). A window bounds the keys each row sees however long the sequence:
+  // fp8 then runs 64 x 64 tiles, three CTAs per SM, where 16-bit inputs stay faster at 128 x 128.
+  int64_t fp8_key_block = 0;
 };
 
 // The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,
@@ -63,5 +67,7 @@ Kernel attention_variant(const AttentionVariant& v);
 // than in the long rows' 192 x 96 (H100, session 10, S 2048 / 8192: softcap 309 / 375 vs 245 /
 // 355 TFLOP/s, ALiBi 532 / 669 vs 528 / 632).
 int64_t attention_variant_key_block(const std::string& kernel_name);
+// Its fp8_key_block (0 for other kernels).
+int64_t attention_variant_fp8_key_block(const std::string& kernel_name);
 
 }  // namespace tj::kernels

@@ -312,6 +312,31 @@ TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::softcap_variant(20.0, true)).name()) == 128);
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::alibi_variant(8, false)).name()) == 128);
   CHECK(kernels::attention_variant_key_block("attention_fp8") == 0);
+  // a window's fp8 key block (rows of at most 1024 keys): 64 x 64 tiles, a producer warp, no
+  // overlap at every length; 16-bit keeps the window's key_block of 128
+  const std::string window = kernels::attention_variant(kernels::sliding_window_variant(1024)).name();
+  CHECK(kernels::attention_variant_key_block(window) == 128);
+  CHECK(kernels::attention_variant_fp8_key_block(window) == 64);
+  CHECK(kernels::attention_variant_fp8_key_block(kernels::attention_variant(kernels::sliding_window_variant(4096)).name()) == 0);
+  CHECK(kernels::attention_variant_fp8_key_block(kernels::attention_variant(kernels::document_variant(3, true)).name()) == 0);
+  CHECK(kernels::attention_variant_fp8_key_block("attention_fp8") == 0);
+  for (int64_t S : {2048, 8192, 16384}) {
+    CAPTURE(S);
+    const Config f8 = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, S, 64);
+    CHECK(f8.blocks.at("m") == 64);
+    CHECK(f8.blocks.at("n") == 64);
+    CHECK(f8.knob("attn_lean_producer", 0) == 1);
+    CHECK(f8.knob("attn_overlap", 1) == 0);
+    const Config b16 = kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, S, 64);
+    CHECK(b16.blocks.at("m") == 128);
+    CHECK(b16.blocks.at("n") == 128);
+  }
+  kernels::AttentionVariant bad = kernels::causal_variant();
+  bad.key_block = -64;
+  CHECK_THROWS_WITH(kernels::attention_variant(bad), doctest::Contains("key_block must be 0 (none) or a block size, got -64"));
+  bad.key_block = 0;
+  bad.fp8_key_block = -1;
+  CHECK_THROWS_WITH(kernels::attention_variant(bad), doctest::Contains("fp8_key_block must be 0 (none) or a block size, got -1"));
   // a score_mod variant's fp8 tiles at every length: 64 x 128 (bf16 keeps 128 x 128)
   for (int64_t S : {2048, 8192}) {
     const Config c = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, S);

@@ -414,7 +414,8 @@ TEST_CASE("attention variants: their default fp8 configs assemble without serial
       const auto m = codegen::match_attention_fp8(f);
       REQUIRE(m.has_value());
       const Config d = kernels::attention_fp8_default_config(dt, p.D, m->causal || m->mask_mod, p.D,
-                                                             kernels::attention_variant_key_block(f.name), S);
+                                                             kernels::attention_variant_key_block(f.name), S,
+                                                             kernels::attention_variant_fp8_key_block(f.name));
       INFO(nv.variant.name << " S " << S << " config " << d.to_json());
       const codegen::GeneratedKernel g = codegen::generate_cuda(f, d, t);
       REQUIRE(g.lowering == "sm90_attention");
