@@ -390,20 +390,20 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
     }
 }
 
-TEST_CASE("attention variants: their default fp8 configs assemble without serialized wgmmas (ptxas -v)") {
+TEST_CASE("attention variants: their default configs assemble without serialized wgmmas (ptxas -v)") {
   // What a config-less launch takes (attention_fp8_default_config with the variant's key block) at
   // 2048 keys (fp8 64 x 64 with a producer warp for documents and block masks, 64 x 128 / 64 x 192
   // for the rest) and 8192 (64 x 128, 192 x 96). With the softmax / P.V overlap in 64 x 64 tiles of
   // 128 registers, ptxas serialized every wgmma (C7512) and spilled (H100, session 12: documents and
-  // block masks 7-11% slower at S 2048).
+  // block masks 7-11% slower at S 2048). bf16: 128 x 128, 64 x 64 for documents and block masks.
   const codegen::Target t = codegen::Target::parse("sm_90a");
-  const DType dt = DType::e4m3;
   for (const NamedVariant& nv : variants(kMaskHeads))
-    for (int64_t S : {2048, 8192}) {
+    for (const auto [dt, S] : {std::pair{DType::e4m3, int64_t{2048}}, std::pair{DType::e4m3, int64_t{8192}},
+                               std::pair{DType::bf16, int64_t{2048}}}) {
       const Problem p{1, kMaskHeads, kMaskHeads, S, S, 128};
       Kernel k = kernels::attention_variant(nv.variant);
       TensorSpec q{dt, {p.B, p.H, p.Sq, p.D}}, kk{dt, {p.B, p.Hkv, p.Skv, p.D}}, ds{DType::f32, {p.B, p.Hkv}};
-      std::vector<ArgSpec> specs = {q, kk, TensorSpec{dt, {p.B, p.Hkv, p.D, p.Skv}}, ds, ds, ds,
+      std::vector<ArgSpec> specs = {q, kk, is_fp8(dt) ? TensorSpec{dt, {p.B, p.Hkv, p.D, p.Skv}} : kk, ds, ds, ds,
                                     TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}}, TensorSpec{DType::f32, {p.B, p.H, p.Sq}},
                                     RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
       if (nv.input) {
@@ -416,14 +416,14 @@ TEST_CASE("attention variants: their default fp8 configs assemble without serial
       const Config d = kernels::attention_fp8_default_config(dt, p.D, m->causal || m->mask_mod, p.D,
                                                              kernels::attention_variant_key_block(f.name), S,
                                                              kernels::attention_variant_fp8_key_block(f.name));
-      INFO(nv.variant.name << " S " << S << " config " << d.to_json());
+      INFO(nv.variant.name << " " << name(dt) << " S " << S << " config " << d.to_json());
       const codegen::GeneratedKernel g = codegen::generate_cuda(f, d, t);
       REQUIRE(g.lowering == "sm90_attention");
       runtime::CompileResult r;
       REQUIRE_NOTHROW(r = tj_test::nvrtc(g, "sm_90a", true, true));
       const tj_test::PtxasInfo info = tj_test::ptxas_info(r.log);
-      MESSAGE(fmt::format("{} S {} {}: {} registers, spills {}/{} bytes", nv.variant.name, S, d.to_json(), info.registers,
-                          info.spill_stores, info.spill_loads));
+      MESSAGE(fmt::format("{} {} S {} {}: {} registers, spills {}/{} bytes", nv.variant.name, name(dt), S, d.to_json(),
+                          info.registers, info.spill_stores, info.spill_loads));
       INFO(r.log);
       CHECK(r.log.find("Potential Performance Loss") == std::string::npos);
     }
