@@ -38,12 +38,12 @@ using MaskMod = std::function<Tile(const ScoreIndex& at)>;
 
 struct AttentionVariant {
   std::string name;                    // the kernel's name (caches, generated code, errors)
-  ScoreMod score_mod;
-  MaskMod mask_mod;
-  std::vector<std::string> inputs;     // names of extra input tensors, passed after attention_fp8's
-                                       // arguments; hooks may read them with scalar indices
-                                       // (load) or per score element (gather, e.g. a block
-                                       // mask: kernels/attention_variants.h)
+  ScoreMod score_mod = {};
+  MaskMod mask_mod = {};
+  // Names of extra input tensors, passed after attention_fp8's arguments; hooks may read them with
+  // scalar indices (load) or per score element (gather, e.g. a block mask:
+  // kernels/attention_variants.h).
+  std::vector<std::string> inputs = {};
   // A key-block size the mask's structure favours (0: none): a window, documents or block-mask
   // cells waste less of each partly visible block in smaller ones. The default configs
   // (attention_fp8_default_config) take key blocks no larger than this; 64 also says that rows

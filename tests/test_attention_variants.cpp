@@ -42,7 +42,7 @@ struct VariantMeaning {
 struct NamedVariant {
   kernels::AttentionVariant variant;
   VariantMeaning meaning;
-  std::function<HostTensor(int64_t B)> input;   // the variant's extra input, if it takes one
+  std::function<HostTensor(int64_t B)> input = {};   // the variant's extra input, if it takes one
 };
 
 // prefix lengths used with the prefix-LM variant: batch b has prefix 37 + 50 b
@@ -398,7 +398,7 @@ TEST_CASE("attention variants: their default configs assemble without serialized
   // block masks 7-11% slower at S 2048). bf16: 128 x 128, 64 x 64 for documents and block masks.
   const codegen::Target t = codegen::Target::parse("sm_90a");
   for (const NamedVariant& nv : variants(kMaskHeads))
-    for (const auto [dt, S] : {std::pair{DType::e4m3, int64_t{2048}}, std::pair{DType::e4m3, int64_t{8192}},
+    for (const auto& [dt, S] : {std::pair{DType::e4m3, int64_t{2048}}, std::pair{DType::e4m3, int64_t{8192}},
                                std::pair{DType::bf16, int64_t{2048}}}) {
       const Problem p{1, kMaskHeads, kMaskHeads, S, S, 128};
       Kernel k = kernels::attention_variant(nv.variant);
