@@ -92,7 +92,7 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // qk_head_dim <= 128, query blocks of 192 (three consumer warpgroups), key blocks of 96 and 4
 // stages (H100, session 7). 16-bit D <= 128 with a key_block of 64 (rows that see few keys) takes
 // 64 x 64 tiles, two CTAs per SM (session 9). fp8_key_block (attention_variant_fp8_key_block; 0:
-// none) replaces key_block for fp8 inputs at every length (a window's 64, session 12).
+// none) replaces key_block for fp8 inputs of head dim 128 at every length (a window's 64, session 12).
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0,
                                     int64_t key_block = 0, int64_t seq_kv = 0, int64_t fp8_key_block = 0);
 

@@ -30,8 +30,9 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // at S 2048 / 4096 / 8192 / 16384: documents 274 / 380 / 467 / 525 vs 253 / 350 / 493 / 588, block
   // mask 430 / 485 / 545 / 598 vs 388 / 464 / 559 / 650).
   if (is_fp8(in) && key_block == 64 && seq_kv > 4096) key_block = 128;
-  // A variant's fp8 key block holds at every length (a window: the keys per row do not grow).
-  if (is_fp8(in) && fp8_key_block > 0) key_block = fp8_key_block;
+  // A variant's fp8 key block holds at every length (a window: the keys per row do not grow);
+  // measured at head dim 128 only, where it gives the 64 x 64 tiles below.
+  if (is_fp8(in) && fp8_key_block > 0 && head_dim == 128 && qk_head_dim <= 128) key_block = fp8_key_block;
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   // fp8 D 128 with little work per query tile (keys up to 4096, or a sparse mask): query tiles of
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the

@@ -49,8 +49,8 @@ struct AttentionVariant {
   // (attention_fp8_default_config) take key blocks no larger than this; 64 also says that rows
   // see few keys (documents, block masks), and 16-bit inputs then take query tiles of 64 as well.
   int64_t key_block = 0;
-  // A key block for fp8 inputs that the default configs take at every sequence length (0: none,
-  // key_block's rules apply). A window bounds the keys each row sees however long the sequence:
+  // A key block for fp8 inputs of head dim 128 that the default configs take at every sequence
+  // length (0: none, key_block's rules apply). A window bounds the keys each row sees however long the sequence:
   // fp8 then runs 64 x 64 tiles, three CTAs per SM, where 16-bit inputs stay faster at 128 x 128.
   int64_t fp8_key_block = 0;
 };

@@ -330,6 +330,10 @@ TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score
     const Config b16 = kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, S, 64);
     CHECK(b16.blocks.at("m") == 128);
     CHECK(b16.blocks.at("n") == 128);
+    // other head dims (not measured with it) keep the key_block's config
+    for (int64_t D : {64, 256})
+      CHECK(kernels::attention_fp8_default_config(DType::e4m3, D, true, 0, 128, S, 64).to_json() ==
+            kernels::attention_fp8_default_config(DType::e4m3, D, true, 0, 128, S).to_json());
   }
   kernels::AttentionVariant bad = kernels::causal_variant();
   bad.key_block = -64;
