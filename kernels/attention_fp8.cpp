@@ -150,19 +150,22 @@ std::map<std::string, KeyBlocks>& key_blocks() {
   static std::map<std::string, KeyBlocks> m;
   return m;
 }
+KeyBlocks key_blocks_of(const std::string& kernel_name) {
+  std::lock_guard<std::mutex> lock(key_block_mutex);
+  auto it = key_blocks().find(kernel_name);
+  return it == key_blocks().end() ? KeyBlocks{} : it->second;
+}
 
 }  // namespace
 
-int64_t attention_variant_key_block(const std::string& kernel_name) {
-  std::lock_guard<std::mutex> lock(key_block_mutex);
-  auto it = key_blocks().find(kernel_name);
-  return it == key_blocks().end() ? 0 : it->second.any;
-}
+int64_t attention_variant_key_block(const std::string& kernel_name) { return key_blocks_of(kernel_name).any; }
 
-int64_t attention_variant_fp8_key_block(const std::string& kernel_name) {
-  std::lock_guard<std::mutex> lock(key_block_mutex);
-  auto it = key_blocks().find(kernel_name);
-  return it == key_blocks().end() ? 0 : it->second.fp8;
+int64_t attention_variant_fp8_key_block(const std::string& kernel_name) { return key_blocks_of(kernel_name).fp8; }
+
+Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
+                                        int64_t qk_head_dim, int64_t seq_kv) {
+  const KeyBlocks kb = key_blocks_of(kernel_name);
+  return attention_fp8_default_config(in, head_dim, causal, qk_head_dim, kb.any, seq_kv, kb.fp8);
 }
 
 namespace {
@@ -186,9 +189,8 @@ const bool default_config_registered = [] {
     if (!m || q.rank() != 4 || k.rank() != 4 || o.rank() != 4 || q.static_shape[3] <= 0 || o.static_shape[3] <= 0)
       return c;
     const int64_t seq_kv = k.static_shape[2] > 0 ? k.static_shape[2] : 0;
-    Config d = attention_fp8_default_config(q.dtype, o.static_shape[3], m->causal || m->mask_mod, q.static_shape[3],
-                                            attention_variant_key_block(f.name), seq_kv,
-                                            attention_variant_fp8_key_block(f.name));
+    Config d = attention_variant_default_config(f.name, q.dtype, o.static_shape[3], m->causal || m->mask_mod,
+                                                q.static_shape[3], seq_kv);
     // Only where the tensor-core lowering takes it (head dims, dtypes); the SIMT path keeps the
     // generic tiles.
     try {

@@ -211,9 +211,8 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   const double scale = opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(D))) * 1.4426950408889634;
   const int64_t Dqk = opt.quantize && opt.q_residual ? 2 * D : D;
   Config cfg = opt.attention_config.value_or(
-      attention_fp8_default_config(opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk,
-                                   opt.kernel ? attention_variant_key_block(opt.kernel->name()) : 0, Skv,
-                                   opt.kernel ? attention_variant_fp8_key_block(opt.kernel->name()) : 0));
+      attention_variant_default_config(opt.kernel ? opt.kernel->name() : std::string(),
+                                       opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk, Skv));
   ensure(ws.no_lse, DType::f32, {1});
   TensorView lse = opt.lse.value_or(ws.no_lse->view());
   const bool with_lse = opt.lse.has_value();

@@ -320,6 +320,13 @@ TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score
   CHECK(kernels::attention_variant_fp8_key_block(kernels::attention_variant(kernels::sliding_window_variant(4096)).name()) == 0);
   CHECK(kernels::attention_variant_fp8_key_block(kernels::attention_variant(kernels::document_variant(3, true)).name()) == 0);
   CHECK(kernels::attention_variant_fp8_key_block("attention_fp8") == 0);
+  // attention_variant_default_config looks both up
+  CHECK(kernels::attention_variant_default_config(window, DType::e4m3, 128, true, 0, 8192).to_json() ==
+        kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192, 64).to_json());
+  CHECK(kernels::attention_variant_default_config(window, DType::bf16, 128, true, 0, 8192).to_json() ==
+        kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, 8192).to_json());
+  CHECK(kernels::attention_variant_default_config("", DType::e4m3, 128, true, 0, 8192).to_json() ==
+        kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192).to_json());
   for (int64_t S : {2048, 8192, 16384}) {
     CAPTURE(S);
     const Config f8 = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, S, 64);

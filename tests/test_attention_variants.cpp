@@ -391,7 +391,7 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
 }
 
 TEST_CASE("attention variants: their default configs assemble without serialized wgmmas (ptxas -v)") {
-  // What a config-less launch takes (attention_fp8_default_config with the variant's key block) at
+  // What a config-less launch takes (attention_variant_default_config: the variant's key blocks) at
   // 2048 keys (fp8 64 x 64 with a producer warp for documents and block masks, 64 x 128 / 64 x 192
   // for the rest) and 8192 (64 x 128, 192 x 96). With the softmax / P.V overlap in 64 x 64 tiles of
   // 128 registers, ptxas serialized every wgmma (C7512) and spilled (H100, session 12: documents and
@@ -413,9 +413,7 @@ TEST_CASE("attention variants: their default configs assemble without serialized
       const ir::Function f = k.trace(specs);
       const auto m = codegen::match_attention_fp8(f);
       REQUIRE(m.has_value());
-      const Config d = kernels::attention_fp8_default_config(dt, p.D, m->causal || m->mask_mod, p.D,
-                                                             kernels::attention_variant_key_block(f.name), S,
-                                                             kernels::attention_variant_fp8_key_block(f.name));
+      const Config d = kernels::attention_variant_default_config(f.name, dt, p.D, m->causal || m->mask_mod, p.D, S);
       INFO(nv.variant.name << " " << name(dt) << " S " << S << " config " << d.to_json());
       const codegen::GeneratedKernel g = codegen::generate_cuda(f, d, t);
       REQUIRE(g.lowering == "sm90_attention");

@@ -511,12 +511,10 @@ CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf, con
     l.block_mask.emplace(DeviceTensor::from_host(cells));
   }
   const bool masked = c.causal_flag || c.variant.has_value();
-  const int64_t key_block = c.variant ? kernels::attention_variant_key_block(kernel->name()) : 0;
-  l.cfg16 = o.config_bf16.empty() ? kernels::attention_fp8_default_config(DType::bf16, c.D, masked, 0, key_block, c.S)
+  const std::string variant_name = c.variant ? kernel->name() : std::string();
+  l.cfg16 = o.config_bf16.empty() ? kernels::attention_variant_default_config(variant_name, DType::bf16, c.D, masked, 0, c.S)
                                   : Config::from_json(o.config_bf16);
-  const int64_t fp8_key_block = c.variant ? kernels::attention_variant_fp8_key_block(kernel->name()) : 0;
-  l.cfg8 = o.config_fp8.empty() ? kernels::attention_fp8_default_config(DType::e4m3, c.D, masked, 0, key_block, c.S,
-                                                                        fp8_key_block)
+  l.cfg8 = o.config_fp8.empty() ? kernels::attention_variant_default_config(variant_name, DType::e4m3, c.D, masked, 0, c.S)
                                 : Config::from_json(o.config_fp8);
   return l;
 }
@@ -773,7 +771,7 @@ int bench_variants(const BenchVariantsOptions& o) {
         "variant kernel alone on e4m3 inputs quantized beforehand (amax per (b, kv head), V transposed); no-skip = the same "
         "with config knob attn_block_skip = 0 (every key block visited, the mask applied to each). Configs{}: {}.",
         o.reps, o.warmup, l2.bytes() >> 20,
-        o.config_bf16.empty() && o.config_fp8.empty() ? " (attention_fp8_default_config with attention_variant_key_block and attention_variant_fp8_key_block: the variant's key_block, 128 for a score_mod; fp8: its fp8_key_block where it has one)" : "",
+        o.config_bf16.empty() && o.config_fp8.empty() ? " (attention_variant_default_config: attention_fp8_default_config with the variant's key_block, 128 for a score_mod; fp8: its fp8_key_block where it has one)" : "",
         configs_text(launches)));
     header.push_back(
         "Peers (bench/attention/peers.py --variants), bf16, timed the same way: flex = torch.compile(flex_attention) with the "
