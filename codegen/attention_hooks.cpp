@@ -166,15 +166,34 @@ std::optional<std::map<int, int>> position_aliases(const AttentionHooks& h, cons
   return alias;
 }
 
+// A score hook's result as d * s + a * kv + b * q + g, each coefficient an expression of the
+// CTA's scalars (written for a member function; nullopt: 0).
+struct LinearScore {
+  std::optional<std::string> d, a, b, g;
+};
+std::optional<std::string> sum(const std::optional<std::string>& x, const std::optional<std::string>& y, char op) {
+  if (!y) return x;
+  if (!x) return op == '+' ? y : std::optional<std::string>("(-" + *y + ")");
+  return fmt::format("({} {} {})", *x, op, *y);
+}
+std::optional<std::string> product(const std::string& u, const std::optional<std::string>& x) {
+  return x ? std::optional<std::string>(fmt::format("({} * {})", u, *x)) : std::nullopt;
+}
+
 class HookWriter {
  public:
+  // The score hook as a LinearScore, when it is one: sums, differences and negations of the score,
+  // the positions and the CTA's scalars, products with those scalars, int -> float casts.
+  std::optional<LinearScore> linear_score(std::string* why);
+
   HookWriter(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym) : f_(f), h_(h), sym_(sym) {}
 
-  std::optional<HooksSource> run(const std::string& type, const std::string& var, bool skip_blocks,
+  std::optional<HooksSource> run(const std::string& type, const std::string& var, bool skip_blocks, bool linear_score,
                                  std::string* why);
 
  private:
   enum class Ctx { init, member };
+  bool prepare(std::string* why);
   DType dtype(int v) const { return f_.type(v).dtype; }
   bool scalar(int v) const { return f_.type(v).rank() == 0; }
   std::string field(int v) const { return fmt::format("v{}", v); }
@@ -182,6 +201,7 @@ class HookWriter {
   std::optional<std::string> scalar_expr(const Op& op, const std::string& var, std::string* why) const;
   std::optional<std::string> element_expr(const Op& op, std::string* why) const;
   std::optional<std::string> float_positions(int v) const;
+  std::optional<LinearScore> linear(int v) const;
   std::optional<std::string> gather_expr(const Op& op, Ctx ctx, const std::string& var, std::string* why) const;
   std::string interval(int v) const;
   std::string interval_expr(const Op& op) const;
@@ -192,6 +212,8 @@ class HookWriter {
   std::map<int, const Op*> def_;        // hook value -> its op
   static constexpr int kQ = kPosQ, kKv = kPosKv, kScore = -4;
   std::map<int, int> alias_;            // tile values that are positions (kQ, kKv) or copies of a value
+  std::set<const Op*> folded_;          // the score hook's unit changes (prepare)
+  int score_result_ = -1;               // the user's score_mod result, in natural units
 };
 
 // How code reads value v: in init (through `var.`) or inside a member function.
@@ -393,18 +415,16 @@ std::string HookWriter::interval_expr(const Op& op) const {
   }
 }
 
-std::optional<HooksSource> HookWriter::run(const std::string& type, const std::string& var, bool skip_blocks,
-                                           std::string* why) {
+bool HookWriter::prepare(std::string* why) {
   for (const Op* op : h_.ops)
     if (op->result >= 0) def_[op->result] = op;
   auto aliases = position_aliases(h_, sym_, why);
-  if (!aliases) return std::nullopt;
+  if (!aliases) return false;
   alias_ = std::move(*aliases);
   // The score hook's unit changes (kernels/attention_fp8.cpp traces score_mod(s * ln 2) * log2 e):
   // the main loop folds them into its score scale and its softmax, so score() works in natural
   // units and returns the user's score.
-  std::set<const Op*> folded;
-  int score_result = h_.score_out;
+  score_result_ = h_.score_out;
   if (h_.score_mod) {
     auto const_is = [&](int v, double x) {
       auto d = def_.find(v);
@@ -422,15 +442,84 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
       }
     const Op* last = def_.count(h_.score_out) ? def_.at(h_.score_out) : nullptr;
     if (last && last->kind == OpKind::cast) {
-      folded.insert(last);
+      folded_.insert(last);
       last = def_.count(last->operands[0]) ? def_.at(last->operands[0]) : nullptr;
     }
     if (!is_mul_by(first, h_.score_in, 0.6931471805599453) || !is_mul_by(last, -1, 1.4426950408889634) || first == last)
-      return fail(why, "the score hook is not score_mod(s * ln 2) * log2 e"), std::nullopt;
+      return fail(why, "the score hook is not score_mod(s * ln 2) * log2 e");
     alias_[first->result] = kScore;
-    folded.insert(last);
-    score_result = last->operands[0];
+    folded_.insert(last);
+    score_result_ = last->operands[0];
   }
+  return true;
+}
+
+std::optional<LinearScore> HookWriter::linear_score(std::string* why) {
+  if (!prepare(why)) return std::nullopt;
+  if (!h_.score_mod) return fail(why, "no score hook"), std::nullopt;
+  auto l = linear(score_result_);
+  if (!l) fail(why, "the score hook is not linear in the score and the positions");
+  return l;
+}
+
+// Value v as a LinearScore: the score (aliased to kScore: the user's s), positions, the CTA's
+// scalars and literals, combined by +, - and negation, and float products with a scalar factor.
+// Integer position arithmetic (add, sub, neg) is read as float arithmetic, as float_positions
+// does (exact below 2^24).
+std::optional<LinearScore> HookWriter::linear(int v) const {
+  if (auto a = alias_.find(v); a != alias_.end()) {
+    if (a->second == kScore) return LinearScore{"1.0f", {}, {}, {}};
+    if (a->second == kKv) return LinearScore{{}, "1.0f", {}, {}};
+    if (a->second == kQ) return LinearScore{{}, {}, "1.0f", {}};
+    return linear(a->second);
+  }
+  auto d = def_.find(v);
+  const bool uniform = v == sym_.b || v == sym_.h || (d != def_.end() && (d->second->kind == OpKind::const_value || scalar(v)));
+  if (uniform && dtype(v) != DType::i1) return LinearScore{{}, {}, {}, fmt::format("(float)({})", value(v, Ctx::member, ""))};
+  if (d == def_.end() || v == h_.score_in) return std::nullopt;
+  const Op& op = *d->second;
+  const bool f32 = dtype(v) == DType::f32;
+  if (op.kind == OpKind::full && dtype(v) != DType::i1)
+    return LinearScore{{}, {}, {}, fmt::format("(float)({})", scalar::literal(op.fval, op.ival, dtype(v)))};
+  if (op.kind == OpKind::cast) {
+    const DType from = dtype(op.operands[0]);
+    if (!f32 || from == DType::i1 || (is_float(from) && from != DType::f32)) return std::nullopt;
+    return linear(op.operands[0]);
+  }
+  if (!f32 && is_float(dtype(v))) return std::nullopt;   // f16 / bf16 arithmetic rounds differently
+  if (op.kind == OpKind::unary && op.unary == ir::UnaryFn::neg) {
+    auto x = linear(op.operands[0]);
+    if (!x) return std::nullopt;
+    return LinearScore{sum({}, x->d, '-'), sum({}, x->a, '-'), sum({}, x->b, '-'), sum({}, x->g, '-')};
+  }
+  if (op.kind != OpKind::binary) return std::nullopt;
+  auto x = linear(op.operands[0]), y = linear(op.operands[1]);
+  if (!x || !y) return std::nullopt;
+  switch (op.binary) {
+    case ir::BinaryFn::add:
+    case ir::BinaryFn::sub: {
+      const char c = op.binary == ir::BinaryFn::add ? '+' : '-';
+      return LinearScore{sum(x->d, y->d, c), sum(x->a, y->a, c), sum(x->b, y->b, c), sum(x->g, y->g, c)};
+    }
+    case ir::BinaryFn::mul: {
+      if (!f32) return std::nullopt;   // integer products may wrap where floats would not
+      auto scalar_only = [](const LinearScore& l) { return !l.d && !l.a && !l.b; };
+      if (scalar_only(*x) && x->g) std::swap(x, y);
+      if (!scalar_only(*y)) return std::nullopt;
+      if (!y->g) return LinearScore{};   // times 0
+      return LinearScore{product(*y->g, x->d), product(*y->g, x->a), product(*y->g, x->b), product(*y->g, x->g)};
+    }
+    default: return std::nullopt;
+  }
+}
+
+std::optional<HooksSource> HookWriter::run(const std::string& type, const std::string& var, bool skip_blocks,
+                                           bool linear_score, std::string* why) {
+  if (!prepare(why)) return std::nullopt;
+  const std::set<const Op*>& folded = folded_;
+  const int score_result = score_result_;
+  std::optional<LinearScore> lin;
+  if (linear_score && h_.score_mod) lin = linear(score_result);
   HooksSource out;
   std::string fields, score_body, keep_body, classify_body;
   // Tensors that tile gathers read per element / per block: copies of the kernel's parameters.
@@ -477,6 +566,19 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   if (h_.score_mod) d += score_body + fmt::format("    return {};\n", value(score_result, Ctx::member, ""));
   else d += "    return tj_s;\n";
   d += "  }\n";
+  // The main loop forms a linear score per key column and per row instead of per element: the
+  // score hook's arithmetic leaves the per-element softmax chain (one FFMA per score is left).
+  d += fmt::format("  static constexpr bool kLinearScore = {};\n", lin ? "true" : "false");
+  d += "  __device__ __forceinline__ void linear_score(float& tj_d, float& tj_a, float& tj_b, float& tj_g) const {\n";
+  if (lin) {
+    d += "    // score(s, q, kv) = tj_d * s + tj_a * kv + tj_b * q + tj_g\n";
+    auto coef = [](const std::optional<std::string>& c) { return c ? *c : std::string("0.0f"); };
+    d += fmt::format("    tj_d = {};\n    tj_a = {};\n    tj_b = {};\n    tj_g = {};\n", coef(lin->d), coef(lin->a),
+                     coef(lin->b), coef(lin->g));
+  } else {
+    d += "    tj_d = 1.0f;\n    tj_a = tj_b = tj_g = 0.0f;\n";
+  }
+  d += "  }\n";
   d += "  __device__ __forceinline__ bool keep(int q, int kv) const {\n";
   if (h_.mask_mod) d += keep_body + fmt::format("    return {};\n", value(h_.keep, Ctx::member, ""));
   else d += "    return true;\n";
@@ -497,8 +599,12 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
 
 std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym,
                                         const std::string& type, const std::string& var, bool skip_blocks,
-                                        std::string* why) {
-  return HookWriter(f, h, sym).run(type, var, skip_blocks, why);
+                                        bool linear_score, std::string* why) {
+  return HookWriter(f, h, sym).run(type, var, skip_blocks, linear_score, why);
+}
+
+bool score_hook_is_linear(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym) {
+  return HookWriter(f, h, sym).linear_score(nullptr).has_value();
 }
 
 int causal_conjunct(const AttentionHooks& h, const HookSymbols& sym) {

@@ -57,9 +57,17 @@ struct HooksSource {
                                        // the variables tj_b and tj_h (long long)
 };
 // The device struct for `h`; nullopt (with *why) when an op cannot be written per element /
-// per block. Kernel parameters are spelled p0, p1, ... (TensorArg<R> / float).
+// per block. Kernel parameters are spelled p0, p1, ... (TensorArg<R> / float). linear_score: a
+// score hook that score_hook_is_linear accepts is also written as its four coefficients
+// (kLinearScore), which the main loop then uses instead of score().
 std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym,
                                         const std::string& type, const std::string& var, bool skip_blocks,
-                                        std::string* why);
+                                        bool linear_score, std::string* why);
+
+// Whether h's score hook is d * s + a * kv + b * q + g with d, a, b, g the same over a CTA (a
+// function of b, h and the kernel's scalars): ALiBi's s + slope_h * (kv - q), a temperature, a
+// linear position bias. Such a score costs one FFMA per element: the key term is formed once per
+// key column and block, the query term once per row.
+bool score_hook_is_linear(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym);
 
 }  // namespace tj::codegen

@@ -274,7 +274,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   std::optional<HooksSource> hooks_src;
   if (hooks) {
     std::string why;
-    hooks_src = hooks_source(f, *hooks, hook_symbols(f), "tj_hooks", "tj_hk", block_skip, &why);
+    // A linear score hook (ALiBi) as a term per key column and one per row; knob
+    // attn_linear_score = 0 evaluates score() per element instead.
+    const bool linear_score = cfg.knob("attn_linear_score", 1) != 0;
+    hooks_src = hooks_source(f, *hooks, hook_symbols(f), "tj_hooks", "tj_hk", block_skip, linear_score, &why);
     if (!hooks_src) return std::nullopt;   // e.g. a hook that loads a tile: the SIMT path runs it
   }
 
@@ -405,6 +408,8 @@ const bool registered = [] {
     if (fp8) knobs.push_back({"attn_vperm", {1, 0}, 1});
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
+    if (hooks && hooks->score_mod && score_hook_is_linear(f, *hooks, hook_symbols(f)))
+      knobs.push_back({"attn_linear_score", {1, 0}, 1});
     if (hooks && causal_conjunct(*hooks, hook_symbols(f)) >= 0)
       knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
     return knobs;

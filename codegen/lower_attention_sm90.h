@@ -31,7 +31,10 @@
 // without shuffles) and "attn_exp2_fma" (0-8, default 0: of every 8 score exp2s, how many are
 // computed on the FMA pipes by exp2_fma.cuh instead of the MUFU's ex2.approx) and
 // "attn_causal_hook" (0: a mask hook that keeps exactly kv <= q is lowered as the built-in causal
-// mask; 1 keeps it a hook; default 0, except 1 for 16-bit inputs that also have a score hook). Configs that match but cannot work throw tj::Error naming the
+// mask; 1 keeps it a hook; default 0, except 1 for 16-bit inputs that also have a score hook) and
+// "attn_linear_score" (default 1: a score hook linear in the score and the positions, such as
+// ALiBi's, is formed from a term per key column and one per row, one FFMA per score element; 0
+// calls the hook per element). Configs that match but cannot work throw tj::Error naming the
 // limit.
 //
 // Launch: one CTA per program of the DSL's launch nest [B*H][ceil(Sq/BM)] (program id =

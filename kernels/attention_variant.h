@@ -33,7 +33,12 @@ struct ScoreIndex {
 // natural-log units (like torch's flex_attention). mask_mod(at) -> i1 tile broadcastable to
 // [m, n]: true where the key stays visible. Either may be empty. Fully masked rows give O = 0 and
 // lse = -inf. On sm_90a a score_mod's f32 cast of position sums (ALiBi's kv - q) is computed as
-// the same sums of the positions in f32: exact for positions below 2^24, like the cast itself.
+// the same sums of the positions in f32: exact for positions below 2^24, like the cast itself. A
+// score_mod linear in the score and the positions, d * score + a * kv + b * q + c with d, a, b, c
+// functions of b, h and the kernel's scalars (ALiBi, a temperature, a linear position bias), costs
+// one FFMA per score element on sm_90a: the key term is formed once per key column and block, the
+// query term once per row, in log2 units relative to the query tile's first row (config knob
+// attn_linear_score = 0 evaluates the hook per element).
 using ScoreMod = std::function<Tile(const Tile& score, const ScoreIndex& at)>;
 using MaskMod = std::function<Tile(const ScoreIndex& at)>;
 

@@ -92,6 +92,18 @@ std::vector<NamedVariant> variants(int64_t heads) {
                                        static_cast<double>(j - i);
                       },
                   .keep = causal}});
+  // A score hook linear in the score and the positions, with every coefficient (a factor on the
+  // score, per-head key term, a query term that does not cancel it, a constant): the sm_90a
+  // lowering's kLinearScore path beyond ALiBi's s + slope (kv - q).
+  kernels::AttentionVariant linear{"attention_linear_bias"};
+  linear.score_mod = [](const Tile& score, const kernels::ScoreIndex& at) {
+    auto slope = (at.h + 1).to(DType::f32) * 0.01;
+    return score * 0.75 + slope * at.kv.to(DType::f32) - (at.q.to(DType::f32) * 0.02 - 0.5);
+  };
+  out.push_back({linear,
+                 {.score = [](double s, int64_t, int64_t h, int64_t i, int64_t j) {
+                    return 0.75 * s + 0.01 * static_cast<double>(h + 1) * static_cast<double>(j) - 0.02 * static_cast<double>(i) + 0.5;
+                  }}});
   out.push_back({kernels::softcap_variant(2.0, false),
                  {.score = [](double s, int64_t, int64_t, int64_t, int64_t) { return 2.0 * std::tanh(s / 2.0); }}});
   out.push_back({kernels::prefix_lm_variant(),
@@ -378,8 +390,26 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       }
       // ALiBi's (float)(kv - q): float arithmetic on the positions the main loop passes as floats
       // (no int -> float conversion per score element)
-      if (nv.variant.name.find("alibi") != std::string::npos)
-        CHECK(ck.generated.source.find("(tj_kvf - tj_qf)") != std::string::npos);
+      const bool alibi = nv.variant.name.find("alibi") != std::string::npos;
+      if (alibi) CHECK(ck.generated.source.find("(tj_kvf - tj_qf)") != std::string::npos);
+      // Scores linear in s and the positions (ALiBi, the linear bias) are also written as their
+      // coefficients, which the main loop uses instead of score(); knob attn_linear_score = 0 keeps
+      // score() per element. softcap's tanh is not linear.
+      const bool linear = alibi || nv.variant.name == "attention_linear_bias";
+      CHECK((src.find("kLinearScore = true") != std::string::npos) == linear);
+      if (alibi) {
+        CHECK(src.find("tj_a = ((float)(v") != std::string::npos);
+        CHECK(src.find("tj_d = 1.0f;") != std::string::npos);
+      }
+      if (linear) {
+        Config per_element = variant_config(128, 128);
+        per_element.knobs["attn_linear_score"] = 0;
+        const CompiledKernel& pe = compile(k, specs, per_element, CompileRequest{"sm_90a", false, false});
+        CHECK(pe.generated.source.find("kLinearScore = false") != std::string::npos);
+      }
+      bool linear_knob = false;
+      for (const auto& knob : autotune::registered_knobs(f, "sm_90a")) linear_knob |= knob.name == "attn_linear_score";
+      CHECK(linear_knob == linear);
       // the block mask: read per element by a gather, per key block by a range query
       if (nv.variant.name.find("block_mask") != std::string::npos) {
         CHECK(ck.generated.source.find("tj::dev::gather_at<tj::dev::i32>") != std::string::npos);
@@ -425,6 +455,50 @@ TEST_CASE("attention variants: their default configs assemble without serialized
       INFO(r.log);
       CHECK(r.log.find("Potential Performance Loss") == std::string::npos);
     }
+}
+
+TEST_CASE("attention variants: score hooks linear in the score and the positions are written as coefficients, others per element") {
+  struct Case {
+    const char* what;
+    kernels::ScoreMod mod;
+    bool linear;
+    const char* coefficients;   // expected in the source where linear
+  };
+  auto f32 = [](const Tile& t) { return t.to(DType::f32); };
+  const std::vector<Case> cases = {
+      {"negated score plus a key term", [&](const Tile& s, const kernels::ScoreIndex& at) { return -s + f32(at.kv) * 3.0; },
+       true, "tj_d = (-1.0f);"},
+      {"a per-batch input times the query position",
+       [&](const Tile& s, const kernels::ScoreIndex& at) { return s + at.inputs[0].load(at.b).to(DType::f32) * f32(at.q); },
+       true, "tj_a = 0.0f;"},
+      {"a temperature alone", [](const Tile& s, const kernels::ScoreIndex&) { return s * 0.5; }, true, "tj_b = 0.0f;"},
+      {"the score times a position", [&](const Tile& s, const kernels::ScoreIndex& at) { return s * f32(at.kv - at.q); },
+       false, ""},
+      {"a product of positions", [&](const Tile& s, const kernels::ScoreIndex& at) { return s + f32(at.kv) * f32(at.q); },
+       false, ""},
+      {"an integer product of positions", [&](const Tile& s, const kernels::ScoreIndex& at) { return s + f32(at.kv * at.q); },
+       false, ""},
+      {"a function of the score", [](const Tile& s, const kernels::ScoreIndex&) { return exp2(s * 0.1); }, false, ""},
+  };
+  const codegen::Target t = codegen::Target::parse("sm_90a");
+  for (const Case& c : cases) {
+    INFO(c.what);
+    kernels::AttentionVariant v{"attention_linear_probe"};
+    v.score_mod = c.mod;
+    v.inputs = {"per_batch"};
+    const int64_t S = 512, D = 128;
+    TensorSpec q{DType::e4m3, {2, 4, S, D}}, ds{DType::f32, {2, 4}};
+    std::vector<ArgSpec> specs = {q, q, TensorSpec{DType::e4m3, {2, 4, D, S}}, ds, ds, ds,
+                                  TensorSpec{DType::bf16, {2, 4, S, D}}, TensorSpec{DType::f32, {2, 4, S}},
+                                  RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false, TensorSpec{DType::f32, {2}}};
+    const ir::Function f = kernels::attention_variant(v).trace(specs);
+    const codegen::GeneratedKernel g = codegen::generate_cuda(f, variant_config(64, 128), t);
+    REQUIRE(g.lowering == "sm90_attention");
+    CHECK((g.source.find("kLinearScore = true") != std::string::npos) == c.linear);
+    if (c.linear) CHECK(g.source.find(c.coefficients) != std::string::npos);
+    // score() stays, for the per-element path (knob attn_linear_score = 0)
+    CHECK(g.source.find("float score(float tj_s") != std::string::npos);
+  }
 }
 
 TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed with the rest, becomes the built-in causal mask") {
@@ -520,8 +594,9 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         dev.push_back(DeviceTensor::from_host(t));
         dv.push_back(dev.back().view());
       }
-      // 128 x 128 with and without block skipping; 64 x 64 with a producer warp and no softmax /
-      // P.V overlap (fp8: three CTAs per SM, the default for rows that see few keys)
+      // 128 x 128 with and without block skipping (and a linear score hook's per-column terms);
+      // 64 x 64 with a producer warp and no softmax / P.V overlap (fp8: three CTAs per SM, the
+      // default for rows that see few keys)
       for (int run = 0; run < 3; ++run) {
         const bool skip = run != 1, lean = run == 2;
         INFO(nv.variant.name << " " << name(dt) << " block skipping " << skip << " producer warp " << lean);
@@ -530,6 +605,8 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         lse.fill_bytes(0xFF);
         LaunchOptions lo;
         lo.config = lean ? variant_config(64, 64) : variant_config(128, 128, skip);
+        // without block skipping, a linear score hook (ALiBi) also runs per element as score()
+        if (!skip) lo.config->knobs["attn_linear_score"] = 0;
         if (lean) {
           lo.config->knobs["attn_lean_producer"] = 1;
           lo.config->knobs["attn_overlap"] = 0;

@@ -177,6 +177,9 @@ struct AttnCfg {
 //   classify(q_lo, q_hi, kv_lo, kv_hi): what keep() is over that box of positions (interval
 //     arithmetic over the mask's ops): 0 never kept (the block is skipped: not loaded, not
 //     computed), 1 always kept (no per-element mask), 2 either (mask per element).
+//   linear_score(d, a, b, g) (kLinearScore): score(s, q, kv) = d s + a kv + b q + g with d, a, b,
+//     g the same over the CTA; the main loop then forms the key term once per key column and
+//     block and the query term once per row, and score() is not called.
 //   kSkipBlocks = false evaluates keep() on every element of every block (block skipping off).
 //   kKeepGathers: keep() reads a tensor per element (a gather); the kernel evaluates it in a
 //     rolled loop.
@@ -185,7 +188,12 @@ struct NoHooks {
   static constexpr bool kMask = false;
   static constexpr bool kSkipBlocks = false;
   static constexpr bool kKeepGathers = false;
+  static constexpr bool kLinearScore = false;
   __device__ __forceinline__ float score(float s, int, int, float, float) const { return s; }
+  __device__ __forceinline__ void linear_score(float& d, float& a, float& b, float& g) const {
+    d = 1.0f;
+    a = b = g = 0.0f;
+  }
   __device__ __forceinline__ bool keep(int, int) const { return true; }
   __device__ __forceinline__ int classify(int, int, int, int) const { return 1; }
 };
@@ -505,7 +513,23 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const float sc = (p.score_scale * qd) * kd;
   // A score hook works in natural units (sc_nat) and the softmax takes its result to log2 units.
   const float sc_nat = sc * 0.6931471805599453f;
-  const float scm = Hooks::kScoreMod ? 1.4426950408889634f : sc;
+  // A linear score hook (d s + a kv + b q + g) in log2 units: s * (sc d) + a' (kv - rb) per element,
+  // the key term formed per column and block; b' (q - rb) + (a' + b') rb + g' per row, added to the
+  // row max and the exp2 bias. Positions relative to the tile's first row keep the two terms as
+  // small as kv - q near the diagonal, where the scores that count are.
+  constexpr bool kLinear = Hooks::kScoreMod && Hooks::kLinearScore;
+  float lin_sc = sc, lin_a = 0.0f, row_term[2] = {0.0f, 0.0f};
+  if constexpr (kLinear) {
+    float d, a, b, g;
+    hooks.linear_score(d, a, b, g);
+    constexpr float kLog2e = 1.4426950408889634f;
+    lin_sc = sc * d;
+    lin_a = a * kLog2e;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      row_term[hh] = (b * (float)(r0 + 8 * hh) + (a + b) * (float)rb + g) * kLog2e;
+  }
+  const float scm = kLinear ? 1.0f : Hooks::kScoreMod ? 1.4426950408889634f : sc;
   // Masked scores hold -inf after scaling: the raw value is -inf (scm > 0) or +inf (scm < 0).
   const bool sc_neg = scm < 0.0f;
   const float masked_raw = sc_neg ? -attn_detail::neg_inf() : attn_detail::neg_inf();
@@ -552,7 +576,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // The score hook on block n0, then the masks: the KV end, the causal diagonal, and the mask
   // hook where the block's class is 2.
   auto mask = [&](int n0, int cls) {
-    if constexpr (Hooks::kScoreMod) {
+    if constexpr (kLinear) {
+      // One FFMA per key column (shared by the thread's two rows) and one per element.
+      const float col0 = lin_a * (float)(n0 - rb + q2);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i)
+        s[i] = fmaf(s[i], lin_sc, fmaf(lin_a, (float)(8 * (i >> 2) + (i & 1)), col0));
+    } else if constexpr (Hooks::kScoreMod) {
       // Positions as floats: one conversion per row and per block, the column offsets folded in
       // as immediates (an I2F per score element runs at a quarter of the FP32 rate).
       const float rowf = (float)(rb + r0), colf = (float)(n0 + q2);
@@ -640,12 +670,12 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     float bias[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const float m_blk = fmaxf(m_run[hh], mx[hh] * scm);
+      const float m_blk = fmaxf(m_run[hh], kLinear ? mx[hh] + row_term[hh] : mx[hh] * scm);
       const float m_new = m_blk > m_run[hh] + Cfg::kRescaleSlack ? m_blk : m_run[hh];
       const float m_use = m_new == attn_detail::neg_inf() ? 0.0f : m_new;
       alpha[hh] = attn_detail::ex2(m_run[hh] - m_use);
       m_run[hh] = m_new;
-      bias[hh] = Cfg::kPOffset - m_use;
+      bias[hh] = kLinear ? Cfg::kPOffset - m_use + row_term[hh] : Cfg::kPOffset - m_use;
     }
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
