@@ -188,7 +188,7 @@ class HookWriter {
 
   HookWriter(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym) : f_(f), h_(h), sym_(sym) {}
 
-  std::optional<HooksSource> run(const std::string& type, const std::string& var, bool skip_blocks, bool linear_score,
+  std::optional<HooksSource> run(const std::string& type, const std::string& var, const HookOptions& options,
                                  std::string* why);
 
  private:
@@ -214,6 +214,7 @@ class HookWriter {
   std::map<int, int> alias_;            // tile values that are positions (kQ, kKv) or copies of a value
   std::set<const Op*> folded_;          // the score hook's unit changes (prepare)
   int score_result_ = -1;               // the user's score_mod result, in natural units
+  bool fast_math_ = false;              // per-element transcendentals as approximations
 };
 
 // How code reads value v: in init (through `var.`) or inside a member function.
@@ -277,7 +278,7 @@ std::optional<std::string> HookWriter::element_expr(const Op& op, std::string* w
   const DType rd = dtype(op.result);
   switch (op.kind) {
     case OpKind::full: return scalar::literal(op.fval, op.ival, rd);
-    case OpKind::unary: return scalar::unary_expr(op.unary, rd, in(0), false);
+    case OpKind::unary: return scalar::unary_expr(op.unary, rd, in(0), fast_math_);
     case OpKind::binary: return scalar::binary_expr(op.binary, dtype(op.operands[0]), rd, in(0), in(1));
     case OpKind::where: return fmt::format("({} ? {} : {})", in(0), in(1), in(2));
     case OpKind::cast:
@@ -513,13 +514,52 @@ std::optional<LinearScore> HookWriter::linear(int v) const {
   }
 }
 
-std::optional<HooksSource> HookWriter::run(const std::string& type, const std::string& var, bool skip_blocks,
-                                           bool linear_score, std::string* why) {
+std::optional<HooksSource> HookWriter::run(const std::string& type, const std::string& var, const HookOptions& options,
+                                           std::string* why) {
   if (!prepare(why)) return std::nullopt;
-  const std::set<const Op*>& folded = folded_;
-  const int score_result = score_result_;
+  fast_math_ = options.fast_math;
+  const bool skip_blocks = options.skip_blocks, linear_score = options.linear_score;
+  std::set<const Op*> folded = folded_;
+  int score_result = score_result_;
   std::optional<LinearScore> lin;
   if (linear_score && h_.score_mod) lin = linear(score_result);
+  // Other score hooks: a factor the score enters with (softcap's s / cap) and one the result leaves
+  // with (its * cap) fold into the main loop's score scale and softmax scale: two FMULs less per
+  // score element.
+  std::string in_factor = "1.0f", out_factor = "1.0f";
+  if (h_.score_mod && !lin) {
+    auto uniform = [&](int v) -> std::optional<std::string> {
+      auto l = linear(v);
+      if (!l || l->d || l->a || l->b) return std::nullopt;
+      return l->g ? *l->g : std::string("0.0f");
+    };
+    auto scaled = [&](const Op* op) {   // (the uniform factor, the other operand's index)
+      std::optional<std::pair<std::string, int>> r;
+      if (!op || op->kind != OpKind::binary || op->binary != ir::BinaryFn::mul || dtype(op->result) != DType::f32) return r;
+      for (int side = 0; side < 2 && !r; ++side)
+        if (auto u = uniform(op->operands[side]); u && !uniform(op->operands[1 - side])) r = {{*u, 1 - side}};
+      return r;
+    };
+    const Op* out_op = def_.count(score_result) ? def_.at(score_result) : nullptr;
+    if (auto o = scaled(out_op)) {
+      out_factor = o->first;
+      folded.insert(out_op);
+      score_result = out_op->operands[o->second];
+    }
+    std::vector<const Op*> uses;
+    for (const Op* op : h_.ops)
+      for (int v : op->operands)
+        if (auto a = alias_.find(v); a != alias_.end() && a->second == kScore) {
+          uses.push_back(op);
+          break;
+        }
+    if (uses.size() == 1 && !folded.count(uses[0]) && !alias_.count(uses[0]->result))
+      if (auto i = scaled(uses[0]); i && alias_.count(uses[0]->operands[i->second]) &&
+                                    alias_.at(uses[0]->operands[i->second]) == kScore) {
+        in_factor = i->first;
+        alias_[uses[0]->result] = kScore;
+      }
+  }
   HooksSource out;
   std::string fields, score_body, keep_body, classify_body;
   // Tensors that tile gathers read per element / per block: copies of the kernel's parameters.
@@ -566,6 +606,10 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   if (h_.score_mod) d += score_body + fmt::format("    return {};\n", value(score_result, Ctx::member, ""));
   else d += "    return tj_s;\n";
   d += "  }\n";
+  // score(s * in, ...) * out is the user's score: the main loop folds the two factors into its
+  // score scale and its softmax scale.
+  d += fmt::format("  __device__ __forceinline__ float score_in_factor() const {{ return {}; }}\n", in_factor);
+  d += fmt::format("  __device__ __forceinline__ float score_out_factor() const {{ return {}; }}\n", out_factor);
   // The main loop forms a linear score per key column and per row instead of per element: the
   // score hook's arithmetic leaves the per-element softmax chain (one FFMA per score is left).
   d += fmt::format("  static constexpr bool kLinearScore = {};\n", lin ? "true" : "false");
@@ -598,9 +642,9 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
 }  // namespace
 
 std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym,
-                                        const std::string& type, const std::string& var, bool skip_blocks,
-                                        bool linear_score, std::string* why) {
-  return HookWriter(f, h, sym).run(type, var, skip_blocks, linear_score, why);
+                                        const std::string& type, const std::string& var, const HookOptions& options,
+                                        std::string* why) {
+  return HookWriter(f, h, sym).run(type, var, options, why);
 }
 
 bool score_hook_is_linear(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym) {

@@ -56,13 +56,22 @@ struct HooksSource {
   std::string init;                    // statements setting up `<var>` in the kernel body, given
                                        // the variables tj_b and tj_h (long long)
 };
+// How hooks_source writes the hooks: skip_blocks (the mask classifies key blocks; false: keep()
+// on every element), linear_score (a score hook that score_hook_is_linear accepts is also written
+// as its four coefficients, kLinearScore, which the main loop then uses instead of score()),
+// fast_math (per-element exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations, as the
+// "fast_math" config knob does for the SIMT path; tanh.approx.f32 for a softcap's tanh).
+struct HookOptions {
+  bool skip_blocks = true;
+  bool linear_score = true;
+  bool fast_math = false;
+};
+
 // The device struct for `h`; nullopt (with *why) when an op cannot be written per element /
-// per block. Kernel parameters are spelled p0, p1, ... (TensorArg<R> / float). linear_score: a
-// score hook that score_hook_is_linear accepts is also written as its four coefficients
-// (kLinearScore), which the main loop then uses instead of score().
+// per block. Kernel parameters are spelled p0, p1, ... (TensorArg<R> / float).
 std::optional<HooksSource> hooks_source(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym,
-                                        const std::string& type, const std::string& var, bool skip_blocks,
-                                        bool linear_score, std::string* why);
+                                        const std::string& type, const std::string& var, const HookOptions& options,
+                                        std::string* why);
 
 // Whether h's score hook is d * s + a * kv + b * q + g with d, a, b, g the same over a CTA (a
 // function of b, h and the kernel's scalars): ALiBi's s + slope_h * (kv - q), a temperature, a

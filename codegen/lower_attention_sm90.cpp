@@ -275,9 +275,12 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (hooks) {
     std::string why;
     // A linear score hook (ALiBi) as a term per key column and one per row; knob
-    // attn_linear_score = 0 evaluates score() per element instead.
-    const bool linear_score = cfg.knob("attn_linear_score", 1) != 0;
-    hooks_src = hooks_source(f, *hooks, hook_symbols(f), "tj_hooks", "tj_hk", block_skip, linear_score, &why);
+    // attn_linear_score = 0 evaluates score() per element instead. Knob fast_math as everywhere.
+    HookOptions ho;
+    ho.skip_blocks = block_skip;
+    ho.linear_score = cfg.knob("attn_linear_score", 1) != 0;
+    ho.fast_math = cfg.knob("fast_math", 0) != 0;
+    hooks_src = hooks_source(f, *hooks, hook_symbols(f), "tj_hooks", "tj_hk", ho, &why);
     if (!hooks_src) return std::nullopt;   // e.g. a hook that loads a tile: the SIMT path runs it
   }
 

@@ -145,6 +145,7 @@ namespace {
 std::mutex key_block_mutex;
 struct KeyBlocks {
   int64_t any = 0, fp8 = 0;   // attention_variant_key_block's and attention_variant_fp8_key_block's
+  bool fast_math = false;     // AttentionVariant::fast_math
 };
 std::map<std::string, KeyBlocks>& key_blocks() {
   static std::map<std::string, KeyBlocks> m;
@@ -165,7 +166,9 @@ int64_t attention_variant_fp8_key_block(const std::string& kernel_name) { return
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
                                         int64_t qk_head_dim, int64_t seq_kv) {
   const KeyBlocks kb = key_blocks_of(kernel_name);
-  return attention_fp8_default_config(in, head_dim, causal, qk_head_dim, kb.any, seq_kv, kb.fp8);
+  Config c = attention_fp8_default_config(in, head_dim, causal, qk_head_dim, kb.any, seq_kv, kb.fp8);
+  if (kb.fast_math) c.knobs["fast_math"] = 1;
+  return c;
 }
 
 namespace {
@@ -215,7 +218,7 @@ Kernel attention_variant(const AttentionVariant& variant) {
   {
     std::lock_guard<std::mutex> lock(key_block_mutex);
     key_blocks()[variant.name] = {variant.key_block > 0 ? variant.key_block : (variant.score_mod ? 128 : 0),
-                                  variant.fp8_key_block};
+                                  variant.fp8_key_block, variant.fast_math};
   }
   std::vector<Slot> slots;
   const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,

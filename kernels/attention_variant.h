@@ -59,6 +59,11 @@ struct AttentionVariant {
   // length (0: none, key_block's rules apply). A window bounds the keys each row sees however long the sequence:
   // fp8 then runs 64 x 64 tiles, three CTAs per SM, where 16-bit inputs stay faster at 128 x 128.
   int64_t fp8_key_block = 0;
+  // The default configs take config knob fast_math = 1: the hooks' exp2 / log2 / exp / log / sqrt /
+  // tanh per score element run as the GPU's approximations on sm_90a (tanh.approx.f32: relative
+  // error about 2^-11, as FlashAttention-3's softcap computes it; the accurate tanhf costs some 20
+  // instructions per score). softcap_variant sets it.
+  bool fast_math = false;
 };
 
 // The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,

@@ -37,6 +37,7 @@ AttentionVariant softcap_variant(double cap, bool causal) {
   AttentionVariant v{fmt::format("attention_softcap_{}{}", cap, causal ? "_causal" : "")};
   v.score_mod = [cap](const Tile& score, const ScoreIndex&) { return tanh(score * (1.0 / cap)) * cap; };
   if (causal) v.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q; };
+  v.fast_math = true;   // tanh.approx.f32, as FlashAttention's softcap
   return v;
 }
 

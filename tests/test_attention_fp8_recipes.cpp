@@ -306,7 +306,7 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, true, 0, 64, 8192).blocks.at("m") == 128);
 }
 
-TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score_mod without one, 0 otherwise") {
+TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score_mod without one, 0 otherwise; the default config with the variant's fast_math") {
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::document_variant(3, true)).name()) == 64);
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::causal_variant()).name()) == 0);
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::softcap_variant(20.0, true)).name()) == 128);
@@ -327,6 +327,12 @@ TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score
         kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 128, 8192).to_json());
   CHECK(kernels::attention_variant_default_config("", DType::e4m3, 128, true, 0, 8192).to_json() ==
         kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192).to_json());
+  // and the variant's fast_math (softcap: tanh.approx.f32), for both input types
+  const std::string softcap = kernels::attention_variant(kernels::softcap_variant(30.0, true)).name();
+  for (DType dt : {DType::e4m3, DType::bf16}) {
+    CHECK(kernels::attention_variant_default_config(softcap, dt, 128, true, 0, 2048).knob("fast_math", 0) == 1);
+    CHECK(kernels::attention_variant_default_config(window, dt, 128, true, 0, 2048).knob("fast_math", 0) == 0);
+  }
   for (int64_t S : {2048, 8192, 16384}) {
     CAPTURE(S);
     const Config f8 = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, S, 64);

@@ -104,6 +104,11 @@ std::vector<NamedVariant> variants(int64_t heads) {
                  {.score = [](double s, int64_t, int64_t h, int64_t i, int64_t j) {
                     return 0.75 * s + 0.01 * static_cast<double>(h + 1) * static_cast<double>(j) - 0.02 * static_cast<double>(i) + 0.5;
                   }}});
+  // A factor around a non-linear score hook that is negative: folded into the softmax scale, it
+  // turns the row max into a row min.
+  kernels::AttentionVariant flipped{"attention_flipped_tanh"};
+  flipped.score_mod = [](const Tile& score, const kernels::ScoreIndex&) { return tanh(score * 0.5) * -3.0; };
+  out.push_back({flipped, {.score = [](double s, int64_t, int64_t, int64_t, int64_t) { return -3.0 * std::tanh(s / 2.0); }}});
   out.push_back({kernels::softcap_variant(2.0, false),
                  {.score = [](double s, int64_t, int64_t, int64_t, int64_t) { return 2.0 * std::tanh(s / 2.0); }}});
   out.push_back({kernels::prefix_lm_variant(),
@@ -407,6 +412,19 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
         const CompiledKernel& pe = compile(k, specs, per_element, CompileRequest{"sm_90a", false, false});
         CHECK(pe.generated.source.find("kLinearScore = false") != std::string::npos);
       }
+      // softcap's 1 / cap and cap (the flipped tanh's 0.5 and -3) fold into the score and softmax
+      // scales; with knob fast_math its tanh is tanh.approx.f32.
+      if (nv.variant.name.find("softcap") != std::string::npos || nv.variant.name == "attention_flipped_tanh") {
+        const bool softcap = nv.variant.name.find("softcap") != std::string::npos;
+        CHECK(src.find("score_in_factor() const { return (float)(0.5f); }") != std::string::npos);
+        CHECK(src.find(softcap ? "score_out_factor() const { return (float)(2.0f); }"
+                               : "score_out_factor() const { return (float)((-3.0f)); }") != std::string::npos);
+        CHECK(src.find("tanhf((tj_s))") != std::string::npos);
+        Config fast = variant_config(128, 128);
+        fast.knobs["fast_math"] = 1;
+        const CompiledKernel& fk = compile(k, specs, fast, CompileRequest{"sm_90a", false, false});
+        CHECK(fk.generated.source.find("tj::dev::fast_tanh((tj_s))") != std::string::npos);
+      }
       bool linear_knob = false;
       for (const auto& knob : autotune::registered_knobs(f, "sm_90a")) linear_knob |= knob.name == "attn_linear_score";
       CHECK(linear_knob == linear);
@@ -596,7 +614,7 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
       }
       // 128 x 128 with and without block skipping (and a linear score hook's per-column terms);
       // 64 x 64 with a producer warp and no softmax / P.V overlap (fp8: three CTAs per SM, the
-      // default for rows that see few keys)
+      // default for rows that see few keys) and fast math
       for (int run = 0; run < 3; ++run) {
         const bool skip = run != 1, lean = run == 2;
         INFO(nv.variant.name << " " << name(dt) << " block skipping " << skip << " producer warp " << lean);
@@ -610,6 +628,7 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         if (lean) {
           lo.config->knobs["attn_lean_producer"] = 1;
           lo.config->knobs["attn_overlap"] = 0;
+          lo.config->knobs["fast_math"] = 1;   // softcap's tanh as tanh.approx.f32 (its default config's)
         }
         TensorView xv = extra_d.view();
         launch(k, variant_args(dv, o.view(), lse.view(), nv.input ? &xv : nullptr, p.D), lo);

@@ -708,7 +708,7 @@ int bench_variants(const BenchVariantsOptions& o) {
       "score matrices) counted exactly from each variant's mask on the host, as FlexAttention's benchmarks count; each "
       "cell is TFLOP/s (median ms); ratios are ratios of times.",
       fmt::format("Variants: causal; sliding window {} (causal); ALiBi (causal, slope 2^(-8(h+1)/H)); softcap {:g} (causal, "
-                  "as Gemma 2 runs it); prefix-LM (bidirectional over a prefix of S/{} in every batch entry, causal after); GQA "
+                  "as Gemma 2 runs it; tilejit: tanh.approx.f32, the variant's fast_math, as FlashAttention-3 computes softcap; flex: torch.tanh); prefix-LM (bidirectional over a prefix of S/{} in every batch entry, causal after); GQA "
                   "(attention_fp8's built-in causal mask, Hkv = H/{}); segment {} (block-diagonal; at S ≤ {} one segment, i.e. "
                   "full attention); documents (document masking of packed sequences, varlen: {}); block mask (block_mask_variant "
                   "with a precomputed BigBird-like mask of {}×{} cells, causal: query block i keeps key blocks i − 1, i, 0 and "

@@ -177,6 +177,8 @@ struct AttnCfg {
 //   classify(q_lo, q_hi, kv_lo, kv_hi): what keep() is over that box of positions (interval
 //     arithmetic over the mask's ops): 0 never kept (the block is skipped: not loaded, not
 //     computed), 1 always kept (no per-element mask), 2 either (mask per element).
+//   score_in_factor(), score_out_factor(): the user's score is score(s * in, ...) * out; the main
+//     loop folds both into its scales (softcap's 1 / cap and cap).
 //   linear_score(d, a, b, g) (kLinearScore): score(s, q, kv) = d s + a kv + b q + g with d, a, b,
 //     g the same over the CTA; the main loop then forms the key term once per key column and
 //     block and the query term once per row, and score() is not called.
@@ -190,6 +192,8 @@ struct NoHooks {
   static constexpr bool kKeepGathers = false;
   static constexpr bool kLinearScore = false;
   __device__ __forceinline__ float score(float s, int, int, float, float) const { return s; }
+  __device__ __forceinline__ float score_in_factor() const { return 1.0f; }
+  __device__ __forceinline__ float score_out_factor() const { return 1.0f; }
   __device__ __forceinline__ void linear_score(float& d, float& a, float& b, float& g) const {
     d = 1.0f;
     a = b = g = 0.0f;
@@ -512,7 +516,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd
   const float sc = (p.score_scale * qd) * kd;
   // A score hook works in natural units (sc_nat) and the softmax takes its result to log2 units.
-  const float sc_nat = sc * 0.6931471805599453f;
+  const float sc_nat = sc * 0.6931471805599453f * hooks.score_in_factor();
   // A linear score hook (d s + a kv + b q + g) in log2 units: s * (sc d) + a' (kv - rb) per element,
   // the key term formed per column and block; b' (q - rb) + (a' + b') rb + g' per row, added to the
   // row max and the exp2 bias. Positions relative to the tile's first row keep the two terms as
@@ -529,7 +533,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     for (int hh = 0; hh < 2; ++hh)
       row_term[hh] = (b * (float)(r0 + 8 * hh) + (a + b) * (float)rb + g) * kLog2e;
   }
-  const float scm = kLinear ? 1.0f : Hooks::kScoreMod ? 1.4426950408889634f : sc;
+  const float scm = kLinear ? 1.0f : Hooks::kScoreMod ? 1.4426950408889634f * hooks.score_out_factor() : sc;
   // Masked scores hold -inf after scaling: the raw value is -inf (scm > 0) or +inf (scm < 0).
   const bool sc_neg = scm < 0.0f;
   const float masked_raw = sc_neg ? -attn_detail::neg_inf() : attn_detail::neg_inf();
