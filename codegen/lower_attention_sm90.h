@@ -34,8 +34,9 @@
 // mask; 1 keeps it a hook; default 0, except 1 for 16-bit inputs that also have a score hook) and
 // "attn_linear_score" (default 1: a score hook linear in the score and the positions, such as
 // ALiBi's, is formed from a term per key column and one per row, one FFMA per score element; 0
-// calls the hook per element). Configs that match but cannot work throw tj::Error naming the
-// limit.
+// calls the hook per element); "fast_math" (default 0) as for the SIMT path: the hooks' per-element
+// transcendentals as the GPU's approximations. Configs that match but cannot work throw tj::Error
+// naming the limit.
 //
 // Launch: one CTA per program of the DSL's launch nest [B*H][ceil(Sq/BM)] (program id =
 // bh * m_tiles + m_tile; causal tiles run longest first within a head), 128*(1 + consumers)
