@@ -546,16 +546,19 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
       folded.insert(out_op);
       score_result = out_op->operands[o->second];
     }
-    std::vector<const Op*> uses;
+    auto is_score = [&](int v) {   // through copies (expand_dims, broadcast)
+      for (auto a = alias_.find(v); a != alias_.end(); a = alias_.find(v)) {
+        if (a->second == kScore) return true;
+        if (a->second < 0) return false;
+        v = a->second;
+      }
+      return false;
+    };
+    std::vector<const Op*> uses;   // ops that read the score, other than copies of it
     for (const Op* op : h_.ops)
-      for (int v : op->operands)
-        if (auto a = alias_.find(v); a != alias_.end() && a->second == kScore) {
-          uses.push_back(op);
-          break;
-        }
-    if (uses.size() == 1 && !folded.count(uses[0]) && !alias_.count(uses[0]->result))
-      if (auto i = scaled(uses[0]); i && alias_.count(uses[0]->operands[i->second]) &&
-                                    alias_.at(uses[0]->operands[i->second]) == kScore) {
+      if (!is_score(op->result) && std::any_of(op->operands.begin(), op->operands.end(), is_score)) uses.push_back(op);
+    if (uses.size() == 1 && !folded.count(uses[0]))
+      if (auto i = scaled(uses[0]); i && is_score(uses[0]->operands[i->second])) {
         in_factor = i->first;
         alias_[uses[0]->result] = kScore;
       }

@@ -480,7 +480,7 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
     const char* what;
     kernels::ScoreMod mod;
     bool linear;
-    const char* coefficients;   // expected in the source where linear
+    const char* expected;       // in the source: coefficients where linear, else the folded factors
   };
   auto f32 = [](const Tile& t) { return t.to(DType::f32); };
   const std::vector<Case> cases = {
@@ -491,12 +491,16 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
        true, "tj_a = 0.0f;"},
       {"a temperature alone", [](const Tile& s, const kernels::ScoreIndex&) { return s * 0.5; }, true, "tj_b = 0.0f;"},
       {"the score times a position", [&](const Tile& s, const kernels::ScoreIndex& at) { return s * f32(at.kv - at.q); },
-       false, ""},
+       false, "kLinearScore = false"},
       {"a product of positions", [&](const Tile& s, const kernels::ScoreIndex& at) { return s + f32(at.kv) * f32(at.q); },
-       false, ""},
+       false, "kLinearScore = false"},
       {"an integer product of positions", [&](const Tile& s, const kernels::ScoreIndex& at) { return s + f32(at.kv * at.q); },
-       false, ""},
-      {"a function of the score", [](const Tile& s, const kernels::ScoreIndex&) { return exp2(s * 0.1); }, false, ""},
+       false, "kLinearScore = false"},
+      {"a function of the score", [](const Tile& s, const kernels::ScoreIndex&) { return exp2(s * 0.1); }, false,
+       "score_in_factor() const { return (float)(0.1f); }"},
+      // the score read twice: neither factor folds (the other read needs s itself)
+      {"the score read twice", [](const Tile& s, const kernels::ScoreIndex&) { return tanh(s * 0.5) * 2.0 + s * 0.1; },
+       false, "score_in_factor() const { return 1.0f; }"},
   };
   const codegen::Target t = codegen::Target::parse("sm_90a");
   for (const Case& c : cases) {
@@ -513,7 +517,7 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
     const codegen::GeneratedKernel g = codegen::generate_cuda(f, variant_config(64, 128), t);
     REQUIRE(g.lowering == "sm90_attention");
     CHECK((g.source.find("kLinearScore = true") != std::string::npos) == c.linear);
-    if (c.linear) CHECK(g.source.find(c.coefficients) != std::string::npos);
+    CHECK(g.source.find(c.expected) != std::string::npos);
     // score() stays, for the per-element path (knob attn_linear_score = 0)
     CHECK(g.source.find("float score(float tj_s") != std::string::npos);
   }
