@@ -306,7 +306,7 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, true, 0, 64, 8192).blocks.at("m") == 128);
 }
 
-TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score_mod without one, 0 otherwise; the default config with the variant's fast_math") {
+TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score_mod without one, 0 otherwise, and the default config with the variant's fast_math") {
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::document_variant(3, true)).name()) == 64);
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::causal_variant()).name()) == 0);
   CHECK(kernels::attention_variant_key_block(kernels::attention_variant(kernels::softcap_variant(20.0, true)).name()) == 128);
