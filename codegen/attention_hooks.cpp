@@ -202,6 +202,11 @@ class HookWriter {
   std::optional<std::string> element_expr(const Op& op, std::string* why) const;
   std::optional<std::string> float_positions(int v) const;
   std::optional<LinearScore> linear(int v) const;
+  // v through its copies: kQ, kKv, kScore, or the value the copies start from
+  int resolve(int v) const {
+    for (auto a = alias_.find(v); a != alias_.end() && v >= 0; a = alias_.find(v)) v = a->second;
+    return v;
+  }
   std::optional<std::string> gather_expr(const Op& op, Ctx ctx, const std::string& var, std::string* why) const;
   std::string interval(int v) const;
   std::string interval_expr(const Op& op) const;
@@ -468,12 +473,10 @@ std::optional<LinearScore> HookWriter::linear_score(std::string* why) {
 // Integer position arithmetic (add, sub, neg) is read as float arithmetic, as float_positions
 // does (exact below 2^24).
 std::optional<LinearScore> HookWriter::linear(int v) const {
-  if (auto a = alias_.find(v); a != alias_.end()) {
-    if (a->second == kScore) return LinearScore{"1.0f", {}, {}, {}};
-    if (a->second == kKv) return LinearScore{{}, "1.0f", {}, {}};
-    if (a->second == kQ) return LinearScore{{}, {}, "1.0f", {}};
-    return linear(a->second);
-  }
+  v = resolve(v);
+  if (v == kScore) return LinearScore{"1.0f", {}, {}, {}};
+  if (v == kKv) return LinearScore{{}, "1.0f", {}, {}};
+  if (v == kQ) return LinearScore{{}, {}, "1.0f", {}};
   auto d = def_.find(v);
   const bool uniform = v == sym_.b || v == sym_.h || (d != def_.end() && (d->second->kind == OpKind::const_value || scalar(v)));
   if (uniform && dtype(v) != DType::i1) return LinearScore{{}, {}, {}, fmt::format("(float)({})", value(v, Ctx::member, ""))};
@@ -546,14 +549,7 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
       folded.insert(out_op);
       score_result = out_op->operands[o->second];
     }
-    auto is_score = [&](int v) {   // through copies (expand_dims, broadcast)
-      for (auto a = alias_.find(v); a != alias_.end(); a = alias_.find(v)) {
-        if (a->second == kScore) return true;
-        if (a->second < 0) return false;
-        v = a->second;
-      }
-      return false;
-    };
+    auto is_score = [&](int v) { return resolve(v) == kScore; };
     std::vector<const Op*> uses;   // ops that read the score, other than copies of it
     for (const Op* op : h_.ops)
       if (!is_score(op->result) && std::any_of(op->operands.begin(), op->operands.end(), is_score)) uses.push_back(op);

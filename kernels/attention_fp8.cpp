@@ -142,30 +142,31 @@ const Kernel& attention_fp8() {
 
 namespace {
 
-std::mutex key_block_mutex;
-struct KeyBlocks {
+std::mutex variant_defaults_mutex;
+// What a variant kernel's default configs take from its AttentionVariant.
+struct VariantDefaults {
   int64_t any = 0, fp8 = 0;   // attention_variant_key_block's and attention_variant_fp8_key_block's
   bool fast_math = false;     // AttentionVariant::fast_math
 };
-std::map<std::string, KeyBlocks>& key_blocks() {
-  static std::map<std::string, KeyBlocks> m;
+std::map<std::string, VariantDefaults>& variant_defaults() {
+  static std::map<std::string, VariantDefaults> m;
   return m;
 }
-KeyBlocks key_blocks_of(const std::string& kernel_name) {
-  std::lock_guard<std::mutex> lock(key_block_mutex);
-  auto it = key_blocks().find(kernel_name);
-  return it == key_blocks().end() ? KeyBlocks{} : it->second;
+VariantDefaults variant_defaults_of(const std::string& kernel_name) {
+  std::lock_guard<std::mutex> lock(variant_defaults_mutex);
+  auto it = variant_defaults().find(kernel_name);
+  return it == variant_defaults().end() ? VariantDefaults{} : it->second;
 }
 
 }  // namespace
 
-int64_t attention_variant_key_block(const std::string& kernel_name) { return key_blocks_of(kernel_name).any; }
+int64_t attention_variant_key_block(const std::string& kernel_name) { return variant_defaults_of(kernel_name).any; }
 
-int64_t attention_variant_fp8_key_block(const std::string& kernel_name) { return key_blocks_of(kernel_name).fp8; }
+int64_t attention_variant_fp8_key_block(const std::string& kernel_name) { return variant_defaults_of(kernel_name).fp8; }
 
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
                                         int64_t qk_head_dim, int64_t seq_kv) {
-  const KeyBlocks kb = key_blocks_of(kernel_name);
+  const VariantDefaults kb = variant_defaults_of(kernel_name);
   Config c = attention_fp8_default_config(in, head_dim, causal, qk_head_dim, kb.any, seq_kv, kb.fp8);
   if (kb.fast_math) c.knobs["fast_math"] = 1;
   return c;
@@ -175,8 +176,8 @@ namespace {
 
 bool is_attention_kernel(const std::string& name) {
   if (name == "attention_fp8") return true;
-  std::lock_guard<std::mutex> lock(key_block_mutex);
-  return key_blocks().count(name) > 0;
+  std::lock_guard<std::mutex> lock(variant_defaults_mutex);
+  return variant_defaults().count(name) > 0;
 }
 
 // What a config-less launch and the tuner's reference take for attention_fp8 and its variants on
@@ -216,8 +217,8 @@ Kernel attention_variant(const AttentionVariant& variant) {
     throw Error(fmt::format("attention_variant {}: fp8_key_block must be 0 (none) or a block size, got {}",
                             variant.name, variant.fp8_key_block));
   {
-    std::lock_guard<std::mutex> lock(key_block_mutex);
-    key_blocks()[variant.name] = {variant.key_block > 0 ? variant.key_block : (variant.score_mod ? 128 : 0),
+    std::lock_guard<std::mutex> lock(variant_defaults_mutex);
+    variant_defaults()[variant.name] = {variant.key_block > 0 ? variant.key_block : (variant.score_mod ? 128 : 0),
                                   variant.fp8_key_block, variant.fast_math};
   }
   std::vector<Slot> slots;

@@ -81,7 +81,8 @@ int64_t attention_variant_key_block(const std::string& kernel_name);
 // Its fp8_key_block (0 for other kernels).
 int64_t attention_variant_fp8_key_block(const std::string& kernel_name);
 // attention_fp8_default_config (kernels/attention_fp8.h) with both key blocks of the variant kernel
-// `kernel_name` (none for other kernels, e.g. attention_fp8 or an empty name).
+// `kernel_name`, and knob fast_math = 1 where the variant sets fast_math (none of it for other
+// kernels, e.g. attention_fp8 or an empty name).
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
                                         int64_t qk_head_dim, int64_t seq_kv);
 
