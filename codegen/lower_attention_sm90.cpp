@@ -19,6 +19,12 @@ namespace tj::codegen {
 
 namespace {
 
+// L2 budget (MB) for the K and V of the heads whose causal-like tiles run longest first together
+// (knob attn_group_mb; 0: head by head). H100, session 14, causal D 128, S 2048-16384: fp8 was
+// fastest at 16 (8192: 844 -> 900 TFLOP/s), 16-bit at 8 (8192: 671 -> 697); 32 lost 4% at S 2048
+// and one group of every head lost up to 40%.
+int default_group_mb(bool fp8) { return fp8 ? 16 : 8; }
+
 // ---- IR identity (names, block names and source locations aside) ------------------------------
 
 bool same_double(double a, double b) {
@@ -304,7 +310,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                      "The main loop is codegen/device/hopper_attention.cuh.\n",
                      bm, D, bm, bn, stages, fp8 && vperm && !lean ? " (its other warps permute V's keys for a shuffle-free P)" : "",
                      consumers, overlap ? ", softmax overlapped with P.V" : "", wgsync ? ", inter-warpgroup schedule" : "");
-  src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n";
+  src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n#include \"attn_tile_order.cuh\"\n";
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
@@ -363,12 +369,22 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   line("tj_p.score_scale = p8;");
   line("tj_p.o_scale = p9;");
   line("tj_p.o_amax = nullptr;");
-  line("const int tj_bh = (int)(tj_pid / tj_m_tiles);");
-  line("int tj_mt = (int)(tj_pid - (long long)tj_bh * tj_m_tiles);");
-  // Causal-like masks give later query tiles more keys: start those first so that the short
-  // ones fill the tail of the grid (knob attn_reverse_tiles = 0 keeps the natural order).
-  if (m->causal || (m->mask_mod && cfg.knob("attn_reverse_tiles", 1) != 0))
-    line("tj_mt = (int)tj_m_tiles - 1 - tj_mt;   // longest (causal-like) tiles first");
+  // Causal-like masks give later query tiles more keys: those start first, across a group of
+  // heads whose K and V fit attn_group_mb MB of L2 (0: head by head), so that short tiles fill
+  // the grid's tail (attn_tile_order.cuh). Knob attn_reverse_tiles = 0 keeps the natural order.
+  const bool longest_first = m->causal || (m->mask_mod && cfg.knob("attn_reverse_tiles", 1) != 0);
+  if (longest_first) {
+    const long long budget = static_cast<long long>(cfg.knob("attn_group_mb", default_group_mb(fp8))) << 20;
+    line(budget > 0 ? fmt::format("const long long tj_group = tj::dev::attn_tile_group({}LL, p1.shape[2] * {}LL, "
+                                  "p0.shape[1] / p1.shape[1]);   // heads whose K and V fit {} MB",
+                                  budget, (Dqk + D) * es, budget >> 20)
+                    : std::string("const long long tj_group = 1;   // head by head (attn_group_mb = 0)"));
+    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_longest_first(tj_pid, tj_m_tiles, p0.shape[0] * "
+         "p0.shape[1], tj_group);");
+  } else {
+    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_natural(tj_pid, tj_m_tiles);");
+  }
+  line("const int tj_bh = tj_tile.bh, tj_mt = tj_tile.m_tile;");
   if (hooks_src) {
     line("const long long tj_b = tj_bh / p0.shape[1], tj_h = tj_bh % p0.shape[1];");
     std::string init = hooks_src->init;
@@ -389,7 +405,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.source = std::move(src);
   g.threads = threads;
   g.dynamic_smem_bytes = static_cast<size_t>(smem);
-  g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "exp2_fma.cuh", "hopper_attention.cuh"};
+  g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "exp2_fma.cuh", "hopper_attention.cuh", "attn_tile_order.cuh"};
   if (hooks_src) g.device_headers.push_back("interval.cuh");
   const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);
   g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {0, 1}});
@@ -404,7 +420,8 @@ const bool registered = [] {
   autotune::register_knob_provider("sm90_attention", [](const ir::Function& f, const std::string& arch) {
     std::vector<autotune::Knob> knobs;
     std::optional<AttentionHooks> hooks;
-    if (arch != "sm_90a" || !match_uncached(f, &hooks)) return knobs;
+    const std::optional<AttentionMatch> m = arch == "sm_90a" ? match_uncached(f, &hooks) : std::nullopt;
+    if (!m) return knobs;
     const bool fp8 = is_fp8(f.params[0].dtype);
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
@@ -415,6 +432,10 @@ const bool registered = [] {
       knobs.push_back({"attn_linear_score", {1, 0}, 1});
     if (hooks && causal_conjunct(*hooks, hook_symbols(f)) >= 0)
       knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
+    if (m->causal || m->mask_mod) {
+      const int group_mb = default_group_mb(fp8);
+      knobs.push_back({"attn_group_mb", {group_mb, group_mb == 8 ? 16 : 8, 0}, group_mb});
+    }
     return knobs;
   });
   return true;

@@ -32,14 +32,17 @@
 // computed on the FMA pipes by exp2_fma.cuh instead of the MUFU's ex2.approx) and
 // "attn_causal_hook" (0: a mask hook that keeps exactly kv <= q is lowered as the built-in causal
 // mask; 1 keeps it a hook; default 0, except 1 for 16-bit inputs that also have a score hook) and
-// "attn_linear_score" (default 1: a score hook linear in the score and the positions, such as
+// "attn_group_mb" (causal-like masks: the L2 budget in MB for the K and V of the heads whose
+// query tiles run longest first together, default 16 for fp8 and 8 for 16-bit inputs; 0: head by
+// head) and "attn_linear_score" (default 1: a score hook linear in the score and the positions, such as
 // ALiBi's, is formed from a term per key column and one per row, one FFMA per score element; 0
 // calls the hook per element); "fast_math" (default 0) as for the SIMT path: the hooks' per-element
 // transcendentals as the GPU's approximations. Configs that match but cannot work throw tj::Error
 // naming the limit.
 //
 // Launch: one CTA per program of the DSL's launch nest [B*H][ceil(Sq/BM)] (program id =
-// bh * m_tiles + m_tile; causal tiles run longest first within a head), 128*(1 + consumers)
+// bh * m_tiles + m_tile, or for causal-like masks longest first over groups of heads:
+// codegen/device/attn_tile_order.cuh), 128*(1 + consumers)
 // threads, TMA maps for q, k and v (dims [B,H] folded into one so sequence tails zero-fill per
 // head). Preconditions beyond the DSL's (documented in hopper_attention.cuh): 16-byte aligned
 // rows (TMA; encode_tma reports violations), and for fp8 a finite pad in vt's columns

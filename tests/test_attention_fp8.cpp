@@ -9,11 +9,13 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 
 #include "autotune/space.h"
+#include "codegen/device/attn_tile_order.cuh"   // host-compilable
 #include "codegen/lower_attention_sm90.h"
 #include "attention_accuracy.h"
 #include "gpu.h"
@@ -350,6 +352,67 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
   }
 }
 
+TEST_CASE("attention tile order: every program gets one tile, causal-like tiles longest first across a group of heads") {
+  struct Case {
+    long long m_tiles, bh_count, group;
+  };
+  for (const Case& c : {Case{43, 32, 8}, Case{5, 21, 13}, Case{3, 21, 6}, Case{7, 4, 1}, Case{1, 9, 4}, Case{6, 5, 100},
+                        Case{4, 6, 0}}) {
+    INFO(fmt::format("m_tiles {} bh {} group {}", c.m_tiles, c.bh_count, c.group));
+    const long long programs = c.m_tiles * c.bh_count;
+    const long long group = std::clamp(c.group, 1LL, c.bh_count);
+    std::vector<int> seen_natural(programs, 0), seen_longest(programs, 0);
+    for (long long pid = 0; pid < programs; ++pid) {
+      const tj::dev::AttnTile n = tj::dev::attn_tile_natural(pid, c.m_tiles);
+      REQUIRE((n.bh >= 0 && n.bh < c.bh_count && n.m_tile >= 0 && n.m_tile < c.m_tiles));
+      CHECK(n.bh * c.m_tiles + n.m_tile == pid);   // bh-major, tiles ascending
+      ++seen_natural[n.bh * c.m_tiles + n.m_tile];
+      const tj::dev::AttnTile l = tj::dev::attn_tile_longest_first(pid, c.m_tiles, c.bh_count, c.group);
+      REQUIRE((l.bh >= 0 && l.bh < c.bh_count && l.m_tile >= 0 && l.m_tile < c.m_tiles));
+      ++seen_longest[l.bh * c.m_tiles + l.m_tile];
+      // Programs run group by group; inside a group no tile starts before a longer one.
+      CHECK(l.bh / group == pid / (group * c.m_tiles));
+      if (pid > 0) {
+        const tj::dev::AttnTile prev = tj::dev::attn_tile_longest_first(pid - 1, c.m_tiles, c.bh_count, c.group);
+        if (prev.bh / group == l.bh / group) CHECK(prev.m_tile >= l.m_tile);
+      }
+    }
+    CHECK(std::count(seen_natural.begin(), seen_natural.end(), 1) == programs);
+    CHECK(std::count(seen_longest.begin(), seen_longest.end(), 1) == programs);
+    // Group 1 is the head-by-head reversal the kernels had before groups.
+    if (group == 1)
+      for (long long pid = 0; pid < programs; ++pid)
+        CHECK(tj::dev::attn_tile_longest_first(pid, c.m_tiles, c.bh_count, 1).m_tile == c.m_tiles - 1 - pid % c.m_tiles);
+  }
+  // Heads per group from the L2 budget: GQA heads share their kv head's bytes.
+  CHECK(tj::dev::attn_tile_group(16LL << 20, 8192 * 256, 1) == 8);
+  CHECK(tj::dev::attn_tile_group(16LL << 20, 8192 * 256, 4) == 32);
+  CHECK(tj::dev::attn_tile_group(1 << 20, 64LL << 20, 1) == 1);   // one head larger than the budget
+}
+
+TEST_CASE("attention_fp8: causal tiles run longest first over groups of heads (knob attn_group_mb), others in natural order") {
+  struct Case {
+    DType in;
+    bool causal;
+    int group_mb;   // -1: the default
+    std::string expected;
+  };
+  for (const Case& c : {Case{DType::e4m3, true, -1, "attn_tile_group(16777216LL, p1.shape[2] * 256LL"},
+                        Case{DType::bf16, true, -1, "attn_tile_group(8388608LL, p1.shape[2] * 512LL"},
+                        Case{DType::e4m3, true, 4, "attn_tile_group(4194304LL, p1.shape[2] * 256LL"},
+                        Case{DType::e4m3, true, 0, "const long long tj_group = 1;"},
+                        Case{DType::e4m3, false, -1, "tj::dev::attn_tile_natural(tj_pid, tj_m_tiles)"}}) {
+    INFO(fmt::format("{} causal {} attn_group_mb {}", name(c.in), c.causal, c.group_mb));
+    ir::Function f = kernels::attention_fp8().trace(attention_specs(c.in, DType::bf16, 2, 16, 8192, 8192, 128, c.causal, false));
+    Config cfg = blocks(128, 128);
+    if (c.group_mb >= 0) cfg.knobs["attn_group_mb"] = c.group_mb;
+    const auto g = tj::codegen::lower_attention_sm90(f, cfg, tj::codegen::Target{"sm_90a"});
+    REQUIRE(g.has_value());
+    CHECK(g->source.find(c.expected) != std::string::npos);
+    CHECK((g->source.find("attn_tile_longest_first") != std::string::npos) == c.causal);
+  }
+}
+
 TEST_CASE("attention_fp8: knob attn_lean_producer = 1 takes a producer warp (no setmaxnreg), three CTAs per SM where they fit") {
   auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 1024, 1024, 128, true, false);
   struct Case {
@@ -500,8 +563,12 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     int64_t B, H, Sq, Skv, D;
     bool causal;
     int64_t bm, bn;
+    int group_mb = -1;   // knob attn_group_mb (-1: the default)
   };
   const std::vector<Case> cases = {
+      // Causal tiles longest first over groups of heads, the last group shorter: 21 heads of K and V
+      // 300 x 128 in groups of 13 (e4m3: 1 MB / 77 KB) and of 6 (bf16: 1 MB / 154 KB).
+      {DType::e4m3, 3, 7, 300, 300, 128, true, 128, 128, 1}, {DType::bf16, 3, 7, 300, 300, 128, true, 128, 128, 1},
       {DType::e4m3, 1, 2, 200, 200, 64, false, 128, 128}, {DType::e4m3, 2, 1, 333, 517, 128, false, 128, 128},
       {DType::e4m3, 1, 2, 300, 300, 128, true, 128, 128}, {DType::e4m3, 1, 1, 250, 100, 128, true, 64, 64},
       {DType::e4m3, 1, 1, 130, 130, 256, true, 128, 128}, {DType::e4m3, 1, 2, 256, 256, 64, true, 128, 256},
@@ -519,12 +586,13 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
      int vperm, exp2_fma, lean, overlap;
    };
    const std::vector<Knobs> knob_sets =
-       is_fp8(c.in) ? std::vector<Knobs>{{1, 0, 0, 1}, {0, 0, 0, 1}, {1, 3, 0, 1}, {0, 0, 1, 1}, {0, 0, 1, 0}}
-                    : std::vector<Knobs>{{0, 0, 0, 1}, {0, 8, 0, 1}, {0, 0, 1, 0}};
+       c.group_mb >= 0 ? std::vector<Knobs>{{is_fp8(c.in) ? 1 : 0, 0, 0, 1}}
+       : is_fp8(c.in)  ? std::vector<Knobs>{{1, 0, 0, 1}, {0, 0, 0, 1}, {1, 3, 0, 1}, {0, 0, 1, 1}, {0, 0, 1, 0}}
+                       : std::vector<Knobs>{{0, 0, 0, 1}, {0, 8, 0, 1}, {0, 0, 1, 0}};
    for (const auto [vperm, exp2_fma, lean, overlap] : knob_sets) {
     INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={} attn_lean_producer={} "
-                     "attn_overlap={}",
-                     name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean, overlap));
+                     "attn_overlap={} attn_group_mb={}",
+                     name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean, overlap, c.group_mb));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -557,6 +625,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     lo.config->knobs["attn_exp2_fma"] = exp2_fma;
     lo.config->knobs["attn_lean_producer"] = lean;
     lo.config->knobs["attn_overlap"] = overlap;
+    if (c.group_mb >= 0) lo.config->knobs["attn_group_mb"] = c.group_mb;
     if (c.bm == 192) lo.config->num_stages = 4;   // the long-row default's ring
     launch(kernels::attention_fp8(),
            attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(), o.view(),
