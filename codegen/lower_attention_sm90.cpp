@@ -374,19 +374,23 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // the grid's tail (attn_tile_order.cuh). Knob attn_reverse_tiles = 0 keeps the natural order.
   const bool longest_first = m->causal || (m->mask_mod && cfg.knob("attn_reverse_tiles", 1) != 0);
   if (longest_first) {
-    const long long budget = static_cast<long long>(cfg.knob("attn_group_mb", default_group_mb(fp8))) << 20;
-    line(budget > 0 ? fmt::format("const long long tj_group = tj::dev::attn_tile_group({}LL, p1.shape[2] * {}LL, "
-                                  "p0.shape[1] / p1.shape[1]);   // heads whose K and V fit {} MB",
-                                  budget, (Dqk + D) * es, budget >> 20)
-                    : std::string("const long long tj_group = 1;   // head by head (attn_group_mb = 0)"));
-    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_longest_first(tj_pid, tj_m_tiles, p0.shape[0] * "
-         "p0.shape[1], tj_group);");
+    const int64_t budget_mb = cfg.knob("attn_group_mb", default_group_mb(fp8));
+    if (budget_mb < 0 || budget_mb > 4096)
+      throw fail(fmt::format("knob attn_group_mb is an L2 budget in MB, 0 (head by head) to 4096, got {}", budget_mb));
+    const int64_t kv_row_bytes = (Dqk + D) * es;   // a key's K and V
+    line(budget_mb > 0
+             ? fmt::format("const unsigned tj_group = tj::dev::attn_tile_group({}u, (unsigned)((p1.shape[2] * {} + 1023) >> 10), "
+                           "(unsigned)p0.shape[1] / (unsigned)p1.shape[1]);   // heads whose K and V fit {} MB",
+                           budget_mb << 10, kv_row_bytes, budget_mb)
+             : std::string("const unsigned tj_group = 1u;   // head by head (attn_group_mb = 0)"));
+    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_longest_first((unsigned)tj_pid, (unsigned)tj_m_tiles, "
+         "(unsigned)(p0.shape[0] * p0.shape[1]), tj_group);");
   } else {
-    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_natural(tj_pid, tj_m_tiles);");
+    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_natural((unsigned)tj_pid, (unsigned)tj_m_tiles);");
   }
   line("const int tj_bh = tj_tile.bh, tj_mt = tj_tile.m_tile;");
   if (hooks_src) {
-    line("const long long tj_b = tj_bh / p0.shape[1], tj_h = tj_bh % p0.shape[1];");
+    line("const long long tj_b = (unsigned)tj_bh / (unsigned)p0.shape[1], tj_h = (unsigned)tj_bh % (unsigned)p0.shape[1];");
     std::string init = hooks_src->init;
     for (size_t pos = 0, next; pos < init.size(); pos = next + 1) {
       next = init.find('\n', pos);

@@ -354,26 +354,29 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
 
 TEST_CASE("attention tile order: every program gets one tile, causal-like tiles longest first across a group of heads") {
   struct Case {
-    long long m_tiles, bh_count, group;
+    int m_tiles, bh_count, group;
   };
   for (const Case& c : {Case{43, 32, 8}, Case{5, 21, 13}, Case{3, 21, 6}, Case{7, 4, 1}, Case{1, 9, 4}, Case{6, 5, 100},
                         Case{4, 6, 0}}) {
     INFO(fmt::format("m_tiles {} bh {} group {}", c.m_tiles, c.bh_count, c.group));
-    const long long programs = c.m_tiles * c.bh_count;
-    const long long group = std::clamp(c.group, 1LL, c.bh_count);
+    const int programs = c.m_tiles * c.bh_count;
+    const int group = std::clamp(c.group, 1, c.bh_count);
+    auto longest_first = [&](int pid) {
+      return tj::dev::attn_tile_longest_first(unsigned(pid), unsigned(c.m_tiles), unsigned(c.bh_count), unsigned(c.group));
+    };
     std::vector<int> seen_natural(programs, 0), seen_longest(programs, 0);
-    for (long long pid = 0; pid < programs; ++pid) {
-      const tj::dev::AttnTile n = tj::dev::attn_tile_natural(pid, c.m_tiles);
+    for (int pid = 0; pid < programs; ++pid) {
+      const tj::dev::AttnTile n = tj::dev::attn_tile_natural(unsigned(pid), unsigned(c.m_tiles));
       REQUIRE((n.bh >= 0 && n.bh < c.bh_count && n.m_tile >= 0 && n.m_tile < c.m_tiles));
       CHECK(n.bh * c.m_tiles + n.m_tile == pid);   // bh-major, tiles ascending
       ++seen_natural[n.bh * c.m_tiles + n.m_tile];
-      const tj::dev::AttnTile l = tj::dev::attn_tile_longest_first(pid, c.m_tiles, c.bh_count, c.group);
+      const tj::dev::AttnTile l = longest_first(pid);
       REQUIRE((l.bh >= 0 && l.bh < c.bh_count && l.m_tile >= 0 && l.m_tile < c.m_tiles));
       ++seen_longest[l.bh * c.m_tiles + l.m_tile];
       // Programs run group by group; inside a group no tile starts before a longer one.
       CHECK(l.bh / group == pid / (group * c.m_tiles));
       if (pid > 0) {
-        const tj::dev::AttnTile prev = tj::dev::attn_tile_longest_first(pid - 1, c.m_tiles, c.bh_count, c.group);
+        const tj::dev::AttnTile prev = longest_first(pid - 1);
         if (prev.bh / group == l.bh / group) CHECK(prev.m_tile >= l.m_tile);
       }
     }
@@ -381,13 +384,12 @@ TEST_CASE("attention tile order: every program gets one tile, causal-like tiles 
     CHECK(std::count(seen_longest.begin(), seen_longest.end(), 1) == programs);
     // Group 1 is the head-by-head reversal the kernels had before groups.
     if (group == 1)
-      for (long long pid = 0; pid < programs; ++pid)
-        CHECK(tj::dev::attn_tile_longest_first(pid, c.m_tiles, c.bh_count, 1).m_tile == c.m_tiles - 1 - pid % c.m_tiles);
+      for (int pid = 0; pid < programs; ++pid) CHECK(longest_first(pid).m_tile == c.m_tiles - 1 - pid % c.m_tiles);
   }
   // Heads per group from the L2 budget: GQA heads share their kv head's bytes.
-  CHECK(tj::dev::attn_tile_group(16LL << 20, 8192 * 256, 1) == 8);
-  CHECK(tj::dev::attn_tile_group(16LL << 20, 8192 * 256, 4) == 32);
-  CHECK(tj::dev::attn_tile_group(1 << 20, 64LL << 20, 1) == 1);   // one head larger than the budget
+  CHECK(tj::dev::attn_tile_group(16u << 10, 8192 * 256 / 1024, 1) == 8);
+  CHECK(tj::dev::attn_tile_group(16u << 10, 8192 * 256 / 1024, 4) == 32);
+  CHECK(tj::dev::attn_tile_group(1u << 10, 64u << 10, 1) == 1);   // one head larger than the budget
 }
 
 TEST_CASE("attention_fp8: causal tiles run longest first over groups of heads (knob attn_group_mb), others in natural order") {
@@ -397,11 +399,11 @@ TEST_CASE("attention_fp8: causal tiles run longest first over groups of heads (k
     int group_mb;   // -1: the default
     std::string expected;
   };
-  for (const Case& c : {Case{DType::e4m3, true, -1, "attn_tile_group(16777216LL, p1.shape[2] * 256LL"},
-                        Case{DType::bf16, true, -1, "attn_tile_group(8388608LL, p1.shape[2] * 512LL"},
-                        Case{DType::e4m3, true, 4, "attn_tile_group(4194304LL, p1.shape[2] * 256LL"},
-                        Case{DType::e4m3, true, 0, "const long long tj_group = 1;"},
-                        Case{DType::e4m3, false, -1, "tj::dev::attn_tile_natural(tj_pid, tj_m_tiles)"}}) {
+  for (const Case& c : {Case{DType::e4m3, true, -1, "attn_tile_group(16384u, (unsigned)((p1.shape[2] * 256 + 1023) >> 10)"},
+                        Case{DType::bf16, true, -1, "attn_tile_group(8192u, (unsigned)((p1.shape[2] * 512 + 1023) >> 10)"},
+                        Case{DType::e4m3, true, 4, "attn_tile_group(4096u, (unsigned)((p1.shape[2] * 256 + 1023) >> 10)"},
+                        Case{DType::e4m3, true, 0, "const unsigned tj_group = 1u;"},
+                        Case{DType::e4m3, false, -1, "tj::dev::attn_tile_natural((unsigned)tj_pid, (unsigned)tj_m_tiles)"}}) {
     INFO(fmt::format("{} causal {} attn_group_mb {}", name(c.in), c.causal, c.group_mb));
     ir::Function f = kernels::attention_fp8().trace(attention_specs(c.in, DType::bf16, 2, 16, 8192, 8192, 128, c.causal, false));
     Config cfg = blocks(128, 128);
@@ -450,6 +452,11 @@ TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering 
   bad_exp2.knobs["attn_exp2_fma"] = 9;
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, bad_exp2, req),
                        doctest::Contains("knob attn_exp2_fma counts the score exp2s of every 8"), Error);
+  Config bad_group = blocks(128, 128);
+  bad_group.knobs["attn_group_mb"] = -1;
+  auto causal_specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 256, 256, 128, true, false);
+  CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), causal_specs, bad_group, req),
+                       doctest::Contains("knob attn_group_mb is an L2 budget in MB, 0 (head by head) to 4096, got -1"), Error);
   Config simt = blocks(64, 64);
   simt.knobs["lowering"] = 0;
   CHECK(compile(kernels::attention_fp8(), specs, simt, req).generated.lowering == "simt");

@@ -23,26 +23,29 @@ struct AttnTile {
   int m_tile;
 };
 
-TJ_HD AttnTile attn_tile_natural(long long pid, long long m_tiles) {
-  const long long bh = pid / m_tiles;
+// 32-bit arithmetic throughout (a launch has fewer than 2^31 programs): a 64-bit division is a
+// slow-path call of some 70 instructions, and every CTA runs this before its first load (H100,
+// session 14: four of them cost the short CTAs of fp8 block masks 4-5%).
+TJ_HD AttnTile attn_tile_natural(unsigned pid, unsigned m_tiles) {
+  const unsigned bh = pid / m_tiles;
   return AttnTile{(int)bh, (int)(pid - bh * m_tiles)};
 }
 
 // group: heads whose tiles interleave (clamped to [1, bh_count]); 1 is head by head.
-TJ_HD AttnTile attn_tile_longest_first(long long pid, long long m_tiles, long long bh_count,
-                                              long long group) {
-  group = group < 1 ? 1 : group > bh_count ? bh_count : group;
-  const long long first_bh = pid / (group * m_tiles) * group;
-  const long long in_group = pid - first_bh * m_tiles;
-  const long long size = bh_count - first_bh < group ? bh_count - first_bh : group;   // the last may be short
-  const long long rank = in_group / size;   // 0: the group's longest tiles
-  return AttnTile{(int)(first_bh + (in_group - rank * size)), (int)(m_tiles - 1 - rank)};
+TJ_HD AttnTile attn_tile_longest_first(unsigned pid, unsigned m_tiles, unsigned bh_count, unsigned group) {
+  group = group < 1u ? 1u : group > bh_count ? bh_count : group;
+  const unsigned first_bh = pid / (group * m_tiles) * group;
+  const unsigned in_group = pid - first_bh * m_tiles;
+  const unsigned size = bh_count - first_bh < group ? bh_count - first_bh : group;   // the last may be short
+  const unsigned rank = in_group / size;   // 0: the group's longest tiles
+  return AttnTile{(int)(first_bh + (in_group - rank * size)), (int)(m_tiles - 1u - rank)};
 }
 
-// The heads per group for an L2 budget: query heads that share a kv head (GQA) share its K and V.
-TJ_HD long long attn_tile_group(long long budget_bytes, long long kv_head_bytes, long long heads_per_kv) {
-  const long long g = budget_bytes * (heads_per_kv > 0 ? heads_per_kv : 1) / (kv_head_bytes > 0 ? kv_head_bytes : 1);
-  return g < 1 ? 1 : g;
+// The heads per group for an L2 budget (KB; the K and V of one kv head in KB, rounded up): query
+// heads that share a kv head (GQA) share its K and V.
+TJ_HD unsigned attn_tile_group(unsigned budget_kb, unsigned kv_head_kb, unsigned heads_per_kv) {
+  const unsigned g = budget_kb * (heads_per_kv > 0u ? heads_per_kv : 1u) / (kv_head_kb > 0u ? kv_head_kb : 1u);
+  return g < 1u ? 1u : g;
 }
 
 }  // namespace dev
