@@ -147,6 +147,7 @@ std::mutex variant_defaults_mutex;
 struct VariantDefaults {
   int64_t any = 0, fp8 = 0;   // attention_variant_key_block's and attention_variant_fp8_key_block's
   bool fast_math = false;     // AttentionVariant::fast_math
+  bool score_mod_block = false;   // `any` is the 128 of a score_mod without a key block of its own
 };
 std::map<std::string, VariantDefaults>& variant_defaults() {
   static std::map<std::string, VariantDefaults> m;
@@ -167,7 +168,12 @@ int64_t attention_variant_fp8_key_block(const std::string& kernel_name) { return
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
                                         int64_t qk_head_dim, int64_t seq_kv) {
   const VariantDefaults kb = variant_defaults_of(kernel_name);
-  Config c = attention_fp8_default_config(in, head_dim, causal, qk_head_dim, kb.any, seq_kv, kb.fp8);
+  // A score hook's key block of 128 (fp8: 64 x 128 tiles) holds up to 4096 keys; longer rows take
+  // the long-row tiles, 192 x 96 (H100, session 14, causal S 8192 fp8, with causal tiles longest
+  // first over groups of heads: ALiBi 763 vs 746 TFLOP/s, softcap 637-642 vs 606-613; at S 2048
+  // 64 x 128 stays ahead, ALiBi 579-582 vs 560-562).
+  const int64_t key_block = kb.score_mod_block && is_fp8(in) && seq_kv > 4096 ? 0 : kb.any;
+  Config c = attention_fp8_default_config(in, head_dim, causal, qk_head_dim, key_block, seq_kv, kb.fp8);
   if (kb.fast_math) c.knobs["fast_math"] = 1;
   return c;
 }
@@ -218,8 +224,9 @@ Kernel attention_variant(const AttentionVariant& variant) {
                             variant.name, variant.fp8_key_block));
   {
     std::lock_guard<std::mutex> lock(variant_defaults_mutex);
-    variant_defaults()[variant.name] = {variant.key_block > 0 ? variant.key_block : (variant.score_mod ? 128 : 0),
-                                  variant.fp8_key_block, variant.fast_math};
+    const bool score_mod_block = variant.key_block <= 0 && variant.score_mod;
+    variant_defaults()[variant.name] = {score_mod_block ? 128 : variant.key_block, variant.fp8_key_block,
+                                        variant.fast_math, score_mod_block};
   }
   std::vector<Slot> slots;
   const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,

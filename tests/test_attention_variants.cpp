@@ -610,6 +610,11 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
               variant_config(128, 128));
       run_ref(k, variant_args(views(in.t), o_ref64.view(), lse_ref64.view(), nv.input ? &extra_view : nullptr, p.D),
               variant_config(64, 64));
+      const bool fp8 = dt == DType::e4m3;
+      HostTensor o_ref96(DType::bf16, o_ref.shape()), lse_ref96(DType::f32, lse_ref.shape());
+      if (fp8)
+        run_ref(k, variant_args(views(in.t), o_ref96.view(), lse_ref96.view(), nv.input ? &extra_view : nullptr, p.D),
+                variant_config(192, 96));
       std::vector<DeviceTensor> dev;
       std::vector<TensorView> dv;
       for (const auto& t : in.t) {
@@ -618,15 +623,21 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
       }
       // 128 x 128 with and without block skipping (and a linear score hook's per-column terms);
       // 64 x 64 with a producer warp and no softmax / P.V overlap (fp8: three CTAs per SM, the
-      // default for rows that see few keys) and fast math
-      for (int run = 0; run < 3; ++run) {
-        const bool skip = run != 1, lean = run == 2;
-        INFO(nv.variant.name << " " << name(dt) << " block skipping " << skip << " producer warp " << lean);
+      // default for rows that see few keys) and fast math; fp8 192 x 96 in 4 stages with fast math
+      // (the default for long rows, score hooks' too)
+      for (int run = 0; run < (fp8 ? 4 : 3); ++run) {
+        const bool skip = run != 1, lean = run == 2, long_rows = run == 3;
+        INFO(nv.variant.name << " " << name(dt) << " block skipping " << skip << " producer warp " << lean
+                             << " 192 x 96 " << long_rows);
         DeviceTensor o(DType::bf16, o_ref.shape()), lse(DType::f32, lse_ref.shape());
         o.fill_bytes(0xFF);
         lse.fill_bytes(0xFF);
         LaunchOptions lo;
-        lo.config = lean ? variant_config(64, 64) : variant_config(128, 128, skip);
+        lo.config = lean ? variant_config(64, 64) : long_rows ? variant_config(192, 96) : variant_config(128, 128, skip);
+        if (long_rows) {
+          lo.config->num_stages = 4;
+          lo.config->knobs["fast_math"] = 1;
+        }
         // without block skipping, a linear score hook (ALiBi) also runs per element as score()
         if (!skip) lo.config->knobs["attn_linear_score"] = 0;
         if (lean) {
@@ -637,10 +648,12 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         TensorView xv = extra_d.view();
         launch(k, variant_args(dv, o.view(), lse.view(), nv.input ? &xv : nullptr, p.D), lo);
         runtime::synchronize();
-        Metrics mo = compare(o.to_host().values(), (lean ? o_ref64 : o_ref).values());
-        LseDiff ml = compare_lse(lse.to_host().values(), (lean ? lse_ref64 : lse_ref).values());
-        MESSAGE(nv.variant.name << " " << name(dt) << " skip=" << skip << " lean=" << lean << " GPU vs CPU reference: O " << str(mo)
-                                << "; LSE max abs " << ml.max_abs);
+        const HostTensor& o_want = lean ? o_ref64 : long_rows ? o_ref96 : o_ref;
+        const HostTensor& lse_want = lean ? lse_ref64 : long_rows ? lse_ref96 : lse_ref;
+        Metrics mo = compare(o.to_host().values(), o_want.values());
+        LseDiff ml = compare_lse(lse.to_host().values(), lse_want.values());
+        MESSAGE(nv.variant.name << " " << name(dt) << " skip=" << skip << " lean=" << lean << " 192x96=" << long_rows
+                                << " GPU vs CPU reference: O " << str(mo) << "; LSE max abs " << ml.max_abs);
         CHECK(mo.nan == 0);
         CHECK(mo.rel_rmse <= 1e-2);
         CHECK(ml.nan == 0);
