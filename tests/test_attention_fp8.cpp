@@ -401,6 +401,7 @@ TEST_CASE("attention tile order: every program gets one tile, causal-like tiles 
   CHECK(tj::dev::attn_tile_group(16u << 10, 8192 * 256 / 1024, 1) == 8);
   CHECK(tj::dev::attn_tile_group(16u << 10, 8192 * 256 / 1024, 4) == 32);
   CHECK(tj::dev::attn_tile_group(1u << 10, 64u << 10, 1) == 1);   // one head larger than the budget
+  CHECK(tj::dev::attn_tile_group(4096u << 10, 1, 1u << 20) == (4096u << 10) * 1023u);   // no 32-bit wrap
 }
 
 TEST_CASE("attention_fp8: causal tiles run longest first over groups of heads (knob attn_group_mb), others in natural order") {
@@ -585,7 +586,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
   };
   const std::vector<Case> cases = {
       // Causal tiles longest first over groups of heads, the last group shorter: 21 heads of K and V
-      // 300 x 128 in groups of 13 (e4m3: 1 MB / 77 KB) and of 6 (bf16: 1 MB / 154 KB).
+      // 300 x 128 in groups of 13 (e4m3: 1 MB / 75 KB) and of 6 (bf16: 1 MB / 150 KB).
       {DType::e4m3, 3, 7, 300, 300, 128, true, 128, 128, 1}, {DType::bf16, 3, 7, 300, 300, 128, true, 128, 128, 1},
       {DType::e4m3, 1, 2, 200, 200, 64, false, 128, 128}, {DType::e4m3, 2, 1, 333, 517, 128, false, 128, 128},
       {DType::e4m3, 1, 2, 300, 300, 128, true, 128, 128}, {DType::e4m3, 1, 1, 250, 100, 128, true, 64, 64},

@@ -41,10 +41,12 @@ TJ_HD AttnTile attn_tile_longest_first(unsigned pid, unsigned m_tiles, unsigned 
   return AttnTile{(int)(first_bh + (in_group - rank * size)), (int)(m_tiles - 1u - rank)};
 }
 
-// The heads per group for an L2 budget (KB; the K and V of one kv head in KB, rounded up): query
-// heads that share a kv head (GQA) share its K and V.
+// The heads per group for an L2 budget (KB, at most 4096 MB; the K and V of one kv head in KB,
+// rounded up): query heads that share a kv head (GQA) share its K and V. heads_per_kv is capped
+// at 1023, so that the product stays within 32 bits.
 TJ_HD unsigned attn_tile_group(unsigned budget_kb, unsigned kv_head_kb, unsigned heads_per_kv) {
-  const unsigned g = budget_kb * (heads_per_kv > 0u ? heads_per_kv : 1u) / (kv_head_kb > 0u ? kv_head_kb : 1u);
+  heads_per_kv = heads_per_kv < 1u ? 1u : heads_per_kv > 1023u ? 1023u : heads_per_kv;
+  const unsigned g = budget_kb * heads_per_kv / (kv_head_kb > 0u ? kv_head_kb : 1u);
   return g < 1u ? 1u : g;
 }
 
