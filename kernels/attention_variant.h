@@ -75,8 +75,9 @@ Kernel attention_variant(const AttentionVariant& v);
 // attention_variant() made a kernel named `kernel_name`: its key_block, or 128 where it has none
 // and has a score_mod; 0 for other kernels. A score_mod adds work per score (ALiBi's bias, a
 // softcap's tanh on the MUFU beside exp2), and fp8 runs such softmaxes faster in 64 x 128 tiles
-// than in the long rows' 192 x 96 (H100, session 10, S 2048 / 8192: softcap 309 / 375 vs 245 /
-// 355 TFLOP/s, ALiBi 532 / 669 vs 528 / 632).
+// than in the long rows' 192 x 96 up to 4096 keys; attention_variant_default_config takes 192 x 96
+// beyond (H100, session 14, S 8192 with causal tiles longest first over groups of heads: ALiBi
+// 763 vs 746 TFLOP/s, softcap 637-642 vs 606-613; S 2048: ALiBi 560-562 vs 579-582).
 int64_t attention_variant_key_block(const std::string& kernel_name);
 // Its fp8_key_block (0 for other kernels).
 int64_t attention_variant_fp8_key_block(const std::string& kernel_name);
