@@ -233,7 +233,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                            "256 for head dim {} with {} consumer warpgroup(s), not {}",
                            bn_mult, limit, D, consumers, bn));
   if (stages < 1 || stages > 4) throw fail(fmt::format("num_stages must be in [1, 4], not {}", stages));
-  if (wgsync && consumers != 2) throw fail("knob attn_wgsync = 1 needs block m = 128 (two consumer warpgroups)");
+  if (wgsync && consumers < 2)
+    throw fail("knob attn_wgsync = 1 needs block m = 128 or 192 (two or three consumer warpgroups take turns)");
   const int es = fp8 ? 1 : 2;
   const int64_t dbytes = Dqk * es;   // a Q / K row
   // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, barriers, block table, bits, list

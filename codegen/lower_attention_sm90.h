@@ -26,7 +26,7 @@
 // block "n" (the key block BN: 64, 96, 128, 192, 224 or 256 within the register budget of the
 // head dim; fp8: a multiple of 32), num_stages (K/V pipeline depth, 1..4); knobs "attn_overlap"
 // (default 1: FA3's intra-warpgroup overlap of softmax and P.V), "attn_wgsync" (default 0; 1:
-// FA3's inter-warpgroup schedule, 2 consumers only) and "attn_vperm" (fp8; default 1 with 2+
+// FA3's inter-warpgroup schedule, the consumers taking turns: 2 or 3 consumers) and "attn_vperm" (fp8; default 1 with 2+
 // consumers: the producer's spare warps permute V's keys in shared memory so that P is packed
 // without shuffles) and "attn_exp2_fma" (0-8, default 0: of every 8 score exp2s, how many are
 // computed on the FMA pipes by exp2_fma.cuh instead of the MUFU's ex2.approx) and

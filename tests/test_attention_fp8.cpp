@@ -469,6 +469,12 @@ TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering 
   auto causal_specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 256, 256, 128, true, false);
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), causal_specs, bad_group, req),
                        doctest::Contains("knob attn_group_mb is an L2 budget in MB, 0 (head by head) to 4096, got -1"), Error);
+  Config one_consumer_turns = blocks(64, 128);
+  one_consumer_turns.knobs["attn_wgsync"] = 1;
+  CHECK_THROWS_WITH_AS(
+      compile(kernels::attention_fp8(), specs, one_consumer_turns, req),
+      doctest::Contains("knob attn_wgsync = 1 needs block m = 128 or 192 (two or three consumer warpgroups take turns)"),
+      Error);
   Config simt = blocks(64, 64);
   simt.knobs["lowering"] = 0;
   CHECK(compile(kernels::attention_fp8(), specs, simt, req).generated.lowering == "simt");
@@ -600,18 +606,21 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
    // fp8: V's keys permuted in shared memory by the producer's spare warps (the default) and not;
    // part or all of the score exp2s on the FMA pipes (knob attn_exp2_fma)
    // a producer warp instead of a producer warpgroup (attn_lean_producer), with the softmax / P.V
-   // overlap and without it (attn_overlap = 0: fp8 64 x 64's default)
+   // overlap and without it (attn_overlap = 0: fp8 64 x 64's default); the consumer warpgroups
+   // taking turns at the tensor cores (attn_wgsync, two or three of them)
    struct Knobs {
-     int vperm, exp2_fma, lean, overlap;
+     int vperm, exp2_fma, lean, overlap, wgsync = 0;
    };
-   const std::vector<Knobs> knob_sets =
+   std::vector<Knobs> knob_sets =
        c.group_mb >= 0 ? std::vector<Knobs>{{is_fp8(c.in) ? 1 : 0, 0, 0, 1}}
        : is_fp8(c.in)  ? std::vector<Knobs>{{1, 0, 0, 1}, {0, 0, 0, 1}, {1, 3, 0, 1}, {0, 0, 1, 1}, {0, 0, 1, 0}}
                        : std::vector<Knobs>{{0, 0, 0, 1}, {0, 8, 0, 1}, {0, 0, 1, 0}};
-   for (const auto [vperm, exp2_fma, lean, overlap] : knob_sets) {
+   if (c.group_mb < 0 && c.bm >= 128) knob_sets.push_back({is_fp8(c.in) ? 1 : 0, 0, 0, 1, 1});
+   for (const auto [vperm, exp2_fma, lean, overlap, wgsync] : knob_sets) {
     INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={} attn_lean_producer={} "
-                     "attn_overlap={} attn_group_mb={}",
-                     name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean, overlap, c.group_mb));
+                     "attn_overlap={} attn_wgsync={} attn_group_mb={}",
+                     name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean, overlap, wgsync,
+                     c.group_mb));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -644,6 +653,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     lo.config->knobs["attn_exp2_fma"] = exp2_fma;
     lo.config->knobs["attn_lean_producer"] = lean;
     lo.config->knobs["attn_overlap"] = overlap;
+    lo.config->knobs["attn_wgsync"] = wgsync;
     if (c.group_mb >= 0) lo.config->knobs["attn_group_mb"] = c.group_mb;
     if (c.bm == 192) lo.config->num_stages = 4;   // the long-row default's ring
     launch(kernels::attention_fp8(),

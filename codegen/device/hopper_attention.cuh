@@ -43,7 +43,8 @@
 //   kOverlap: FA3's intra-warpgroup pipelining -- S_{j} = Q.K_j^T and O += P_{j-1}.V_{j-1}
 //   are issued together and the softmax of S_j runs while the P.V wgmma is in flight.
 //   kWgSync: FA3's inter-warpgroup schedule -- named barriers make the consumers take turns
-//   issuing their GEMMs so one's softmax overlaps the other's tensor-core work.
+//   (round robin, 2 or 3 consumers) issuing their GEMMs so one's softmax overlaps the others'
+//   tensor-core work.
 //   kVPerm (fp8 only): the producer warpgroup's other three warps permute every landed Vt stage
 //   in shared memory (the keys inside each 16-byte piece, the order acc_to_a_fp8_kperm gives
 //   P's k positions) and signal it on a barrier of their own; the consumers' P conversion is
@@ -101,7 +102,7 @@ struct AttnCfg {
   static constexpr int kOut = kOut_;
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kOverlap = kOverlap_;
-  static constexpr bool kWgSync = kWgSync_ && kConsumers_ == 2;
+  static constexpr bool kWgSync = kWgSync_ && (kConsumers_ == 2 || kConsumers_ == 3);
   static constexpr bool kFp8 = (kIn_ == WG_E4M3 || kIn_ == WG_E5M2);
   static constexpr bool kVPerm = kVPerm_ && kFp8 && !kLeanProducer_;
   static constexpr int kExp2Fma = kExp2Fma_;   // of every 8 score exp2s, those on the FMA pipes
@@ -322,6 +323,30 @@ struct BlockWalk {
   }
 };
 
+// The value, through a move the compiler cannot see into: it stays in a register instead of
+// being recomputed where it is used.
+__device__ __forceinline__ unsigned long long opaque(unsigned long long v) {
+  unsigned long long r;
+  asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(v));
+  return r;
+}
+
+// A position in the S-stage ring of shared-memory buffers: the stage and the parity of its
+// mbarriers' phase. Advanced one block at a time (the stage and phase were t % S and (t / S) & 1
+// of a signed block count: about 20 uniform instructions per consumer step in SASS, for two
+// counters, where this takes a compare and two selects).
+template <int S>
+struct RingCursor {
+  int stage = 0;
+  unsigned phase = 0u;
+  __device__ __forceinline__ void advance() {
+    if (++stage == S) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
 }  // namespace attn_detail
 
 #if TJ_SM90A_ENABLED
@@ -446,13 +471,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     if (warp_idx_in_warpgroup() == 0 && lane_id() == 0) {
       prefetch_tma_descriptor(tma_k);
       prefetch_tma_descriptor(tma_v);
-      int t = 0;   // blocks loaded so far: picks the stage and its phase
+      attn_detail::RingCursor<S> ring;   // the stage of the next block and its phase
       int cls = 0;
       auto walk = first_block(cls);
 #pragma unroll 1
-      for (int j = walk.j; j < n_blocks; j = walk.next(cls), ++t) {
-        const int s = t % S;
-        const unsigned ph = (unsigned)((t / S) & 1);
+      for (int j = walk.j; j < n_blocks; j = walk.next(cls), ring.advance()) {
+        const int s = ring.stage;
+        const unsigned ph = ring.phase;
         const int n0 = j * BN;
         mbar_wait(&empty_k[s], ph ^ 1u);
         mbar_arrive_expect_tx(&full_k[s], (unsigned)Cfg::kKBytes);
@@ -480,13 +505,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       // 2t+9 (the key order acc_to_a_fp8_kperm packs P in). The swizzle moves whole pieces, so
       // the permutation does not depend on it.
       const int pt = (int)threadIdx.x - 32;
-      int t = 0;
+      attn_detail::RingCursor<S> ring;
       int cls = 0;
       auto walk = first_block(cls);
 #pragma unroll 1
-      for (int j = walk.j; j < n_blocks; j = walk.next(cls), ++t) {
-        const int s = t % S;
-        mbar_wait(&full_v[s], (unsigned)((t / S) & 1));
+      for (int j = walk.j; j < n_blocks; j = walk.next(cls), ring.advance()) {
+        const int s = ring.stage;
+        mbar_wait(&full_v[s], ring.phase);
         uint4* piece = reinterpret_cast<uint4*>(sV + s * Cfg::kVBytes);
 #pragma unroll 4
         for (int i = pt; i < Cfg::kVBytes / 16; i += 96) {
@@ -505,6 +530,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // ------------------------------------------------------------------ consumers
   if constexpr (!Cfg::kLeanProducer) setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int c = Cfg::kLeanProducer ? wg : wg - 1;
+  // kWgSync: consumer c waits on named barrier 1 + c before it issues, then hands the turn on
+  const int next_turn = 1 + (c + 1 == Cfg::kConsumers ? 0 : c + 1);
   const int tid = (int)(threadIdx.x & 127u);
   const int rb = m0 + 64 * c;                       // first row of this consumer
   const int r0 = acc_row(0, tid);                   // this thread's rows: rb + r0, rb + r0 + 8
@@ -548,10 +575,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   for (int i = 0; i < Cfg::kPRegs; ++i) pa[i] = 0u;
 
   // descriptors: Q (this consumer's 64 rows), stage-0 K / V
-  const unsigned long long dq0 = make_desc_kmajor<Cfg::kQkSwizzle>(sQ + 64 * c * WQ);
-  const unsigned long long dk0 = make_desc_kmajor<Cfg::kQkSwizzle>(sK);
-  const unsigned long long dv0 = Cfg::kFp8 ? make_desc_kmajor<Cfg::kVSwizzle>(sV)
-                                           : make_desc_mnmajor<SWIZZLE_128B>(sV, BN * 128, 1024);
+  // The descriptors pass through an opaque move: the compiler otherwise rebuilt them from the
+  // shared-memory base in every step (10 uniform instructions in the fp8 192 x 96 main loop).
+  const unsigned long long dq0 = attn_detail::opaque(make_desc_kmajor<Cfg::kQkSwizzle>(sQ + 64 * c * WQ));
+  const unsigned long long dk0 = attn_detail::opaque(make_desc_kmajor<Cfg::kQkSwizzle>(sK));
+  const unsigned long long dv0 = attn_detail::opaque(
+      Cfg::kFp8 ? make_desc_kmajor<Cfg::kVSwizzle>(sV)
+                : make_desc_mnmajor<SWIZZLE_128B>(sV, BN * 128, 1024));
 
   // S = Q . K_s^T (issue only)
   auto issue_qk = [&](int st) {
@@ -713,15 +743,15 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // built-in causal mask.) (H100, session 8: the list read and its move to a uniform register hold
   // 4.5% of the causal variant's stall samples; computing the block and its class instead, for
   // one-run masks whose classify() does not gather, or reading the entry a step ahead, did not make
-  // the variants faster.) t counts the blocks and picks the stage and its phase, like the
+  // the variants faster.) A ring cursor per block picks the stage and its phase, as in the
   // producer's loop.
   int cls0 = 0;
   auto walk = first_block(cls0);
   const int j0 = walk.j;
   if (j0 < n_blocks) {
     if constexpr (Cfg::kWgSync) {
-      // consumer 0 issues first: consumer 1 pre-arrives on consumer 0's barrier
-      if (c == 1) attn_detail::named_bar_arrive(1, 256);
+      // consumer 0 issues first: the last consumer pre-arrives on consumer 0's barrier
+      if (c == Cfg::kConsumers - 1) attn_detail::named_bar_arrive(1, 256);
     }
     if constexpr (Cfg::kOverlap) {
       // ---- block j0: S, softmax, P
@@ -733,7 +763,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       issue_qk(0);
       wgmma_commit();
       if constexpr (Cfg::kWgSync) {
-        if (!(c == 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(2 - c, 256);
+        if (!(c == Cfg::kConsumers - 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(next_turn, 256);
       }
       fence_acc<BN / 2>(s);
       wgmma_wait<0>();
@@ -745,15 +775,19 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       to_a();
       // ---- steady state (FA3's order): issue S_t = Q.K_t^T; rescale O by alpha_{t-1} while it
       // runs; issue O += P_{t-1}.V_{t-1}; softmax of S_t while the P.V wgmma is in flight; after
-      // the wait only the P conversion is left.
-      int t = 1;
+      // the wait only the P conversion is left. cur: block t's stage; prev: block t - 1's.
+      // (H100 / H200, session 15: packing P_t into a second buffer before that wait, where the
+      // registers allowed, moved bf16 by -2% to +1.5% and fp8 by noise; not kept.)
+      attn_detail::RingCursor<S> prev, cur;
+      cur.advance();
       // The mask class of the block after the current one is read with it (shared memory), while
       // the wgmmas run: at the top of the iteration both reads sat before the S = Q.K^T issue
       // (H100, session 7: 12% of the causal variant's stall samples, none in the built-in mask).
 #pragma unroll 1
-      for (int j = j_next, cls = cls_next; j < n_blocks; j = j_next, cls = cls_next, ++t) {
-        const int st = t % S, pst = (t - 1) % S;
-        const unsigned ph = (unsigned)((t / S) & 1), pph = (unsigned)(((t - 1) / S) & 1);
+      for (int j = j_next, cls = cls_next; j < n_blocks;
+           j = j_next, cls = cls_next, prev = cur, cur.advance()) {
+        const int st = cur.stage, pst = prev.stage;
+        const unsigned ph = cur.phase, pph = prev.phase;
         mbar_wait(&full_k[st], ph);
         mbar_wait(&v_ready[pst], pph);
         if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
@@ -774,7 +808,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         wgmma_commit();
         j_next = walk.next(cls_next);
         if constexpr (Cfg::kWgSync) {
-          if (!(c == 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(2 - c, 256);
+          if (!(c == Cfg::kConsumers - 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(next_turn, 256);
         }
         fence_acc<BN / 2>(s);
         wgmma_wait<1>();
@@ -805,8 +839,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
       // ---- last P.V
       {
-        const int pst = (t - 1) % S;
-        const unsigned pph = (unsigned)(((t - 1) / S) & 1);
+        const int pst = prev.stage;
+        const unsigned pph = prev.phase;
         mbar_wait(&v_ready[pst], pph);
         acc_scale_rows<D>(o, alpha);
         fence_acc<D / 2>(o);
@@ -821,13 +855,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
     } else {
       // ---- simple schedule: S_t, softmax, P_t.V_t, one after the other
-      int t = 0;
+      attn_detail::RingCursor<S> cur;
 #pragma unroll 1
-      for (int j = j0, cls = cls0; j < n_blocks; ++t) {
+      for (int j = j0, cls = cls0; j < n_blocks; cur.advance()) {
         int cls_next = 0;
         const int j_next = walk.next(cls_next);
-        const int st = t % S;
-        const unsigned ph = (unsigned)((t / S) & 1);
+        const int st = cur.stage;
+        const unsigned ph = cur.phase;
         mbar_wait(&full_k[st], ph);
         if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
         fence_acc<BN / 2>(s);
@@ -835,7 +869,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         issue_qk(st);
         wgmma_commit();
         if constexpr (Cfg::kWgSync) {
-          if (!(c == 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(2 - c, 256);
+          if (!(c == Cfg::kConsumers - 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(next_turn, 256);
         }
         fence_acc<BN / 2>(s);
         wgmma_wait<0>();
