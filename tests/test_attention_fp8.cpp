@@ -600,6 +600,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
       {DType::e4m3, 1, 2, 300, 300, 128, true, 128, 224}, {DType::e4m3, 1, 1, 333, 517, 128, false, 64, 224},
       {DType::e4m3, 1, 2, 500, 500, 128, true, 192, 96},  {DType::e4m3, 2, 1, 333, 517, 128, false, 192, 96},
       {DType::bf16, 1, 2, 200, 300, 128, false, 128, 128}, {DType::bf16, 1, 1, 190, 190, 64, true, 64, 64},
+      {DType::bf16, 1, 2, 300, 300, 128, true, 192, 64},
       {DType::bf16, 1, 1, 129, 129, 256, false, 128, 64}, {DType::f16, 1, 2, 100, 100, 128, true, 128, 128},
   };
   for (const Case& c : cases) {

@@ -776,8 +776,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       // ---- steady state (FA3's order): issue S_t = Q.K_t^T; rescale O by alpha_{t-1} while it
       // runs; issue O += P_{t-1}.V_{t-1}; softmax of S_t while the P.V wgmma is in flight; after
       // the wait only the P conversion is left. cur: block t's stage; prev: block t - 1's.
-      // (H100 / H200, session 15: packing P_t into a second buffer before that wait, where the
-      // registers allowed, moved bf16 by -2% to +1.5% and fp8 by noise; not kept.)
+      // (H200, session 15: packing P_t into a second buffer before that wait, where the registers
+      // allowed, moved bf16 by -2% to +1.5% and fp8 by noise; not kept.)
       attn_detail::RingCursor<S> prev, cur;
       cur.advance();
       // The mask class of the block after the current one is read with it (shared memory), while
