@@ -417,6 +417,9 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 __device__ __forceinline__ void fence_operand(unsigned& r) {
   asm volatile("" : "+r"(r)::"memory");
 }
+__device__ __forceinline__ void fence_operand(unsigned long long& r) {
+  asm volatile("" : "+l"(r)::"memory");
+}
 template <int R>
 __device__ __forceinline__ void fence_acc(float* d) {
 #pragma unroll

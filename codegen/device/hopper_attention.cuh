@@ -323,14 +323,6 @@ struct BlockWalk {
   }
 };
 
-// The value, through a move the compiler cannot see into: it stays in a register instead of
-// being recomputed where it is used.
-__device__ __forceinline__ unsigned long long opaque(unsigned long long v) {
-  unsigned long long r;
-  asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(v));
-  return r;
-}
-
 // A position in the S-stage ring of shared-memory buffers: the stage and the parity of its
 // mbarriers' phase. Advanced one block at a time (the stage and phase were t % S and (t / S) & 1
 // of a signed block count: about 20 uniform instructions per consumer step in SASS, for two
@@ -575,14 +567,16 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   for (int i = 0; i < Cfg::kPRegs; ++i) pa[i] = 0u;
 
   // descriptors: Q (this consumer's 64 rows), stage-0 K / V
-  // The descriptors pass through an opaque move, so the compiler holds them: it rebuilt one of
-  // them from the shared-memory base in every step (7 uniform instructions; holding all three
-  // took the fp8 192 x 96 causal main loop from 575 to 570 SASS instructions).
-  const unsigned long long dq0 = attn_detail::opaque(make_desc_kmajor<Cfg::kQkSwizzle>(sQ + 64 * c * WQ));
-  const unsigned long long dk0 = attn_detail::opaque(make_desc_kmajor<Cfg::kQkSwizzle>(sK));
-  const unsigned long long dv0 = attn_detail::opaque(
-      Cfg::kFp8 ? make_desc_kmajor<Cfg::kVSwizzle>(sV)
-                : make_desc_mnmajor<SWIZZLE_128B>(sV, BN * 128, 1024));
+  // Fenced, so the compiler holds them: it rebuilt one of them from the shared-memory base in
+  // every step (7 uniform instructions; holding all three took the fp8 192 x 96 causal main loop
+  // from 575 to 570 SASS instructions).
+  unsigned long long dq0 = make_desc_kmajor<Cfg::kQkSwizzle>(sQ + 64 * c * WQ);
+  unsigned long long dk0 = make_desc_kmajor<Cfg::kQkSwizzle>(sK);
+  unsigned long long dv0 = Cfg::kFp8 ? make_desc_kmajor<Cfg::kVSwizzle>(sV)
+                                     : make_desc_mnmajor<SWIZZLE_128B>(sV, BN * 128, 1024);
+  fence_operand(dq0);
+  fence_operand(dk0);
+  fence_operand(dv0);
 
   // S = Q . K_s^T (issue only)
   auto issue_qk = [&](int st) {
