@@ -523,7 +523,11 @@ void Tuner::bench(Cand& c, bool as_reference) {
   if (!c.tma.empty()) {
     json tma = json::array();
     for (const auto& op : c.tma)
-      tma.push_back(json{{"param", op.param}, {"box", op.box}, {"swizzle", op.swizzle_bytes}, {"fold", op.fold_outer_dims}});
+      tma.push_back(json{{"param", op.param},
+                         {"box", op.box},
+                         {"swizzle", op.swizzle_bytes},
+                         {"fold", op.fold_outer_dims},
+                         {"element_strides", op.element_strides}});
     req["tma"] = tma;
   }
   req["reference"] = as_reference;

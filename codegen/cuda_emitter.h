@@ -34,6 +34,10 @@ struct TmaOperand {
   // Dims to view as one (e.g. {0, 1, 2} folds [B, H, S] of a contiguous [B, H, S, D] into a
   // single dim), so the map has fewer than 6 dims; empty: keep every dim.
   std::vector<int> fold_outer_dims;
+  // Traversal stride per tensor dim (outermost first, like box; empty: all 1): a box of n along a
+  // dim of stride k copies elements 0, k, 2k, ... (ceil(n / k) of them) next to each other in
+  // shared memory. Folded dims must have stride 1.
+  std::vector<int> element_strides;
 };
 
 struct GeneratedKernel {

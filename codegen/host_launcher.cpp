@@ -430,6 +430,17 @@ class Emitter {
         for (int b : op.box)
           if (b < 1 || b > 256)
             throw Error(fmt::format("export: kernel '{}': TMA box size {} of '{}' is outside [1, 256]", k_.name, b, p.name));
+        if (!op.element_strides.empty() && op.element_strides.size() != op.box.size())
+          throw Error(fmt::format("export: kernel '{}': the TMA traversal strides of '{}' have {} dims for rank {}", k_.name,
+                                  p.name, op.element_strides.size(), p.rank()));
+        for (size_t d = 0; d < op.element_strides.size(); ++d) {
+          const bool folded = !op.fold_outer_dims.empty() && static_cast<int>(d) >= op.fold_outer_dims.front() &&
+                              static_cast<int>(d) <= op.fold_outer_dims.back();
+          if (op.element_strides[d] < 1 || op.element_strides[d] > 8 || (folded && op.element_strides[d] != 1))
+            throw Error(fmt::format("export: kernel '{}': TMA traversal stride {} of '{}' (dim {}) is outside [1, 8] or on a "
+                                    "folded dim",
+                                    k_.name, op.element_strides[d], p.name, d));
+        }
       }
     }
   }
@@ -1109,6 +1120,7 @@ class Emitter {
       const TmaOperand* op;
       std::vector<llvm::Value*> dims, strides;   // outermost first, after folding
       std::vector<int64_t> box;
+      std::vector<int64_t> elem_strides;   // traversal strides, after folding
     };
     std::vector<TmaVals> tmas;
     for (const TmaOperand& op : g.tma) {
@@ -1116,7 +1128,9 @@ class Emitter {
       const TensorVals& t = tv[op.param];
       const std::string at_arg =
           fmt::format("argument '{}' ({} read with the tensor copy engine, TMA): ", pname[op.param], name(prm.dtype));
-      TmaVals m{&op, t.dims, t.strides, std::vector<int64_t>(op.box.begin(), op.box.end())};
+      TmaVals m{&op, t.dims, t.strides, std::vector<int64_t>(op.box.begin(), op.box.end()),
+                op.element_strides.empty() ? std::vector<int64_t>(op.box.size(), 1)
+                                           : std::vector<int64_t>(op.element_strides.begin(), op.element_strides.end())};
       if (!op.fold_outer_dims.empty()) {
         const int first = op.fold_outer_dims.front(), last = op.fold_outer_dims.back();
         llvm::Value* merged = c64(1);
@@ -1136,6 +1150,7 @@ class Emitter {
         m.dims.insert(m.dims.begin() + first, merged);
         m.strides.insert(m.strides.begin() + first, merged_stride);
         m.box.insert(m.box.begin() + first, box_merged);
+        m.elem_strides.erase(m.elem_strides.begin() + first, m.elem_strides.begin() + last);   // folded: all 1
       }
       const int elem = size_bytes(prm.dtype);
       fail_if(B_.CreateICmpNE(m.strides.back(), c64(1)), LaunchStatus::alignment,
@@ -1261,7 +1276,7 @@ class Emitter {
         const int d = rank - 1 - jj;   // innermost first
         B_.CreateStore(m.dims[d], at(i64_, dims, c64(jj)));
         B_.CreateStore(c32(m.box[d]), at(i32_, boxes, c64(jj)));
-        B_.CreateStore(c32(1), at(i32_, estrides, c64(jj)));
+        B_.CreateStore(c32(m.elem_strides[d]), at(i32_, estrides, c64(jj)));
         if (jj > 0) B_.CreateStore(B_.CreateMul(m.strides[d], c64(elem)), at(i64_, gstrides, c64(jj - 1)));
       }
       CUtensorMapDataType dt = CU_TENSOR_MAP_DATA_TYPE_UINT8;   // fp8: raw bytes

@@ -210,10 +210,19 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                            "(config knob lowering = 0 selects the SIMT path)",
                            bm));
   const int consumers = static_cast<int>(bm / 64);
-  // fp8: the producer's spare warps permute each V stage so that P needs no shuffles (16-bit: no
-  // effect). On by default with 2+ consumers; with one, the permutation cost about what it saved
-  // (H100, session 7: m128 n192 +1-3%, m64 n192 -3%).
-  const bool vperm = cfg.knob("attn_vperm", consumers >= 2 ? 1 : 0) != 0;
+  // fp8: P's A fragment wants other keys per thread than S's accumulator holds. By default K's
+  // stages hold each block's even keys, then its odd keys (a TMA map stepping 2 keys;
+  // hopper_attention.cuh's kKeysByParity), and S's columns come out in the order P needs for the
+  // natural V (H200, session 16, against the V permutation below: +4-9% at every fp8 tile). Knob
+  // attn_keys_by_parity = 0 (or attn_vperm = 1) instead has the producer's spare warps permute each
+  // V stage (attn_vperm, default with 2+ consumers; with one, the permutation cost about what it
+  // saved: H100, session 7, m128 n192 +1-3%, m64 n192 -3%) or converts P with shuffles (16-bit:
+  // neither applies).
+  const bool vperm_asked = cfg.knob("attn_vperm", 0) != 0;
+  const bool keys_by_parity = fp8 && cfg.knob("attn_keys_by_parity", vperm_asked ? 0 : 1) != 0;
+  if (keys_by_parity && vperm_asked)
+    throw fail("knobs attn_keys_by_parity = 1 and attn_vperm = 1 both reorder P's keys: choose one");
+  const bool vperm = !keys_by_parity && cfg.knob("attn_vperm", consumers >= 2 ? 1 : 0) != 0;
   // Of every 8 score exp2s, how many run on the FMA pipes (exp2_fma.cuh) instead of the MUFU.
   const int64_t exp2_fma = cfg.knob("attn_exp2_fma", 0);
   if (exp2_fma < 0 || exp2_fma > 8)
@@ -309,16 +318,20 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
                      "{}, {} K/V stages;\n// warpgroups: one TMA producer{}, {} wgmma consumer(s) of 64 rows{}{}. "
                      "The main loop is codegen/device/hopper_attention.cuh.\n",
-                     bm, D, bm, bn, stages, fp8 && vperm && !lean ? " (its other warps permute V's keys for a shuffle-free P)" : "",
+                     bm, D, bm, bn, stages,
+                     fp8 && vperm && !lean ? " (its other warps permute V's keys for a shuffle-free P)"
+                     : keys_by_parity      ? " (K's even keys, then its odd keys, for a shuffle-free P)"
+                                           : "",
                      consumers, overlap ? ", softmax overlapped with P.V" : "", wgsync ? ", inter-warpgroup schedule" : "");
   src += "#include \"tile.cuh\"\n#include \"hopper_attention.cuh\"\n#include \"attn_tile_order.cuh\"\n";
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
                      bn, stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
                      overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm && !lean ? "true" : "false", D,
-                     exp2_fma, rescale_vote ? "true" : "false", lean ? "true" : "false");
+                     exp2_fma, rescale_vote ? "true" : "false", lean ? "true" : "false",
+                     keys_by_parity ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
@@ -413,10 +426,11 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "exp2_fma.cuh", "hopper_attention.cuh", "attn_tile_order.cuh"};
   if (hooks_src) g.device_headers.push_back("interval.cuh");
   const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);
-  g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {0, 1}});
-  g.tma.push_back(TmaOperand{1, {1, 1, nb, wq / es}, wq, {0, 1}});
-  if (fp8) g.tma.push_back(TmaOperand{2, {1, 1, d, wv}, wv, {0, 1}});
-  else g.tma.push_back(TmaOperand{2, {1, 1, nb, 64}, 128, {0, 1}});
+  g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {0, 1}, {}});
+  g.tma.push_back(TmaOperand{1, {1, 1, nb, wq / es}, wq, {0, 1}, {}});
+  if (keys_by_parity) g.tma.back().element_strides = {1, 1, 2, 1};   // half a block per load: even or odd keys
+  if (fp8) g.tma.push_back(TmaOperand{2, {1, 1, d, wv}, wv, {0, 1}, {}});
+  else g.tma.push_back(TmaOperand{2, {1, 1, nb, 64}, 128, {0, 1}, {}});
   return g;
 }
 
@@ -430,7 +444,8 @@ const bool registered = [] {
     const bool fp8 = is_fp8(f.params[0].dtype);
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
-    if (fp8) knobs.push_back({"attn_vperm", {1, 0}, 1});
+    if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});
+    if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
     if (hooks && hooks->score_mod && score_hook_is_linear(f, *hooks, hook_symbols(f)))

@@ -26,10 +26,13 @@
 // block "n" (the key block BN: 64, 96, 128, 192, 224 or 256 within the register budget of the
 // head dim; fp8: a multiple of 32), num_stages (K/V pipeline depth, 1..4); knobs "attn_overlap"
 // (default 1: FA3's intra-warpgroup overlap of softmax and P.V), "attn_wgsync" (default 0; 1:
-// FA3's inter-warpgroup schedule, 2 or 3 consumers taking turns) and "attn_vperm" (fp8; default
-// 1 with 2+ consumers: the producer's spare warps permute V's keys in shared memory so that P is
-// packed without shuffles) and "attn_exp2_fma" (0-8, default 0: of every 8 score exp2s, how many are
-// computed on the FMA pipes by exp2_fma.cuh instead of the MUFU's ex2.approx) and
+// FA3's inter-warpgroup schedule, 2 or 3 consumers taking turns) and "attn_keys_by_parity" (fp8;
+// default 1: each K stage holds the block's even keys, then its odd keys -- a TMA map stepping 2
+// keys -- so that S's columns come in the order P's A fragment needs and P is packed without
+// shuffles) and "attn_vperm" (fp8 with attn_keys_by_parity = 0; default 1 with 2+ consumers: the
+// producer's spare warps permute V's keys in shared memory instead; 0: shuffles) and
+// "attn_exp2_fma" (0-8, default 0: of every 8 score exp2s, how many are computed on the FMA pipes
+// by exp2_fma.cuh instead of the MUFU's ex2.approx) and
 // "attn_causal_hook" (0: a mask hook that keeps exactly kv <= q is lowered as the built-in causal
 // mask; 1 keeps it a hook; default 0, except 1 for 16-bit inputs that also have a score hook) and
 // "attn_group_mb" (causal-like masks: the L2 budget in MB for the K and V of the heads whose

@@ -236,7 +236,9 @@ CUtensorMap encode_tma(const std::string& kernel, const std::string& param, cons
   };
   std::vector<int64_t> shape = t.shape, strides = t.effective_strides();
   std::vector<int> box = op.box;
-  if (box.size() != shape.size()) throw fail("internal error: box rank differs from the tensor's");
+  std::vector<int> elem_strides = op.element_strides.empty() ? std::vector<int>(box.size(), 1) : op.element_strides;
+  if (box.size() != shape.size() || elem_strides.size() != box.size())
+    throw fail("internal error: box rank differs from the tensor's");
   if (!op.fold_outer_dims.empty()) {
     // Merge dims fold_outer_dims[0..] (consecutive) into one; they must be contiguous.
     int first = op.fold_outer_dims.front(), last = op.fold_outer_dims.back();
@@ -244,9 +246,11 @@ CUtensorMap encode_tma(const std::string& kernel, const std::string& param, cons
     for (int d = first; d <= last; ++d) {
       if (d < last && strides[d] != strides[d + 1] * shape[d + 1])
         throw fail(fmt::format("dims {}..{} must be contiguous to be viewed as one", first, last));
+      if (elem_strides[d] != 1) throw fail("internal error: a folded dim with a traversal stride");
       merged *= shape[d];
       box_merged *= box[d];
     }
+    elem_strides.erase(elem_strides.begin() + first, elem_strides.begin() + last);
     int64_t merged_stride = strides[last];
     shape.erase(shape.begin() + first, shape.begin() + last + 1);
     strides.erase(strides.begin() + first, strides.begin() + last + 1);
@@ -266,8 +270,10 @@ CUtensorMap encode_tma(const std::string& kernel, const std::string& param, cons
     int d = rank - 1 - j;   // innermost first
     dims[j] = static_cast<cuuint64_t>(shape[d]);
     boxes[j] = static_cast<cuuint32_t>(box[d]);
-    estrides[j] = 1;
+    estrides[j] = static_cast<cuuint32_t>(elem_strides[d]);
     if (box[d] < 1 || box[d] > 256) throw fail(fmt::format("box size {} outside [1, 256]", box[d]));
+    if (elem_strides[d] < 1 || elem_strides[d] > 8)
+      throw fail(fmt::format("internal error: traversal stride {} outside [1, 8]", elem_strides[d]));
     if (j > 0) {
       int64_t bytes = strides[d] * elem;
       if (bytes % 16 != 0)

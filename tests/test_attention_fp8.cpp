@@ -302,24 +302,36 @@ TEST_CASE("attention_fp8: lowered for sm_90a, NVRTC compiles it (e4m3 wgmma, TMA
     CHECK(ptx.find("cp.async.bulk.tensor.3d") != std::string::npos);
     CHECK(ptx.find("setmaxnreg") != std::string::npos);
     CHECK(ptx.find("mbarrier.try_wait") != std::string::npos);
-    // fp8 with 2+ consumers (the default of knob attn_vperm): the producer's spare warps permute V's
-    // keys, so P reaches the P.V wgmma without index shuffles (what is left broadcasts warp indices);
-    // attn_vperm = 0 converts P with 2 shuffles per 32 keys and half row.
+    // fp8: P reaches the P.V wgmma without index shuffles (what is left broadcasts warp indices) by
+    // default: K's map steps 2 keys (attn_keys_by_parity), its stages hold even keys, then odd keys.
+    // attn_vperm = 1 gets the same from the producer's spare warps permuting V's keys instead;
+    // neither (attn_keys_by_parity = 0, attn_vperm = 0) converts P with 2 shuffles per 32 keys and
+    // half row.
     if (is_fp8(c.in)) {
       auto idx_shuffles = [](const std::string& text) {
         size_t n = 0;
         for (size_t at = text.find("shfl.sync.idx"); at != std::string::npos; at = text.find("shfl.sync.idx", at + 1)) ++n;
         return n;
       };
-      Config no_perm = blocks(c.bm, c.bn);
-      no_perm.knobs["attn_vperm"] = 0;
-      const std::string ptx_no_perm = compile(kernels::attention_fp8(), specs, no_perm, CompileRequest{"sm_90a", true, false}).ptx;
+      Config neither = blocks(c.bm, c.bn);
+      neither.knobs["attn_keys_by_parity"] = 0;
+      neither.knobs["attn_vperm"] = 0;
+      const std::string ptx_neither = compile(kernels::attention_fp8(), specs, neither, CompileRequest{"sm_90a", true, false}).ptx;
       Config perm = blocks(c.bm, c.bn);
       perm.knobs["attn_vperm"] = 1;
       const std::string ptx_perm = compile(kernels::attention_fp8(), specs, perm, CompileRequest{"sm_90a", true, false}).ptx;
+      Config parity = blocks(c.bm, c.bn);
+      parity.knobs["attn_keys_by_parity"] = 1;
+      const CompiledKernel& ck_parity = compile(kernels::attention_fp8(), specs, parity, CompileRequest{"sm_90a", true, false});
       CHECK(idx_shuffles(ptx_perm) <= 4);
-      CHECK(idx_shuffles(ptx_no_perm) >= idx_shuffles(ptx_perm) + static_cast<size_t>(2 * c.bn / 32));
-      CHECK(ptx == (c.bm >= 128 ? ptx_perm : ptx_no_perm));
+      CHECK(idx_shuffles(ck_parity.ptx) <= 4);
+      CHECK(idx_shuffles(ptx_neither) >= idx_shuffles(ptx_perm) + static_cast<size_t>(2 * c.bn / 32));
+      CHECK(ptx == ck_parity.ptx);
+      REQUIRE(ck_parity.generated.tma.size() == 3);
+      CHECK(ck_parity.generated.tma[1].element_strides == std::vector<int>{1, 1, 2, 1});
+      CHECK(ck_parity.generated.tma[0].element_strides.empty());
+      CHECK(ck_parity.generated.source.find("K's even keys, then its odd keys") != std::string::npos);
+      CHECK(compile(kernels::attention_fp8(), specs, perm, CompileRequest{"sm_90a", true, false}).generated.tma[1].element_strides.empty());
     }
   }
 }
@@ -357,7 +369,8 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
       CAPTURE(k->name());
       const CompiledKernel& ck = compile(*k, specs, c, CompileRequest{"sm_90a", true, false});
       const bool voted = vote != 0;
-      CHECK(ck.generated.source.find(voted ? ", true, false>;" : ", false, false>;") != std::string::npos);   // vote, lean
+      // the Cfg's last arguments: vote, lean producer, keys by parity (fp8's default)
+      CHECK(ck.generated.source.find(voted ? ", true, false, true>;" : ", false, false, true>;") != std::string::npos);
       CHECK((ck.ptx.find("vote.sync.any.pred") != std::string::npos) == voted);
     }
   }
@@ -464,6 +477,11 @@ TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering 
   bad_exp2.knobs["attn_exp2_fma"] = 9;
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, bad_exp2, req),
                        doctest::Contains("knob attn_exp2_fma counts the score exp2s of every 8"), Error);
+  Config two_orders = blocks(128, 128);
+  two_orders.knobs["attn_keys_by_parity"] = 1;
+  two_orders.knobs["attn_vperm"] = 1;
+  CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, two_orders, req),
+                       doctest::Contains("knobs attn_keys_by_parity = 1 and attn_vperm = 1 both reorder P's keys"), Error);
   Config bad_group = blocks(128, 128);
   bad_group.knobs["attn_group_mb"] = -1;
   auto causal_specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 256, 256, 128, true, false);
@@ -604,24 +622,27 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
       {DType::bf16, 1, 1, 129, 129, 256, false, 128, 64}, {DType::f16, 1, 2, 100, 100, 128, true, 128, 128},
   };
   for (const Case& c : cases) {
-   // fp8: V's keys permuted in shared memory by the producer's spare warps (the default) and not;
+   // fp8: V's keys permuted in shared memory by the producer's spare warps and not;
    // part or all of the score exp2s on the FMA pipes (knob attn_exp2_fma)
    // a producer warp instead of a producer warpgroup (attn_lean_producer), with the softmax / P.V
    // overlap and without it (attn_overlap = 0: fp8 64 x 64's default); the consumer warpgroups
-   // taking turns at the tensor cores (attn_wgsync, two or three of them)
+   // taking turns at the tensor cores (attn_wgsync, two or three of them); fp8: K's keys loaded even
+   // keys first (attn_keys_by_parity, the default: a strided TMA map; S's columns then come out
+   // permuted), with a producer warpgroup or warp
    struct Knobs {
-     int vperm, exp2_fma, lean, overlap, wgsync = 0;
+     int vperm, exp2_fma, lean, overlap, wgsync = 0, parity = 0;
    };
    std::vector<Knobs> knob_sets =
-       c.group_mb >= 0 ? std::vector<Knobs>{{is_fp8(c.in) ? 1 : 0, 0, 0, 1}}
-       : is_fp8(c.in)  ? std::vector<Knobs>{{1, 0, 0, 1}, {0, 0, 0, 1}, {1, 3, 0, 1}, {0, 0, 1, 1}, {0, 0, 1, 0}}
+       c.group_mb >= 0 ? std::vector<Knobs>{{0, 0, 0, 1, 0, is_fp8(c.in) ? 1 : 0}}
+       : is_fp8(c.in)  ? std::vector<Knobs>{{1, 0, 0, 1}, {0, 0, 0, 1}, {1, 3, 0, 1}, {0, 0, 1, 1}, {0, 0, 1, 0},
+                                           {0, 0, 0, 1, 0, 1}, {0, 0, 1, 0, 0, 1}}
                        : std::vector<Knobs>{{0, 0, 0, 1}, {0, 8, 0, 1}, {0, 0, 1, 0}};
-   if (c.group_mb < 0 && c.bm >= 128) knob_sets.push_back({is_fp8(c.in) ? 1 : 0, 0, 0, 1, 1});
-   for (const auto [vperm, exp2_fma, lean, overlap, wgsync] : knob_sets) {
+   if (c.group_mb < 0 && c.bm >= 128) knob_sets.push_back({0, 0, 0, 1, 1, is_fp8(c.in) ? 1 : 0});
+   for (const auto [vperm, exp2_fma, lean, overlap, wgsync, parity] : knob_sets) {
     INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={} attn_lean_producer={} "
-                     "attn_overlap={} attn_wgsync={} attn_group_mb={}",
+                     "attn_overlap={} attn_wgsync={} attn_keys_by_parity={} attn_group_mb={}",
                      name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean, overlap, wgsync,
-                     c.group_mb));
+                     parity, c.group_mb));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -655,6 +676,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     lo.config->knobs["attn_lean_producer"] = lean;
     lo.config->knobs["attn_overlap"] = overlap;
     lo.config->knobs["attn_wgsync"] = wgsync;
+    lo.config->knobs["attn_keys_by_parity"] = parity;
     if (c.group_mb >= 0) lo.config->knobs["attn_group_mb"] = c.group_mb;
     if (c.bm == 192) lo.config->num_stages = 4;   // the long-row default's ring
     launch(kernels::attention_fp8(),

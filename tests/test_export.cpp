@@ -690,7 +690,7 @@ TEST_CASE("export: TMA descriptors, persistent grids, clusters and the shared-me
   // vector_add's code with the launch shape of a tensor-core lowering: x through TMA, a
   // persistent grid of 2 blocks per SM, clusters of 2, 100 KB of shared memory.
   auto e = export_kernel(kernels::vector_add(), {{vector_add_specs(-1)}}, "tma", [](codegen::GeneratedKernel& g) {
-    g.tma.push_back(codegen::TmaOperand{0, {64}, 128, {}});
+    g.tma.push_back(codegen::TmaOperand{0, {64}, 128, {}, {}});
     g.persistent = true;
     g.blocks_per_sm = 2;
     g.cluster_x = 2;
@@ -753,7 +753,7 @@ TEST_CASE("export: TMA descriptors, persistent grids, clusters and the shared-me
 TEST_CASE("export: TMA dims folded into one, as encode_tma does") {
   mock::st().reset();
   auto e = export_kernel(kernels::attention(), {{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}}, "fold",
-                         [](codegen::GeneratedKernel& g) { g.tma.push_back(codegen::TmaOperand{0, {1, 1, 64, 64}, 128, {0, 1, 2}}); });
+                         [](codegen::GeneratedKernel& g) { g.tma.push_back(codegen::TmaOperand{0, {1, 1, 64, 64}, 128, {0, 1, 2}, {}}); });
   auto launch = e->fn<AttentionLaunch>("attention_launch");
   mock::st().param_sizes = {72, 72, 72, 72, 4, sizeof(CUtensorMap)};
   std::vector<int64_t> shape{2, 3, 100, 64};
@@ -777,6 +777,42 @@ TEST_CASE("export: TMA dims folded into one, as encode_tma does") {
   TjTensor q2 = tj_tensor(0x10000, DType::bf16, odd), k2 = tj_tensor(0x20000, DType::bf16, odd),
            v2 = tj_tensor(0x30000, DType::bf16, odd), o2 = tj_tensor(0x40000, DType::bf16, odd);
   CHECK(launch(nullptr, &q2, &k2, &v2, &o2, 1.0f, 0) == kShape);   // D=64 is static
+}
+
+TEST_CASE("export: TMA traversal strides reach the tensor map, innermost first") {
+  // K read as the fp8 attention lowering's attn_keys_by_parity does: every second row per load.
+  mock::st().reset();
+  auto e = export_kernel(kernels::attention(), {{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}}, "estride",
+                         [](codegen::GeneratedKernel& g) {
+                           g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {1, 1, 2, 1}});
+                         });
+  auto launch = e->fn<AttentionLaunch>("attention_launch");
+  mock::st().param_sizes = {72, 72, 72, 72, 4, sizeof(CUtensorMap)};
+  std::vector<int64_t> shape{2, 3, 100, 64};
+  TjTensor q = tj_tensor(0x10000, DType::bf16, shape), k = tj_tensor(0x20000, DType::bf16, shape),
+           v = tj_tensor(0x30000, DType::bf16, shape), o = tj_tensor(0x40000, DType::bf16, shape);
+  REQUIRE_MESSAGE(launch(nullptr, &q, &k, &v, &o, 1.0f, 0) == kSuccess, e->last_error());
+  REQUIRE(mock::st().tmas.size() == 1);
+  const mock::TmaCall& t = mock::st().tmas[0];
+  CHECK(t.address == 0x20000);
+  CHECK(t.dims == std::vector<uint64_t>{64, 100, 6});   // [B*H, S, D] innermost first
+  CHECK(t.box == std::vector<uint32_t>{64, 64, 1});
+  CHECK(t.element_strides == std::vector<uint32_t>{1, 2, 1});
+}
+
+TEST_CASE("export: a TMA traversal stride on a folded dim or past 8 is refused, with the tensor's name") {
+  const std::vector<VariantSpec> vs{{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}};
+  CHECK_THROWS_WITH_AS(export_kernel(kernels::attention(), vs, "estride_fold",
+                                     [](codegen::GeneratedKernel& g) {
+                                       g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {2, 1, 1, 1}});
+                                     }),
+                       doctest::Contains("TMA traversal stride 2 of 'k' (dim 0) is outside [1, 8] or on a folded dim"),
+                       Error);
+  CHECK_THROWS_WITH_AS(export_kernel(kernels::attention(), vs, "estride_big",
+                                     [](codegen::GeneratedKernel& g) {
+                                       g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {1, 1, 9, 1}});
+                                     }),
+                       doctest::Contains("TMA traversal stride 9 of 'k' (dim 2)"), Error);
 }
 
 TEST_CASE("export: the header compiles as C and C++, the IR names the API") {

@@ -50,6 +50,10 @@
 //   P's k positions) and signal it on a barrier of their own; the consumers' P conversion is
 //   then shuffle-free (FA3's trick; FA3 permutes while it transposes V). Otherwise
 //   acc_to_a_fp8 (2 shuffles per 32 keys and row). The inputs and the result are the same.
+//   kKeysByParity (fp8 only): the permutation is in K's rows instead: each K stage holds the
+//   block's even keys, then its odd keys (TMA with a traversal stride of 2 keys), so S's columns
+//   come out in the order P's A fragment needs for the natural V (acc_to_a_fp8_keys_by_parity);
+//   the masks and score hooks take each column's key from Cfg::key_offset. No V permutation.
 //   kExp2Fma (0-8): of every 8 consecutive score registers a thread holds, this many take their
 //   exp2 from exp2_fma() (FMA and integer pipes) instead of ex2.approx (the MUFU): the FP8
 //   kernels' softmax needs one MUFU op per score, as many as the tensor cores take for its two
@@ -91,7 +95,7 @@ struct AttnParams {
 
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
           bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0,
-          bool kRescaleVote_ = true, bool kLeanProducer_ = false>
+          bool kRescaleVote_ = true, bool kLeanProducer_ = false, bool kKeysByParity_ = false>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -104,7 +108,19 @@ struct AttnCfg {
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kWgSync = kWgSync_ && (kConsumers_ == 2 || kConsumers_ == 3);
   static constexpr bool kFp8 = (kIn_ == WG_E4M3 || kIn_ == WG_E5M2);
-  static constexpr bool kVPerm = kVPerm_ && kFp8 && !kLeanProducer_;
+  static constexpr bool kVPerm = kVPerm_ && kFp8 && !kLeanProducer_ && !kKeysByParity_;
+  // fp8: each K stage holds the block's even keys, then its odd keys (two TMA loads with a
+  // traversal stride of 2), so that S's accumulator holds every thread's A-fragment keys and P
+  // converts without shuffles for the natural key order of V (acc_to_a_fp8_keys_by_parity): no
+  // V permutation, no warps for it.
+  static constexpr bool kKeysByParity = kKeysByParity_ && kFp8;
+  // The key of S accumulator register i of lane quad position q, within its block:
+  // key_offset(i) + kKeyLaneStep * q.
+  static constexpr int kKeyLaneStep = kKeysByParity ? 4 : 2;
+  static constexpr int key_offset(int i) {
+    return kKeysByParity ? ((i >> 2) < kBN_ / 16 ? 16 * (i >> 2) : 16 * ((i >> 2) - kBN_ / 16) + 1) + 2 * (i & 1)
+                         : 8 * (i >> 2) + (i & 1);
+  }
   static constexpr int kExp2Fma = kExp2Fma_;   // of every 8 score exp2s, those on the FMA pipes
   static constexpr bool kRescaleVote = kRescaleVote_;   // skip O's rescale where a warp's alphas are all 1
   // The producer is one warp after the consumer warpgroups instead of a warpgroup before them: no
@@ -475,8 +491,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         mbar_arrive_expect_tx(&full_k[s], (unsigned)Cfg::kKBytes);
         unsigned char* k_dst = sK + s * Cfg::kKBytes;
 #pragma unroll
-        for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
-          tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+        for (int blk = 0; blk < Cfg::kQkBlocks; ++blk) {
+          if constexpr (Cfg::kKeysByParity) {   // the map steps 2 keys: even keys, then odd keys
+            tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+            tma_load_3d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, bhk);
+          } else {
+            tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+          }
+        }
         mbar_wait(&empty_v[s], ph ^ 1u);
         mbar_arrive_expect_tx(&full_v[s], (unsigned)Cfg::kVBytes);
         unsigned char* v_dst = sV + s * Cfg::kVBytes;
@@ -527,7 +549,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const int tid = (int)(threadIdx.x & 127u);
   const int rb = m0 + 64 * c;                       // first row of this consumer
   const int r0 = acc_row(0, tid);                   // this thread's rows: rb + r0, rb + r0 + 8
-  const int q2 = 2 * (tid & 3);
+  const int q2 = 2 * (tid & 3);                     // this thread's first O column (of 8)
+  const int cq = Cfg::kKeyLaneStep * (tid & 3);     // its first key in a block (Cfg::key_offset)
 
   const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)hk * p.qd_sh] : 1.0f;
   const float kd = p.k_descale ? p.k_descale[(long long)b * p.kd_sb + (long long)hk * p.kd_sh] : 1.0f;
@@ -607,20 +630,20 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   auto mask = [&](int n0, int cls) {
     if constexpr (kLinear) {
       // One FFMA per key column (shared by the thread's two rows) and one per element.
-      const float col0 = lin_a * (float)(n0 - rb + q2);
+      const float col0 = lin_a * (float)(n0 - rb + cq);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i)
-        s[i] = fmaf(s[i], lin_sc, fmaf(lin_a, (float)(8 * (i >> 2) + (i & 1)), col0));
+        s[i] = fmaf(s[i], lin_sc, fmaf(lin_a, (float)Cfg::key_offset(i), col0));
     } else if constexpr (Hooks::kScoreMod) {
       // Positions as floats: one conversion per row and per block, the column offsets folded in
       // as immediates (an I2F per score element runs at a quarter of the FP32 rate).
-      const float rowf = (float)(rb + r0), colf = (float)(n0 + q2);
+      const float rowf = (float)(rb + r0), colf = (float)(n0 + cq);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) {
         const int row = rb + r0 + 8 * ((i >> 1) & 1);
-        const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+        const int col = n0 + Cfg::key_offset(i) + cq;
         s[i] = hooks.score(s[i] * sc_nat, row, col, rowf + (float)(8 * ((i >> 1) & 1)),
-                           colf + (float)(8 * (i >> 2) + (i & 1)));
+                           colf + (float)Cfg::key_offset(i));
       }
     }
     const bool tail = n0 + BN > p.Skv;
@@ -644,7 +667,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
           const int row = rb + r0 + 8 * ((i >> 1) & 1);
-          const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+          const int col = n0 + Cfg::key_offset(i) + cq;
           bool bad = col > last_key[(i >> 1) & 1];
           if constexpr (decltype(with_hook)::value) bad |= !hooks.keep(row, col);
           s[i] = bad ? masked_raw : s[i];
@@ -665,13 +688,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
             for (int b = 0; b < 32 && 32 * w + b < BN / 2; ++b) {
               const int i = 32 * w + b;
               const int row = rb + r0 + 8 * ((i >> 1) & 1);
-              const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+              const int col = n0 + Cfg::key_offset(i) + cq;
               if (!hooks.keep(row, col)) drop[w] |= 1u << b;
             }
           }
 #pragma unroll
           for (int i = 0; i < BN / 2; ++i) {
-            const int col = n0 + 8 * (i >> 2) + q2 + (i & 1);
+            const int col = n0 + Cfg::key_offset(i) + cq;
             const bool bad = col > last_key[(i >> 1) & 1] || ((drop[i >> 5] >> (i & 31)) & 1u);
             s[i] = bad ? masked_raw : s[i];
           }
@@ -718,7 +741,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   };
   auto to_a = [&]() {
     if constexpr (Cfg::kFp8) {
-      if constexpr (Cfg::kVPerm) acc_to_a_fp8_kperm<BN, TY>(s, pa);
+      if constexpr (Cfg::kKeysByParity) acc_to_a_fp8_keys_by_parity<BN, TY>(s, pa);
+      else if constexpr (Cfg::kVPerm) acc_to_a_fp8_kperm<BN, TY>(s, pa);
       else acc_to_a_fp8<BN, TY>(s, pa);
     } else if constexpr (TY == WG_BF16) {
       acc_to_a_bf16<BN>(s, pa);
