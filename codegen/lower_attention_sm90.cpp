@@ -218,8 +218,13 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // V stage (attn_vperm, default with 2+ consumers; with one, the permutation cost about what it
   // saved: H100, session 7, m128 n192 +1-3%, m64 n192 -3%) or converts P with shuffles (16-bit:
   // neither applies).
+  // The exception: a linear score hook (ALiBi) with three consumers keeps the V permutation (H200,
+  // session 16, ALiBi causal S 8192, 192 x 96: 785 / 787 TFLOP/s permuted, 750 / 750 by parity,
+  // the same main loop in SASS; at 64 x 128, S 2048, parity +2%).
   const bool vperm_asked = cfg.knob("attn_vperm", 0) != 0;
-  const bool keys_by_parity = fp8 && cfg.knob("attn_keys_by_parity", vperm_asked ? 0 : 1) != 0;
+  const bool linear_hook_3 = consumers == 3 && hooks && hooks->score_mod && cfg.knob("attn_linear_score", 1) != 0 &&
+                             score_hook_is_linear(f, *hooks, hook_symbols(f));
+  const bool keys_by_parity = fp8 && cfg.knob("attn_keys_by_parity", vperm_asked || linear_hook_3 ? 0 : 1) != 0;
   if (keys_by_parity && vperm_asked)
     throw fail("knobs attn_keys_by_parity = 1 and attn_vperm = 1 both reorder P's keys: choose one");
   const bool vperm = !keys_by_parity && cfg.knob("attn_vperm", consumers >= 2 ? 1 : 0) != 0;
@@ -444,7 +449,7 @@ const bool registered = [] {
     const bool fp8 = is_fp8(f.params[0].dtype);
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
-    if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});
+    if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});   // (the tuner's fallback; see above)
     if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});

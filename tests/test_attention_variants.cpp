@@ -523,6 +523,39 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
   }
 }
 
+TEST_CASE("attention variants: fp8 keys by parity by default, except a linear score hook with three consumers") {
+  // K loaded even keys first is fp8's default for P's key order; ALiBi on 192-row tiles measured
+  // faster with V permuted instead (codegen/lower_attention_sm90.cpp), at other tiles by parity.
+  const codegen::Target t = codegen::Target::parse("sm_90a");
+  const int64_t S = 512, D = 128;
+  TensorSpec q{DType::e4m3, {1, 16, S, D}}, ds{DType::f32, {1, 16}};
+  std::vector<ArgSpec> specs = {q, q, TensorSpec{DType::e4m3, {1, 16, D, S}}, ds, ds, ds,
+                                TensorSpec{DType::bf16, {1, 16, S, D}}, TensorSpec{DType::f32, {1, 16, S}},
+                                RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
+  struct Case {
+    kernels::AttentionVariant v;
+    int64_t bm, bn;
+    bool parity;
+  };
+  const std::vector<Case> cases = {{kernels::alibi_variant(16, true), 192, 96, false},
+                                   {kernels::alibi_variant(16, true), 64, 128, true},
+                                   {kernels::softcap_variant(30, true), 192, 96, true},
+                                   {kernels::causal_variant(), 192, 96, true}};
+  for (const Case& c : cases) {
+    INFO(c.v.name << " m=" << c.bm << " n=" << c.bn);
+    const ir::Function f = kernels::attention_variant(c.v).trace(specs);
+    const codegen::GeneratedKernel g = codegen::generate_cuda(f, variant_config(c.bm, c.bn), t);
+    REQUIRE(g.lowering == "sm90_attention");
+    REQUIRE(g.tma.size() == 3);
+    CHECK(g.tma[1].element_strides == (c.parity ? std::vector<int>{1, 1, 2, 1} : std::vector<int>{}));
+    CHECK((g.source.find("(its other warps permute V's keys for a shuffle-free P)") != std::string::npos) == !c.parity);
+    // asked for, ALiBi takes it at 192 rows too
+    Config cfg = variant_config(c.bm, c.bn);
+    cfg.knobs["attn_keys_by_parity"] = 1;
+    CHECK(codegen::generate_cuda(f, cfg, t).tma[1].element_strides == std::vector<int>{1, 1, 2, 1});
+  }
+}
+
 TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed with the rest, becomes the built-in causal mask") {
   const Problem p{1, 2, 2, 300, 300, 128};
   TensorSpec q{DType::e4m3, {p.B, p.H, p.Sq, p.D}}, kk{DType::e4m3, {p.B, p.Hkv, p.Skv, p.D}};
