@@ -172,7 +172,10 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // the long-row tiles, 192 x 96 (H100, session 14, causal S 8192 fp8, with causal tiles longest
   // first over groups of heads: ALiBi 763 vs 746 TFLOP/s, softcap 637-642 vs 606-613; at S 2048
   // 64 x 128 stays ahead, ALiBi 579-582 vs 560-562).
-  const int64_t key_block = kb.score_mod_block && is_fp8(in) && seq_kv > 4096 ? 0 : kb.any;
+  // fp8 up to 4096 keys: 64 x 64 tiles (three CTAs per SM) instead (H200, session 16, keys by
+  // parity, S 1024 / 2048 / 4096: ALiBi 526-530 / 649-651 / 728 vs 453-455 / 588-589 / 687-688 TFLOP/s,
+  // softcap 465-468 / 552 / 600-601 vs 406-408 / 504-507 / 575).
+  const int64_t key_block = !kb.score_mod_block || !is_fp8(in) ? kb.any : seq_kv > 4096 ? 0 : seq_kv > 0 ? 64 : kb.any;
   Config c = attention_fp8_default_config(in, head_dim, causal, qk_head_dim, key_block, seq_kv, kb.fp8);
   if (kb.fast_math) c.knobs["fast_math"] = 1;
   return c;

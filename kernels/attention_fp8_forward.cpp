@@ -33,6 +33,12 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // A variant's fp8 key block holds at every length (a window: the keys per row do not grow);
   // measured at head dim 128 only, where it gives the 64 x 64 tiles below.
   if (is_fp8(in) && fp8_key_block > 0 && head_dim == 128 && qk_head_dim <= 128) key_block = fp8_key_block;
+  // fp8 causal(-like) rows of up to 2048 keys: 64 x 64 tiles too (H200, session 16, keys by parity,
+  // S 1024 / 2048 / 4096 vs 64 x 192: causal 540-545 / 666-671 / 748-754 vs 479-482 / 649-654 / 778-788
+  // TFLOP/s, GQA 551-553 / 676 / 761-763 vs 493-496 / 660-665 / 793-794, prefix-LM 535 / 654 / 732-736
+  // vs 446-449 / 620-624 / 757-760: past 2048 keys 64 x 192 stays ahead).
+  if (is_fp8(in) && head_dim == 128 && qk_head_dim <= 128 && causal && key_block <= 0 && seq_kv > 0 && seq_kv <= 2048)
+    key_block = 64;
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   // fp8 D 128 with little work per query tile (keys up to 4096, or a sparse mask): query tiles of
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the

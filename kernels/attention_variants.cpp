@@ -69,6 +69,9 @@ AttentionVariant document_variant(int64_t documents, bool causal) {
 AttentionVariant block_mask_variant(int64_t block_q, int64_t block_kv, bool causal) {
   AttentionVariant v{fmt::format("attention_block_mask_{}x{}{}", block_q, block_kv, causal ? "_causal" : "")};
   v.key_block = 64;   // short rows: small tiles, less waste in boundary blocks, two CTAs per SM
+  // fp8 64 x 64 tiles past 4096 keys too (H200, session 16, the bench's BigBird-like mask, keys by
+  // parity: S 8192 596-602 vs 566-569 TFLOP/s at 64 x 128, S 16384 668-669 vs 671-673)
+  v.fp8_key_block = 64;
   v.inputs = {"block_mask"};
   v.mask_mod = [block_q, block_kv, causal](const ScoreIndex& at) {
     const In& mask = at.inputs[0];

@@ -196,7 +196,7 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
   CHECK(autotune::untuned_config(f, "sm_80") == default_config(f));
   ir::Function f32d = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 64, 64, 32, true, false));
   CHECK(autotune::untuned_config(f32d, "sm_90a") == default_config(f32d));
-  // A variant's key block and score mod: softcap's fp8 tiles are 64 x 128 up to 4096 keys, the
+  // A variant's key block and score mod: softcap's fp8 tiles are 64 x 64 up to 4096 keys, the
   // long-row 192 x 96 beyond; a mask's key block (segment: 128) holds at every length.
   const Kernel softcap = kernels::attention_variant(kernels::softcap_variant(30.0, true));
   const Kernel segment = kernels::attention_variant(kernels::segment_variant(2048));
@@ -204,7 +204,7 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
     const Kernel* k;
     int64_t S, m, n, stages;
   };
-  for (const VariantCase& c : {VariantCase{&softcap, 4096, 64, 128, 2}, VariantCase{&softcap, 8192, 192, 96, 4},
+  for (const VariantCase& c : {VariantCase{&softcap, 4096, 64, 64, 2}, VariantCase{&softcap, 8192, 192, 96, 4},
                                VariantCase{&segment, 8192, 64, 128, 2}}) {
     INFO(fmt::format("{} S {}", c.k->name(), c.S));
     ir::Function fs = c.k->trace(attention_specs(DType::e4m3, DType::bf16, 2, 16, c.S, c.S, 128, false, false));

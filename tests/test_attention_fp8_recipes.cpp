@@ -272,10 +272,19 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("m") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 256, false).blocks.at("n") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, false).blocks.at("n") == 64);
-  // fp8 D 128 with little work per query tile: 64 rows (two CTAs per SM); long dense tiles: 192
-  // rows (three consumer warpgroups) by key blocks of 96, 4 stages.
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 2048).blocks.at("m") == 64);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 2048).blocks.at("n") == 192);
+  // fp8 D 128 with little work per query tile: 64 rows (two CTAs per SM; causal rows of up to 2048
+  // keys: 64 x 64 tiles, three CTAs per SM with a producer warp); long dense tiles: 192 rows (three
+  // consumer warpgroups) by key blocks of 96, 4 stages.
+  for (int64_t keys : {1024, 2048}) {
+    const Config c = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, keys);
+    CHECK(c.blocks.at("m") == 64);
+    CHECK(c.blocks.at("n") == 64);
+    CHECK(c.knob("attn_lean_producer", 0) == 1);
+  }
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 4096).blocks.at("m") == 64);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 4096).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 0, 0, 2048).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 0, 2048).blocks.at("n") == 128);
   const Config long_rows = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192);
   CHECK(long_rows.blocks.at("m") == 192);
   CHECK(long_rows.blocks.at("n") == 96);
@@ -320,6 +329,20 @@ TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score
   CHECK(kernels::attention_variant_fp8_key_block(kernels::attention_variant(kernels::sliding_window_variant(4096)).name()) == 0);
   CHECK(kernels::attention_variant_fp8_key_block(kernels::attention_variant(kernels::document_variant(3, true)).name()) == 0);
   CHECK(kernels::attention_variant_fp8_key_block("attention_fp8") == 0);
+  // block masks: fp8 64 x 64 at every length
+  CHECK(kernels::attention_variant_fp8_key_block(kernels::attention_variant(kernels::block_mask_variant(128, 128, true)).name()) ==
+        64);
+  // a score_mod without a key block: fp8 64 x 64 up to 4096 keys (three CTAs per SM), the long-row
+  // 192 x 96 beyond; 16-bit keeps key blocks of 128
+  const std::string alibi = kernels::attention_variant(kernels::alibi_variant(8, true)).name();
+  for (int64_t S : {1024, 4096}) {
+    const Config f8 = kernels::attention_variant_default_config(alibi, DType::e4m3, 128, true, 0, S);
+    CHECK(f8.blocks.at("m") == 64);
+    CHECK(f8.blocks.at("n") == 64);
+    CHECK(f8.knob("attn_lean_producer", 0) == 1);
+    CHECK(kernels::attention_variant_default_config(alibi, DType::bf16, 128, true, 0, S).blocks.at("n") == 128);
+  }
+  CHECK(kernels::attention_variant_default_config(alibi, DType::e4m3, 128, true, 0, 8192).blocks.at("m") == 192);
   // attention_variant_default_config looks both up
   CHECK(kernels::attention_variant_default_config(window, DType::e4m3, 128, true, 0, 8192).to_json() ==
         kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, 8192, 64).to_json());
