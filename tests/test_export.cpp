@@ -750,17 +750,34 @@ TEST_CASE("export: TMA descriptors, persistent grids, clusters and the shared-me
   CHECK(std::string(e->last_error()).find("last dim must be contiguous") != std::string::npos);
 }
 
-TEST_CASE("export: TMA dims folded into one, as encode_tma does") {
-  mock::st().reset();
-  auto e = export_kernel(kernels::attention(), {{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}}, "fold",
-                         [](codegen::GeneratedKernel& g) { g.tma.push_back(codegen::TmaOperand{0, {1, 1, 64, 64}, 128, {0, 1, 2}, {}}); });
-  auto launch = e->fn<AttentionLaunch>("attention_launch");
-  mock::st().param_sizes = {72, 72, 72, 72, 4, sizeof(CUtensorMap)};
+// The SIMT attention exported with one extra TMA operand `op` and launched on the mock driver with
+// bf16 tensors [2, 3, 100, 64] (q, k, v, o at 0x10000 .. 0x40000): the export, its launcher and
+// the tensors, for more launches.
+struct TmaProbe {
+  std::unique_ptr<Exported> e;
+  AttentionLaunch launch = nullptr;
   std::vector<int64_t> shape{2, 3, 100, 64};
-  TjTensor q = tj_tensor(0x10000, DType::bf16, shape), k = tj_tensor(0x20000, DType::bf16, shape),
-           v = tj_tensor(0x30000, DType::bf16, shape), o = tj_tensor(0x40000, DType::bf16, shape);
-  REQUIRE_MESSAGE(launch(nullptr, &q, &k, &v, &o, 1.0f, 0) == kSuccess, e->last_error());
+  TjTensor q, k, v, o;
+};
+TmaProbe export_attention_with_tma(const std::string& tag, const codegen::TmaOperand& op) {
+  mock::st().reset();
+  TmaProbe p;
+  p.e = export_kernel(kernels::attention(), {{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}}, tag,
+                      [&](codegen::GeneratedKernel& g) { g.tma.push_back(op); });
+  p.launch = p.e->fn<AttentionLaunch>("attention_launch");
+  mock::st().param_sizes = {72, 72, 72, 72, 4, sizeof(CUtensorMap)};
+  p.q = tj_tensor(0x10000, DType::bf16, p.shape);
+  p.k = tj_tensor(0x20000, DType::bf16, p.shape);
+  p.v = tj_tensor(0x30000, DType::bf16, p.shape);
+  p.o = tj_tensor(0x40000, DType::bf16, p.shape);
+  REQUIRE_MESSAGE(p.launch(nullptr, &p.q, &p.k, &p.v, &p.o, 1.0f, 0) == kSuccess, p.e->last_error());
   REQUIRE(mock::st().tmas.size() == 1);
+  return p;
+}
+
+TEST_CASE("export: TMA dims folded into one, as encode_tma does") {
+  TmaProbe p = export_attention_with_tma("fold", codegen::TmaOperand{0, {1, 1, 64, 64}, 128, {0, 1, 2}, {}});
+  auto& [e, launch, shape, q, k, v, o] = p;
   const mock::TmaCall& t = mock::st().tmas[0];
   CHECK(t.dtype == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
   CHECK(t.rank == 2);
@@ -781,18 +798,7 @@ TEST_CASE("export: TMA dims folded into one, as encode_tma does") {
 
 TEST_CASE("export: TMA traversal strides reach the tensor map, innermost first") {
   // K read as the fp8 attention lowering's attn_keys_by_parity does: every second row per load.
-  mock::st().reset();
-  auto e = export_kernel(kernels::attention(), {{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}}, "estride",
-                         [](codegen::GeneratedKernel& g) {
-                           g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {1, 1, 2, 1}});
-                         });
-  auto launch = e->fn<AttentionLaunch>("attention_launch");
-  mock::st().param_sizes = {72, 72, 72, 72, 4, sizeof(CUtensorMap)};
-  std::vector<int64_t> shape{2, 3, 100, 64};
-  TjTensor q = tj_tensor(0x10000, DType::bf16, shape), k = tj_tensor(0x20000, DType::bf16, shape),
-           v = tj_tensor(0x30000, DType::bf16, shape), o = tj_tensor(0x40000, DType::bf16, shape);
-  REQUIRE_MESSAGE(launch(nullptr, &q, &k, &v, &o, 1.0f, 0) == kSuccess, e->last_error());
-  REQUIRE(mock::st().tmas.size() == 1);
+  export_attention_with_tma("estride", codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {1, 1, 2, 1}});
   const mock::TmaCall& t = mock::st().tmas[0];
   CHECK(t.address == 0x20000);
   CHECK(t.dims == std::vector<uint64_t>{64, 100, 6});   // [B*H, S, D] innermost first
