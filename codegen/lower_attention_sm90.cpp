@@ -449,7 +449,7 @@ const bool registered = [] {
     const bool fp8 = is_fp8(f.params[0].dtype);
     knobs.push_back({"attn_overlap", {1, 0}, 1});
     knobs.push_back({"attn_wgsync", {0, 1}, 0});
-    if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});   // (the tuner's fallback; see above)
+    if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});   // ALiBi on 192 rows defaults to 0 (above)
     if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});

@@ -238,7 +238,7 @@ CUtensorMap encode_tma(const std::string& kernel, const std::string& param, cons
   std::vector<int> box = op.box;
   std::vector<int> elem_strides = op.element_strides.empty() ? std::vector<int>(box.size(), 1) : op.element_strides;
   if (box.size() != shape.size() || elem_strides.size() != box.size())
-    throw fail("internal error: box rank differs from the tensor's");
+    throw fail("internal error: the box's or the traversal strides' rank differs from the tensor's");
   if (!op.fold_outer_dims.empty()) {
     // Merge dims fold_outer_dims[0..] (consecutive) into one; they must be contiguous.
     int first = op.fold_outer_dims.front(), last = op.fold_outer_dims.back();
