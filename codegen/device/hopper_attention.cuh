@@ -492,12 +492,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         unsigned char* k_dst = sK + s * Cfg::kKBytes;
 #pragma unroll
         for (int blk = 0; blk < Cfg::kQkBlocks; ++blk) {
-          if constexpr (Cfg::kKeysByParity) {   // the map steps 2 keys: even keys, then odd keys
-            tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+          tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+          if constexpr (Cfg::kKeysByParity)   // the map steps 2 keys: the even ones above, the odd ones here
             tma_load_3d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, bhk);
-          } else {
-            tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
-          }
         }
         mbar_wait(&empty_v[s], ph ^ 1u);
         mbar_arrive_expect_tx(&full_v[s], (unsigned)Cfg::kVBytes);
