@@ -130,7 +130,7 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
          "// column pairs tj_col0 + 8*j + {0, 1}. Each statement ends with `// @ file:line` (the DSL line).\n";
   src += "#include \"tile.cuh\"\n#include \"hopper_gemm.cuh\"\n\n";
   // hopper_wgmma.cuh predefines the common wgmma widths; any other n (e.g. 160, 224) gets its own.
-  static const int kPredefined[] = {16, 32, 64, 96, 128, 192, 256};
+  static const int kPredefined[] = {8, 16, 32, 64, 96, 128, 192, 256};
   if (std::find(std::begin(kPredefined), std::end(kPredefined), p.bn) == std::end(kPredefined))
     src += fmt::format("TJ_WGMMA_DEFINE({})\n\n", p.bn);
   src += fmt::format("using tj_cfg = tj::dev::Sm90GemmCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", wg_type(g.ta),

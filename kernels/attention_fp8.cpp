@@ -17,7 +17,8 @@
 //
 // Numerics: the q·k descales and the scale fold into one constant per (b, h); scores and the
 // online softmax are f32 in exp2; P = exp2(s - (m - 8)) is quantized to the input type for the
-// second dot; l accumulates the same f32 P, so the offset cancels in acc / l; the V descale folds
+// second dot; l accumulates that quantized P (fp8; 16-bit: the f32 P), so the offset cancels in
+// acc / l and, in fp8, the weights of V's rows sum to 1; the V descale folds
 // into that final normalization. Lazy rescaling: the running max m moves only when a block's max
 // passes it by more than a slack (0.75 fp8, 8 in 16-bit), so P lies in [0, 2^8.75] (fp8: up to 430,
 // e4m3's full relative precision and below its 448) or [0, 2^8] (16-bit, offset 0). Causal
@@ -112,9 +113,11 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
         auto m_use = where(m_new == -INFINITY, 0.0, m_new);   // no key yet: exp2(-inf - 0) = 0
         auto p = exp2(s - (m_use - p_offset).col());
         auto alpha = exp2(m_i - m_use);
-        l_i = l_i * alpha + sum(p, 1);
+        auto p_in = p.to(q.dtype());   // the P the second dot multiplies
+        // fp8: l sums that e4m3 P, so the weights of V's rows sum to 1 (sm_90a: on the tensor cores)
+        l_i = l_i * alpha + sum(fp8 ? p_in.to(DType::f32) : p, 1);
         auto vn = fp8 ? v.load(b, hk, all, n).T() : v.load(b, hk, n, all);
-        acc = dot(p.to(q.dtype()), vn, acc * alpha.col());
+        acc = dot(p_in, vn, acc * alpha.col());
         m_i = m_new;
       }
       auto out = acc * where(l_i > 0.0, v_scale / l_i, 0.0).col();

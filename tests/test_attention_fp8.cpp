@@ -100,6 +100,39 @@ Fp8Inputs quantize_ref(const HostTensor& q, const HostTensor& k, const HostTenso
   return r;
 }
 
+// Every V row of head h the same vector u_h, Q and K N(0,1): each output row is u_h as the kernel
+// reads it (e4m3 times its descale) exactly when the weights of V's rows sum to 1, as they do
+// when l sums the e4m3 P the second dot multiplies (f32 P: off by up to a few percent in rows of
+// few keys).
+struct SameVRows {
+  std::vector<HostTensor> in;    // q8, k8, vt8, qd, kd, vd
+  std::vector<double> expected;  // [1, H, S, D]
+};
+SameVRows same_v_rows(int64_t H, int64_t S, int64_t D, std::mt19937& rng) {
+  HostTensor q = randn(DType::bf16, {1, H, S, D}, rng), k = randn(DType::bf16, {1, H, S, D}, rng);
+  HostTensor u = randn(DType::bf16, {1, H, 1, D}, rng), v(DType::bf16, {1, H, S, D});
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t t = 0; t < D; ++t) v.set((h * S + j) * D + t, u.at(h * D + t));
+  Fp8Inputs r = quantize_ref(q, k, v);
+  SameVRows out{{r.q8, r.k8, r.vt8, r.qd, r.kd, r.vd}, std::vector<double>(H * S * D)};
+  const std::vector<double> vt = r.vt8.values(), vd = r.vd.values();
+  const int64_t S_pad = r.vt8.shape()[3];
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t t = 0; t < D; ++t) out.expected[(h * S + i) * D + t] = vt[(h * D + t) * S_pad] * vd[h];
+  return out;
+}
+
+// The largest |got - expected| / (|expected| + 0.01): bf16 output rounding is 2^-9.
+double max_rel_error(const std::vector<double>& got, const std::vector<double>& expected) {
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::isfinite(got[i]) ? std::abs(got[i] - expected[i]) / (std::abs(expected[i]) + 0.01)
+                                                  : INFINITY);
+  return worst;
+}
+
 std::vector<Arg> attention_args(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& qd,
                                 const TensorView& kd, const TensorView& vd, const TensorView& o, const TensorView& lse,
                                 bool causal, bool with_lse) {
@@ -299,6 +332,9 @@ TEST_CASE("attention_fp8: lowered for sm_90a, NVRTC compiles it (e4m3 wgmma, TMA
     CHECK(ptx.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(c.bn)) != std::string::npos);   // S = Q.Kᵀ
     CHECK(ptx.find("wgmma.mma_async.sync.aligned.m64n" + std::to_string(c.D)) != std::string::npos);    // O += P.V
     CHECK(ptx.find(type) != std::string::npos);
+    // fp8: each block's row sums as P.1 on the tensor cores (m64n8 beside its P.V); 16-bit: FADDs
+    CHECK((ptx.find("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3") != std::string::npos) == is_fp8(c.in));
+    CHECK(ptx.find("wgmma.mma_async.sync.aligned.m64n8k16") == std::string::npos);
     CHECK(ptx.find("cp.async.bulk.tensor.3d") != std::string::npos);
     CHECK(ptx.find("setmaxnreg") != std::string::npos);
     CHECK(ptx.find("mbarrier.try_wait") != std::string::npos);
@@ -598,6 +634,19 @@ TEST_CASE("attention_fp8: lazy rescaling keeps P in e4m3's range while row maxim
   }
 }
 
+TEST_CASE("attention_fp8: fp8 weights of V's rows sum to 1 (l sums the e4m3 P): identical V rows come back (CPU reference)") {
+  std::mt19937 rng(41);
+  SameVRows c = same_v_rows(2, 300, 128, rng);
+  HostTensor o(DType::bf16, {1, 2, 300, 128}), lse(DType::f32, {1, 2, 300});
+  run_ref(kernels::attention_fp8(),
+          attention_args(c.in[0].view(), c.in[1].view(), c.in[2].view(), c.in[3].view(), c.in[4].view(), c.in[5].view(),
+                         o.view(), lse.view(), true, false),
+          blocks(64, 64));
+  const double worst = max_rel_error(o.values(), c.expected);
+  MESSAGE("CPU reference, causal rows of 1-300 keys, every V row u: max relative error " << worst);
+  CHECK(worst <= 6e-3);
+}
+
 TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference executor (e4m3 / bf16, tails, causal)") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(13);
@@ -730,6 +779,32 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a with row maxima creeping up (laz
       CHECK(ml.max_abs <= 2e-3);
       CHECK(mt.rel_rmse <= (is_fp8(in) ? 2e-2 : 1e-2));
     }
+  }
+}
+
+TEST_CASE("gpu: attention_fp8 lowered to sm_90a: fp8 weights of V's rows sum to 1 (row sums on the tensor cores)") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(42);
+  SameVRows c = same_v_rows(2, 300, 128, rng);
+  std::vector<DeviceTensor> dev;
+  for (const auto& t : c.in) dev.push_back(DeviceTensor::from_host(t));
+  std::vector<Config> configs = {blocks(64, 64), blocks(128, 128), blocks(64, 192), blocks(192, 96)};
+  configs[0].knobs = {{"attn_lean_producer", 1}, {"attn_overlap", 0}};   // the simple schedule
+  configs[3].num_stages = 4;
+  for (const Config& cfg : configs) {
+    INFO(cfg.to_json());
+    DeviceTensor o(DType::bf16, {1, 2, 300, 128}), lse(DType::f32, {1, 2, 300});
+    o.fill_bytes(0xFF);
+    LaunchOptions lo;
+    lo.config = cfg;
+    launch(kernels::attention_fp8(),
+           attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(),
+                          o.view(), lse.view(), true, false),
+           lo);
+    runtime::synchronize();
+    const double worst = max_rel_error(o.to_host().values(), c.expected);
+    MESSAGE("GPU " << cfg.to_json() << ", causal rows of 1-300 keys, every V row u: max relative error " << worst);
+    CHECK(worst <= 6e-3);
   }
 }
 

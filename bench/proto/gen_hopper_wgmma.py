@@ -12,7 +12,7 @@ NS = list(range(8, 257, 8))
 # N values whose wrappers are defined by default (all six type pairs each). Other N values have
 # operand tables and can be enabled by generated code with TJ_WGMMA_DEFINE(N) after including
 # hopper.cuh (one line, at global scope).
-DEFAULT_NS = [16, 32, 64, 96, 128, 192, 256]
+DEFAULT_NS = [8, 16, 32, 64, 96, 128, 192, 256]
 
 out = []
 w = out.append

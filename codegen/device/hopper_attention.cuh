@@ -21,9 +21,9 @@
 // c = (score_scale * q_descale) * k_descale (score_scale = softmax scale * log2 e) applied to
 // the raw e4m3 dot product; P = exp2(s*c - (m - 8)) lies in [0, 256] (the fixed power-of-two
 // offset puts it in e4m3's range with full relative precision) and is quantized to e4m3 for the
-// P.V wgmma; the row sum l accumulates the same (unquantized, f32) P, so the offset cancels in
-// O = acc / l; the V descale is folded into that final normalization. 16-bit inputs use
-// offset 0. c < 0 (negative descales) works too; c == 0 is not supported (masked scores).
+// P.V wgmma; the row sum l accumulates that e4m3 P (P.1 on the tensor cores, kRowSumMma), so
+// the offset cancels in O = acc / l; the V descale is folded into that final normalization.
+// 16-bit inputs use offset 0 and sum the f32 P. c < 0 (negative descales) works too; c == 0 is not supported (masked scores).
 //   LSE (natural log) = (m - offset + log2 l) * ln 2; rows without any key: O = 0, LSE = -inf.
 // This is exactly kernels/attention_fp8.cpp's computation (the same ascending key blocks of BN,
 // the same running max), so the CPU reference executor reproduces every P quantization.
@@ -128,6 +128,14 @@ struct AttnCfg {
   // 160 threads of 128 registers let three CTAs share an SM (with a producer warpgroup, ptxas
   // sized the consumers' wgmmas by the 80 registers of three 256-thread CTAs: C7602).
   static constexpr bool kLeanProducer = kLeanProducer_;
+  // fp8: each block's row sums from the tensor cores, P.1 as m64n8 wgmmas beside its P.V (B a
+  // tile of ones in shared memory), added to l in f32 once the P.V is done: l sums the e4m3 P
+  // the P.V multiplies, as kernels/attention_fp8.cpp defines it, and the softmax loses an FADD
+  // per score. (Accumulated across blocks in the wgmma accumulator instead, l came out biased low:
+  // the FP8 tensor cores keep about 14 bits when they add to it, and at S 8192 the output's error
+  // grew by up to half (H200, session 17).)
+  static constexpr bool kRowSumMma = kFp8;
+  static constexpr int kOnesBytes = kRowSumMma ? 256 : 0;   // 8 rows x 32 bytes of K, no swizzle
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
   static constexpr int kBM = 64 * kConsumers;
@@ -168,10 +176,11 @@ struct AttnCfg {
   // One consumer: 232 + 24 registers per thread pair = 128 per thread at launch, so that two
   // CTAs fit an SM when their shared memory does (the lowering asks for 2 blocks per SM then).
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
-  // 1024 alignment slack + Q + stages + barriers (q, 5 per stage) + the block-class table and
+  // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the block-class table and
   // its bits (visited) and the list of visited blocks
   static constexpr int kSmemBytes =
-      1024 + kQBytes + kStages * (kKBytes + kVBytes) + (1 + 5 * kStages) * 8 + 3 * kClassTable + 4 * kClassWords;
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + 3 * kClassTable +
+      4 * kClassWords;
 
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
@@ -379,7 +388,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned char* sQ = smem;                                     // [kQkBlocks][BM][WQ]
   unsigned char* sK = sQ + Cfg::kQBytes;                        // [S][kQkBlocks][BN][WQ]
   unsigned char* sV = sK + S * Cfg::kKBytes;                    // [S][...]
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sV + S * Cfg::kVBytes);
+  unsigned char* sOnes = sV + S * Cfg::kVBytes;                 // kRowSumMma: [8][32 bytes] of ones
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sOnes + Cfg::kOnesBytes);
   unsigned long long* q_bar = bars;
   unsigned long long* full_k = bars + 1;
   unsigned long long* full_v = full_k + S;
@@ -465,6 +475,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll 1
       for (int w = 0; w < (e >> 5); ++w) rank += __popc(visit_bits[w]);
       visit_list[rank] = (unsigned short)(4 * e + cls);
+    }
+  }
+  if constexpr (Cfg::kRowSumMma) {
+    // 1.0 in the input type; every element is one, so the descriptor's layout does not matter
+    constexpr unsigned kOne = Cfg::kFp8 ? 0x38383838u : TY == WG_BF16 ? 0x3F803F80u : 0x3C003C00u;
+    if (threadIdx.x < Cfg::kOnesBytes / 4) {
+      reinterpret_cast<unsigned*>(sOnes)[threadIdx.x] = kOne;
+      fence_proxy_async_shared();   // the wgmmas read it through the async proxy
     }
   }
   __syncthreads();
@@ -582,6 +600,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned pa[Cfg::kPRegs];
   float m_run[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
   float l_run[2] = {0.0f, 0.0f};
+  float l_blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // kRowSumMma: the last P.V block's row sums (rows r0: 0, 1; r0 + 8: 2, 3)
   acc_fill<D>(o, 0.0f);
 #pragma unroll
   for (int i = 0; i < Cfg::kPRegs; ++i) pa[i] = 0u;
@@ -597,6 +616,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   fence_operand(dq0);
   fence_operand(dk0);
   fence_operand(dv0);
+  const unsigned long long d_ones = make_desc_kmajor<SWIZZLE_NONE>(sOnes);
 
   // S = Q . K_s^T (issue only)
   auto issue_qk = [&](int st) {
@@ -620,6 +640,30 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         mma_async_rs<D, TY, TY, 1, 1, 1>(o, pa + 4 * k, desc_advance(dv, (unsigned)(k * 16 * 128)),
                                          1);
       }
+    }
+    if constexpr (Cfg::kRowSumMma) {
+#pragma unroll
+      for (int k = 0; k < BN / Cfg::kKStep; ++k) mma_async_rs<8, TY, TY>(l_blk, pa + 4 * k, d_ones, k > 0 ? 1 : 0);
+    }
+  };
+  // O times alpha per row (kRowSumMma: l too, which the softmax scales otherwise)
+  auto rescale_o = [&](const float* alpha) {
+    acc_scale_rows<D>(o, alpha);
+    if constexpr (Cfg::kRowSumMma) {
+      l_run[0] *= alpha[0];
+      l_run[1] *= alpha[1];
+    }
+  };
+  auto fence_o = [&]() {
+    fence_acc<D / 2>(o);
+    if constexpr (Cfg::kRowSumMma) fence_acc<4>(l_blk);
+  };
+  // After the wait on a P.V: its block's row sums join l (every column of P.1 is the row's sum)
+  auto pv_done = [&]() {
+    fence_o();
+    if constexpr (Cfg::kRowSumMma) {
+      l_run[0] += l_blk[0];
+      l_run[1] += l_blk[2];
     }
   };
   // The score hook on block n0, then the masks: the KV end, the causal diagonal, and the mask
@@ -731,10 +775,12 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       const float x = fmaf(s[i], scm, bias[(i >> 1) & 1]);
       s[i] = (i & 7) < Cfg::kExp2Fma ? exp2_fma(x) : attn_detail::ex2(x);
     }
-    float rs[2] = {0.0f, 0.0f};
-    acc_row_sum_partial<BN>(s, rs);
-    l_run[0] = l_run[0] * alpha[0] + rs[0];
-    l_run[1] = l_run[1] * alpha[1] + rs[1];
+    if constexpr (!Cfg::kRowSumMma) {
+      float rs[2] = {0.0f, 0.0f};
+      acc_row_sum_partial<BN>(s, rs);
+      l_run[0] = l_run[0] * alpha[0] + rs[0];
+      l_run[1] = l_run[1] * alpha[1] + rs[1];
+    }
   };
   auto to_a = [&]() {
     if constexpr (Cfg::kFp8) {
@@ -816,8 +862,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         // (H100, session 5: causal bf16 / fp8 S 8192 +2-3%). kRescaleVote = false (knob
         // attn_rescale_vote = 0) rescales at every block.
         if (!Cfg::kRescaleVote || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-          acc_scale_rows<D>(o, alpha);
-        fence_acc<D / 2>(o);
+          rescale_o(alpha);
+        fence_o();
         fence_pa();
         wgmma_fence();
         issue_pv(pst);
@@ -836,8 +882,18 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         // pins the softmax above the wait in SASS; without it ptxas hoists the wait to the top
         // of the softmax and the P.V wgmma no longer overlaps the exp2s (checked in the SASS:
         // bench/attention/sass_check.py).
-        if ((threadIdx.x & 31u) == 0u && !(l_run[0] < -1.0f || l_run[1] < -1.0f))
-          mbar_arrive(&empty_k[st]);
+        // (kRowSumMma: on the bitwise or of every P, 3-input LOP3s at half an instruction per score:
+        // each P is +0, positive or the canonical NaN, so the sign bit stays clear.)
+        bool softmax_done;
+        if constexpr (Cfg::kRowSumMma) {
+          unsigned any = 0u;
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) any |= __float_as_uint(s[i]);
+          softmax_done = !(__uint_as_float(any) < -1.0f);
+        } else {
+          softmax_done = !(l_run[0] < -1.0f || l_run[1] < -1.0f);
+        }
+        if ((threadIdx.x & 31u) == 0u && softmax_done) mbar_arrive(&empty_k[st]);
         // The volatile fences take the softmax results as operands and volatile asm keeps its
         // order, so the exp2s also stay above the wait at the PTX level.
         fence_acc<BN / 2>(s);
@@ -848,7 +904,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         fence_operand(m_run[0]);
         fence_operand(m_run[1]);
         wgmma_wait<0>();
-        fence_acc<D / 2>(o);
+        pv_done();
         fence_pa();
         attn_detail::release(&empty_v[pst]);
         to_a();
@@ -858,14 +914,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         const int pst = prev.stage;
         const unsigned pph = prev.phase;
         mbar_wait(&v_ready[pst], pph);
-        acc_scale_rows<D>(o, alpha);
-        fence_acc<D / 2>(o);
+        rescale_o(alpha);
+        fence_o();
         fence_pa();
         wgmma_fence();
         issue_pv(pst);
         wgmma_commit();
         wgmma_wait<0>();
-        fence_acc<D / 2>(o);
+        pv_done();
         fence_pa();
         attn_detail::release(&empty_v[pst]);
       }
@@ -894,16 +950,16 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         mask(j * BN, cls);
         float alpha[2];
         softmax(alpha);
-        acc_scale_rows<D>(o, alpha);
+        rescale_o(alpha);
         to_a();
         mbar_wait(&v_ready[st], ph);
-        fence_acc<D / 2>(o);
+        fence_o();
         fence_pa();
         wgmma_fence();
         issue_pv(st);
         wgmma_commit();
         wgmma_wait<0>();
-        fence_acc<D / 2>(o);
+        pv_done();
         fence_pa();
         attn_detail::release(&empty_v[st]);
         j = j_next;
@@ -916,7 +972,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   float inv[2], lse[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const float l = quad_allreduce_sum(l_run[hh]);
+    // kRowSumMma: P.1 gave every column of the accumulator the whole row's sum
+    const float l = Cfg::kRowSumMma ? l_run[hh] : quad_allreduce_sum(l_run[hh]);
     inv[hh] = l > 0.0f ? vd / l : 0.0f;
     const float m_use = m_run[hh] == attn_detail::neg_inf() ? 0.0f : m_run[hh];
     lse[hh] = l > 0.0f ? (m_use - Cfg::kPOffset + attn_detail::lg2(l)) * 0.6931471805599453f
