@@ -181,6 +181,10 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   const int64_t key_block = !kb.score_mod_block || !is_fp8(in) ? kb.any : seq_kv > 4096 ? 0 : seq_kv > 0 ? 64 : kb.any;
   Config c = attention_fp8_default_config(in, head_dim, causal, qk_head_dim, key_block, seq_kv, kb.fp8);
   if (kb.fast_math) c.knobs["fast_math"] = 1;
+  // A fast_math hook's approximations (softcap's tanh) share the MUFU with the softmax's exp2s: on
+  // fp8 192-row tiles one exp2 of every 8 moves to the FMA pipes (H200, session 17, softcap causal
+  // S 8192, 192 x 96: 655.8 vs 630.5 TFLOP/s; 2 of 8: 629.2).
+  if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = 1;
   return c;
 }
 

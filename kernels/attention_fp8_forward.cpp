@@ -39,6 +39,12 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // vs 446-449 / 620-624 / 757-760: past 2048 keys 64 x 192 stays ahead).
   if (is_fp8(in) && head_dim == 128 && qk_head_dim <= 128 && causal && key_block <= 0 && seq_kv > 0 && seq_kv <= 2048)
     key_block = 64;
+  // fp8 D 128 dense rows of up to 2048 keys: 64 x 128 tiles with a producer warp (below) instead of
+  // 64 x 192 (H200, session 17, row sums on the tensor cores, S 2048: 810.5 vs 782.8 TFLOP/s; 64 x 64
+  // with a producer warp 805.4, 64 x 128 with a producer warpgroup 796.9).
+  const bool short_dense =
+      is_fp8(in) && head_dim == 128 && qk_head_dim <= 128 && !causal && key_block <= 0 && seq_kv > 0 && seq_kv <= 2048;
+  if (short_dense) key_block = 128;
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   // fp8 D 128 with little work per query tile (keys up to 4096, or a sparse mask): query tiles of
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the
@@ -64,7 +70,7 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   }
   c.blocks = {{"m", bm}, {"n", bn}};
   c.num_stages = stages;
-  // fp8 64 x 64 tiles (rows that see few keys, up to 4096 of them): a producer warp instead of a
+  // fp8 64 x 64 tiles (rows that see few keys, up to 4096 of them; and short_dense's 64 x 128): a producer warp instead of a
   // producer warpgroup, so that three CTAs share an SM (their shared memory fits; 128 registers
   // each). Their main loops wait on one block's chain of wgmmas and softmax, and a third CTA hides
   // more of it (H100, session 11, S 2048: documents 236.9 -> 252.0-252.9 TFLOP/s, block mask
@@ -72,7 +78,7 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // overlap's live S, P and O made ptxas serialize the wgmmas (C7512) and spill 48 bytes; the
   // simple schedule has neither, and the three CTAs overlap each other instead (session 12, S 2048:
   // documents 252.7 -> 274.3, block mask 387.7 -> 429.7).
-  if (is_fp8(in) && bm == 64 && bn == 64 && head_dim <= 128 && qk_head_dim <= 128) {
+  if (is_fp8(in) && bm == 64 && (bn == 64 || short_dense) && head_dim <= 128 && qk_head_dim <= 128) {
     c.knobs["attn_lean_producer"] = 1;
     c.knobs["attn_overlap"] = 0;
   }

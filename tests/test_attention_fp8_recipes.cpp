@@ -283,7 +283,15 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   }
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 4096).blocks.at("m") == 64);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 4096).blocks.at("n") == 192);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 0, 0, 2048).blocks.at("n") == 192);
+  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 0, 0, 4096).blocks.at("n") == 96);
+  // dense rows of up to 2048 keys: 64 x 128 tiles with a producer warp, no softmax / P.V overlap
+  for (int64_t keys : {1024, 2048}) {
+    const Config c = kernels::attention_fp8_default_config(DType::e4m3, 128, false, 0, 0, keys);
+    CHECK(c.blocks.at("m") == 64);
+    CHECK(c.blocks.at("n") == 128);
+    CHECK(c.knob("attn_lean_producer", 0) == 1);
+    CHECK(c.knob("attn_overlap", 1) == 0);
+  }
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 0, 2048).blocks.at("n") == 128);
   const Config long_rows = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192);
   CHECK(long_rows.blocks.at("m") == 192);
@@ -356,6 +364,10 @@ TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score
     CHECK(kernels::attention_variant_default_config(softcap, dt, 128, true, 0, 2048).knob("fast_math", 0) == 1);
     CHECK(kernels::attention_variant_default_config(window, dt, 128, true, 0, 2048).knob("fast_math", 0) == 0);
   }
+  // softcap on fp8 192-row tiles (S > 4096): one exp2 of every 8 on the FMA pipes
+  CHECK(kernels::attention_variant_default_config(softcap, DType::e4m3, 128, true, 0, 8192).knob("attn_exp2_fma", 0) == 1);
+  CHECK(kernels::attention_variant_default_config(softcap, DType::e4m3, 128, true, 0, 2048).knob("attn_exp2_fma", 0) == 0);
+  CHECK(kernels::attention_variant_default_config(softcap, DType::bf16, 128, true, 0, 8192).knob("attn_exp2_fma", 0) == 0);
   for (int64_t S : {2048, 8192, 16384}) {
     CAPTURE(S);
     const Config f8 = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 128, S, 64);
