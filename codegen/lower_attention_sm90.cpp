@@ -251,10 +251,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     throw fail("knob attn_wgsync = 1 needs block m = 128 or 192 (two or three consumer warpgroups take turns)");
   const int es = fp8 ? 1 : 2;
   const int64_t dbytes = Dqk * es;   // a Q / K row
-  // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, fp8: the row sums' tile of ones, barriers,
-  // block table, bits, list
+  // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, fp8 without an LSE: the row sums' tile of
+  // ones, barriers, block table, bits, list
   const int64_t smem =
-      1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (fp8 ? 256 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
+      1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (fp8 && !m->with_lse ? 256 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
   if (smem > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
                            smem, stages, t.max_smem_per_block()));

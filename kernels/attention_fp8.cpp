@@ -17,9 +17,9 @@
 //
 // Numerics: the q·k descales and the scale fold into one constant per (b, h); scores and the
 // online softmax are f32 in exp2; P = exp2(s - (m - 8)) is quantized to the input type for the
-// second dot; O is divided by the row sums of that quantized P (fp8: the weights of V's rows sum
-// to 1; 16-bit: of the f32 P), so the offset cancels in acc / l; the LSE takes the f32 P's sums
-// (the scores' logsumexp); the V descale folds
+// second dot; l sums that quantized P in fp8 kernels without an LSE (the weights of V's rows sum
+// to 1), the f32 P otherwise (O and the LSE, the scores' logsumexp, share it), so the offset
+// cancels in acc / l; the V descale folds
 // into that final normalization. Lazy rescaling: the running max m moves only when a block's max
 // passes it by more than a slack (0.75 fp8, 8 in 16-bit), so P lies in [0, 2^8.75] (fp8: up to 430,
 // e4m3's full relative precision and below its 448) or [0, 2^8] (16-bit, offset 0). Causal
@@ -103,7 +103,6 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
     for (auto m : tile(S, block("m"))) {
       Var m_i = full({m}, -INFINITY, DType::f32);
       Var l_i = zeros({m}, DType::f32);
-      Var lq_i = zeros({m}, DType::f32);   // fp8: the sums of the e4m3 P
       Var acc = zeros({m, Dv}, DType::f32);
       auto qt = q.load(b, h, m, all);
       for (auto n : tile(causal ? minimum(m.end(), S_kv) : S_kv, block("n"))) {
@@ -116,16 +115,14 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
         auto p = exp2(s - (m_use - p_offset).col());
         auto alpha = exp2(m_i - m_use);
         auto p_in = p.to(q.dtype());   // the P the second dot multiplies
-        // l sums the f32 P: the LSE is the scores' logsumexp. fp8 divides O by lq, the sums of the
-        // e4m3 P, so that the weights of V's rows sum to 1 (sm_90a: on the tensor cores).
-        if (!fp8 || with_lse) l_i = l_i * alpha + sum(p, 1);
-        if (fp8) lq_i = lq_i * alpha + sum(p_in.to(DType::f32), 1);
+        // fp8 without an LSE: l sums that e4m3 P, so that the weights of V's rows sum to 1 (sm_90a:
+        // on the tensor cores). Otherwise the f32 P: O and the LSE (the scores' logsumexp) share it.
+        l_i = l_i * alpha + sum(fp8 && !with_lse ? p_in.to(DType::f32) : p, 1);
         auto vn = fp8 ? v.load(b, hk, all, n).T() : v.load(b, hk, n, all);
         acc = dot(p_in, vn, acc * alpha.col());
         m_i = m_new;
       }
-      const Tile l_out = fp8 ? static_cast<const Tile&>(lq_i) : static_cast<const Tile&>(l_i);
-      auto out = acc * where(l_out > 0.0, v_scale / l_out, 0.0).col();
+      auto out = acc * where(l_i > 0.0, v_scale / l_i, 0.0).col();
       if (is_fp8(o.dtype())) out = out * o_scale;
       o.store(b, h, m, all, out.to(o.dtype()));
       if (with_lse) lse.store(b, h, m, (m_i - p_offset + log2(l_i)) * kLn2);

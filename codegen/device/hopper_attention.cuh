@@ -21,10 +21,10 @@
 // c = (score_scale * q_descale) * k_descale (score_scale = softmax scale * log2 e) applied to
 // the raw e4m3 dot product; P = exp2(s*c - (m - 8)) lies in [0, 256] (the fixed power-of-two
 // offset puts it in e4m3's range with full relative precision) and is quantized to e4m3 for the
-// P.V wgmma; O is divided by the row sums of that e4m3 P (P.1 on the tensor cores, kRowSumMma),
-// so the offset cancels in O = acc / l; the V descale is folded into that final normalization.
-// The LSE takes the row sums of the f32 P (FADDs). 16-bit inputs use offset 0 and divide O by
-// the f32 P's sums too. c < 0 (negative descales) works too; c == 0 is not supported (masked scores).
+// P.V wgmma; O is divided by the row sums l of that e4m3 P (P.1 on the tensor cores,
+// kRowSumMma) or, in kernels that write the LSE, of the f32 P (FADDs), so the offset cancels in
+// O = acc / l; the V descale is folded into that final normalization. 16-bit inputs use offset
+// 0 and the f32 P's sums. c < 0 (negative descales) works too; c == 0 is not supported (masked scores).
 //   LSE (natural log) = (m - offset + log2 l) * ln 2; rows without any key: O = 0, LSE = -inf.
 // This is exactly kernels/attention_fp8.cpp's computation (the same ascending key blocks of BN,
 // the same running max), so the CPU reference executor reproduces every P quantization.
@@ -130,16 +130,15 @@ struct AttnCfg {
   // 160 threads of 128 registers let three CTAs share an SM (with a producer warpgroup, ptxas
   // sized the consumers' wgmmas by the 80 registers of three 256-thread CTAs: C7602).
   static constexpr bool kLeanProducer = kLeanProducer_;
-  // fp8: O is divided by the sum of the e4m3 P the P.V multiplies (kernels/attention_fp8.cpp), each
-  // block's from the tensor cores: P.1 as m64n8 wgmmas beside its P.V (B a tile of ones in shared
-  // memory), added in f32 once the P.V is done; the softmax loses an FADD per score. (Accumulated
-  // across blocks in the wgmma accumulator instead, that sum came out biased low: at S 8192 the
-  // output's error grew by up to half. The FP8 tensor cores' adds are not exact either: against
-  // f32 sums, up to 3% in rows dominated by a few keys (H200, session 17), so the LSE, when the
-  // kernel writes one (kWithLse), comes from the f32 P summed in FADDs as before.)
-  static constexpr bool kRowSumMma = kFp8;
+  // fp8 without an LSE: O is divided by the sums of the e4m3 P the P.V multiplies
+  // (kernels/attention_fp8.cpp), each block's from the tensor cores: P.1 as m64n8 wgmmas beside
+  // its P.V (B a tile of ones in shared memory), added in f32 once the P.V is done; the softmax
+  // loses an FADD per score. (Accumulated across blocks in the wgmma accumulator instead, the sums
+  // came out biased low: at S 8192 the output's error grew by up to half.) With an LSE, O and the
+  // LSE share the f32 P's sums (FADDs): the FP8 tensor cores' adds are not exact (against f32
+  // sums, up to 3% in rows dominated by a few keys; H200, session 17), and the LSE is the scores'.
   static constexpr bool kWithLse = kWithLse_;
-  static constexpr bool kFaddSum = !kRowSumMma || kWithLse;   // the f32 P's row sums (l_run)
+  static constexpr bool kRowSumMma = kFp8 && !kWithLse;
   static constexpr int kOnesBytes = kRowSumMma ? 256 : 0;   // 8 rows x 32 bytes of K, no swizzle
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
@@ -605,9 +604,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned pa[Cfg::kPRegs];
   float m_run[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
   float l_run[2] = {0.0f, 0.0f};
-  // kRowSumMma: the running sums of the e4m3 P (rows r0, r0 + 8), and the last P.V block's from the
-  // tensor cores (rows r0: 0, 1; r0 + 8: 2, 3)
-  float lq_run[2] = {0.0f, 0.0f};
+  // kRowSumMma: the last P.V block's row sums from the tensor cores (rows r0: 0, 1; r0 + 8: 2, 3)
   float l_blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   acc_fill<D>(o, 0.0f);
 #pragma unroll
@@ -654,24 +651,24 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       for (int k = 0; k < BN / Cfg::kKStep; ++k) mma_async_rs<8, TY, TY>(l_blk, pa + 4 * k, d_ones, k > 0 ? 1 : 0);
     }
   };
-  // O times alpha per row (and the e4m3 P's sums that divide it)
+  // O times alpha per row (kRowSumMma: l too, which the softmax scales otherwise)
   auto rescale_o = [&](const float* alpha) {
     acc_scale_rows<D>(o, alpha);
     if constexpr (Cfg::kRowSumMma) {
-      lq_run[0] *= alpha[0];
-      lq_run[1] *= alpha[1];
+      l_run[0] *= alpha[0];
+      l_run[1] *= alpha[1];
     }
   };
   auto fence_o = [&]() {
     fence_acc<D / 2>(o);
     if constexpr (Cfg::kRowSumMma) fence_acc<4>(l_blk);
   };
-  // After the wait on a P.V: its block's row sums join lq_run (every column of P.1 is the row's sum)
+  // After the wait on a P.V: its block's row sums join l (every column of P.1 is the row's sum)
   auto pv_done = [&]() {
     fence_o();
     if constexpr (Cfg::kRowSumMma) {
-      lq_run[0] += l_blk[0];
-      lq_run[1] += l_blk[2];
+      l_run[0] += l_blk[0];
+      l_run[1] += l_blk[2];
     }
   };
   // The score hook on block n0, then the masks: the KV end, the causal diagonal, and the mask
@@ -783,7 +780,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       const float x = fmaf(s[i], scm, bias[(i >> 1) & 1]);
       s[i] = (i & 7) < Cfg::kExp2Fma ? exp2_fma(x) : attn_detail::ex2(x);
     }
-    if constexpr (Cfg::kFaddSum) {
+    if constexpr (!Cfg::kRowSumMma) {
       float rs[2] = {0.0f, 0.0f};
       acc_row_sum_partial<BN>(s, rs);
       l_run[0] = l_run[0] * alpha[0] + rs[0];
@@ -890,11 +887,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         // pins the softmax above the wait in SASS; without it ptxas hoists the wait to the top
         // of the softmax and the P.V wgmma no longer overlaps the exp2s (checked in the SASS:
         // bench/attention/sass_check.py).
-        // (Without the f32 P's sums: on the bitwise or of every P, 3-input LOP3s at half an
-        // instruction per score; each P is +0, positive or the canonical NaN, so the sign bit stays
-        // clear.)
+        // (kRowSumMma: on the bitwise or of every P, 3-input LOP3s at half an instruction per
+        // score; each P is +0, positive or the canonical NaN, so the sign bit stays clear.)
         bool softmax_done;
-        if constexpr (!Cfg::kFaddSum) {
+        if constexpr (Cfg::kRowSumMma) {
           unsigned any = 0u;
 #pragma unroll
           for (int i = 0; i < BN / 2; ++i) any |= __float_as_uint(s[i]);
@@ -981,13 +977,12 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   float inv[2], lse[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const float l_f32 = Cfg::kFaddSum ? quad_allreduce_sum(l_run[hh]) : 0.0f;
-    const float l = Cfg::kRowSumMma ? lq_run[hh] : l_f32;   // what divides O
+    // kRowSumMma: P.1 gave every column of the accumulator the whole row's sum
+    const float l = Cfg::kRowSumMma ? l_run[hh] : quad_allreduce_sum(l_run[hh]);
     inv[hh] = l > 0.0f ? vd / l : 0.0f;
     const float m_use = m_run[hh] == attn_detail::neg_inf() ? 0.0f : m_run[hh];
-    const float l_lse = Cfg::kFaddSum ? l_f32 : l;   // the scores' logsumexp: the f32 P's sums
-    lse[hh] = l_lse > 0.0f ? (m_use - Cfg::kPOffset + attn_detail::lg2(l_lse)) * 0.6931471805599453f
-                           : attn_detail::neg_inf();
+    lse[hh] = l > 0.0f ? (m_use - Cfg::kPOffset + attn_detail::lg2(l)) * 0.6931471805599453f
+                       : attn_detail::neg_inf();
   }
   acc_scale_rows<D>(o, inv);
   // O through shared memory: the accumulator layout gives each thread 4-byte (16-bit O) or 2-byte
