@@ -251,16 +251,17 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     throw fail("knob attn_wgsync = 1 needs block m = 128 or 192 (two or three consumer warpgroups take turns)");
   const int es = fp8 ? 1 : 2;
   const int64_t dbytes = Dqk * es;   // a Q / K row
-  // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, fp8 without an LSE: the row sums' tile of
-  // ones, barriers, block table, bits, list
-  const int64_t smem =
-      1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (fp8 && !m->with_lse ? 256 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
-  if (smem > t.max_smem_per_block())
-    throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
-                           smem, stages, t.max_smem_per_block()));
   // A producer warp instead of a producer warpgroup (hopper_attention.cuh's kLeanProducer): with one
   // consumer and room for three CTAs' shared memory, three CTAs share an SM.
   const bool lean = cfg.knob("attn_lean_producer", 0) != 0;
+  // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, the row sums' tile of ones (fp8 without an
+  // LSE: kRowSumMma), barriers, block table, bits, list
+  const bool rowsum_mma = fp8 && !m->with_lse && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
+  const int64_t smem =
+      1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
+  if (smem > t.max_smem_per_block())
+    throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
+                           smem, stages, t.max_smem_per_block()));
   if (lean && fp8 && vperm && cfg.knobs.count("attn_vperm"))
     throw fail("knob attn_lean_producer = 1 has no warps to permute V with (attn_vperm = 1)");
   const int threads = lean ? 128 * consumers + 32 : 128 * (1 + consumers);

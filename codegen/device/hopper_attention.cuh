@@ -137,8 +137,10 @@ struct AttnCfg {
   // came out biased low: at S 8192 the output's error grew by up to half.) With an LSE, O and the
   // LSE share the f32 P's sums (FADDs): the FP8 tensor cores' adds are not exact (against f32
   // sums, up to 3% in rows dominated by a few keys; H200, session 17), and the LSE is the scores'.
+  // Not with a producer warp for several consumers (no setmaxnreg: D 256 spills there, and its
+  // output went wrong under compute-sanitizer's timing in 1 run of 2; H200, session 17).
   static constexpr bool kWithLse = kWithLse_;
-  static constexpr bool kRowSumMma = kFp8 && !kWithLse;
+  static constexpr bool kRowSumMma = kFp8 && !kWithLse && !(kLeanProducer_ && kConsumers_ > 1);
   static constexpr int kOnesBytes = kRowSumMma ? 256 : 0;   // 8 rows x 32 bytes of K, no swizzle
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
