@@ -70,7 +70,8 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   }
   c.blocks = {{"m", bm}, {"n", bn}};
   c.num_stages = stages;
-  // fp8 64 x 64 tiles (rows that see few keys, up to 4096 of them; and short_dense's 64 x 128): a producer warp instead of a
+  // fp8 64 x 64 tiles (rows that see few keys, up to 4096 of them; and short_dense's 64 x 128, two
+  // CTAs per SM there): a producer warp instead of a
   // producer warpgroup, so that three CTAs share an SM (their shared memory fits; 128 registers
   // each). Their main loops wait on one block's chain of wgmmas and softmax, and a third CTA hides
   // more of it (H100, session 11, S 2048: documents 236.9 -> 252.0-252.9 TFLOP/s, block mask

@@ -24,7 +24,8 @@
 // P.V wgmma; O is divided by the row sums l of that e4m3 P (P.1 on the tensor cores,
 // kRowSumMma) or, in kernels that write the LSE, of the f32 P (FADDs), so the offset cancels in
 // O = acc / l; the V descale is folded into that final normalization. 16-bit inputs use offset
-// 0 and the f32 P's sums. c < 0 (negative descales) works too; c == 0 is not supported (masked scores).
+// 0 and the f32 P's sums. c < 0 (negative descales) works too; c == 0 is not supported (masked
+// scores).
 //   LSE (natural log) = (m - offset + log2 l) * ln 2; rows without any key: O = 0, LSE = -inf.
 // This is exactly kernels/attention_fp8.cpp's computation (the same ascending key blocks of BN,
 // the same running max), so the CPU reference executor reproduces every P quantization.
@@ -182,8 +183,8 @@ struct AttnCfg {
   // One consumer: 232 + 24 registers per thread pair = 128 per thread at launch, so that two
   // CTAs fit an SM when their shared memory does (the lowering asks for 2 blocks per SM then).
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
-  // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the block-class table and
-  // its bits (visited) and the list of visited blocks
+  // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the
+  // block-class table and its bits (visited) and the list of visited blocks
   static constexpr int kSmemBytes =
       1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + 3 * kClassTable +
       4 * kClassWords;
@@ -484,10 +485,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     }
   }
   if constexpr (Cfg::kRowSumMma) {
-    // 1.0 in the input type; every element is one, so the descriptor's layout does not matter
-    constexpr unsigned kOne = Cfg::kFp8 ? 0x38383838u : TY == WG_BF16 ? 0x3F803F80u : 0x3C003C00u;
+    // e4m3 1.0 in every byte, so the descriptor's layout does not matter
     if (threadIdx.x < Cfg::kOnesBytes / 4) {
-      reinterpret_cast<unsigned*>(sOnes)[threadIdx.x] = kOne;
+      reinterpret_cast<unsigned*>(sOnes)[threadIdx.x] = 0x38383838u;
       fence_proxy_async_shared();   // the wgmmas read it through the async proxy
     }
   }
