@@ -232,12 +232,16 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   LaunchOptions ao = lo;
   ao.config = cfg;
   if (!opt.quantize) {
-    if (!ws.ones || ws.ones->shape() != std::vector<int64_t>{B, Hkv}) {
-      HostTensor h(DType::f32, {B, Hkv});
+    // Grown, never shrunk: a new buffer costs a copy from the host and the old one's free, which
+    // waits for the device. Callers whose views change shape within a call (dilated attention's
+    // pairs, kernels/dilated_attention.cpp) would pay that at every launch.
+    if (!ws.ones || ws.ones->view().numel() < B * Hkv) {
+      HostTensor h(DType::f32, {B * Hkv});
       for (int64_t i = 0; i < h.numel(); ++i) h.set(i, 1.0);
       ws.ones.emplace(DeviceTensor::from_host(h));
     }
     TensorView one = ws.ones->view();
+    one.shape = {B, Hkv};   // its first B·Hkv ones, row-major
     launch_attention(opt, {q, k, v, one, one, one, o, lse, scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},
                      ao);
     return;

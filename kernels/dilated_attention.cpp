@@ -99,9 +99,17 @@ void ensure_parts(DilatedWorkspace& ws, const std::vector<DilatedPair>& pairs, c
     ws.parts.emplace(q.dtype, std::vector<int64_t>{P, B, H, S, D});
     ws.lse.emplace(DType::f32, std::vector<int64_t>{P, B, H, S});
   }
-  HostTensor rates(DType::i64, {P});
-  for (int64_t p = 0; p < P; ++p) rates.set(p, static_cast<double>(pairs[p].rate));
-  ws.rates.emplace(DeviceTensor::from_host(rates));
+  // Uploaded only when the rates change. A new tensor means a copy from the host and the old
+  // one's free, and the free waits for the device to finish: every call then ran its launches
+  // on an idle GPU (H200, session 18: with the unit descales' upload below, bf16 S 2048 took
+  // 1.020 ms instead of 0.784, fp8 0.742 instead of 0.666).
+  std::vector<int64_t> rates;
+  for (const auto& pair : pairs) rates.push_back(pair.rate);
+  if (ws.rates && ws.rates_held == rates) return;
+  HostTensor host(DType::i64, {P});
+  for (int64_t p = 0; p < P; ++p) host.set(p, static_cast<double>(rates[p]));
+  ws.rates.emplace(DeviceTensor::from_host(host));
+  ws.rates_held = std::move(rates);
 }
 
 void merge(const TensorView& o, DilatedWorkspace& ws, CUstream stream) {

@@ -43,6 +43,7 @@ struct DilatedFp8Inputs {
 
 struct DilatedWorkspace {
   std::optional<DeviceTensor> parts, lse, rates;   // per pair: outputs, logsumexps; the rates
+  std::vector<int64_t> rates_held;                 // what `rates` holds
   AttentionFp8Workspace attention;
   DilatedFp8Inputs fp8;                            // dilated_attention_forward's quantized inputs
 };
