@@ -175,7 +175,8 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
     const auto [w, r] = opt.pairs[p];
     const AttentionVariant variant = segment_variant(w / r, opt.causal);
     const Kernel segments = attention_variant(variant);
-    lo.config = attention_fp8_default_config(DType::e4m3, D, true, 0, variant.key_block, S / r);
+    lo.config = opt.attention_config ? *opt.attention_config
+                                     : attention_fp8_default_config(DType::e4m3, D, true, 0, variant.key_block, S / r);
     for (int64_t j = 0; j < r; ++j) {
       const TensorView vt = every(columns(in.vt8[p].view(), j * (S / r), S / r), 1, j, r);
       const TensorView vd = every(entry(in.vd[p].view(), j), 1, j, r);
@@ -210,6 +211,7 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
       a.kernel = &segments;
       a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
       a.lse = sparse(entry(ws.lse->view(), p), j, r);
+      a.attention_config = opt.attention_config;
       a.stream = opt.stream;
       attention_fp8_forward(sparse(q, j, r), sparse(k, j, r), sparse(v, j, r), sparse(entry(ws.parts->view(), p), j, r), a,
                             ws.attention);

@@ -29,6 +29,9 @@ struct DilatedOptions {
   bool fp8 = false;                 // quantize the views to e4m3 (attention_fp8_forward)
   bool causal = false;              // causal inside each segment
   CUstream stream = nullptr;
+  // The config of every (pair, offset) attention, instead of the defaults for its rows
+  // (attention_fp8_default_config; attention_variant_default_config for 16-bit inputs).
+  std::optional<Config> attention_config;
 };
 
 // The e4m3 inputs of dilated attention, quantized once (dilated_quantize): Q and K whole with a

@@ -595,12 +595,16 @@ void time_variant_kernel(const CaseLaunch& l, Buffers& buf, CUstream stream, con
 // dilated: kernels::dilated_attention_forward in bf16 (one attention per (pair, offset) on strided
 // views, then the mix); fp8 like the other rows: the attentions and the mix on inputs quantized
 // beforehand (dilated_quantize, outside the timing).
-void time_dilated(const CaseLaunch& l, CUstream stream, const TimedFn& timed) {
+// --config-bf16 / --config-fp8 replace the attentions' per-pair defaults.
+void time_dilated(const CaseLaunch& l, CUstream stream, const TimedFn& timed, const BenchVariantsOptions& o) {
   kernels::DilatedWorkspace ws;
   kernels::DilatedOptions opt;
   opt.pairs = l.c->dilated;
   opt.stream = stream;
+  if (!o.config_bf16.empty()) opt.attention_config = l.cfg16;
   timed("tilejit_bf16", [&] { kernels::dilated_attention_forward(l.q, l.k, l.v, l.o, opt, ws); });
+  opt.attention_config.reset();
+  if (!o.config_fp8.empty()) opt.attention_config = l.cfg8;
   opt.fp8 = true;
   kernels::DilatedFp8Inputs in;
   kernels::dilated_quantize(l.q, l.k, l.v, opt.pairs, in, stream);
@@ -623,7 +627,7 @@ bool bench_case(const CaseLaunch& l, Buffers& buf, CUstream stream, L2Flusher& l
   };
 
   if (c.dilated.empty()) time_variant_kernel(l, buf, stream, timed);
-  else time_dilated(l, stream, timed);
+  else time_dilated(l, stream, timed, o);
 
   const std::vector<double> ref = reference.get();
   bool ok = true;

@@ -96,9 +96,9 @@ int main(int argc, char** argv) {
                     "block_mask, dilated (default all)");
   std::string bench_config_bf16, bench_config_fp8;
   bench->add_option("--config-bf16", bench_config_bf16,
-                    "variants: config JSON for every bf16 variant kernel instead of attention_fp8_default_config's");
+                    "variants: config JSON for every bf16 variant kernel (dilated: every attention) instead of the defaults");
   bench->add_option("--config-fp8", bench_config_fp8,
-                    "variants: config JSON for every fp8 variant kernel instead of attention_fp8_default_config's");
+                    "variants: config JSON for every fp8 variant kernel (dilated: every attention) instead of the defaults");
   auto* bench_reps =
       bench->add_option("--reps", bench_opts.reps, "timed launches per implementation and shape (median; variants --quick: 10)")
           ->capture_default_str();
