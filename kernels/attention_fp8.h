@@ -104,6 +104,11 @@ int64_t attention_fp8_quantize_chunks(int64_t heads_total, int64_t S);
 // ("s", "s2"); with `rotate`, columns of x·H in blocks of 64 too ("d", "d2").
 Config attention_fp8_quantize_config(bool rotate);
 
+// The configs of quantize_fp8_per_head's launches: chunk_amax's (rows in blocks "s" of 64) and
+// the chunked quantizers' (blocks "s2" of 64), both on eight warps.
+Config chunk_amax_config();
+Config chunked_quantize_config();
+
 // x [B,H,S,D] -> e4m3 y [B,H,S,D] (transpose: yᵀ [B,H,D,S_pad]) with descale [B,H] f32 = amax /
 // 448 per (b, h), over B·H·C programs (chunk_amax, then quantize_fp8_chunked /
 // quantize_transpose_fp8_chunked; bit for bit what the one-pass quantizers write). `partial` is

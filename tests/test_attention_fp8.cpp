@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -943,5 +944,32 @@ TEST_CASE("chunk_amax + quantize_fp8_chunked / quantize_transpose_fp8_chunked wr
         CHECK(d2.at(i) == d1.at(i));
         CHECK(d4.at(i) == d1.at(i));
       }
+    }
+}
+
+TEST_CASE("gpu: quantize_fp8_per_head, with its launch configs, writes what the CPU reference's one-pass quantizers write") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  Config qc;
+  qc.blocks = {{"s", 64}, {"s2", 64}};
+  for (int64_t S : {300, 2048})
+    for (bool transpose : {false, true}) {
+      INFO("S " << S << " transpose " << transpose);
+      const int64_t B = 2, H = 3, D = 128, S_pad = (S + 15) / 16 * 16;
+      const HostTensor x = randn(DType::bf16, {B, H, S, D}, rng, 0.01);
+      const std::vector<int64_t> y_shape = transpose ? std::vector<int64_t>{B, H, D, S_pad} : std::vector<int64_t>{B, H, S, D};
+      HostTensor want(DType::e4m3, y_shape), want_d(DType::f32, {B, H});
+      want.fill_bytes(0);
+      run_ref(transpose ? kernels::quantize_transpose_fp8() : kernels::quantize_fp8(), {x.view(), want.view(), want_d.view()},
+              qc);
+      DeviceTensor dx = DeviceTensor::from_host(x), y(DType::e4m3, y_shape), d(DType::f32, {B, H});
+      y.fill_bytes(0xFF);   // the pad columns of yᵀ too: the quantizer writes them
+      d.fill_bytes(0xFF);
+      std::optional<DeviceTensor> partial;
+      kernels::quantize_fp8_per_head(dx.view(), partial, y.view(), d.view(), transpose, LaunchOptions());
+      runtime::synchronize();
+      const HostTensor got = y.to_host(), got_d = d.to_host();
+      CHECK(std::memcmp(got.data(), want.data(), got.size_bytes()) == 0);
+      CHECK(std::memcmp(got_d.data(), want_d.data(), got_d.size_bytes()) == 0);
     }
 }

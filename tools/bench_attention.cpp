@@ -162,9 +162,7 @@ int bench_attention(const BenchAttentionOptions& o) {
     // Compile ahead: attention_fp8 (e4m3 and bf16) and the quantize pre-passes (with
     // attention_fp8_forward's config for them), per shape.
     std::vector<CompileJob> jobs;
-    Config amax_cfg, qcfg;
-    amax_cfg.blocks = {{"s", 64}};
-    qcfg.blocks = {{"s2", 64}};
+    const Config amax_cfg = kernels::chunk_amax_config(), qcfg = kernels::chunked_quantize_config();
     std::set<std::pair<int64_t, int64_t>> quantize_shapes;
     for (const auto& s : shapes) {
       std::string src;
