@@ -736,7 +736,8 @@ void Emitter::emit_reduce(const Op& op) {
   if (axis == 1 && S.arr.warps_c > 1)
     need_smem(int64_t(S.slots_r()) * S.arr.rows() * S.arr.warps_c * 4, fmt::format("the reduction at {}", op.loc.str()));
   if (axis == 0 && S.arr.warps_r > 1)
-    need_smem(int64_t(S.slots_c()) * S.arr.cols() * S.arr.warps_r * 4, fmt::format("the reduction at {}", op.loc.str()));
+    // one float per raw column position (tile.cuh: raw_c < reps * cover) per warp row
+    need_smem(int64_t(S.reps_c()) * S.arr.col_cover() * S.arr.warps_r * 4, fmt::format("the reduction at {}", op.loc.str()));
   std::string call = fmt::format("tj::dev::reduce<tj::dev::{}, {}, {}, {}>({}, {}, {}, tj_smem)", fn, axis, dtag(t), masked,
                                  ref(x), masked ? ref(op.operands[1]) : "0", masked ? ref(op.operands[2]) : "0");
   const Layout& R = plan_.of(op.result);

@@ -27,7 +27,8 @@ std::string_view name(LayoutKind k) {
 }
 
 std::string Arrangement::cuda_type() const {
-  return fmt::format("tj::dev::Arr<{}, {}, {}, {}>", lanes_r, lanes_c, warps_r, warps_c);
+  if (vec == 1) return fmt::format("tj::dev::Arr<{}, {}, {}, {}>", lanes_r, lanes_c, warps_r, warps_c);
+  return fmt::format("tj::dev::Arr<{}, {}, {}, {}, {}>", lanes_r, lanes_c, warps_r, warps_c, vec);
 }
 
 Layout Layout::scalar() { return Layout{}; }
@@ -60,9 +61,14 @@ int Layout::slots_r() const {
   return static_cast<int>((extent_r + arr.rows() - 1) / arr.rows());
 }
 
+int Layout::reps_c() const {
+  if (!is_distributed()) return 1;
+  return static_cast<int>((extent_c + arr.col_cover() - 1) / arr.col_cover());
+}
+
 int Layout::slots_c() const {
   if (!is_distributed()) return 1;
-  return static_cast<int>((extent_c + arr.cols() - 1) / arr.cols());
+  return extent_c == 1 ? 1 : reps_c() * arr.vec;   // a row slice: one column, whatever the vector width
 }
 
 int Layout::axis_of_dim(int d) const {
@@ -173,6 +179,13 @@ struct UnionFind {
   void unite(int a, int b) { parent[find(a)] = find(b); }
 };
 
+int simt_vec(const ir::Function& f, const Config& cfg) {
+  const int64_t v = cfg.knob("simt_vec", 1);
+  if (v < 1 || v > 16 || (v & (v - 1)))
+    throw Error(fmt::format("kernel '{}': knob simt_vec must be a power of two in [1, 16], got {}", f.name, v));
+  return static_cast<int>(v);
+}
+
 Arrangement choose_arrangement2(const ir::Function& f, const Config& cfg, int warps) {
   int64_t rmin = 0, cmin = 0;
   for (const auto& v : f.values) {
@@ -209,6 +222,7 @@ Arrangement choose_arrangement2(const ir::Function& f, const Config& cfg, int wa
     a.warps_c = warps / wr;
   }
   a.warps_r = warps / a.warps_c;
+  a.vec = simt_vec(f, cfg);
   return a;
 }
 
@@ -258,7 +272,7 @@ LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target
   });
 
   for (const auto& v : f.values) plan.has_2d |= v.type.rank() == 2;
-  plan.arr1 = Arrangement{1, 32, 1, warps};
+  plan.arr1 = Arrangement{1, 32, 1, warps, simt_vec(f, cfg)};
   plan.arr2 = plan.has_2d ? choose_arrangement2(f, cfg, warps) : plan.arr1;
 
   // Rank-1 tiles: values that must share a layout form classes; ops that meet rank-2 tiles

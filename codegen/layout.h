@@ -20,7 +20,9 @@
 // broadcasts along rows or columns never move data): lanes along the columns = the largest
 // power of two <= min(8, smallest column extent > 1); the other lanes go to the rows; warps go
 // to the rows as far as the smallest row extent > 1 allows, the rest to the columns. Config
-// knobs "simt_lanes_c" and "simt_warps_c" override the choice.
+// knobs "simt_lanes_c" and "simt_warps_c" override the choice. Knob "simt_vec" (a power of two
+// up to 16, default 1) gives each thread column that many adjacent columns, so that loads and
+// stores along contiguous rows move them in one access (16 bytes for 8 bf16).
 //
 // Conversions between layouts are explicit steps (plan_conversion): the emitter asks for one
 // wherever an op needs its operand in another layout. A new layout kind adds conversions and op
@@ -41,10 +43,12 @@ std::string_view name(LayoutKind k);
 // The block's threads as lanes_r x lanes_c lanes per warp and warps_r x warps_c warps.
 struct Arrangement {
   int lanes_r = 1, lanes_c = 32, warps_r = 1, warps_c = 1;
+  int vec = 1;                                     // adjacent columns per thread column
   int rows() const { return lanes_r * warps_r; }   // thread rows
   int cols() const { return lanes_c * warps_c; }   // thread columns
+  int col_cover() const { return cols() * vec; }   // columns one repetition covers
   int threads() const { return 32 * warps_r * warps_c; }
-  std::string cuda_type() const;                   // "tj::dev::Arr<4, 8, 4, 1>"
+  std::string cuda_type() const;                   // "tj::dev::Arr<4, 8, 4, 1>" ("..., 1, 8>" with vec 8)
   bool operator==(const Arrangement&) const = default;
 };
 
@@ -67,6 +71,7 @@ struct Layout {
   bool is_distributed() const { return kind == LayoutKind::distributed; }
   int slots_r() const;              // registers per thread along the rows
   int slots_c() const;
+  int reps_c() const;               // repetitions of the column cover (slots_c without the vectors)
   int slots() const { return slots_r() * slots_c(); }   // elements per thread
   // Arrangement axis (0 rows, 1 columns) that holds tile dim `d`.
   int axis_of_dim(int d) const;

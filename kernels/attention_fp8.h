@@ -105,9 +105,10 @@ int64_t attention_fp8_quantize_chunks(int64_t heads_total, int64_t S);
 Config attention_fp8_quantize_config(bool rotate);
 
 // The configs of quantize_fp8_per_head's launches: chunk_amax's (rows in blocks "s" of 64) and
-// the chunked quantizers' (blocks "s2" of 64), both on eight warps.
+// the chunked quantizers' (blocks "s2" of 64; `transpose`: quantize_transpose_fp8_chunked's),
+// all on eight warps.
 Config chunk_amax_config();
-Config chunked_quantize_config();
+Config chunked_quantize_config(bool transpose);
 
 // x [B,H,S,D] -> e4m3 y [B,H,S,D] (transpose: yᵀ [B,H,D,S_pad]) with descale [B,H] f32 = amax /
 // 448 per (b, h), over B·H·C programs (chunk_amax, then quantize_fp8_chunked /

@@ -619,3 +619,27 @@ TEST_CASE("codegen: parameter names that clash with generated names are renamed"
   CHECK(contains(c.gen.source, "tj::dev::TensorArg<1> p0_v1, tj::dev::TensorArg<1> p1_int, tj::dev::TensorArg<1> p2_tj_smem"));
   CHECK(contains(c.ptx, ".entry clash"));
 }
+
+TEST_CASE("codegen: knob simt_vec gives a thread column adjacent columns, 16-byte loads, and room for its reductions") {
+  const std::vector<ArgSpec> specs = {TensorSpec{DType::bf16, {8, 16, 2048, 128}}, TensorSpec{DType::f32, {8, 16, 4}}};
+  ir::Function f = kernels::chunk_amax().trace(specs);
+  GeneratedKernel plain = codegen::generate_cuda(f, config(R"({"blocks":{"s":64},"num_warps":8})"), Target{});
+  GeneratedKernel vec = codegen::generate_cuda(f, config(R"({"blocks":{"s":64},"num_warps":8,"knobs":{"simt_vec":8}})"), Target{});
+  CHECK(contains(plain.source, "tj::dev::Arr<4, 8, 8, 1>;"));
+  CHECK(contains(vec.source, "tj::dev::Arr<4, 8, 8, 1, 8>;"));
+  // The amax over the rows crosses 8 warp rows through shared memory: a float per column
+  // position (8 thread columns of 8) per warp row.
+  CHECK(plain.dynamic_smem_bytes >= 8 * 8 * 4);
+  CHECK(vec.dynamic_smem_bytes >= 64 * 8 * 4);
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    CAPTURE(arch);
+    const std::string ptx = tj_test::nvrtc(vec, arch, false).ptx;
+    CHECK(std::regex_search(ptx, std::regex(R"(ld\.global(\.nc)?\.v4\.u32)")));
+  }
+  for (int bad : {0, 3, 32}) {
+    CAPTURE(bad);
+    const std::string json = fmt::format(R"({{"blocks":{{"s":64}},"knobs":{{"simt_vec":{}}}}})", bad);
+    const std::string want = fmt::format("kernel 'chunk_amax': knob simt_vec must be a power of two in [1, 16], got {}", bad);
+    CHECK_THROWS_WITH(codegen::generate_cuda(f, config(json.c_str()), Target{}), doctest::Contains(want.c_str()));
+  }
+}

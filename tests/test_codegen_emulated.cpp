@@ -88,6 +88,8 @@ inline float __logf(float x) { return std::log(x); }
 #define __shared__
 #define __align__(x)
 #define tj_smem tj_emu_smem
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
 )shim";
 
 std::string host_compiler() {
@@ -381,4 +383,41 @@ TEST_CASE("codegen (emulated): reductions, dots and mixed-rank layouts match the
             R"({"blocks":{"m":64,"n":32,"k":64},"num_warps":8})", {{40, 70}, {24, 70}, {70, 40}, {40, 24}, {40, 24}}, true});
   run_case({"mixed ranks", &k_mixed_ranks, {T(f16, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f16, {24}), T(f32, {2})},
             R"({"num_warps":4})"});
+}
+
+TEST_CASE("codegen (emulated): vector layouts (knob simt_vec) match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  // Ragged extents (padding and replication across the vector groups), strided and dynamic
+  // views (element by element), reductions and exchanges through shared memory, rank-1 slices.
+  run_case({"ew2d f32, vec 4", &k_elementwise2d, {T(f32, {37, 45}), T(f32, {45, 37}), T(f32, {37, 45}), T(f32, {37, 45}), RuntimeScalar{0.75f}},
+            R"({"blocks":{"r":16,"c":32},"knobs":{"simt_vec":4}})"});
+  run_case({"ew2d bf16/f16 dynamic strided, vec 8", &k_elementwise2d,
+            {T(bf16, {-1, -1}), T(bf16, {-1, -1}), T(f16, {-1, -1}), T(bf16, {-1, -1}), RuntimeScalar{-1.25f}},
+            R"({"blocks":{"r":8,"c":64},"num_warps":2,"knobs":{"simt_vec":8}})", {{37, 45}, {45, 37}, {37, 45}, {37, 45}}, true});
+  run_case({"ew2d bf16/f16 dynamic, vec 8", &k_elementwise2d,
+            {T(bf16, {-1, -1}), T(bf16, {-1, -1}), T(f16, {-1, -1}), T(bf16, {-1, -1}), RuntimeScalar{-1.25f}},
+            R"({"blocks":{"r":8,"c":64},"num_warps":2,"knobs":{"simt_vec":8}})", {{37, 45}, {45, 37}, {37, 45}, {37, 45}}});
+  run_case({"reductions, warps along the columns, vec 2", &k_reductions, {T(bf16, {50, 70}), T(bf16, {50}), T(f32, {2, 70})},
+            R"({"blocks":{"r":32,"c":64},"num_warps":4,"knobs":{"simt_warps_c":2,"simt_vec":2}})"});
+  run_case({"reductions, 8 warps, vec 16", &k_reductions, {T(f32, {50, 70}), T(f32, {50}), T(f32, {4, 70})},
+            R"({"blocks":{"r":16,"c":32},"num_warps":8,"knobs":{"simt_vec":16}})"});
+  run_case({"matmul e4m3, vec 4", &k_matmul, {T(e4m3, {40, 70}), T(e4m3, {24, 70}), T(e4m3, {70, 40}), T(f32, {40, 24}), T(bf16, {40, 24})},
+            R"({"blocks":{"m":16,"n":32,"k":16},"num_warps":2,"knobs":{"simt_vec":4}})"});
+  run_case({"mixed ranks, vec 8", &k_mixed_ranks, {T(f16, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f16, {24}), T(f32, {2})},
+            R"({"num_warps":4,"knobs":{"simt_vec":8}})"});
+  run_case({"softmax bf16 -> f32, vec 8", &softmax, {T(bf16, {5, 333}), T(f32, {5, 333})},
+            R"({"blocks":{"c":128,"c2":64},"num_warps":2,"knobs":{"simt_vec":8}})"});
+  run_case({"vector_add f16, vec 4", &vector_add, {T(f16, {1000}), T(f16, {1000}), T(f16, {1000})},
+            R"({"blocks":{"n":256},"num_warps":4,"knobs":{"simt_vec":4}})"});
+  run_case({"attention bf16 causal, vec 2", &attention,
+            {T(bf16, {1, 2, 70, 32}), T(bf16, {1, 2, 70, 32}), T(bf16, {1, 2, 70, 32}), T(bf16, {1, 2, 70, 32}), RuntimeScalar{0.25f}, true},
+            R"({"blocks":{"m":32,"n":16},"num_warps":4,"knobs":{"simt_vec":2}})"});
+  const std::vector<int64_t> x{1, 2, 100, 64};
+  run_case({"chunk_amax, 8 warps, vec 8", &kernels::chunk_amax, {T(bf16, x), T(f32, {1, 2, 3})},
+            R"({"blocks":{"s":32},"num_warps":8,"knobs":{"simt_vec":8}})"});
+  run_case({"quantize_fp8_chunked, 16 lanes, vec 8", &kernels::quantize_fp8_chunked, {T(bf16, x), T(f32, {1, 2, 3}), T(e4m3, x), T(f32, {1, 2})},
+            R"({"blocks":{"s2":32},"num_warps":8,"knobs":{"simt_lanes_c":16,"simt_vec":8}})"});
+  run_case({"quantize_transpose_fp8_chunked, 16 lanes, vec 8", &kernels::quantize_transpose_fp8_chunked,
+            {T(bf16, x), T(f32, {1, 2, 3}), T(e4m3, {1, 2, 64, 112}), T(f32, {1, 2})},
+            R"({"blocks":{"s2":32},"num_warps":8,"knobs":{"simt_lanes_c":16,"simt_vec":8}})"});
 }

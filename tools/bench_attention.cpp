@@ -162,7 +162,8 @@ int bench_attention(const BenchAttentionOptions& o) {
     // Compile ahead: attention_fp8 (e4m3 and bf16) and the quantize pre-passes (with
     // attention_fp8_forward's config for them), per shape.
     std::vector<CompileJob> jobs;
-    const Config amax_cfg = kernels::chunk_amax_config(), qcfg = kernels::chunked_quantize_config();
+    const Config amax_cfg = kernels::chunk_amax_config(), qcfg = kernels::chunked_quantize_config(false),
+                 qtcfg = kernels::chunked_quantize_config(true);
     std::set<std::pair<int64_t, int64_t>> quantize_shapes;
     for (const auto& s : shapes) {
       std::string src;
@@ -178,7 +179,7 @@ int bench_attention(const BenchAttentionOptions& o) {
       jobs.push_back({&kernels::chunk_amax(), {x, partial}, amax_cfg});
       jobs.push_back({&kernels::quantize_fp8_chunked(), {x, partial, TensorSpec{DType::e4m3, shape}, descale}, qcfg});
       jobs.push_back({&kernels::quantize_transpose_fp8_chunked(),
-                      {x, partial, TensorSpec{DType::e4m3, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}}, descale}, qcfg});
+                      {x, partial, TensorSpec{DType::e4m3, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}}, descale}, qtcfg});
     }
     const uint64_t compiles_before = nvrtc_compile_count();
     precompile(jobs, dev.arch());

@@ -7,13 +7,17 @@
 // where T is the register type of its dtype (float for every float dtype, already rounded to
 // that dtype; int; long long; bool) and L a Blocked layout:
 //
-//   Arr<LR, LC, WR, WC>   the block's threads as a grid of thread rows x thread columns:
+//   Arr<LR, LC, WR, WC, V> the block's threads as a grid of thread rows x thread columns:
 //                         a warp is LR x LC lanes (lane = lr * LC + lc), the block WR x WC
 //                         warps (warp = wr * WC + wc); thread row = lr + LR * wr, thread
-//                         column = lc + LC * wc. Arr::rows = LR * WR, Arr::cols = LC * WC.
+//                         column = lc + LC * wc. Each thread column holds V adjacent columns
+//                         (V > 1: loads and stores move V elements at once where memory allows).
+//                         Arr::rows = LR * WR; Arr::cols = LC * WC * V, the columns one
+//                         repetition covers.
 //   Blocked<A, ER, EC>    a tile with extent ER along the thread rows and EC along the thread
 //                         columns. Slot (i, j) (index i * sc + j) of a thread holds the element
-//                         at raw coordinates (row() + i * rows, col() + j * cols). An extent
+//                         at raw coordinates (row() + i * rows, col() + j % vec + (j / vec) *
+//                         cols), vec = V (1 for EC = 1: a row slice holds one slot). An extent
 //                         smaller than the thread grid is replicated (coordinate = raw % E); the
 //                         last repetition of an extent that is not a multiple is padding
 //                         (clamped coordinate). Only "primary" slots (raw < E) count in
@@ -171,15 +175,16 @@ struct i1 {
 };
 
 // ---------------------------------------------------------------- layouts
-template <int LR, int LC, int WR, int WC>
+template <int LR, int LC, int WR, int WC, int V = 1>
 struct Arr {
   static_assert(LR * LC == 32, "a warp has 32 lanes");
-  static constexpr int lanes_r = LR, lanes_c = LC, warps_r = WR, warps_c = WC;
-  static constexpr int rows = LR * WR, cols = LC * WC, threads = 32 * WR * WC;
+  static_assert(V >= 1 && V <= 16 && (V & (V - 1)) == 0, "V is a power of two up to 16");
+  static constexpr int lanes_r = LR, lanes_c = LC, warps_r = WR, warps_c = WC, vec = V;
+  static constexpr int rows = LR * WR, cols = LC * WC * V, threads = 32 * WR * WC;
   static TJ_DEV int lane() { return (int)threadIdx.x & 31; }
   static TJ_DEV int warp() { return (int)threadIdx.x >> 5; }
   static TJ_DEV int row() { return lane() / LC + LR * (warp() / WC); }
-  static TJ_DEV int col() { return lane() % LC + LC * (warp() % WC); }
+  static TJ_DEV int col() { return (lane() % LC + LC * (warp() % WC)) * V; }   // the first of its V
 };
 
 // Coordinate of a raw position along an axis of extent E covered by COVER threads.
@@ -194,11 +199,12 @@ template <class A, long long ER, long long EC>
 struct Blocked {
   using arr = A;
   static constexpr long long er = ER, ec = EC;
+  static constexpr int vec = EC == 1 ? 1 : A::vec;
   static constexpr int sr = (int)((ER + A::rows - 1) / A::rows);
-  static constexpr int sc = (int)((EC + A::cols - 1) / A::cols);
+  static constexpr int sc = (int)((EC + A::cols - 1) / A::cols) * vec;
   static constexpr int slots = sr * sc;
   static TJ_DEV int raw_r(int i) { return A::row() + i * A::rows; }
-  static TJ_DEV int raw_c(int j) { return A::col() + j * A::cols; }
+  static TJ_DEV int raw_c(int j) { return A::col() + j % vec + (j / vec) * A::cols; }
   static TJ_DEV int coord_r(int i) { return wrap<ER, A::rows>(raw_r(i)); }
   static TJ_DEV int coord_c(int j) { return wrap<EC, A::cols>(raw_c(j)); }
   static TJ_DEV bool primary_r(int i) { return (ER % A::rows == 0) || raw_r(i) < (int)ER; }
@@ -236,23 +242,66 @@ TJ_DEV Tile<int, L> arange(long long start) {
 }
 
 // ---------------------------------------------------------------- memory
+namespace detail {
+template <int BYTES> struct Chunk;
+template <> struct Chunk<1> { using type = unsigned char; };
+template <> struct Chunk<2> { using type = unsigned short; };
+template <> struct Chunk<4> { using type = unsigned; };
+template <> struct Chunk<8> { using type = uint2; };
+template <> struct Chunk<16> { using type = uint4; };
+
+// V adjacent elements of M in accesses of up to 16 bytes; both ends aligned to one access.
+template <class M, int V>
+struct Group {
+  static constexpr int bytes = (int)sizeof(M) * V;
+  static constexpr int step = bytes < 16 ? bytes : 16;
+  static TJ_DEV bool aligned(const M* p) { return ((unsigned long long)p & (unsigned long long)(step - 1)) == 0; }
+  static TJ_DEV void copy(M* dst, const M* src) {
+    using C = typename Chunk<step>::type;
+#pragma unroll
+    for (int b = 0; b < bytes; b += step)
+      *reinterpret_cast<C*>(reinterpret_cast<char*>(dst) + b) = *reinterpret_cast<const C*>(reinterpret_cast<const char*>(src) + b);
+  }
+};
+}  // namespace detail
+
 // Loads the tile whose element (r, c) sits at data[offset + (r.start + r) * r.stride +
 // (c.start + c) * c.stride]. CR / CC: check that r.start + r (c.start + c) lies in [0, limit);
 // `ok` masks the whole tile (indices of dropped dims out of range). Masked elements read 0.
+// A thread's group of vec adjacent columns moves in one access where the columns are
+// contiguous (c.stride 1), aligned and in range; elsewhere element by element.
 template <class E, class L, bool CR, bool CC>
 TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok, Span r, Span c) {
   using M = typename E::mem;
+  using G = detail::Group<M, L::vec>;
+  constexpr bool grouped = L::vec > 1 && L::ec % L::vec == 0;
+  constexpr int step = grouped ? L::vec : 1;
   const M* base = static_cast<const M*>(data) + offset;
+  const bool unit = grouped && c.stride == 1;
   Tile<typename E::reg, L> out;
 #pragma unroll
   for (int i = 0; i < L::sr; ++i) {
     const long long pr = r.start + L::coord_r(i);
     const bool okr = ok && (!CR || in_range(pr, r.limit));
 #pragma unroll
-    for (int j = 0; j < L::sc; ++j) {
-      const long long pc = c.start + L::coord_c(j);
-      const bool okc = okr && (!CC || in_range(pc, c.limit));
-      out.v[i * L::sc + j] = okc ? E::ld(base + pr * r.stride + pc * c.stride) : typename E::reg(0);
+    for (int j0 = 0; j0 < L::sc; j0 += step) {
+      if constexpr (grouped) {
+        const long long pc = c.start + L::coord_c(j0);
+        const M* p = base + pr * r.stride + pc;
+        if (unit && okr && (!CC || (pc >= 0 && pc + L::vec <= c.limit)) && G::aligned(p)) {
+          alignas(16) M group[L::vec];
+          G::copy(group, p);
+#pragma unroll
+          for (int v = 0; v < L::vec; ++v) out.v[i * L::sc + j0 + v] = E::ld(&group[v]);
+          continue;
+        }
+      }
+#pragma unroll
+      for (int j = j0; j < j0 + step; ++j) {
+        const long long pc = c.start + L::coord_c(j);
+        const bool okc = okr && (!CC || in_range(pc, c.limit));
+        out.v[i * L::sc + j] = okc ? E::ld(base + pr * r.stride + pc * c.stride) : typename E::reg(0);
+      }
     }
   }
   return out;
@@ -262,16 +311,34 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
 template <class E, class L, bool CR, bool CC>
 TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x) {
   using M = typename E::mem;
+  using G = detail::Group<M, L::vec>;
+  constexpr bool grouped = L::vec > 1 && L::ec % L::vec == 0;   // then a group is primary or not as a whole
+  constexpr int step = grouped ? L::vec : 1;
   M* base = static_cast<M*>(data) + offset;
+  const bool unit = grouped && c.stride == 1;
 #pragma unroll
   for (int i = 0; i < L::sr; ++i) {
     const long long pr = r.start + L::coord_r(i);
     const bool okr = ok && L::primary_r(i) && (!CR || in_range(pr, r.limit));
 #pragma unroll
-    for (int j = 0; j < L::sc; ++j) {
-      const long long pc = c.start + L::coord_c(j);
-      const bool okc = okr && L::primary_c(j) && (!CC || in_range(pc, c.limit));
-      if (okc) E::st(base + pr * r.stride + pc * c.stride, x.v[i * L::sc + j]);
+    for (int j0 = 0; j0 < L::sc; j0 += step) {
+      if constexpr (grouped) {
+        const long long pc = c.start + L::coord_c(j0);
+        M* p = base + pr * r.stride + pc;
+        if (unit && okr && L::primary_c(j0) && (!CC || (pc >= 0 && pc + L::vec <= c.limit)) && G::aligned(p)) {
+          alignas(16) M group[L::vec];
+#pragma unroll
+          for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[i * L::sc + j0 + v]);
+          G::copy(p, group);
+          continue;
+        }
+      }
+#pragma unroll
+      for (int j = j0; j < j0 + step; ++j) {
+        const long long pc = c.start + L::coord_c(j);
+        const bool okc = okr && L::primary_c(j) && (!CC || in_range(pc, c.limit));
+        if (okc) E::st(base + pr * r.stride + pc * c.stride, x.v[i * L::sc + j]);
+      }
     }
   }
 }
@@ -426,12 +493,12 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       __syncthreads();
       if (A::lane() / A::lanes_c == 0)
 #pragma unroll
-        for (int j = 0; j < L::sc; ++j) s[(j * A::cols + A::col()) * A::warps_r + A::warp() / A::warps_c] = out.v[j];
+        for (int j = 0; j < L::sc; ++j) s[L::raw_c(j) * A::warps_r + A::warp() / A::warps_c] = out.v[j];
       __syncthreads();
 #pragma unroll
       for (int j = 0; j < L::sc; ++j) {
         float acc = Op::identity();
-        for (int w = 0; w < A::warps_r; ++w) acc = Op::f(acc, s[(j * A::cols + A::col()) * A::warps_r + w]);
+        for (int w = 0; w < A::warps_r; ++w) acc = Op::f(acc, s[L::raw_c(j) * A::warps_r + w]);
         out.v[j] = acc;
       }
     }
