@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "autotune/space.h"
 #include "codegen/layout.h"
 #include "dsl/error.h"
 #include "dsl/passes.h"
@@ -882,6 +883,34 @@ bool register_lowering(PatternLowering l) {
 }
 
 const std::vector<PatternLowering>& lowerings() { return lowering_registry(); }
+
+namespace {
+// The SIMT path's tunable: simt_vec (codegen/layout.h), for kernels that no pattern lowering
+// takes with their untuned config. Its other knobs have shape-dependent defaults that a knob's
+// single fallback value cannot express, so the tuner leaves them alone.
+const bool simt_knobs_registered = [] {
+  autotune::register_knob_provider("simt", [](const ir::Function& f, const std::string& arch) {
+    std::vector<autotune::Knob> knobs;
+    Target t;
+    try {
+      t = Target::parse(arch);
+    } catch (const Error&) {
+      return knobs;
+    }
+    const Config base = autotune::untuned_config(f, arch);
+    for (const PatternLowering& l : lowerings()) {
+      try {
+        if (l.try_lower(f, base, t)) return knobs;
+      } catch (const Error&) {
+        return knobs;   // the lowering's pattern, with a config it cannot use
+      }
+    }
+    knobs.push_back({"simt_vec", {1, 4, 8}, 1});
+    return knobs;
+  });
+  return true;
+}();
+}  // namespace
 
 GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t) {
   if (cfg.knob("lowering", 1) != 0) {

@@ -173,7 +173,9 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
     CHECK(n->values == std::vector<int64_t>{16, 32, 64, 128, 256, 512, 1024});
     CHECK(find_dim(s, "num_warps")->values == std::vector<int64_t>{2, 4, 8});
     CHECK(find_dim(s, "num_stages") == nullptr);
-    CHECK(s.size() == 21);
+    // The SIMT path's vector width (no pattern lowering takes vector_add).
+    CHECK(find_dim(s, "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
+    CHECK(s.size() == 21 * 3);
     CHECK(s.base() == default_config(f));
     // A tiny problem bounds the block by its extent.
     ir::Function small = k.trace(kernels::find("vector_add").arguments({DType::f32, {}, {40}, false}));
@@ -191,8 +193,9 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
     CHECK(find_dim(s, "m")->values == std::vector<int64_t>{16, 32, 64, 128, 256});
     CHECK(find_dim(s, "n")->values == std::vector<int64_t>{16, 32, 64, 128, 256});
     CHECK(find_dim(s, "num_stages")->values == std::vector<int64_t>{1, 2, 3, 4});
-    CHECK(s.size() == 5 * 5 * 3 * 4);
-    CHECK(s.describe().find("= 300 points") != std::string::npos);
+    CHECK(find_dim(s, "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
+    CHECK(s.size() == 5 * 5 * 3 * 4 * 3);
+    CHECK(s.describe().find("= 900 points") != std::string::npos);
     // Every point is a config the kernel accepts, and maps back to itself.
     for (const Point& p : all_points(s.sizes())) {
       Config c = s.config_at(p);
@@ -254,6 +257,17 @@ TEST_CASE("autotune space: knobs registered by a lowering") {
   CHECK(s.point_of(Config::from_json(c.to_json())) == p);
 }
 
+TEST_CASE("autotune space: simt_vec only for kernels the SIMT path generates") {
+  const auto& e = kernels::find("attention_fp8");
+  ir::Function f = e.get().trace(e.arguments({DType::e4m3, {}, {1, 2, 1024, 128}, false}));
+  SpaceOptions o90, o80;
+  o90.arch = "sm_90a";   // the tensor-core lowering takes it
+  o80.arch = "sm_80";    // its SIMT path
+  CHECK(find_dim(derive_space(f, o90), "simt_vec") == nullptr);
+  REQUIRE(find_dim(derive_space(f, o80), "simt_vec"));
+  CHECK(find_dim(derive_space(f, o80), "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
+}
+
 TEST_CASE("autotune space: restricted by hand (--only)") {
   const auto& e = kernels::find("attention");
   ir::Function f = e.get().trace(e.arguments({DType::e4m3, {}, {1, 2, 1024, 64}, false}));
@@ -266,7 +280,7 @@ TEST_CASE("autotune space: restricted by hand (--only)") {
   CHECK(find_dim(s, "num_warps") == nullptr);
   CHECK(s.base().num_warps == 4);
   CHECK(s.base().num_stages == 3);
-  CHECK(s.size() == 2 * 5);
+  CHECK(s.size() == 2 * 5 * 3);   // m, n, simt_vec
   SpaceOptions bad;
   CHECK_THROWS_AS(parse_only("m=", bad), Error);
   CHECK_THROWS_AS(parse_only("m=12x", bad), Error);
@@ -636,6 +650,7 @@ TEST_CASE("autotune tuner: the whole pipeline against a simulated GPU worker") {
   o.cache_file = (dir / "tuning.json").string();
   o.progress = false;
   o.space.max_block_1d = 128;   // keep the compiles few on a CPU-only machine
+  o.space.only["simt_vec"] = {1};
   std::vector<Candidate> seen;
   o.on_candidate = [&](const Candidate& c) { seen.push_back(c); };
   TuneResult r = tune(e.get(), specs, o);
@@ -695,6 +710,7 @@ TEST_CASE("autotune tuner: faulting, hanging and crashing candidates are contain
   o.progress = false;
   o.candidate_timeout_s = 2;
   o.space.max_block_1d = 256;
+  o.space.only["simt_vec"] = {1};   // keep the compiles few on a CPU-only machine
   for (int fault : {1, 2, 3}) {
     Config c = default_config(e.get().trace(specs));
     c.knobs[knob_names::fault] = fault;
