@@ -324,11 +324,11 @@ ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& o) {
     std::sort(d.values.begin(), d.values.end());
     dims.push_back(std::move(d));
   }
+  // Asked once: a provider may generate code to decide (the SIMT path's asks every pattern lowering).
+  const std::vector<Knob> knobs =
+      o.include_registered_knobs || !o.only.empty() ? registered_knobs(f, o.arch) : std::vector<Knob>{};
   if (o.include_registered_knobs) {
-    for (Knob& k : registered_knobs(f, o.arch)) {
-      Dimension d{Dimension::Kind::knob, k.name, std::move(k.values), k.fallback};
-      dims.push_back(std::move(d));
-    }
+    for (const Knob& k : knobs) dims.push_back(Dimension{Dimension::Kind::knob, k.name, k.values, k.fallback});
   }
   // Restrictions from the caller.
   for (const auto& [name, values] : o.only) {
@@ -357,18 +357,18 @@ ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& o) {
       d.fallback = base.num_stages;
     } else {
       bool knob = false;
-      for (const Knob& k : registered_knobs(f, o.arch)) knob |= k.name == name;
+      for (const Knob& k : knobs) knob |= k.name == name;
       if (!knob && name.rfind("__", 0) != 0) {
         std::vector<std::string> names;
         for (const auto& b : f.blocks) names.push_back(b.name);
-        for (const Knob& k : registered_knobs(f, o.arch)) names.push_back(k.name);
+        for (const Knob& k : knobs) names.push_back(k.name);
         throw Error(fmt::format("'{}' is not a block or knob of kernel '{}' on {} (blocks and knobs: {}; also num_warps, "
                                 "num_stages)",
                                 name, f.name, o.arch, fmt::join(names, ", ")));
       }
       d.kind = Dimension::Kind::knob;
       d.fallback = 0;
-      for (const Knob& k : registered_knobs(f, o.arch))
+      for (const Knob& k : knobs)
         if (k.name == name) d.fallback = k.fallback;
     }
     dims.push_back(std::move(d));
