@@ -153,6 +153,7 @@ struct VariantDefaults {
   int64_t any = 0, fp8 = 0;   // attention_variant_key_block's and attention_variant_fp8_key_block's
   bool fast_math = false;     // AttentionVariant::fast_math
   bool score_mod_block = false;   // `any` is the 128 of a score_mod without a key block of its own
+  bool uniform_work = false;  // AttentionVariant::uniform_work
 };
 std::map<std::string, VariantDefaults>& variant_defaults() {
   static std::map<std::string, VariantDefaults> m;
@@ -187,6 +188,13 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // fp8 192-row tiles one exp2 of every 8 moves to the FMA pipes (H200, session 17, softcap causal
   // S 8192, 192 x 96: 655.8 vs 630.5 TFLOP/s; 2 of 8: 629.2).
   if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = 1;
+  if (kb.uniform_work) {
+    c.knobs["attn_reverse_tiles"] = 0;
+    if (is_fp8(in) && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 && head_dim <= 128 && qk_head_dim <= 128) {
+      c.knobs["attn_lean_producer"] = 1;
+      c.knobs["attn_overlap"] = 0;
+    }
+  }
   return c;
 }
 
@@ -238,7 +246,7 @@ Kernel attention_variant(const AttentionVariant& variant) {
     std::lock_guard<std::mutex> lock(variant_defaults_mutex);
     const bool score_mod_block = variant.key_block <= 0 && variant.score_mod;
     variant_defaults()[variant.name] = {score_mod_block ? 128 : variant.key_block, variant.fp8_key_block,
-                                        variant.fast_math, score_mod_block};
+                                        variant.fast_math, score_mod_block, variant.uniform_work};
   }
   std::vector<Slot> slots;
   const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,

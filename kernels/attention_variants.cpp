@@ -85,6 +85,7 @@ AttentionVariant block_mask_variant(int64_t block_q, int64_t block_kv, bool caus
 AttentionVariant segment_variant(int64_t segment, bool causal) {
   AttentionVariant v{fmt::format("attention_segment_{}{}", segment, causal ? "_causal" : "")};
   v.key_block = 128;   // boundary blocks: less waste in smaller key blocks
+  v.uniform_work = !causal;
   v.mask_mod = [segment, causal](const ScoreIndex& at) {
     auto same = floordiv(at.q, segment) == floordiv(at.kv, segment);
     return causal ? same && at.kv <= at.q : same;

@@ -26,7 +26,8 @@ AttentionVariant prefix_lm_variant();
 AttentionVariant document_variant(int64_t documents, bool causal);
 // Block-diagonal (segments of `segment` keys see only their own segment; `causal`: and only
 // earlier keys) -- the building block of dilated attention (kernels/dilated_attention.h) on a
-// strided view of the sequence.
+// strided view of the sequence. Without `causal` every query tile sees as many keys
+// (AttentionVariant::uniform_work: tiles in their natural order, fp8 64 x 128 with a producer warp).
 AttentionVariant segment_variant(int64_t segment, bool causal = false);
 // A precomputed block mask (FlexAttention's BlockMask, BigBird-style patterns): input block_mask
 // i32 [B or 1, H or 1, ceil(Sq / block_q), ceil(Skv / block_kv)]; query i sees key j when

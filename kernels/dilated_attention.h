@@ -30,7 +30,7 @@ struct DilatedOptions {
   bool causal = false;              // causal inside each segment
   CUstream stream = nullptr;
   // The config of every (pair, offset) attention, instead of the defaults for its rows
-  // (attention_fp8_default_config; attention_variant_default_config for 16-bit inputs).
+  // (attention_variant_default_config of its segment variant).
   std::optional<Config> attention_config;
 };
 

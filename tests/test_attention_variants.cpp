@@ -523,6 +523,54 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
   }
 }
 
+TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tiles' natural order; fp8 64 x 128 takes a producer warp") {
+  const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
+  const std::string seg_causal = kernels::attention_variant(kernels::segment_variant(2048, true)).name();
+  kernels::AttentionVariant user{"attention_user_uniform"};
+  user.mask_mod = [](const kernels::ScoreIndex& at) { return at.kv >= 0; };
+  user.uniform_work = true;
+  const std::string uniform = kernels::attention_variant(user).name();
+  for (int64_t S : {2048, 8192}) {
+    CAPTURE(S);
+    for (const std::string& name : {seg, uniform}) {
+      CAPTURE(name);
+      const Config f8 = kernels::attention_variant_default_config(name, DType::e4m3, 128, true, 128, S);
+      CHECK(f8.knob("attn_reverse_tiles", 1) == 0);
+      const Config b16 = kernels::attention_variant_default_config(name, DType::bf16, 128, true, 128, S);
+      CHECK(b16.knob("attn_reverse_tiles", 1) == 0);
+      CHECK(b16.knob("attn_lean_producer", 0) == 0);
+    }
+    const Config f8 = kernels::attention_variant_default_config(seg, DType::e4m3, 128, true, 128, S);
+    CHECK(f8.blocks.at("m") == 64);
+    CHECK(f8.blocks.at("n") == 128);
+    CHECK(f8.knob("attn_lean_producer", 0) == 1);
+    CHECK(f8.knob("attn_overlap", 1) == 0);
+    // causal segments: later rows see more keys, so longest first, and the overlapped schedule
+    const Config c8 = kernels::attention_variant_default_config(seg_causal, DType::e4m3, 128, true, 128, S);
+    CHECK(c8.knob("attn_reverse_tiles", 1) == 1);
+    CHECK(c8.knob("attn_lean_producer", 0) == 0);
+  }
+  // the generated kernel takes its tiles in the natural order
+  const codegen::Target t = codegen::Target::parse("sm_90a");
+  const int64_t S = 2048, D = 128;
+  TensorSpec q{DType::e4m3, {1, 16, S, D}}, ds{DType::f32, {1, 16}};
+  std::vector<ArgSpec> specs = {q, q, TensorSpec{DType::e4m3, {1, 16, D, S}}, ds, ds, ds,
+                                TensorSpec{DType::bf16, {1, 16, S, D}}, TensorSpec{DType::f32, {1, 16, S}},
+                                RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
+  for (const bool causal : {false, true}) {
+    CAPTURE(causal);
+    const kernels::AttentionVariant v = kernels::segment_variant(1024, causal);
+    const ir::Function f = kernels::attention_variant(v).trace(specs);
+    const codegen::GeneratedKernel g =
+        codegen::generate_cuda(f, kernels::attention_variant_default_config(v.name, DType::e4m3, D, true, D, S), t);
+    REQUIRE(g.lowering == "sm90_attention");
+    CHECK((g.source.find("attn_tile_natural(") != std::string::npos) == !causal);
+    CHECK((g.source.find("attn_tile_longest_first(") != std::string::npos) == causal);
+    // a producer warp beside one consumer warpgroup: 160 threads; a producer warpgroup: 256
+    CHECK(g.source.find(causal ? "__launch_bounds__(256," : "__launch_bounds__(160,") != std::string::npos);
+  }
+}
+
 TEST_CASE("attention variants: fp8 keys by parity by default, except a linear score hook with three consumers") {
   // K loaded even keys first is fp8's default for P's key order; ALiBi on 192-row tiles measured
   // faster with V permuted instead (codegen/lower_attention_sm90.cpp), at other tiles by parity.
