@@ -808,7 +808,7 @@ TEST_CASE("gpu: attention variants with more key blocks than the block table (en
         launch(k, variant_args(dv, o.view(), lse.view(), c.block_mask ? &cv : nullptr, p.D), lo);
         runtime::synchronize();
         Metrics m = compare(o.to_host().values(), variant_f64(in.q64, in.k64, in.v64, c.meaning));
-        MESSAGE(c.variant.name << " " << name(dt) << (lean ? " (producer warp)" : "") << " Skv " << p.Skv
+        MESSAGE(c.variant.name << " " << name(dt) << std::string(lean ? " (producer warp)" : "") << " Skv " << p.Skv
                                << " GPU vs float64: " << str(m));
         CHECK(m.nan == 0);
         CHECK(m.rel_rmse <= (is_fp8(dt) ? 4e-2 : 1e-2));
