@@ -69,7 +69,7 @@ struct AttentionVariant {
   // tiles in their natural order (config knob attn_reverse_tiles = 0) instead of longest first, and
   // fp8 64 x 128 tiles take a producer warp without the softmax / P.V overlap, as dense rows of up
   // to 2048 keys do (H200, session 19, segments of 2048 at S 2048 / 8192: fp8 750-754 / 751-755 ->
-  // 778-784 / 777-783 TFLOP/s, bf16 609-611 / 606-612 -> 614-616 / 612-615). segment_variant sets it
+  // 778-784 / 776-783 TFLOP/s, bf16 609-611 / 606-612 -> 614-616 / 612-615). segment_variant sets it
   // for non-causal segments.
   bool uniform_work = false;
 };

@@ -245,6 +245,13 @@ HostTensor prefix_tensor(int64_t B) {
   return p;
 }
 
+// attention_fp8's argument specs for e4m3 inputs [1, 16, S, D] (V transposed), bf16 output, no LSE.
+std::vector<ArgSpec> fp8_variant_specs(int64_t S, int64_t D) {
+  TensorSpec q{DType::e4m3, {1, 16, S, D}}, ds{DType::f32, {1, 16}};
+  return {q, q, TensorSpec{DType::e4m3, {1, 16, D, S}}, ds, ds, ds, TensorSpec{DType::bf16, {1, 16, S, D}},
+          TensorSpec{DType::f32, {1, 16, S}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
+}
+
 Config variant_config(int64_t m, int64_t n, bool block_skip = true) {
   Config c;
   c.blocks = {{"m", m}, {"n", n}};
@@ -553,10 +560,7 @@ TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tile
   // the generated kernel takes its tiles in the natural order
   const codegen::Target t = codegen::Target::parse("sm_90a");
   const int64_t S = 2048, D = 128;
-  TensorSpec q{DType::e4m3, {1, 16, S, D}}, ds{DType::f32, {1, 16}};
-  std::vector<ArgSpec> specs = {q, q, TensorSpec{DType::e4m3, {1, 16, D, S}}, ds, ds, ds,
-                                TensorSpec{DType::bf16, {1, 16, S, D}}, TensorSpec{DType::f32, {1, 16, S}},
-                                RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
+  const std::vector<ArgSpec> specs = fp8_variant_specs(S, D);
   for (const bool causal : {false, true}) {
     CAPTURE(causal);
     const kernels::AttentionVariant v = kernels::segment_variant(1024, causal);
@@ -575,11 +579,7 @@ TEST_CASE("attention variants: fp8 keys by parity by default, except a linear sc
   // K loaded even keys first is fp8's default for P's key order; ALiBi on 192-row tiles measured
   // faster with V permuted instead (codegen/lower_attention_sm90.cpp), at other tiles by parity.
   const codegen::Target t = codegen::Target::parse("sm_90a");
-  const int64_t S = 512, D = 128;
-  TensorSpec q{DType::e4m3, {1, 16, S, D}}, ds{DType::f32, {1, 16}};
-  std::vector<ArgSpec> specs = {q, q, TensorSpec{DType::e4m3, {1, 16, D, S}}, ds, ds, ds,
-                                TensorSpec{DType::bf16, {1, 16, S, D}}, TensorSpec{DType::f32, {1, 16, S}},
-                                RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
+  const std::vector<ArgSpec> specs = fp8_variant_specs(512, 128);
   struct Case {
     kernels::AttentionVariant v;
     int64_t bm, bn;
