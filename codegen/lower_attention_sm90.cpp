@@ -460,6 +460,10 @@ const bool registered = [] {
       knobs.push_back({"attn_linear_score", {1, 0}, 1});
     if (hooks && causal_conjunct(*hooks, hook_symbols(f)) >= 0)
       knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
+    // The tile order of a mask without the built-in causal part: longest first (for causal-like masks)
+    // or natural (masks that give every query tile as many keys: AttentionVariant::uniform_work).
+    if (hooks && hooks->mask_mod && !m->causal && causal_conjunct(*hooks, hook_symbols(f)) < 0)
+      knobs.push_back({"attn_reverse_tiles", {1, 0}, 1});
     if (m->causal || m->mask_mod) {
       const int group_mb = default_group_mb(fp8);
       knobs.push_back({"attn_group_mb", {group_mb, group_mb == 8 ? 16 : 8, 0}, group_mb});

@@ -247,6 +247,19 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
     CHECK(cs.blocks.at("n") == c.n);
     CHECK(cs.num_stages == c.stages);
   }
+  // The tuner searches the tile order of a mask that is not causal-like (segments take the natural
+  // order by default: AttentionVariant::uniform_work), not of masks with a kv <= q part.
+  autotune::SpaceOptions so;
+  so.arch = "sm_90a";
+  ir::Function fseg = segment.trace(attention_specs(DType::e4m3, DType::bf16, 2, 16, 2048, 2048, 128, false, false));
+  const autotune::ConfigSpace seg_space = autotune::derive_space(fseg, so);
+  const Config seg_default = autotune::untuned_config(fseg, "sm_90a");
+  CHECK(seg_default.knob("attn_reverse_tiles", 1) == 0);
+  CHECK(seg_space.contains(seg_default));
+  CHECK(seg_space.describe().find("attn_reverse_tiles") != std::string::npos);
+  const Kernel window = kernels::attention_variant(kernels::sliding_window_variant(1024));
+  ir::Function fwin = window.trace(attention_specs(DType::e4m3, DType::bf16, 2, 16, 2048, 2048, 128, false, false));
+  CHECK(autotune::derive_space(fwin, so).describe().find("attn_reverse_tiles") == std::string::npos);
 }
 
 TEST_CASE("attention_fp8: the sm_90a lowering recognizes the library kernel exactly, and nothing else") {
