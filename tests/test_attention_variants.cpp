@@ -530,7 +530,7 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
   }
 }
 
-TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tiles' natural order; fp8 64 x 128 takes a producer warp") {
+TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tiles' natural order, and fp8 64 x 128 takes a producer warp") {
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
   const std::string seg_causal = kernels::attention_variant(kernels::segment_variant(2048, true)).name();
   kernels::AttentionVariant user{"attention_user_uniform"};
