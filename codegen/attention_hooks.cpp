@@ -626,6 +626,17 @@ std::optional<HooksSource> HookWriter::run(const std::string& type, const std::s
   if (h_.mask_mod) d += keep_body + fmt::format("    return {};\n", value(h_.keep, Ctx::member, ""));
   else d += "    return true;\n";
   d += "  }\n";
+  // The keys every query sees besides kv <= q: [0, causal_prefix()), clamped to [0, 2^31).
+  d += "  __device__ __forceinline__ int causal_prefix() const {\n";
+  if (h_.causal_prefix >= 0) {
+    const std::string e = value(h_.causal_prefix, Ctx::member, "");
+    d += dtype(h_.causal_prefix) == DType::i64
+             ? fmt::format("    return {0} <= 0 ? 0 : {0} >= 0x7fffffffLL ? 0x7fffffff : (int){0};\n", e)
+             : fmt::format("    return {0} <= 0 ? 0 : (int){0};\n", e);
+  } else {
+    d += "    return 0;\n";
+  }
+  d += "  }\n";
   d += "  __device__ __forceinline__ int classify(int q_lo, int q_hi, int kv_lo, int kv_hi) const {\n";
   if (h_.mask_mod) {
     d += "    const tj::dev::IvI tj_q{q_lo, q_hi}, tj_kv{kv_lo, kv_hi};\n";
@@ -650,41 +661,102 @@ bool score_hook_is_linear(const ir::Function& f, const AttentionHooks& h, const 
   return HookWriter(f, h, sym).linear_score(nullptr).has_value();
 }
 
-int causal_conjunct(const AttentionHooks& h, const HookSymbols& sym) {
-  if (!h.mask_mod || h.keep < 0) return -1;
-  auto alias = position_aliases(h, sym, nullptr);
-  if (!alias) return -1;
-  std::map<int, const ir::Op*> def;
-  for (const ir::Op* op : h.ops)
-    if (op->result >= 0) def[op->result] = op;
-  auto position = [&](int v) {   // kPosQ, kPosKv, or the value itself when it is neither
-    for (auto a = alias->find(v); a != alias->end(); a = alias->find(v)) v = a->second;
+namespace {
+
+// The mask hook's ops by result, with the positions resolved through their copies: what
+// causal_conjunct and causal_prefix read.
+class MaskOps {
+ public:
+  static std::optional<MaskOps> of(const AttentionHooks& h, const HookSymbols& sym) {
+    if (!h.mask_mod || h.keep < 0) return std::nullopt;
+    auto alias = position_aliases(h, sym, nullptr);
+    if (!alias) return std::nullopt;
+    MaskOps m;
+    m.alias_ = std::move(*alias);
+    for (const ir::Op* op : h.ops)
+      if (op->result >= 0) m.def_[op->result] = op;
+    return m;
+  }
+  // kPosQ, kPosKv, or the value itself when it is neither
+  int position(int v) const {
+    for (auto a = alias_.find(v); a != alias_.end(); a = alias_.find(v)) v = a->second;
     return v;
-  };
-  auto is_causal = [&](int v) {
-    auto d = def.find(v);
-    if (d == def.end() || d->second->kind != OpKind::binary) return false;
-    const int a = position(d->second->operands[0]), b = position(d->second->operands[1]);
-    return (d->second->binary == ir::BinaryFn::le && a == kPosKv && b == kPosQ) ||
-           (d->second->binary == ir::BinaryFn::ge && a == kPosQ && b == kPosKv);
-  };
-  auto through_broadcasts = [&](int v) {
-    for (auto d = def.find(v); d != def.end() && (d->second->kind == OpKind::broadcast || d->second->kind == OpKind::expand_dims);
-         d = def.find(v))
+  }
+  // the binary op that defines v, or nullptr
+  const ir::Op* binary(int v) const {
+    auto d = def_.find(v);
+    return d != def_.end() && d->second->kind == OpKind::binary ? d->second : nullptr;
+  }
+  // kv <= q or q >= kv
+  bool is_causal(int v) const {
+    const ir::Op* op = binary(v);
+    if (!op) return false;
+    const int a = position(op->operands[0]), b = position(op->operands[1]);
+    return (op->binary == ir::BinaryFn::le && a == kPosKv && b == kPosQ) ||
+           (op->binary == ir::BinaryFn::ge && a == kPosQ && b == kPosKv);
+  }
+  // position(v), also through a widening integer cast (kv as i64 against an i64 bound)
+  int position_widened(int v) const {
+    auto d = def_.find(position(v));
+    if (d != def_.end() && d->second->kind == OpKind::cast && d->second->result >= 0) {
+      const int from = position(d->second->operands[0]);
+      if (from == kPosQ || from == kPosKv) return from;
+    }
+    return position(v);
+  }
+  int through_broadcasts(int v) const {
+    for (auto d = def_.find(v); d != def_.end() && (d->second->kind == OpKind::broadcast || d->second->kind == OpKind::expand_dims);
+         d = def_.find(v))
       v = d->second->operands[0];
     return v;
-  };
+  }
+
+ private:
+  std::map<int, int> alias_;
+  std::map<int, const ir::Op*> def_;
+};
+
+}  // namespace
+
+int causal_conjunct(const AttentionHooks& h, const HookSymbols& sym) {
+  const std::optional<MaskOps> mask = MaskOps::of(h, sym);
+  if (!mask) return -1;
   // keep implies every value it ands in, so keep == c && keep[c := true] for such a c, wherever
   // else c is read (the hooks take it as true everywhere: a score where c is false is masked).
   std::function<int(int)> find = [&](int v) {
-    if (is_causal(v)) return v;
-    auto d = def.find(v);
-    if (d == def.end() || d->second->kind != OpKind::binary || d->second->binary != ir::BinaryFn::logical_and) return -1;
-    for (int operand : d->second->operands)
-      if (const int c = find(through_broadcasts(operand)); c >= 0) return c;
+    if (mask->is_causal(v)) return v;
+    const ir::Op* op = mask->binary(v);
+    if (!op || op->binary != ir::BinaryFn::logical_and) return -1;
+    for (int operand : op->operands)
+      if (const int c = find(mask->through_broadcasts(operand)); c >= 0) return c;
     return -1;
   };
   return find(h.keep);
+}
+
+int causal_prefix(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym) {
+  const std::optional<MaskOps> mask = MaskOps::of(h, sym);
+  if (!mask) return -1;
+  const ir::Op* either = mask->binary(mask->through_broadcasts(h.keep));
+  if (!either || either->binary != ir::BinaryFn::logical_or) return -1;
+  // kv < E or E > kv: E's scalar, or -1
+  auto below = [&](int v) {
+    const ir::Op* op = mask->binary(v);
+    if (!op) return -1;
+    const int a = mask->position_widened(op->operands[0]), b = mask->position_widened(op->operands[1]);
+    int e = -1;
+    if (op->binary == ir::BinaryFn::lt && a == kPosKv) e = b;
+    if (op->binary == ir::BinaryFn::gt && b == kPosKv) e = a;
+    if (e < 0) return -1;   // a position or nothing
+    e = mask->through_broadcasts(e);
+    return f.type(e).rank() == 0 && is_int(f.type(e).dtype) ? e : -1;
+  };
+  for (int side = 0; side < 2; ++side) {
+    const int c = mask->through_broadcasts(either->operands[side]), p = mask->through_broadcasts(either->operands[1 - side]);
+    if (mask->is_causal(c))
+      if (const int e = below(p); e >= 0) return e;
+  }
+  return -1;
 }
 
 }  // namespace tj::codegen

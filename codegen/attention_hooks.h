@@ -32,6 +32,9 @@ struct AttentionHooks {
   int result = -1;                     // and the score the kernel goes on with
   int assumed_true = -1;               // a mask value the lowering enforces itself (the causal
                                        // conjunct): the written hooks take it as true
+  int causal_prefix = -1;              // a scalar the lowering's causal mask also keeps every key
+                                       // below (causal_prefix()): the written hooks return it from
+                                       // causal_prefix(), 0 without one
   std::vector<const ir::Op*> ops;      // the tagged ops, in trace order (point into the function)
 };
 
@@ -50,6 +53,13 @@ struct HookSymbols {
 // rest && kv <= q, through ands and broadcasts); -1 otherwise. A lowering may then mask and skip
 // as its built-in causal kernel does and keep only the rest as a hook (assumed_true = the id).
 int causal_conjunct(const AttentionHooks& h, const HookSymbols& sym);
+
+// The mask hook as a causal mask with a prefix every query sees (prefix-LM): keep is exactly
+// kv <= q || kv < E (either order, E > kv too), E a scalar (the same over a CTA: a function of b,
+// h, the kernel's inputs). Returns E's id (before broadcasts), -1 otherwise. A lowering may then
+// drop the mask hook and bound every row by max(q, E - 1) as its causal kernel bounds it by q: one
+// comparison per element on the diagonal blocks, no block table (AttentionHooks::causal_prefix).
+int causal_prefix(const ir::Function& f, const AttentionHooks& h, const HookSymbols& sym);
 
 struct HooksSource {
   std::string decl;                    // `struct <type> { ... };`

@@ -295,6 +295,21 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     hooks->keep = -1;
     if (!hooks->score_mod) hooks.reset();
   }
+  // A mask hook that keeps exactly kv <= q || kv < E, E the same over a CTA (prefix-LM), is the
+  // built-in causal mask with every row's bound raised to E - 1 (the hooks' causal_prefix()): no
+  // block table, no list walk, no per-element hook on the diagonal blocks. Not with block skipping
+  // off; knob attn_causal_hook = 1 keeps the hook.
+  const int prefix_leaf = hooks && !causal_from_hook && !m->causal && block_skip &&
+                                  cfg.knob("attn_causal_hook", causal_hook_default) == 0
+                              ? causal_prefix(f, *hooks, hook_symbols(f))
+                              : -1;
+  if (prefix_leaf >= 0) {
+    m->causal = true;
+    m->mask_mod = false;
+    hooks->mask_mod = false;
+    hooks->keep = -1;
+    hooks->causal_prefix = prefix_leaf;
+  }
   std::optional<HooksSource> hooks_src;
   if (hooks) {
     std::string why;
@@ -318,6 +333,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   src += fmt::format("// Recognized as kernels/attention_fp8.cpp (causal: {}, with_lse: {}{}{}): {} inputs, {} output, "
                      "head dims {} (q, k) and {} (v, o).\n",
                      causal_only ? "yes, the mask hook's kv <= q as the built-in causal mask"
+                     : prefix_leaf >= 0 ? "yes, the mask hook's kv <= q || kv < prefix as the built-in causal mask with the hooks' causal_prefix()"
                      : causal_from_hook ? "yes, the mask hook's kv <= q as the built-in causal mask, the rest of it a hook"
                      : m->causal ? "yes" : "no",
                      m->with_lse ? "yes" : "no", m->score_mod ? ", score_mod hook" : "",
@@ -458,12 +474,12 @@ const bool registered = [] {
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
     if (hooks && hooks->score_mod && score_hook_is_linear(f, *hooks, hook_symbols(f)))
       knobs.push_back({"attn_linear_score", {1, 0}, 1});
-    if (hooks && causal_conjunct(*hooks, hook_symbols(f)) >= 0)
-      knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
+    const bool causal_part = hooks && (causal_conjunct(*hooks, hook_symbols(f)) >= 0 ||
+                                       (!m->causal && causal_prefix(f, *hooks, hook_symbols(f)) >= 0));
+    if (causal_part) knobs.push_back({"attn_causal_hook", {0, 1}, !fp8 && hooks->score_mod ? 1 : 0});
     // The tile order of a mask without the built-in causal part: longest first (for causal-like masks)
     // or natural (masks that give every query tile as many keys: AttentionVariant::uniform_work).
-    if (hooks && hooks->mask_mod && !m->causal && causal_conjunct(*hooks, hook_symbols(f)) < 0)
-      knobs.push_back({"attn_reverse_tiles", {1, 0}, 1});
+    if (hooks && hooks->mask_mod && !m->causal && !causal_part) knobs.push_back({"attn_reverse_tiles", {1, 0}, 1});
     if (m->causal || m->mask_mod) {
       const int group_mb = default_group_mb(fp8);
       knobs.push_back({"attn_group_mb", {group_mb, group_mb == 8 ? 16 : 8, 0}, group_mb});

@@ -371,11 +371,18 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       // part built in, the rest a hook.
       const bool causal_part = !causal_mask && (nv.variant.name.find("sliding") != std::string::npos ||
                                                 nv.variant.name.find("_causal") != std::string::npos);
+      // prefix-LM's kv <= q || kv < prefix: the built-in causal mask with each row's bound raised to
+      // prefix - 1, the hooks only for causal_prefix() (the prefix length it reads)
+      const bool prefix = nv.variant.name == "attention_prefix_lm";
       const std::string& src = ck.generated.source;
       if (built_in) {
         CHECK(src.find("causal: yes, the mask hook's kv <= q as the built-in causal mask, with_lse") != std::string::npos);
         CHECK((src.find("struct tj_hooks") != std::string::npos) == static_cast<bool>(nv.variant.score_mod));
         CHECK(src.find("kMask = true") == std::string::npos);
+      } else if (prefix) {
+        CHECK(src.find("kv <= q || kv < prefix as the built-in causal mask") != std::string::npos);
+        CHECK(src.find("kMask = false") != std::string::npos);
+        CHECK(src.find("int causal_prefix() const {\n    return v") != std::string::npos);
       } else {
         CHECK(src.find("struct tj_hooks") != std::string::npos);
         if (nv.variant.mask_mod) CHECK(src.find("kSkipBlocks = true") != std::string::npos);
@@ -384,7 +391,7 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
         if (nv.variant.mask_mod) CHECK((src.find("kKeepGathers = true") != std::string::npos) == gathers);
         CHECK((src.find("the built-in causal mask, the rest of it a hook") != std::string::npos) == causal_part);
       }
-      if (built_in || causal_part) {
+      if (built_in || causal_part || prefix) {
         const CompiledKernel& no_skip = compile(k, specs, variant_config(128, 128, false), CompileRequest{"sm_90a", false, false});
         CHECK(no_skip.generated.source.find("kMask = true") != std::string::npos);
         CHECK(no_skip.generated.source.find("kSkipBlocks = false") != std::string::npos);
@@ -611,7 +618,7 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
   const std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
                                       TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
                                       false, false};
-  enum Causal { none, whole, part };
+  enum Causal { none, whole, part, prefix };
   struct Case {
     const char* name;
     kernels::MaskMod mask;
@@ -626,7 +633,13 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
       {"attention_mask_swapped", [](const At& at) { return at.q <= at.kv; }, none},   // anti-causal
       {"attention_mask_and", [](const At& at) { return at.q - at.kv < 100 && at.kv <= at.q; }, part},
       {"attention_mask_and3", [](const At& at) { return (at.kv <= at.q && at.kv > 7) && at.q < 250; }, part},
-      {"attention_mask_or", [](const At& at) { return at.kv <= at.q || at.kv < 4; }, none},   // prefix-LM-like
+      // prefix-LM: every row also sees the keys below a bound that is the same over a CTA
+      {"attention_mask_or", [](const At& at) { return at.kv <= at.q || at.kv < 4; }, prefix},
+      {"attention_mask_or_swapped", [](const At& at) { return at.kv < 4 || at.q >= at.kv; }, prefix},
+      {"attention_mask_or_head", [](const At& at) { return at.kv <= at.q || at.kv < at.h * 8; }, prefix},
+      {"attention_mask_or_rows", [](const At& at) { return at.kv <= at.q || at.q < 4; }, none},   // rows, not keys
+      {"attention_mask_or_shift", [](const At& at) { return at.kv <= at.q || at.kv < at.q + 4; }, none},
+      {"attention_mask_or_strict", [](const At& at) { return at.kv < at.q || at.kv < 4; }, none},
       // kv <= q read again under the and: c && f(c) == c && f(true), so still the causal part
       {"attention_mask_reused", [](const At& at) {
          Tile c = at.kv <= at.q;
@@ -635,7 +648,8 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
       {"attention_mask_not_and", [](const At& at) { return !(at.kv <= at.q && at.kv > 7); }, none},
   };
   for (const Case& c : cases) {
-    CAPTURE(c.name);
+    const std::string case_name = c.name;
+    CAPTURE(case_name);
     kernels::AttentionVariant var{c.name};
     var.mask_mod = c.mask;
     const CompiledKernel& ck =
@@ -644,7 +658,10 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
     CHECK(ck.generated.lowering == "sm90_attention");
     CHECK((src.find("the built-in causal mask") != std::string::npos) == (c.causal != none));
     CHECK((src.find("the rest of it a hook") != std::string::npos) == (c.causal == part));
-    CHECK((src.find("kMask = true") != std::string::npos) == (c.causal != whole));
+    CHECK((src.find("kMask = true") != std::string::npos) == (c.causal == none || c.causal == part));
+    const bool reads_prefix = src.find("struct tj_hooks") != std::string::npos &&
+                              src.find("int causal_prefix() const {\n    return 0;") == std::string::npos;
+    CHECK(reads_prefix == (c.causal == prefix));
   }
 }
 
@@ -749,6 +766,52 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         CHECK(ml.mismatched_inf == 0);
         CHECK(ml.max_abs <= 2e-3);
       }
+    }
+  }
+}
+
+TEST_CASE("gpu: prefix-LM as the built-in causal mask with a prefix matches float64 (prefixes of none, past the tiles, past the keys)") {
+  TJ_REQUIRE_HOPPER();
+  // kv <= q || kv < prefix runs as the causal kernel with each row's last key max(q, prefix - 1):
+  // prefixes of 0 (causal), 150 and 291 (past the first query tiles, not on a block boundary) and
+  // 5000 (past every key: full attention), with more queries than keys.
+  std::mt19937 rng(74);
+  const Problem p{4, 2, 2, 333, 300, 128};
+  const std::vector<int64_t> prefixes = {0, 150, 291, 5000};
+  HostTensor prefix(DType::i64, {p.B});
+  for (int64_t b = 0; b < p.B; ++b) prefix.set(b, static_cast<double>(prefixes[b]));
+  const VariantMeaning meaning{.keep = [&](int64_t b, int64_t, int64_t i, int64_t j) { return j <= i || j < prefixes[b]; }};
+  HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
+             v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
+  DeviceTensor prefix_d = DeviceTensor::from_host(prefix);
+  const TensorView pv = prefix_d.view();
+  Kernel k = kernels::attention_variant(kernels::prefix_lm_variant());
+  for (DType dt : {DType::bf16, DType::e4m3}) {
+    KernelInputs in = kernel_inputs(dt, q, kk, v);
+    std::vector<DeviceTensor> dev;
+    std::vector<TensorView> dv;
+    for (const auto& t : in.t) {
+      dev.push_back(DeviceTensor::from_host(t));
+      dv.push_back(dev.back().view());
+    }
+    const std::vector<double> want = variant_f64(in.q64, in.k64, in.v64, meaning);
+    std::vector<Config> configs = {variant_config(128, 128), variant_config(64, 64)};
+    configs[1].knobs["attn_lean_producer"] = 1;
+    configs[1].knobs["attn_overlap"] = 0;
+    if (is_fp8(dt)) configs.push_back(variant_config(192, 96));
+    for (const Config& cfg : configs) {
+      INFO(name(dt) << " " << cfg.to_json());
+      LaunchOptions lo;
+      lo.config = cfg;
+      DeviceTensor o(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse(DType::f32, {p.B, p.H, p.Sq});
+      o.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      launch(k, variant_args(dv, o.view(), lse.view(), &pv, p.D), lo);
+      runtime::synchronize();
+      Metrics m = compare(o.to_host().values(), want);
+      MESSAGE("prefix-LM " << name(dt) << " " << cfg.to_json() << " GPU vs float64: " << str(m));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= (is_fp8(dt) ? 4e-2 : 1e-2));
     }
   }
 }

@@ -216,6 +216,8 @@ struct AttnCfg {
 //     g the same over the CTA; the main loop then forms the key term once per key column and
 //     block and the query term once per row, and score() is not called.
 //   kSkipBlocks = false evaluates keep() on every element of every block (block skipping off).
+//   causal_prefix(): with a causal Cfg, keys below it are visible to every query too (prefix-LM's
+//     kv <= q || kv < prefix): row q's last key is max(q, prefix - 1). 0 for no prefix.
 //   kKeepGathers: keep() reads a tensor per element (a gather); the kernel evaluates it in a
 //     rolled loop.
 struct NoHooks {
@@ -233,6 +235,7 @@ struct NoHooks {
   }
   __device__ __forceinline__ bool keep(int, int) const { return true; }
   __device__ __forceinline__ int classify(int, int, int, int) const { return 1; }
+  __device__ __forceinline__ int causal_prefix() const { return 0; }
 };
 
 namespace attn_detail {
@@ -411,8 +414,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const int hk = h / (p.H / p.Hkv);
   const int bhk = b * p.Hkv + hk;
   const int m0 = m_tile * BM;
-  // keys this tile needs: [0, n_end)
-  const int n_end = (Cfg::kCausal && m0 + BM < p.Skv) ? m0 + BM : p.Skv;
+  // keys this tile needs: [0, n_end); a causal mask's rows see [0, max(q, prefix - 1)]
+  const int prefix_last = Cfg::kCausal ? hooks.causal_prefix() - 1 : -1;
+  const int causal_end = max(m0 + BM, prefix_last + 1);
+  const int n_end = (Cfg::kCausal && causal_end < p.Skv) ? causal_end : p.Skv;
   const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
   // What the mask hook makes of key block j for this CTA's rows (NoHooks: 1, all kept). The
   // producer and the consumers walk the same blocks: the ones not classified 0.
@@ -695,7 +700,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
     }
     const bool tail = n0 + BN > p.Skv;
-    const bool diag = Cfg::kCausal && (n0 + BN - 1 > rb);
+    const bool diag = Cfg::kCausal && (n0 + BN - 1 > max(rb, prefix_last));
     const bool hook = Hooks::kMask && cls == 2;
     // Boundary blocks only; branch-free per element (comparisons, a select). The KV end and the
     // causal diagonal are one bound per row, so one comparison per element: with two (and a
@@ -709,7 +714,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = rb + r0 + 8 * hh;
-        last_key[hh] = Cfg::kCausal ? min(row, p.Skv - 1) : p.Skv - 1;
+        last_key[hh] = Cfg::kCausal ? min(max(row, prefix_last), p.Skv - 1) : p.Skv - 1;
       }
       auto apply = [&](auto with_hook) {
 #pragma unroll
