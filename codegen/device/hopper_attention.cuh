@@ -414,8 +414,12 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const int hk = h / (p.H / p.Hkv);
   const int bhk = b * p.Hkv + hk;
   const int m0 = m_tile * BM;
-  // keys this tile needs: [0, n_end); a causal mask's rows see [0, max(q, prefix - 1)]
+  // keys this tile needs: [0, n_end); a causal mask's rows see [0, max(q, prefix - 1)]. (Without a
+  // prefix the maxes below take -1: the same bounds, and ptxas then formed the causal kernels'
+  // boundary test in uniform registers. H200, session 20, fp8 causal S 8192 (192 x 96): 893-932
+  // TFLOP/s in 4 alternations against 863-904 with the maxes folded away at compile time.)
   const int prefix_last = Cfg::kCausal ? hooks.causal_prefix() - 1 : -1;
+  auto with_prefix = [prefix_last](int last) { return max(last, prefix_last); };
   const int causal_end = max(m0 + BM, prefix_last + 1);
   const int n_end = (Cfg::kCausal && causal_end < p.Skv) ? causal_end : p.Skv;
   const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
@@ -700,7 +704,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
     }
     const bool tail = n0 + BN > p.Skv;
-    const bool diag = Cfg::kCausal && (n0 + BN - 1 > max(rb, prefix_last));
+    const bool diag = Cfg::kCausal && (n0 + BN - 1 > with_prefix(rb));
     const bool hook = Hooks::kMask && cls == 2;
     // Boundary blocks only; branch-free per element (comparisons, a select). The KV end and the
     // causal diagonal are one bound per row, so one comparison per element: with two (and a
@@ -714,7 +718,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = rb + r0 + 8 * hh;
-        last_key[hh] = Cfg::kCausal ? min(max(row, prefix_last), p.Skv - 1) : p.Skv - 1;
+        last_key[hh] = Cfg::kCausal ? min(with_prefix(row), p.Skv - 1) : p.Skv - 1;
       }
       auto apply = [&](auto with_hook) {
 #pragma unroll
