@@ -230,6 +230,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const bool vperm = !keys_by_parity && cfg.knob("attn_vperm", consumers >= 2 ? 1 : 0) != 0;
   // Of every 8 score exp2s, how many run on the FMA pipes (exp2_fma.cuh) instead of the MUFU.
   const int64_t exp2_fma = cfg.knob("attn_exp2_fma", 0);
+  // Where P goes to e4m3 straight (fp8, keys by parity, no LSE) those exp2s run in pairs in f16x2
+  // (exp2_f16x2: about 5 instructions a score, exp2_fma 9); knob attn_exp2_f16 = 0 keeps exp2_fma.
+  const bool exp2_f16 = cfg.knob("attn_exp2_f16", 1) != 0 && exp2_fma > 0 && keys_by_parity && !m->with_lse;
   if (exp2_fma < 0 || exp2_fma > 8)
     throw fail(fmt::format("knob attn_exp2_fma counts the score exp2s of every 8 computed on the FMA pipes: 0 to 8, "
                            "not {}",
@@ -351,11 +354,11 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
                      bn, stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
                      overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm && !lean ? "true" : "false", D,
                      exp2_fma, rescale_vote ? "true" : "false", lean ? "true" : "false",
-                     keys_by_parity ? "true" : "false", m->with_lse ? "true" : "false");
+                     keys_by_parity ? "true" : "false", m->with_lse ? "true" : "false", exp2_f16 ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
@@ -471,6 +474,8 @@ const bool registered = [] {
     if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});   // ALiBi on 192 rows defaults to 0 (above)
     if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
+    // exp2s off the MUFU: f16x2 pairs where P goes to e4m3 straight (no LSE), else exp2_fma (f32)
+    if (fp8 && !m->with_lse) knobs.push_back({"attn_exp2_fma", {0, 2, 4}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
     if (hooks && hooks->score_mod && score_hook_is_linear(f, *hooks, hook_symbols(f)))
       knobs.push_back({"attn_linear_score", {1, 0}, 1});

@@ -172,7 +172,7 @@ int64_t attention_variant_key_block(const std::string& kernel_name) { return var
 int64_t attention_variant_fp8_key_block(const std::string& kernel_name) { return variant_defaults_of(kernel_name).fp8; }
 
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
-                                        int64_t qk_head_dim, int64_t seq_kv) {
+                                        int64_t qk_head_dim, int64_t seq_kv, bool with_lse) {
   const VariantDefaults kb = variant_defaults_of(kernel_name);
   // A score hook's key block of 128 (fp8: 64 x 128 tiles) holds up to 4096 keys; longer rows take
   // the long-row tiles, 192 x 96 (H100, session 14, causal S 8192 fp8, with causal tiles longest
@@ -185,9 +185,12 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   Config c = attention_fp8_default_config(in, head_dim, causal, qk_head_dim, key_block, seq_kv, kb.fp8);
   if (kb.fast_math) c.knobs["fast_math"] = 1;
   // A fast_math hook's approximations (softcap's tanh) share the MUFU with the softmax's exp2s: on
-  // fp8 192-row tiles one exp2 of every 8 moves to the FMA pipes (H200, session 17, softcap causal
-  // S 8192, 192 x 96: 655.8 vs 630.5 TFLOP/s; 2 of 8: 629.2).
-  if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = 1;
+  // fp8 192-row tiles some exp2s move to the FMA pipes. One of every 8 where the kernel writes the
+  // LSE (exp2_fma in f32: H200, session 17, softcap causal S 8192, 192 x 96: 655.8 vs 630.5 TFLOP/s;
+  // 2 of 8: 629.2), four without one (pairs in f16x2 for the e4m3 P, knob attn_exp2_f16: session
+  // 20, same shape, two alternations: 1 / 2 / 3 / 4 of 8: 667.4, 662.9 / 663.1, 667.9 / 661.5, 663.7
+  // / 673.4, 668.0; f32, 1 of 8: 657.6, 653.2).
+  if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = with_lse ? 1 : 4;
   if (kb.uniform_work) {
     c.knobs["attn_reverse_tiles"] = 0;
     if (is_fp8(in) && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 && head_dim <= 128 && qk_head_dim <= 128) {
@@ -195,6 +198,13 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
       c.knobs["attn_overlap"] = 0;
     }
   }
+  // fp8 64 x 128 tiles with a producer warp and no overlap (dense rows of up to 2048 keys, uniform
+  // work) and no LSE: 2 of every 8 exp2s off the MUFU, in f16x2 pairs (H200, session 20, S 2048, two
+  // calls of two alternations: dense 826-831 vs 809-814 TFLOP/s, segments of 2048 791-796 vs
+  // 780-785; 1 of 8: dense 831-832, segments 767-770; 3: 808-810 / 794-800; 4: 805-806 / 775-777).
+  if (!with_lse && is_fp8(in) && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 && c.knob("attn_lean_producer", 0) == 1 &&
+      c.knob("attn_overlap", 1) == 0 && !c.knobs.count("attn_exp2_fma"))
+    c.knobs["attn_exp2_fma"] = 2;
   return c;
 }
 
@@ -220,7 +230,7 @@ const bool default_config_registered = [] {
       return c;
     const int64_t seq_kv = k.static_shape[2] > 0 ? k.static_shape[2] : 0;
     Config d = attention_variant_default_config(f.name, q.dtype, o.static_shape[3], m->causal || m->mask_mod,
-                                                q.static_shape[3], seq_kv);
+                                                q.static_shape[3], seq_kv, m->with_lse);
     // Only where the tensor-core lowering takes it (head dims, dtypes); the SIMT path keeps the
     // generic tiles.
     try {

@@ -246,7 +246,7 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   const int64_t Dqk = opt.quantize && opt.q_residual ? 2 * D : D;
   Config cfg = opt.attention_config.value_or(
       attention_variant_default_config(opt.kernel ? opt.kernel->name() : std::string(),
-                                       opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk, Skv));
+                                       opt.quantize ? DType::e4m3 : q.dtype, D, opt.causal, Dqk, Skv, opt.lse.has_value()));
   ensure(ws.no_lse, DType::f32, {1});
   TensorView lse = opt.lse.value_or(ws.no_lse->view());
   const bool with_lse = opt.lse.has_value();

@@ -91,8 +91,10 @@ int64_t attention_variant_key_block(const std::string& kernel_name);
 int64_t attention_variant_fp8_key_block(const std::string& kernel_name);
 // attention_fp8_default_config (kernels/attention_fp8.h) with both key blocks of the variant kernel
 // `kernel_name`, and knob fast_math = 1 where the variant sets fast_math (none of it for other
-// kernels, e.g. attention_fp8 or an empty name).
+// kernels, e.g. attention_fp8 or an empty name). with_lse: whether the kernel writes the LSE (an fp8
+// kernel without one takes its P to e4m3 straight, and its exp2s off the MUFU cost less: knob
+// attn_exp2_f16).
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
-                                        int64_t qk_head_dim, int64_t seq_kv);
+                                        int64_t qk_head_dim, int64_t seq_kv, bool with_lse = false);
 
 }  // namespace tj::kernels

@@ -181,7 +181,7 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
     const AttentionVariant variant = segment_variant(w / r, opt.causal);
     const Kernel segments = attention_variant(variant);
     lo.config = opt.attention_config ? *opt.attention_config
-                                     : attention_variant_default_config(segments.name(), DType::e4m3, D, true, D, S / r);
+                                     : attention_variant_default_config(segments.name(), DType::e4m3, D, true, D, S / r, true);
     for (int64_t j = 0; j < r; ++j) {
       const TensorView vt = every(columns(in.vt8[p].view(), j * (S / r), S / r), 1, j, r);
       const TensorView vd = every(entry(in.vd[p].view(), j), 1, j, r);

@@ -205,7 +205,7 @@ CreepInputs creeping_max_inputs(DType in, int64_t Sq, int64_t Skv, std::mt19937&
 
 }  // namespace
 
-TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attention_fp8_default_config on sm_90a") {
+TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attention_variant_default_config on sm_90a") {
   struct Case {
     DType in;
     int64_t S;
@@ -215,7 +215,9 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
                         Case{DType::bf16, 8192, true}, Case{DType::e4m3, 2048, false}}) {
     INFO(fmt::format("{} S {} causal {}", name(c.in), c.S, c.causal));
     ir::Function f = kernels::attention_fp8().trace(attention_specs(c.in, DType::bf16, 2, 16, c.S, c.S, 128, c.causal, false));
-    const Config expected = kernels::attention_fp8_default_config(c.in, 128, c.causal, 128, 0, c.S);
+    // attention_fp8_default_config, and for fp8 without an LSE the exp2s it moves off the MUFU
+    const Config expected = kernels::attention_variant_default_config("", c.in, 128, c.causal, 128, c.S, false);
+    CHECK(expected.blocks == kernels::attention_fp8_default_config(c.in, 128, c.causal, 128, 0, c.S).blocks);
     const Config got = autotune::untuned_config(f, "sm_90a");
     CHECK(got == expected);
     // Its block sizes are in the tuner's space even where they are not powers of two (96, 192).
@@ -401,7 +403,7 @@ TEST_CASE("attention_fp8: lowered for sm_90a, NVRTC compiles it (e4m3 wgmma, TMA
   }
 }
 
-TEST_CASE("attention_fp8: knob attn_exp2_fma moves that many of every 8 score exp2s from ex2.approx to exp2_fma") {
+TEST_CASE("attention_fp8: knob attn_exp2_fma moves that many of every 8 score exp2s from ex2.approx to exp2_f16x2 pairs (no LSE) or exp2_fma") {
   auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 1024, 1024, 128, true, false);
   auto count = [](const std::string& text, const std::string& what) {
     size_t n = 0;
@@ -410,15 +412,22 @@ TEST_CASE("attention_fp8: knob attn_exp2_fma moves that many of every 8 score ex
   };
   // BN 96: 48 score registers per thread, in the first block's softmax and the steady state's; 4
   // more ex2 for the rescale factors (alpha) of the two half rows
+  // (these specs write no LSE: by default the moved exp2s run in f16x2 pairs, one max.NaN.f16x2 a pair;
+  // knob attn_exp2_f16 = 0: exp2_fma, one max.NaN.f32 each)
   for (int k : {0, 3, 8}) {
-    CAPTURE(k);
-    Config c = blocks(192, 96);
-    c.num_stages = 4;
-    c.knobs["attn_exp2_fma"] = k;
-    const std::string ptx = compile(kernels::attention_fp8(), specs, c, CompileRequest{"sm_90a", true, false}).ptx;
-    const size_t fma_per_softmax = 48 / 8 * static_cast<size_t>(k);
-    CHECK(count(ptx, "max.NaN.f32") == 2 * fma_per_softmax);
-    CHECK(count(ptx, "ex2.approx.ftz.f32") == 2 * (48 - fma_per_softmax) + 4);
+    for (int f16 : {1, 0}) {
+      CAPTURE(k);
+      CAPTURE(f16);
+      Config c = blocks(192, 96);
+      c.num_stages = 4;
+      c.knobs["attn_exp2_fma"] = k;
+      c.knobs["attn_exp2_f16"] = f16;
+      const std::string ptx = compile(kernels::attention_fp8(), specs, c, CompileRequest{"sm_90a", true, false}).ptx;
+      const size_t fma_per_softmax = 48 / 8 * static_cast<size_t>(k);
+      CHECK(count(ptx, "max.NaN.f32") == (f16 ? 0 : 2 * fma_per_softmax));
+      CHECK(count(ptx, "max.NaN.f16x2") == (f16 ? fma_per_softmax : 0));
+      CHECK(count(ptx, "ex2.approx.ftz.f32") == 2 * (48 - fma_per_softmax) + 4);
+    }
   }
 }
 
@@ -434,8 +443,8 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
       CAPTURE(k->name());
       const CompiledKernel& ck = compile(*k, specs, c, CompileRequest{"sm_90a", true, false});
       const bool voted = vote != 0;
-      // the Cfg's last arguments: vote, lean producer, keys by parity (fp8's default), with_lse
-      CHECK(ck.generated.source.find(voted ? ", true, false, true, false>;" : ", false, false, true, false>;") !=
+      // the Cfg's last arguments: vote, lean producer, keys by parity (fp8's default), with_lse, f16x2 exp2s
+      CHECK(ck.generated.source.find(voted ? ", true, false, true, false, false>;" : ", false, false, true, false, false>;") !=
             std::string::npos);
       CHECK((ck.ptx.find("vote.sync.any.pred") != std::string::npos) == voted);
     }
@@ -714,7 +723,10 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
    std::vector<Knobs> knob_sets =
        c.group_mb >= 0 ? std::vector<Knobs>{{0, 0, 0, 1, 0, is_fp8(c.in) ? 1 : 0}}
        : is_fp8(c.in)  ? std::vector<Knobs>{{1, 0, 0, 1}, {0, 0, 0, 1}, {1, 3, 0, 1}, {0, 0, 1, 1}, {0, 0, 1, 0},
-                                           {0, 0, 0, 1, 0, 1}, {0, 0, 1, 0, 0, 1}}
+                                           {0, 0, 0, 1, 0, 1}, {0, 0, 1, 0, 0, 1},
+                                           // keys by parity without the LSE (odd index): exp2s in f16x2 pairs;
+                                           // with it: exp2_fma
+                                           {0, 2, 0, 1, 0, 1}, {0, 4, 1, 0, 0, 1}}
                        : std::vector<Knobs>{{0, 0, 0, 1}, {0, 8, 0, 1}, {0, 0, 1, 0}};
    if (c.group_mb < 0 && c.bm >= 128) knob_sets.push_back({0, 0, 0, 1, 1, is_fp8(c.in) ? 1 : 0});
    // every other knob set without the LSE (fp8: O divided by the tensor cores' sums of the e4m3 P)
@@ -770,7 +782,10 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     Metrics ml = compare(lse.to_host().values(), lse_ref.values());
     MESSAGE("GPU vs CPU reference: O " << str(mo) << "; LSE max abs " << ml.max_abs);
     CHECK(mo.nan == 0);
-    CHECK(mo.rel_rmse <= 1e-2);
+    // exp2s off the MUFU (exp2_fma: 7.5e-5 relative, exp2_f16x2: 5e-3) round more e4m3 P values to
+    // the other side than the CPU reference's exp2 does: in a small causal problem (D 256, 130 rows,
+    // rows of few keys) that alone reached 1.06e-2 (H200, session 20, exp2_fma 3 of 8)
+    CHECK(mo.rel_rmse <= (is_fp8(c.in) && exp2_fma > 0 ? 1.5e-2 : 1e-2));
     CHECK(mo.cosine >= 0.9999);
     if (with_lse) {
       CHECK(ml.nan == 0);
@@ -845,7 +860,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a: fp8 weights of V's rows sum to 
   }
 }
 
-TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.approx and exp2_fma alike)") {
+TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.approx, exp2_fma and exp2_f16x2 alike)") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(15);
   const int64_t B = 1, H = 2, S = 300, D = 128, nan_row = 77;
@@ -858,15 +873,18 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.appr
     std::vector<HostTensor> hin = in == DType::bf16 ? std::vector<HostTensor>{q, k, v, ones, ones, ones}
                                                     : std::vector<HostTensor>{r8.q8, r8.k8, r8.vt8, r8.qd, r8.kd, r8.vd};
     hin[0].set(nan_row * D + 5, std::numeric_limits<double>::quiet_NaN());
-    HostTensor o_ref(DType::bf16, {B, H, S, D}), lse_ref(DType::f32, {B, H, S});
-    run_ref(kernels::attention_fp8(),
-            attention_args(hin[0].view(), hin[1].view(), hin[2].view(), hin[3].view(), hin[4].view(), hin[5].view(),
-                           o_ref.view(), lse_ref.view(), true, true),
-            blocks(128, 128));
     std::vector<DeviceTensor> dev;
     for (const auto& t : hin) dev.push_back(DeviceTensor::from_host(t));
-    for (int exp2_fma : {0, 3, 8}) {
-      INFO(fmt::format("{} attn_exp2_fma={}", name(in), exp2_fma));
+    // fp8 without the LSE: the exp2s off the MUFU run in f16x2 pairs (exp2_f16x2)
+    for (const bool with_lse : {true, false}) {
+     if (!with_lse && in != DType::e4m3) continue;
+     HostTensor o_ref(DType::bf16, {B, H, S, D}), lse_ref(DType::f32, {B, H, S});
+     run_ref(kernels::attention_fp8(),
+             attention_args(hin[0].view(), hin[1].view(), hin[2].view(), hin[3].view(), hin[4].view(), hin[5].view(),
+                            o_ref.view(), lse_ref.view(), true, with_lse),
+             blocks(128, 128));
+     for (int exp2_fma : {0, 3, 8}) {
+      INFO(fmt::format("{} attn_exp2_fma={} with_lse={}", name(in), exp2_fma, with_lse));
       DeviceTensor o(DType::bf16, o_ref.shape()), lse(DType::f32, lse_ref.shape());
       o.fill_bytes(0x3F);   // 0.75-ish bf16: neither NaN nor a plausible output
       lse.fill_bytes(0x3F);
@@ -875,7 +893,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.appr
       lo.config->knobs["attn_exp2_fma"] = exp2_fma;
       launch(kernels::attention_fp8(),
              attention_args(dev[0].view(), dev[1].view(), dev[2].view(), dev[3].view(), dev[4].view(), dev[5].view(),
-                            o.view(), lse.view(), true, true),
+                            o.view(), lse.view(), true, with_lse),
              lo);
       runtime::synchronize();
       const std::vector<double> got = o.to_host().values(), want = o_ref.values();
@@ -895,6 +913,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a keeps a NaN in its row (ex2.appr
       const Metrics m = compare(got_rest, want_rest);
       MESSAGE("rows without the NaN vs the CPU reference: " << str(m));
       CHECK(m.rel_rmse <= 1e-2);
+     }
     }
   }
 }

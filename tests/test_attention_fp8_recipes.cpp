@@ -364,8 +364,10 @@ TEST_CASE("attention_variant_key_block: the variant's key_block, 128 for a score
     CHECK(kernels::attention_variant_default_config(softcap, dt, 128, true, 0, 2048).knob("fast_math", 0) == 1);
     CHECK(kernels::attention_variant_default_config(window, dt, 128, true, 0, 2048).knob("fast_math", 0) == 0);
   }
-  // softcap on fp8 192-row tiles (S > 4096): one exp2 of every 8 on the FMA pipes
-  CHECK(kernels::attention_variant_default_config(softcap, DType::e4m3, 128, true, 0, 8192).knob("attn_exp2_fma", 0) == 1);
+  // softcap on fp8 192-row tiles (S > 4096): exp2s on the FMA pipes, four of every 8 (f16x2 pairs)
+  // without an LSE, one with one
+  CHECK(kernels::attention_variant_default_config(softcap, DType::e4m3, 128, true, 0, 8192).knob("attn_exp2_fma", 0) == 4);
+  CHECK(kernels::attention_variant_default_config(softcap, DType::e4m3, 128, true, 0, 8192, true).knob("attn_exp2_fma", 0) == 1);
   CHECK(kernels::attention_variant_default_config(softcap, DType::e4m3, 128, true, 0, 2048).knob("attn_exp2_fma", 0) == 0);
   CHECK(kernels::attention_variant_default_config(softcap, DType::bf16, 128, true, 0, 8192).knob("attn_exp2_fma", 0) == 0);
   for (int64_t S : {2048, 8192, 16384}) {

@@ -582,6 +582,42 @@ TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tile
   }
 }
 
+TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-row tiles 4 of 8 without an LSE (f16x2 pairs) and 1 with one, fp8 64 x 128 producer-warp tiles 2 without one") {
+  const kernels::AttentionVariant v = kernels::softcap_variant(30, true);
+  const std::string name = kernels::attention_variant(v).name();
+  const int64_t S = 8192, D = 128;
+  const Config no_lse = kernels::attention_variant_default_config(name, DType::e4m3, D, true, D, S, false);
+  const Config lse = kernels::attention_variant_default_config(name, DType::e4m3, D, true, D, S, true);
+  REQUIRE(no_lse.blocks.at("m") == 192);
+  CHECK(no_lse.knob("attn_exp2_fma", 0) == 4);
+  CHECK(lse.knob("attn_exp2_fma", 0) == 1);
+  CHECK(kernels::attention_variant_default_config(name, DType::bf16, D, true, D, S).knob("attn_exp2_fma", 0) == 0);
+  // the lowering's Cfg: ..., with_lse, f16 pairs> -- pairs only where P goes to e4m3 straight
+  const codegen::Target t = codegen::Target::parse("sm_90a");
+  std::vector<ArgSpec> specs = fp8_variant_specs(S, D);
+  const ir::Function f = kernels::attention_variant(v).trace(specs);
+  CHECK(codegen::generate_cuda(f, no_lse, t).source.find(", false, true>;") != std::string::npos);
+  Config f32_path = no_lse;
+  f32_path.knobs["attn_exp2_f16"] = 0;
+  CHECK(codegen::generate_cuda(f, f32_path, t).source.find(", false, false>;") != std::string::npos);
+  specs.back() = true;   // with_lse
+  const ir::Function f_lse = kernels::attention_variant(v).trace(specs);
+  CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false>;") != std::string::npos);
+  // fp8 64 x 128 tiles with a producer warp (dense rows of up to 2048 keys, segments) without an
+  // LSE: 2 of 8; with one, or on other tiles, none
+  const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
+  for (const std::string& kernel : {std::string(), seg}) {
+    CAPTURE(kernel);
+    const Config d = kernels::attention_variant_default_config(kernel, DType::e4m3, D, kernel == seg, 0, 2048, false);
+    CHECK(d.blocks.at("n") == 128);
+    CHECK(d.knob("attn_lean_producer", 0) == 1);
+    CHECK(d.knob("attn_exp2_fma", 0) == 2);
+    CHECK(kernels::attention_variant_default_config(kernel, DType::e4m3, D, kernel == seg, 0, 2048, true).knob("attn_exp2_fma", 0) == 0);
+  }
+  CHECK(kernels::attention_variant_default_config("", DType::e4m3, D, false, 0, 8192, false).knob("attn_exp2_fma", 0) == 0);
+  CHECK(kernels::attention_variant_default_config("", DType::bf16, D, false, 0, 2048, false).knob("attn_exp2_fma", 0) == 0);
+}
+
 TEST_CASE("attention variants: fp8 keys by parity by default, except a linear score hook with three consumers") {
   // K loaded even keys first is fp8's default for P's key order; ALiBi on 192-row tiles measured
   // faster with V permuted instead (codegen/lower_attention_sm90.cpp), at other tiles by parity.

@@ -357,6 +357,38 @@ TEST_CASE("numerics: round_to and load/store of every dtype") {
 
 // The attention softmax's exp2 on the FMA pipes (knob attn_exp2_fma), compiled for the host here:
 // the same arithmetic as on the GPU (one rounding per add and fma).
+// Two of them in f16x2 for an e4m3 P (attention without an LSE, knob attn_exp2_f16), on the host with
+// the GPU's f16 roundings: 2^x within 6e-3 relative down to 2^-14, and its e4m3 within one code of
+// e4m3(2^x).
+TEST_CASE("numerics: exp2_f16x2 is 2^x within 6e-3 relative, its e4m3 within one code of e4m3(2^x), -inf -> 0, NaN -> NaN") {
+  using namespace tj::dev;
+  double worst = 0.0;
+  int far_codes = 0, not_zero = 0;
+  for (int i = 0; i <= 25 * 1024; ++i) {   // [-16.25, 8.75]: P's range with the offset 8 and the slack 0.75
+    const float x = -16.25f + static_cast<float>(i) / 1024.0f, y = -x / 2.0f;
+    const unsigned r = exp2_f16x2(x, y);
+    const double want = std::exp2(static_cast<double>(x));
+    const double got = f16_to_f32_sw(static_cast<unsigned short>(r & 0xffffu));
+    if (x >= -14.0f) worst = std::max(worst, std::abs(got / want - 1.0));
+    if (x <= -14.5f) not_zero += got != 0.0;
+    // the high half is its own value (y), not a copy of the low one
+    if (y <= 8.75f) worst = std::max(worst, std::abs(f16_to_f32_sw(static_cast<unsigned short>(r >> 16)) / std::exp2(static_cast<double>(y)) - 1.0));
+    const int code = f16x2_to_e4m3x2(r) & 0xff, exact = tj::dev::f32_to_e4m3(static_cast<float>(want));
+    far_codes += std::abs(code - exact) > 1;
+  }
+  MESSAGE("exp2_f16x2 max relative error on [-14, 8.75]: " << worst);
+  CHECK(worst < 6e-3);
+  CHECK(not_zero == 0);
+  CHECK(far_codes == 0);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(exp2_f16x2(-inf, -inf) == 0u);   // masked scores: a 0 probability, both halves
+  CHECK(exp2_f16x2(-1e30f, 0.0f) == 0x3c000000u);   // 0 and 1.0
+  const unsigned n = exp2_f16x2(nan, 1.0f);
+  CHECK(std::isnan(f16_to_f32_sw(static_cast<unsigned short>(n & 0xffffu))));
+  CHECK(f16_to_f32_sw(static_cast<unsigned short>(n >> 16)) == 2.0f);
+  CHECK((f16x2_to_e4m3x2(n) & 0x7fu) == 0x7fu);   // e4m3's NaN code
+}
+
 TEST_CASE("numerics: exp2_fma is 2^x within 7.6e-5 relative on the softmax's range, -inf -> 0, NaN -> NaN") {
   double worst = 0.0;
   int too_big = 0;

@@ -13,6 +13,7 @@
 #include "autotune/cache.h"
 #include "dsl/kernel.h"
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variant.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
@@ -165,7 +166,7 @@ Config attention_config(DType in, DType out, const std::vector<int64_t>& shape, 
   if (runtime::driver().available())
     tuned = autotune::tuned_config(kernels::attention_fp8(), kernels::find("attention_fp8").arguments(lp), false);
   source = tuned ? "tuned" : "default";
-  return tuned ? *tuned : kernels::attention_fp8_default_config(in, shape.at(3), causal, 0, 0, shape.at(2));
+  return tuned ? *tuned : kernels::attention_variant_default_config("", in, shape.at(3), causal, 0, shape.at(2));
 }
 
 AttentionTolerance attention_tolerance(AttentionPath p) {

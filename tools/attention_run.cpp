@@ -8,6 +8,7 @@
 #include <future>
 
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variant.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
@@ -100,7 +101,7 @@ int run_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const Ho
   }
   if (p.hadamard || p.q_residual)
     fmt::print("note: --hadamard / --q-residual run on the GPU; the CPU reference executor runs the plain recipe\n");
-  Config cfg = p.config ? *p.config : kernels::attention_fp8_default_config(p.in, p.D, p.causal, 0, 0, p.S);
+  Config cfg = p.config ? *p.config : kernels::attention_variant_default_config("", p.in, p.D, p.causal, 0, p.S);
   fmt::print("no GPU ({}): the same kernels on the CPU reference executor instead (config {}; no timing)\n", why, cfg.to_json());
   HostTensor o(p.out, p.shape());
   o.fill_bytes(0xFF);   // NaN in every float type: unwritten elements show

@@ -177,6 +177,16 @@ TJ_HD unsigned short f32x2_to_e5m2x2(float lo, float hi) {
   return (unsigned short)(f32_to_e5m2_sw(lo) | ((unsigned)f32_to_e5m2_sw(hi) << 8));
 #endif
 }
+// f16x2 (low element in the low half) -> e4m3x2 (low element in the low byte), saturating.
+TJ_HD unsigned short f16x2_to_e4m3x2(unsigned v) {
+#if TJ_HAS_FP8_CVT
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(v));
+  return r;
+#else
+  return f32x2_to_e4m3x2(f16_to_f32_sw((unsigned short)(v & 0xffffu)), f16_to_f32_sw((unsigned short)(v >> 16)));
+#endif
+}
 TJ_HD unsigned char f32_to_e4m3(float x) { return (unsigned char)(f32x2_to_e4m3x2(x, 0.0f) & 0xffu); }
 TJ_HD unsigned char f32_to_e5m2(float x) { return (unsigned char)(f32x2_to_e5m2x2(x, 0.0f) & 0xffu); }
 // Four f32 -> e4m3x4 / e5m2x4 (a in bits 0..7, ..., d in bits 24..31).

@@ -618,18 +618,21 @@ __device__ __forceinline__ void acc_to_a_fp8_kperm(const float* d, unsigned* a) 
 // A fragment takes for the natural key order of V (lane quad position q; two F2FP and a merge per
 // word, as acc_to_a_fp8_kperm). The key permutation is in the rows of K, which TMA applies as it
 // loads them (a traversal stride of 2 keys), instead of in V's bytes.
-template <int N, int T = WG_E4M3>
+template <int N, int T = WG_E4M3, int kF16Pairs = 0>
 __device__ __forceinline__ void acc_to_a_fp8_keys_by_parity(const float* d, unsigned* a) {
   static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
+  static_assert(kF16Pairs == 0 || T == WG_E4M3, "f16x2 pairs convert to e4m3");
   constexpr int kOdd = 4 * (N / 16);   // register offset of the odd keys' column groups
+  // register i < kOdd with (i & 7) < kF16Pairs holds the f16x2 of keys i and i + kOdd (exp2_f16x2)
+  auto pack = [&](int i) -> unsigned {
+    if ((i & 7) < kF16Pairs) return (unsigned)f16x2_to_e4m3x2(__float_as_uint(d[i]));
+    return (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(d[i], d[kOdd + i]) : (unsigned)f32x2_to_e5m2x2(d[i], d[kOdd + i]);
+  };
 #pragma unroll
   for (int g = 0; g < N / 16; ++g) {   // 16-key group: k step g / 2, its half g % 2
 #pragma unroll
     for (int h = 0; h < 2; ++h) {      // row g or g + 8 of the fragment
-      const float k0 = d[4 * g + 2 * h], k1 = d[kOdd + 4 * g + 2 * h];
-      const float k2 = d[4 * g + 2 * h + 1], k3 = d[kOdd + 4 * g + 2 * h + 1];
-      const unsigned lo = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(k0, k1) : (unsigned)f32x2_to_e5m2x2(k0, k1);
-      const unsigned hi = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(k2, k3) : (unsigned)f32x2_to_e5m2x2(k2, k3);
+      const unsigned lo = pack(4 * g + 2 * h), hi = pack(4 * g + 2 * h + 1);
       a[4 * (g >> 1) + 2 * (g & 1) + h] = lo | (hi << 16);
     }
   }

@@ -60,7 +60,9 @@
 //   exp2 from exp2_fma() (FMA and integer pipes) instead of ex2.approx (the MUFU): the FP8
 //   kernels' softmax needs one MUFU op per score, as many as the tensor cores take for its two
 //   dots. (H100, session 8: slower at every setting; the softmax is bound by issue and latency,
-//   not by the MUFU's throughput. Default 0.)
+//   not by the MUFU's throughput. Default 0.) kExp2F16: where P goes to e4m3 straight (keys by
+//   parity, no LSE) they run two at a time in f16x2 (exp2_f16x2, about 5 instructions a score
+//   instead of 9): softcap, whose tanh shares the MUFU, takes 4 of 8 so (H200, session 20).
 // Causal masking is top-left aligned (key j visible to query i iff j <= i), like
 // torch.nn.functional.scaled_dot_product_attention(is_causal=True).
 //
@@ -98,7 +100,7 @@ struct AttnParams {
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
           bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0,
           bool kRescaleVote_ = true, bool kLeanProducer_ = false, bool kKeysByParity_ = false,
-          bool kWithLse_ = true>
+          bool kWithLse_ = true, bool kExp2F16_ = false>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -125,6 +127,12 @@ struct AttnCfg {
                          : 8 * (i >> 2) + (i & 1);
   }
   static constexpr int kExp2Fma = kExp2Fma_;   // of every 8 score exp2s, those on the FMA pipes
+  static constexpr bool kWithLse = kWithLse_;
+  // Those exp2s two at a time in f16x2 (exp2_f16x2: about 5 FMA / integer instructions a score
+  // instead of exp2_fma's 9), for fp8 kernels whose P goes to e4m3 straight (keys by parity: each
+  // pair is the two keys one e4m3x2 of P's A fragment holds) and whose row sums come from the
+  // tensor cores (no f32 P to add).
+  static constexpr bool kExp2F16 = kExp2F16_ && kExp2Fma_ > 0 && kKeysByParity_ && kFp8 && !kWithLse_;
   static constexpr bool kRescaleVote = kRescaleVote_;   // skip O's rescale where a warp's alphas are all 1
   // The producer is one warp after the consumer warpgroups instead of a warpgroup before them: no
   // setmaxnreg (every thread has the launch's registers), no V-permuting warps. With one consumer,
@@ -140,7 +148,6 @@ struct AttnCfg {
   // sums, up to 3% in rows dominated by a few keys; H200, session 17), and the LSE is the scores'.
   // Not with a producer warp for several consumers (no setmaxnreg: D 256 spills there, and its
   // output went wrong under compute-sanitizer's timing in 1 run of 2; H200, session 17).
-  static constexpr bool kWithLse = kWithLse_;
   static constexpr bool kRowSumMma = kFp8 && !kWithLse && !(kLeanProducer_ && kConsumers_ > 1);
   static constexpr int kOnesBytes = kRowSumMma ? 256 : 0;   // 8 rows x 32 bytes of K, no swizzle
 
@@ -789,7 +796,19 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
       const float x = fmaf(s[i], scm, bias[(i >> 1) & 1]);
-      s[i] = (i & 7) < Cfg::kExp2Fma ? exp2_fma(x) : attn_detail::ex2(x);
+      if constexpr (Cfg::kExp2F16) {
+        // register i (< kOdd) and its odd-key partner i + kOdd: one e4m3x2 of P; s[i] holds their
+        // f16x2, s[i + kOdd] a 0 (the release predicate ORs every register's bits)
+        constexpr int kOdd = BN / 4;
+        if (i < kOdd && (i & 7) < Cfg::kExp2Fma) {
+          s[i] = __uint_as_float(exp2_f16x2(x, fmaf(s[i + kOdd], scm, bias[(i >> 1) & 1])));
+          s[i + kOdd] = 0.0f;
+        } else if (!(i >= kOdd && ((i - kOdd) & 7) < Cfg::kExp2Fma)) {
+          s[i] = attn_detail::ex2(x);
+        }
+      } else {
+        s[i] = (i & 7) < Cfg::kExp2Fma ? exp2_fma(x) : attn_detail::ex2(x);
+      }
     }
     if constexpr (!Cfg::kRowSumMma) {
       float rs[2] = {0.0f, 0.0f};
@@ -800,7 +819,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   };
   auto to_a = [&]() {
     if constexpr (Cfg::kFp8) {
-      if constexpr (Cfg::kKeysByParity) acc_to_a_fp8_keys_by_parity<BN, TY>(s, pa);
+      if constexpr (Cfg::kKeysByParity) acc_to_a_fp8_keys_by_parity<BN, TY, Cfg::kExp2F16 ? Cfg::kExp2Fma : 0>(s, pa);
       else if constexpr (Cfg::kVPerm) acc_to_a_fp8_kperm<BN, TY>(s, pa);
       else acc_to_a_fp8<BN, TY>(s, pa);
     } else if constexpr (TY == WG_BF16) {
