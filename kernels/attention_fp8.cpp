@@ -190,7 +190,13 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // 2 of 8: 629.2), four without one (pairs in f16x2 for the e4m3 P, knob attn_exp2_f16: session
   // 20, same shape, two alternations: 1 / 2 / 3 / 4 of 8: 667.4, 662.9 / 663.1, 667.9 / 661.5, 663.7
   // / 673.4, 668.0; f32, 1 of 8: 657.6, 653.2).
+  // On fp8 64 x 64 tiles with a producer warp (up to 4096 keys) two of 8 without an LSE (session 20,
+  // softcap causal S 2048, two alternations: 574.7, 573.9 vs 556.4, 556.8; 4 of 8: 566.1, 565.0; the
+  // variants without a score hook lost 1-4% at 2 of 8 on these tiles).
   if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = with_lse ? 1 : 4;
+  if (kb.fast_math && is_fp8(in) && !with_lse && c.blocks.at("m") == 64 && c.blocks.at("n") == 64 &&
+      c.knob("attn_lean_producer", 0) == 1)
+    c.knobs["attn_exp2_fma"] = 2;
   if (kb.uniform_work) {
     c.knobs["attn_reverse_tiles"] = 0;
     if (is_fp8(in) && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 && head_dim <= 128 && qk_head_dim <= 128) {
