@@ -284,6 +284,18 @@ KernelInputs kernel_inputs(DType dt, const HostTensor& q, const HostTensor& k, c
   return r;
 }
 
+// Host tensors on the GPU, and views of them in the same order.
+struct OnDevice {
+  std::vector<DeviceTensor> tensors;
+  std::vector<TensorView> views;
+};
+OnDevice on_device(const std::vector<HostTensor>& host) {
+  OnDevice d;
+  for (const auto& t : host) d.tensors.push_back(DeviceTensor::from_host(t));
+  for (const auto& t : d.tensors) d.views.push_back(t.view());
+  return d;
+}
+
 std::vector<ArgSpec> specs_without_last(std::vector<ArgSpec> s) {
   s.pop_back();
   return s;
@@ -756,12 +768,8 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         run_ref(k, variant_args(views(in.t), o_ref96_nolse.view(), lse_ref96.view(), nv.input ? &extra_view : nullptr, p.D, false),
                 variant_config(192, 96));
       }
-      std::vector<DeviceTensor> dev;
-      std::vector<TensorView> dv;
-      for (const auto& t : in.t) {
-        dev.push_back(DeviceTensor::from_host(t));
-        dv.push_back(dev.back().view());
-      }
+      const OnDevice dev = on_device(in.t);
+      const std::vector<TensorView>& dv = dev.views;
       // 128 x 128 with and without block skipping (and a linear score hook's per-column terms);
       // 64 x 64 with a producer warp and no softmax / P.V overlap (fp8: three CTAs per SM, the
       // default for rows that see few keys) and fast math; fp8 192 x 96 in 4 stages with fast math
@@ -824,12 +832,8 @@ TEST_CASE("gpu: prefix-LM as the built-in causal mask with a prefix matches floa
   Kernel k = kernels::attention_variant(kernels::prefix_lm_variant());
   for (DType dt : {DType::bf16, DType::e4m3}) {
     KernelInputs in = kernel_inputs(dt, q, kk, v);
-    std::vector<DeviceTensor> dev;
-    std::vector<TensorView> dv;
-    for (const auto& t : in.t) {
-      dev.push_back(DeviceTensor::from_host(t));
-      dv.push_back(dev.back().view());
-    }
+    const OnDevice dev = on_device(in.t);
+    const std::vector<TensorView>& dv = dev.views;
     const std::vector<double> want = variant_f64(in.q64, in.k64, in.v64, meaning);
     std::vector<Config> configs = {variant_config(128, 128), variant_config(64, 64)};
     configs[1].knobs["attn_lean_producer"] = 1;
@@ -888,12 +892,8 @@ TEST_CASE("gpu: attention variants with more key blocks than the block table (en
       for (DType dt : {DType::bf16, DType::e4m3}) {
         INFO(c.variant.name << " " << name(dt) << " producer warp, no overlap " << lean);
         KernelInputs in = kernel_inputs(dt, q, kk, v);
-        std::vector<DeviceTensor> dev;
-        std::vector<TensorView> dv;
-        for (const auto& t : in.t) {
-          dev.push_back(DeviceTensor::from_host(t));
-          dv.push_back(dev.back().view());
-        }
+        const OnDevice dev = on_device(in.t);
+        const std::vector<TensorView>& dv = dev.views;
         DeviceTensor o(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse(DType::f32, {p.B, p.H, p.Sq});
         o.fill_bytes(0xFF);
         lse.fill_bytes(0xFF);
