@@ -475,7 +475,7 @@ const bool registered = [] {
     if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
     // exp2s off the MUFU: f16x2 pairs where P goes to e4m3 straight (no LSE), else exp2_fma (f32)
-    if (fp8 && !m->with_lse) knobs.push_back({"attn_exp2_fma", {0, 2, 4}, 0});
+    if (fp8 && !m->with_lse) knobs.push_back({"attn_exp2_fma", {0, 2, 3, 4}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
     if (hooks && hooks->score_mod && score_hook_is_linear(f, *hooks, hook_symbols(f)))
       knobs.push_back({"attn_linear_score", {1, 0}, 1});

@@ -205,12 +205,14 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
     }
   }
   // fp8 64 x 128 tiles with a producer warp and no overlap (dense rows of up to 2048 keys, uniform
-  // work) and no LSE: 2 of every 8 exp2s off the MUFU, in f16x2 pairs (H200, session 20, S 2048, two
-  // calls of two alternations: dense 826-831 vs 809-814 TFLOP/s, segments of 2048 791-796 vs
-  // 780-785; 1 of 8: dense 831-832, segments 767-770; 3: 808-810 / 794-800; 4: 805-806 / 775-777).
+  // work) and no LSE: exp2s off the MUFU, in f16x2 pairs, 2 of every 8 for dense rows, 3 for uniform
+  // work (H200, session 20, S 2048, two calls of two alternations: dense 826-831 vs 809-814 TFLOP/s,
+  // segments of 2048 791-796 vs 780-785; 1 of 8: dense 831-832, segments 767-770; 3: 808-810 /
+  // 794-800; 4: 805-806 / 775-777; a third call, segments at S 2048 and 8192, three alternations:
+  // 3 of 8 794-799 vs 2 of 8 789-794).
   if (!with_lse && is_fp8(in) && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 && c.knob("attn_lean_producer", 0) == 1 &&
       c.knob("attn_overlap", 1) == 0 && !c.knobs.count("attn_exp2_fma"))
-    c.knobs["attn_exp2_fma"] = 2;
+    c.knobs["attn_exp2_fma"] = kb.uniform_work ? 3 : 2;
   return c;
 }
 

@@ -594,7 +594,7 @@ TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tile
   }
 }
 
-TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-row tiles 4 of 8 without an LSE (f16x2 pairs) and 1 with one, fp8 64 x 128 producer-warp tiles 2 without one") {
+TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-row tiles 4 of 8 without an LSE (f16x2 pairs) and 1 with one, fp8 64 x 128 producer-warp tiles 2 (segments 3) without one") {
   const kernels::AttentionVariant v = kernels::softcap_variant(30, true);
   const std::string name = kernels::attention_variant(v).name();
   const int64_t S = 8192, D = 128;
@@ -616,14 +616,14 @@ TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-
   const ir::Function f_lse = kernels::attention_variant(v).trace(specs);
   CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false>;") != std::string::npos);
   // fp8 64 x 128 tiles with a producer warp (dense rows of up to 2048 keys, segments) without an
-  // LSE: 2 of 8; with one, or on other tiles, none
+  // LSE: 2 of 8 (segments 3); with one, or on other tiles, none
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
   for (const std::string& kernel : {std::string(), seg}) {
     CAPTURE(kernel);
     const Config d = kernels::attention_variant_default_config(kernel, DType::e4m3, D, kernel == seg, 0, 2048, false);
     CHECK(d.blocks.at("n") == 128);
     CHECK(d.knob("attn_lean_producer", 0) == 1);
-    CHECK(d.knob("attn_exp2_fma", 0) == 2);
+    CHECK(d.knob("attn_exp2_fma", 0) == (kernel == seg ? 3 : 2));
     CHECK(kernels::attention_variant_default_config(kernel, DType::e4m3, D, kernel == seg, 0, 2048, true).knob("attn_exp2_fma", 0) == 0);
   }
   CHECK(kernels::attention_variant_default_config("", DType::e4m3, D, false, 0, 8192, false).knob("attn_exp2_fma", 0) == 0);

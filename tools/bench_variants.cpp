@@ -775,7 +775,7 @@ int bench_variants(const BenchVariantsOptions& o) {
         "variant kernel alone on e4m3 inputs quantized beforehand (amax per (b, kv head), V transposed); no-skip = the same "
         "with config knob attn_block_skip = 0 (every key block visited, the mask applied to each). Configs{}: {}.",
         o.reps, o.warmup, l2.bytes() >> 20,
-        o.config_bf16.empty() && o.config_fp8.empty() ? " (attention_variant_default_config: attention_fp8_default_config with the variant's key_block, 128 for a score_mod (fp8: up to 4096 keys); fp8: its fp8_key_block where it has one; knob fast_math where the variant asks for it: softcap)" : "",
+        o.config_bf16.empty() && o.config_fp8.empty() ? " (attention_variant_default_config: attention_fp8_default_config with the variant's key_block, 128 for a score_mod (fp8: up to 4096 keys); fp8: its fp8_key_block where it has one; knob fast_math where the variant asks for it: softcap; fp8 without an LSE: attn_exp2_fma exp2s of every 8 in f16x2 pairs where the defaults move them off the MUFU)" : "",
         configs_text(launches)));
     header.push_back(
         "Peers (bench/attention/peers.py --variants), bf16, timed the same way: flex = torch.compile(flex_attention) with the "
