@@ -193,8 +193,8 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // On fp8 64 x 64 tiles with a producer warp (up to 4096 keys) two of 8 without an LSE (session 20,
   // softcap causal S 2048, two alternations: 574.7, 573.9 vs 556.4, 556.8; 4 of 8: 566.1, 565.0; the
   // variants without a score hook lost 1-4% at 2 of 8 on these tiles).
-  if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = with_lse ? 1 : 4;
-  if (kb.fast_math && is_fp8(in) && !with_lse && c.blocks.at("m") == 64 && c.blocks.at("n") == 64 &&
+  if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = with_lse || head_dim != 128 ? 1 : 4;
+  if (kb.fast_math && is_fp8(in) && !with_lse && head_dim == 128 && c.blocks.at("m") == 64 && c.blocks.at("n") == 64 &&
       c.knob("attn_lean_producer", 0) == 1)
     c.knobs["attn_exp2_fma"] = 2;
   if (kb.uniform_work) {
@@ -210,8 +210,9 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // segments of 2048 791-796 vs 780-785; 1 of 8: dense 831-832, segments 767-770; 3: 808-810 /
   // 794-800; 4: 805-806 / 775-777; a third call, segments at S 2048 and 8192, three alternations:
   // 3 of 8 794-799 vs 2 of 8 789-794).
-  if (!with_lse && is_fp8(in) && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 && c.knob("attn_lean_producer", 0) == 1 &&
-      c.knob("attn_overlap", 1) == 0 && !c.knobs.count("attn_exp2_fma"))
+  // (Head dim 128, where it was measured.)
+  if (!with_lse && is_fp8(in) && head_dim == 128 && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 &&
+      c.knob("attn_lean_producer", 0) == 1 && c.knob("attn_overlap", 1) == 0 && !c.knobs.count("attn_exp2_fma"))
     c.knobs["attn_exp2_fma"] = kb.uniform_work ? 3 : 2;
   return c;
 }
