@@ -75,8 +75,10 @@ bool params_fit(const ir::Function& f) {
   static const K kinds[] = {K::tensor_in,  K::tensor_in,  K::tensor_in,  K::tensor_in,  K::tensor_in,
                             K::tensor_in,  K::tensor_out, K::tensor_out, K::scalar_f32, K::scalar_f32};
   if (f.params.size() != std::size(kinds)) return false;
-  for (size_t i = 0; i < f.params.size(); ++i)
-    if (f.params[i].kind != kinds[i]) return false;
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    const bool read_too = kinds[i] == K::tensor_out && f.params[i].kind == K::tensor_inout;   // merging: o, lse
+    if (f.params[i].kind != kinds[i] && !read_too) return false;
+  }
   for (int i : {0, 1, 2, 6})
     if (f.params[i].rank() != 4) return false;
   for (int i : {3, 4, 5})
@@ -93,13 +95,20 @@ std::optional<AttentionMatch> match_library(const ir::Function& f) {
   }
   specs.push_back(false);   // causal
   specs.push_back(false);   // with_lse
-  for (int variant = 0; variant < 4; ++variant) {
+  // A merging kernel reads o and lse: its canonical form is attention_fp8_merging, with an LSE.
+  const bool merging = f.params[6].kind == ir::ParamKind::tensor_inout;
+  const Kernel& library = merging ? kernels::attention_fp8_merging() : kernels::attention_fp8();
+  for (int variant = merging ? 2 : 0; variant < 4; ++variant) {
     const bool causal = variant & 1, with_lse = variant & 2;
     specs[specs.size() - 2] = causal;
     specs[specs.size() - 1] = with_lse;
     try {
-      ir::Function canonical = kernels::attention_fp8().trace(specs);
-      if (same_function(f, canonical)) return AttentionMatch{causal, with_lse};
+      ir::Function canonical = library.trace(specs);
+      if (same_function(f, canonical)) {
+        AttentionMatch m{causal, with_lse};
+        m.merging = merging;
+        return m;
+      }
     } catch (const std::exception&) {
       return std::nullopt;   // the library kernel does not take these types / shapes
     }
@@ -232,7 +241,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const int64_t exp2_fma = cfg.knob("attn_exp2_fma", 0);
   // Where P goes to e4m3 straight (fp8, keys by parity, no LSE) those exp2s run in pairs in f16x2
   // (exp2_f16x2: about 5 instructions a score, exp2_fma 9); knob attn_exp2_f16 = 0 keeps exp2_fma.
-  const bool exp2_f16 = cfg.knob("attn_exp2_f16", 1) != 0 && exp2_fma > 0 && keys_by_parity && !m->with_lse;
+  // (A merging kernel's LSE takes the e4m3 P's sums too: AttentionMatch::merging.)
+  const bool f32_row_sums = m->with_lse && !m->merging;   // hopper_attention.cuh's kF32RowSums
+  const bool exp2_f16 = cfg.knob("attn_exp2_f16", 1) != 0 && exp2_fma > 0 && keys_by_parity && !f32_row_sums;
   if (exp2_fma < 0 || exp2_fma > 8)
     throw fail(fmt::format("knob attn_exp2_fma counts the score exp2s of every 8 computed on the FMA pipes: 0 to 8, "
                            "not {}",
@@ -258,10 +269,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // consumer and room for three CTAs' shared memory, three CTAs share an SM.
   const bool lean = cfg.knob("attn_lean_producer", 0) != 0;
   // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, the row sums' tile of ones (fp8 without an
-  // LSE: kRowSumMma), barriers, block table, bits, list
-  const bool rowsum_mma = fp8 && !m->with_lse && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
-  const int64_t smem =
-      1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
+  // LSE: kRowSumMma), the old O of a merging kernel, barriers, block table, bits, list
+  const bool rowsum_mma = fp8 && !f32_row_sums && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
+  const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) +
+                       (m->merging ? bm * D * 2 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
   if (smem > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
                            smem, stages, t.max_smem_per_block()));
@@ -339,7 +350,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                      : prefix_leaf >= 0 ? "yes, the mask hook's kv <= q || kv < prefix as the built-in causal mask with the hooks' causal_prefix()"
                      : causal_from_hook ? "yes, the mask hook's kv <= q as the built-in causal mask, the rest of it a hook"
                      : m->causal ? "yes" : "no",
-                     m->with_lse ? "yes" : "no", m->score_mod ? ", score_mod hook" : "",
+                     m->merging ? "yes, merged into o and lse" : m->with_lse ? "yes" : "no",
+                     m->score_mod ? ", score_mod hook" : "",
                      m->mask_mod ? (block_skip ? ", mask_mod hook with block skipping" : ", mask_mod hook") : "",
                      name(in), name(o.dtype), Dqk, D);
   src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
@@ -354,11 +366,12 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
                      bn, stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
                      overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm && !lean ? "true" : "false", D,
                      exp2_fma, rescale_vote ? "true" : "false", lean ? "true" : "false",
-                     keys_by_parity ? "true" : "false", m->with_lse ? "true" : "false", exp2_f16 ? "true" : "false");
+                     keys_by_parity ? "true" : "false", f32_row_sums ? "true" : "false", exp2_f16 ? "true" : "false",
+                     m->merging ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
@@ -475,7 +488,7 @@ const bool registered = [] {
     if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
     // exp2s off the MUFU: f16x2 pairs where P goes to e4m3 straight (no LSE), else exp2_fma (f32)
-    if (fp8 && !m->with_lse) knobs.push_back({"attn_exp2_fma", {0, 2, 3, 4}, 0});
+    if (fp8 && (!m->with_lse || m->merging)) knobs.push_back({"attn_exp2_fma", {0, 2, 3, 4}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});
     if (hooks && hooks->score_mod && score_hook_is_linear(f, *hooks, hook_symbols(f)))
       knobs.push_back({"attn_linear_score", {1, 0}, 1});

@@ -64,6 +64,9 @@ struct AttentionMatch {
   bool with_lse = false;
   bool score_mod = false;   // an attention variant's hooks (kernels/attention_variant.h)
   bool mask_mod = false;
+  // AttentionVariant::merge_into_output: o and lse are read and merged into (with_lse too); fp8 row
+  // sums are the e4m3 P's, as without an LSE.
+  bool merging = false;
 };
 std::optional<AttentionMatch> match_attention_fp8(const ir::Function& f);
 

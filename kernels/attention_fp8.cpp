@@ -85,6 +85,14 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
                     Scalar o_scale, bool causal, bool with_lse, const AttentionVariant* hooks,
                     const std::vector<In>& inputs) {
   const bool fp8 = is_fp8(q.dtype());
+  const bool merging = hooks && hooks->merge_into_output;
+  if (merging && !with_lse)
+    throw Error(fmt::format("attention variant '{}' merges into its output: launch it with with_lse = true (lse holds "
+                            "the running logsumexp)",
+                            hooks->name));
+  if (merging && is_fp8(o.dtype()))
+    throw Error(fmt::format("attention variant '{}' merges into its output: o must be bf16 or f16, not {}", hooks->name,
+                            name(o.dtype())));
   const double p_offset = fp8 ? 8.0 : 0.0;   // P in [0, 2^8]: e4m3's range, full precision
   // The running max moves only when a block's max passes it by more than this: P then stays in
   // [0, 2^(offset + slack)] (fp8: 430 < 448, e4m3's largest), and on the GPU most blocks skip the
@@ -116,16 +124,33 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
         auto alpha = exp2(m_i - m_use);
         auto p_in = p.to(q.dtype());   // the P the second dot multiplies
         // fp8 without an LSE: l sums that e4m3 P, so that the weights of V's rows sum to 1 (sm_90a:
-        // on the tensor cores). Otherwise the f32 P: O and the LSE (the scores' logsumexp) share it.
-        l_i = l_i * alpha + sum(fp8 && !with_lse ? p_in.to(DType::f32) : p, 1);
+        // on the tensor cores); so does a merging variant's, whose LSE then weighs its part as O
+        // weighs the keys. Otherwise the f32 P: O and the LSE (the scores' logsumexp) share it.
+        l_i = l_i * alpha + sum(fp8 && (!with_lse || merging) ? p_in.to(DType::f32) : p, 1);
         auto vn = fp8 ? v.load(b, hk, all, n).T() : v.load(b, hk, n, all);
         acc = dot(p_in, vn, acc * alpha.col());
         m_i = m_new;
       }
       auto out = acc * where(l_i > 0.0, v_scale / l_i, 0.0).col();
       if (is_fp8(o.dtype())) out = out * o_scale;
-      o.store(b, h, m, all, out.to(o.dtype()));
-      if (with_lse) lse.store(b, h, m, (m_i - p_offset + log2(l_i)) * kLn2);
+      auto part_lse = (m_i - p_offset + log2(l_i)) * kLn2;
+      if (merging) {
+        // o and lse hold the rows' attention over other keys (lse -inf: none yet, whatever o holds);
+        // both become the attention over those keys and these, weighed by the two logsumexps.
+        auto old_lse = lse.load(b, h, m);
+        auto top = maximum(old_lse, part_lse);
+        auto top_safe = where(top == -INFINITY, 0.0, top);
+        auto w_part = exp(part_lse - top_safe), w_old = exp(old_lse - top_safe);
+        auto den = w_part + w_old;
+        auto inv_den = where(den > 0.0, 1.0 / den, 0.0);
+        auto old_o = where((w_old > 0.0).col(), o.load(b, h, m, all).to(DType::f32), 0.0);
+        out = out * (w_part * inv_den).col() + old_o * (w_old * inv_den).col();
+        o.store(b, h, m, all, out.to(o.dtype()));
+        lse.store(b, h, m, top_safe + log(den));
+      } else {
+        o.store(b, h, m, all, out.to(o.dtype()));
+        if (with_lse) lse.store(b, h, m, part_lse);
+      }
     }
   }
 }
@@ -145,6 +170,15 @@ const Kernel& attention_fp8() {
   return k;
 }
 
+const Kernel& attention_fp8_merging() {
+  static const Kernel k = [] {
+    AttentionVariant merging{"attention_fp8_merging"};
+    merging.merge_into_output = true;
+    return attention_variant(merging);
+  }();
+  return k;
+}
+
 namespace {
 
 std::mutex variant_defaults_mutex;
@@ -154,6 +188,7 @@ struct VariantDefaults {
   bool fast_math = false;     // AttentionVariant::fast_math
   bool score_mod_block = false;   // `any` is the 128 of a score_mod without a key block of its own
   bool uniform_work = false;  // AttentionVariant::uniform_work
+  bool merging = false;       // AttentionVariant::merge_into_output
 };
 std::map<std::string, VariantDefaults>& variant_defaults() {
   static std::map<std::string, VariantDefaults> m;
@@ -174,6 +209,7 @@ int64_t attention_variant_fp8_key_block(const std::string& kernel_name) { return
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
                                         int64_t qk_head_dim, int64_t seq_kv, bool with_lse) {
   const VariantDefaults kb = variant_defaults_of(kernel_name);
+  if (kb.merging) with_lse = false;   // its row sums are the e4m3 P's, as without an LSE
   // A score hook's key block of 128 (fp8: 64 x 128 tiles) holds up to 4096 keys; longer rows take
   // the long-row tiles, 192 x 96 (H100, session 14, causal S 8192 fp8, with causal tiles longest
   // first over groups of heads: ALiBi 763 vs 746 TFLOP/s, softcap 637-642 vs 606-613; at S 2048
@@ -265,13 +301,17 @@ Kernel attention_variant(const AttentionVariant& variant) {
     std::lock_guard<std::mutex> lock(variant_defaults_mutex);
     const bool score_mod_block = variant.key_block <= 0 && variant.score_mod;
     variant_defaults()[variant.name] = {score_mod_block ? 128 : variant.key_block, variant.fp8_key_block,
-                                        variant.fast_math, score_mod_block, variant.uniform_work};
+                                        variant.fast_math, score_mod_block, variant.uniform_work,
+                                        variant.merge_into_output};
   }
   std::vector<Slot> slots;
   const SlotKind kinds[] = {SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_in,
                             SlotKind::tensor_in,  SlotKind::tensor_in,  SlotKind::tensor_out, SlotKind::tensor_out,
                             SlotKind::scalar_f32, SlotKind::scalar_f32, SlotKind::host_bool,  SlotKind::host_bool};
-  for (size_t i = 0; i < kParamNames.size(); ++i) slots.push_back(Slot{kParamNames[i], kinds[i]});
+  for (size_t i = 0; i < kParamNames.size(); ++i) {
+    const bool read_too = variant.merge_into_output && kinds[i] == SlotKind::tensor_out;   // o and lse
+    slots.push_back(Slot{kParamNames[i], read_too ? SlotKind::tensor_inout : kinds[i]});
+  }
   for (const auto& in : variant.inputs) slots.push_back(Slot{in, SlotKind::tensor_in});
   Kernel::Body body = [variant](const detail::TraceArgs& a) {
     using detail::make_arg;

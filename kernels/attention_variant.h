@@ -72,6 +72,15 @@ struct AttentionVariant {
   // 778-784 / 776-783 TFLOP/s, bf16 609-611 / 606-612 -> 614-616 / 612-615). segment_variant sets it
   // for non-causal segments.
   bool uniform_work = false;
+  // o and lse hold a running result, the attention of the same rows over other keys (lse = -inf
+  // where there is none yet), and the kernel merges its own into them by the two logsumexps: partial
+  // attentions over disjoint key sets, launched one after another, add up to the attention over all
+  // of them with no merge pass (dilated attention: kernels/dilated_attention.h). Launch it with
+  // with_lse = true and a 16-bit o (o and lse are read too: tj::InOut). In fp8 the LSE is then the
+  // log of the sums that divide O, the e4m3 P's (on sm_90a from the tensor cores, as in kernels
+  // without an LSE), so that each part weighs its keys as its O does; it is up to 3% off the f32
+  // P's sums in rows dominated by a few keys (the FP8 tensor cores' adds are not exact).
+  bool merge_into_output = false;
 };
 
 // The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,
@@ -93,7 +102,7 @@ int64_t attention_variant_fp8_key_block(const std::string& kernel_name);
 // `kernel_name`, and knob fast_math = 1 where the variant sets fast_math (none of it for other
 // kernels, e.g. attention_fp8 or an empty name). with_lse: whether the kernel writes the LSE (an fp8
 // kernel without one takes its P to e4m3 straight, and its exp2s off the MUFU cost less: knob
-// attn_exp2_f16).
+// attn_exp2_f16; a variant that merges into its output does so with one too).
 Config attention_variant_default_config(const std::string& kernel_name, DType in, int64_t head_dim, bool causal,
                                         int64_t qk_head_dim, int64_t seq_kv, bool with_lse = false);
 

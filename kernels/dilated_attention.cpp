@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention_variants.h"
@@ -32,39 +33,22 @@ TensorView entry(const TensorView& t, int64_t p) {
   return s;
 }
 
-}  // namespace
-
-const Kernel& dilated_merge() {
-  static const Kernel k = kernel("dilated_merge", {"parts", "lse", "rates", "o"}, [](In parts, In lse, In rates, Out o) {
-    const int64_t P = *parts.static_dim(0);
+// lse = -inf (no keys yet), and o = 0 where clear_o: the start of a running result that merging
+// variants merge into.
+const Kernel& dilated_start() {
+  static const Kernel k = kernel("dilated_start", {"o", "lse", "clear_o"}, [](Out o, Out lse, bool clear_o) {
     auto [B, H, S, D] = o.shape<4>();
     for (auto bh : grid(B * H)) {
       auto b = floordiv(bh, H);
       auto h = bh % H;
       for (auto s : tile(S, block("s"))) {
-        std::vector<Tile> weight_log;   // lse of pair p where it covers the row, else -inf
-        for (int64_t p = 0; p < P; ++p) {
-          auto r = rates.load(p).to(DType::i32);
-          auto covered = s.index() % r == (h % rates.load(p)).to(DType::i32);
-          weight_log.push_back(where(covered, lse.load(p, b, h, s), -INFINITY));
-        }
-        Tile top = weight_log[0];
-        for (int64_t p = 1; p < P; ++p) top = maximum(top, weight_log[p]);
-        auto top_safe = where(top == -INFINITY, 0.0, top);
-        Tile den = zeros({s}, DType::f32), acc = zeros({s, D}, DType::f32);
-        for (int64_t p = 0; p < P; ++p) {
-          auto w = exp(weight_log[p] - top_safe);
-          den = den + w;
-          acc = acc + where(w.col() > 0.0, parts.load(p, b, h, s, all).to(DType::f32), 0.0) * w.col();
-        }
-        o.store(b, h, s, all, (acc * where(den > 0.0, 1.0 / den, 0.0).col()).to(o.dtype()));
+        if (clear_o) o.store(b, h, s, all, zeros({s, D}, o.dtype()));
+        lse.store(b, h, s, full({s}, -INFINITY, DType::f32));
       }
     }
   });
   return k;
 }
-
-namespace {
 
 // Columns [first, first + count) of the last dim.
 TensorView columns(const TensorView& t, int64_t first, int64_t count) {
@@ -75,9 +59,9 @@ TensorView columns(const TensorView& t, int64_t first, int64_t count) {
   return s;
 }
 
-// The pairs' rates as a device tensor, and the checks every path shares; returns P.
-int64_t check_pairs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                    const std::vector<DilatedPair>& pairs, const char* who) {
+// The checks every path shares.
+void check_pairs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                 const std::vector<DilatedPair>& pairs, const char* who) {
   const int64_t P = static_cast<int64_t>(pairs.size());
   if (P == 0) throw Error(fmt::format("{}: no (segment, rate) pairs", who));
   if (q.rank() != 4 || k.shape != q.shape || v.shape != q.shape || o.shape != q.shape)
@@ -89,40 +73,32 @@ int64_t check_pairs(const TensorView& q, const TensorView& k, const TensorView& 
       throw Error(fmt::format("{}: pair (segment {}, rate {}): the rate must divide the segment length and the number of "
                               "heads ({})",
                               who, w, r, H));
-  return P;
 }
 
-void ensure_parts(DilatedWorkspace& ws, const std::vector<DilatedPair>& pairs, const TensorView& q) {
-  const int64_t P = static_cast<int64_t>(pairs.size());
-  const int64_t B = q.shape[0], H = q.shape[1], S = q.shape[2], D = q.shape[3];
-  if (!ws.parts || ws.parts->shape() != std::vector<int64_t>{P, B, H, S, D} || ws.parts->dtype() != q.dtype) {
-    ws.parts.emplace(q.dtype, std::vector<int64_t>{P, B, H, S, D});
-    ws.lse.emplace(DType::f32, std::vector<int64_t>{P, B, H, S});
-  }
-  // Uploaded only when the rates change. A new tensor means a copy from the host and the old
-  // one's free, and the free waits for the device to finish: every call then ran its launches
-  // on an idle GPU (H200, session 18, with attention_fp8_forward's unit descales reallocated per
-  // pair too: bf16 S 2048 took 0.978 ms instead of 0.805, fp8 0.731 instead of 0.681).
-  std::vector<int64_t> rates;
-  for (const auto& pair : pairs) rates.push_back(pair.rate);
-  if (ws.rates && ws.rates_held == rates) return;
-  HostTensor host(DType::i64, {P});
-  for (int64_t p = 0; p < P; ++p) host.set(p, static_cast<double>(rates[p]));
-  ws.rates.emplace(DeviceTensor::from_host(host));
-  ws.rates_held = std::move(rates);
+void ensure_lse(DilatedWorkspace& ws, const TensorView& q) {
+  const std::vector<int64_t> shape = {q.shape[0], q.shape[1], q.shape[2]};
+  if (!ws.lse || ws.lse->shape() != shape) ws.lse.emplace(DType::f32, shape);
 }
 
-void merge(const TensorView& o, DilatedWorkspace& ws, CUstream stream) {
+// The attention of one pair: segments of w / r positions of each offset's strided view, merged
+// into o and the running LSE. (The first pair merges too, into nothing: in fp8 its LSE then sums
+// the e4m3 P like the others', and its main loop is the one without f32 row sums.)
+Kernel pair_kernel(const DilatedPair& pair, bool causal) {
+  AttentionVariant v = segment_variant(pair.segment / pair.rate, causal);
+  v.name += "_merging";
+  v.merge_into_output = true;
+  return attention_variant(v);
+}
+
+// lse = -inf; o = 0 too where no pair has rate 1: rows no pair covers stay 0, and each row a pair
+// covers gets the first merge's weight 0 on whatever o held.
+void start_empty(const TensorView& o, const std::vector<DilatedPair>& pairs, DilatedWorkspace& ws, CUstream stream) {
+  const bool every_row = std::any_of(pairs.begin(), pairs.end(), [](const DilatedPair& p) { return p.rate == 1; });
   LaunchOptions lo;
   lo.stream = stream;
-  // Tiles of 32 rows on eight warps, 8 adjacent columns per thread (16-byte loads). H200, session
-  // 18, three bf16 parts [8, 16, 2048, 128]: 86.3 us vs 156.6 at 64 rows on four warps of scalar
-  // loads, 100.3 without the vectors; the other shapes measured were in between.
   lo.config = Config();
-  lo.config->blocks = {{"s", 32}};
-  lo.config->num_warps = 8;
-  lo.config->knobs = {{"simt_vec", 8}};
-  launch(dilated_merge(), {ws.parts->view(), ws.lse->view(), ws.rates->view(), o}, lo);
+  lo.config->blocks = {{"s", 64}};
+  launch(dilated_start(), {o, ws.lse->view(), !every_row}, lo);
 }
 
 // Heads j, j + r, ... and rows j, j + r, ... of [B, H, S, ...].
@@ -170,16 +146,16 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
   if (!in.q8 || in.vt8.size() != opt.pairs.size())
     throw Error("dilated_attention_fp8: the inputs were not quantized for these pairs (run dilated_quantize first)");
   const TensorView q8 = in.q8->view();
-  const int64_t P = check_pairs(q8, in.k8->view(), q8, o, opt.pairs, "dilated_attention_fp8");
+  check_pairs(q8, in.k8->view(), q8, o, opt.pairs, "dilated_attention_fp8");
   const int64_t S = q8.shape[2], D = q8.shape[3];
-  ensure_parts(ws, opt.pairs, o);
+  ensure_lse(ws, q8);
+  start_empty(o, opt.pairs, ws, opt.stream);
   LaunchOptions lo;
   lo.stream = opt.stream;
   const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
-  for (int64_t p = 0; p < P; ++p) {
-    const auto [w, r] = opt.pairs[p];
-    const AttentionVariant variant = segment_variant(w / r, opt.causal);
-    const Kernel segments = attention_variant(variant);
+  for (size_t p = 0; p < opt.pairs.size(); ++p) {
+    const int64_t r = opt.pairs[p].rate;
+    const Kernel segments = pair_kernel(opt.pairs[p], opt.causal);
     lo.config = opt.attention_config ? *opt.attention_config
                                      : attention_variant_default_config(segments.name(), DType::e4m3, D, true, D, S / r, true);
     for (int64_t j = 0; j < r; ++j) {
@@ -187,42 +163,39 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
       const TensorView vd = every(entry(in.vd[p].view(), j), 1, j, r);
       launch(segments,
              {sparse(q8, j, r), sparse(in.k8->view(), j, r), vt, every(in.qd->view(), 1, j, r),
-              every(in.kd->view(), 1, j, r), vd, sparse(entry(ws.parts->view(), p), j, r),
-              sparse(entry(ws.lse->view(), p), j, r), scale, 1.0, false, true},
+              every(in.kd->view(), 1, j, r), vd, sparse(o, j, r), sparse(ws.lse->view(), j, r), scale, 1.0, false, true},
              lo);
     }
   }
-  merge(o, ws, opt.stream);
 }
 
 void dilated_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                                const DilatedOptions& opt, DilatedWorkspace& ws) {
-  const int64_t P = check_pairs(q, k, v, o, opt.pairs, "dilated_attention_forward");
+  check_pairs(q, k, v, o, opt.pairs, "dilated_attention_forward");
   const int64_t S = q.shape[2], D = q.shape[3];
   if (opt.fp8 && dilated_fp8_quantize_once_fits(S, opt.pairs)) {
     dilated_quantize(q, k, v, opt.pairs, ws.fp8, opt.stream);
     dilated_attention_fp8(ws.fp8, o, opt, ws);
     return;
   }
-  ensure_parts(ws, opt.pairs, q);
+  ensure_lse(ws, q);
+  start_empty(o, opt.pairs, ws, opt.stream);
   // One attention per (pair, offset): heads j, j + r, ... see rows j, j + r, ... of their
   // sequence, in segments of w / r of those rows.
-  for (int64_t p = 0; p < P; ++p) {
-    const auto [w, r] = opt.pairs[p];
-    const Kernel segments = attention_variant(segment_variant(w / r, opt.causal));
+  for (const DilatedPair& pair : opt.pairs) {
+    const int64_t r = pair.rate;
+    const Kernel segments = pair_kernel(pair, opt.causal);
     for (int64_t j = 0; j < r; ++j) {
       AttentionFp8Options a;
       a.quantize = opt.fp8;
       a.kernel = &segments;
       a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
-      a.lse = sparse(entry(ws.lse->view(), p), j, r);
+      a.lse = sparse(ws.lse->view(), j, r);
       a.attention_config = opt.attention_config;
       a.stream = opt.stream;
-      attention_fp8_forward(sparse(q, j, r), sparse(k, j, r), sparse(v, j, r), sparse(entry(ws.parts->view(), p), j, r), a,
-                            ws.attention);
+      attention_fp8_forward(sparse(q, j, r), sparse(k, j, r), sparse(v, j, r), sparse(o, j, r), a, ws.attention);
     }
   }
-  merge(o, ws, opt.stream);
 }
 
 }  // namespace tj::kernels

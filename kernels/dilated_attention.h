@@ -8,8 +8,9 @@
 // Written as user code on the attention variants (kernels/attention_variant.h): the sparse
 // positions of one (pair, offset) are a strided view of q, k, v and o (rows j, j + r, ...; heads
 // j, j + r, ...), the segments a block-diagonal mask of w / r on that view (segment_variant),
-// and the mix a small DSL kernel (dilated_merge). Runs in bf16 / f16 or FP8 (the FP8 pipeline of
-// attention_fp8_forward quantizes each view).
+// and the mix in the attentions' epilogues: each pair merges its rows into o and a running
+// logsumexp (AttentionVariant::merge_into_output), so no pass reads the pairs' outputs again. Runs in bf16 / f16 or FP8 (dilated_quantize quantizes Q, K and V once where S allows,
+// else attention_fp8_forward's pipeline quantizes each view).
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -45,8 +46,7 @@ struct DilatedFp8Inputs {
 };
 
 struct DilatedWorkspace {
-  std::optional<DeviceTensor> parts, lse, rates;   // per pair: outputs, logsumexps; the rates
-  std::vector<int64_t> rates_held;                 // what `rates` holds
+  std::optional<DeviceTensor> lse;                 // [B, H, S] f32: the running logsumexp
   AttentionFp8Workspace attention;
   DilatedFp8Inputs fp8;                            // dilated_attention_forward's quantized inputs
 };
@@ -68,10 +68,5 @@ bool dilated_fp8_quantize_once_fits(int64_t S, const std::vector<DilatedPair>& p
 void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const std::vector<DilatedPair>& pairs,
                       DilatedFp8Inputs& in, CUstream stream = nullptr);
 void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, const DilatedOptions& opt, DilatedWorkspace& ws);
-
-// The mixing kernel: parts [P, B, H, S, D] (the pairs' outputs), lse [P, B, H, S] f32 (their
-// natural-log logsumexps), rates [P] i64, o [B, H, S, D]. Row s of head h belongs to pair p iff
-// s mod r_p == h mod r_p; rows outside are ignored whatever they hold.
-const Kernel& dilated_merge();
 
 }  // namespace tj::kernels

@@ -38,6 +38,9 @@ const Kernel& gemm();
 // lse [B,H,Sq] f32 (written when with_lse); scale = softmax scale * log2(e). Lowered to the
 // TMA + wgmma main loop (codegen/device/hopper_attention.cuh) on sm_90a.
 const Kernel& attention_fp8();
+// attention_fp8 that merges into its output (AttentionVariant::merge_into_output, no hooks): o and
+// lse are read too. The sm_90a lowering recognizes merging variants by this kernel's trace.
+const Kernel& attention_fp8_merging();
 
 // FP8 quantization of a [B,H,S,D] tensor (kernels/quantize.cpp): descale [B,H] f32 = amax / fp8_max
 // per (b, h), y = fp8(x / descale) [B,H,S,D]; the _transpose variant writes yt [B,H,D,S_pad] (the

@@ -608,13 +608,14 @@ TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-
   const codegen::Target t = codegen::Target::parse("sm_90a");
   std::vector<ArgSpec> specs = fp8_variant_specs(S, D);
   const ir::Function f = kernels::attention_variant(v).trace(specs);
-  CHECK(codegen::generate_cuda(f, no_lse, t).source.find(", false, true>;") != std::string::npos);
+  // (..., f32 row sums, f16 pairs, merging>)
+  CHECK(codegen::generate_cuda(f, no_lse, t).source.find(", false, true, false>;") != std::string::npos);
   Config f32_path = no_lse;
   f32_path.knobs["attn_exp2_f16"] = 0;
-  CHECK(codegen::generate_cuda(f, f32_path, t).source.find(", false, false>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f, f32_path, t).source.find(", false, false, false>;") != std::string::npos);
   specs.back() = true;   // with_lse
   const ir::Function f_lse = kernels::attention_variant(v).trace(specs);
-  CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false, false>;") != std::string::npos);
   // fp8 64 x 128 tiles with a producer warp (dense rows of up to 2048 keys, segments) without an
   // LSE: 2 of 8 (segments 3); with one, or on other tiles, none
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
@@ -710,6 +711,121 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
     const bool reads_prefix = src.find("struct tj_hooks") != std::string::npos &&
                               src.find("int causal_prefix() const {\n    return 0;") == std::string::npos;
     CHECK(reads_prefix == (c.causal == prefix));
+  }
+}
+
+namespace {
+
+// The two halves of the keys as variants: the first writes o and lse, the second merges into them.
+kernels::AttentionVariant keys_below(int64_t split) {
+  kernels::AttentionVariant v{fmt::format("attention_keys_below_{}", split)};
+  v.mask_mod = [split](const kernels::ScoreIndex& at) { return at.kv < split; };
+  return v;
+}
+kernels::AttentionVariant keys_from_merging(int64_t split) {
+  kernels::AttentionVariant v{fmt::format("attention_keys_from_{}_merging", split)};
+  v.mask_mod = [split](const kernels::ScoreIndex& at) { return at.kv >= split; };
+  v.merge_into_output = true;
+  return v;
+}
+kernels::AttentionVariant all_keys_merging() {
+  kernels::AttentionVariant v{"attention_all_keys_merging"};
+  v.merge_into_output = true;
+  return v;
+}
+
+void fill_minus_inf(HostTensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, -INFINITY);
+}
+
+}  // namespace
+
+TEST_CASE("attention variants that merge into their output: launches over disjoint keys add up to attention over all (CPU reference vs float64)") {
+  std::mt19937 rng(75);
+  const Problem p{1, 2, 2, 90, 130, 64};
+  const int64_t split = 50;
+  HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
+             v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
+  for (DType dt : {DType::bf16, DType::e4m3}) {
+    INFO(name(dt));
+    KernelInputs in = kernel_inputs(dt, q, kk, v);
+    const std::vector<double> want = variant_f64(in.q64, in.k64, in.v64, VariantMeaning{});
+    const double bound = is_fp8(dt) ? 4e-2 : 1e-2;
+    // Keys [0, 50), then [50, 130) merged in.
+    HostTensor o(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse(DType::f32, {p.B, p.H, p.Sq});
+    o.fill_bytes(0xFF);
+    run_ref(kernels::attention_variant(keys_below(split)), variant_args(views(in.t), o.view(), lse.view(), nullptr, p.D),
+            variant_config(64, 64));
+    run_ref(kernels::attention_variant(keys_from_merging(split)),
+            variant_args(views(in.t), o.view(), lse.view(), nullptr, p.D), variant_config(64, 64));
+    Metrics two = compare(o.values(), want);
+    MESSAGE(name(dt) << ", two launches merged vs float64: " << str(two));
+    CHECK(two.nan == 0);
+    CHECK(two.rel_rmse <= bound);
+    // Nothing yet (lse -inf): whatever o holds (NaN here) does not leak, and the LSE is the part's.
+    HostTensor o1(DType::bf16, o.shape()), lse1(DType::f32, lse.shape()), lse_all(DType::f32, lse.shape());
+    o1.fill_bytes(0xFF);
+    fill_minus_inf(lse1);
+    run_ref(kernels::attention_variant(all_keys_merging()), variant_args(views(in.t), o1.view(), lse1.view(), nullptr, p.D),
+            variant_config(64, 64));
+    Metrics one = compare(o1.values(), want);
+    MESSAGE(name(dt) << ", one launch merged into nothing vs float64: " << str(one));
+    CHECK(one.nan == 0);
+    CHECK(one.rel_rmse <= bound);
+    HostTensor o_all(DType::bf16, o.shape());
+    run_ref(kernels::attention_fp8(), variant_args(views(in.t), o_all.view(), lse_all.view(), nullptr, p.D),
+            variant_config(64, 64));
+    const LseDiff d = compare_lse(lse1.values(), lse_all.values()), d2 = compare_lse(lse.values(), lse_all.values());
+    MESSAGE(name(dt) << ", LSE vs attention_fp8's: max abs " << d.max_abs << " (one launch), " << d2.max_abs << " (two)");
+    CHECK(d.nan + d.mismatched_inf + d2.nan + d2.mismatched_inf == 0);
+    // fp8: the merging LSE sums the e4m3 P, attention_fp8's the f32 P (a few percent apart at most)
+    CHECK(d.max_abs <= (is_fp8(dt) ? 5e-2 : 1e-5));
+    CHECK(d2.max_abs <= (is_fp8(dt) ? 5e-2 : 1e-4));
+  }
+}
+
+TEST_CASE("attention variants that merge into their output: bad launches are errors, and sm_90a lowers them (NVRTC)") {
+  const Problem p{1, 2, 2, 300, 300, 128};
+  Kernel merging = kernels::attention_variant(keys_from_merging(100));
+  HostTensor q(DType::bf16, {p.B, p.H, p.Sq, p.D}), ones(DType::f32, {p.B, p.Hkv});
+  HostTensor o(DType::bf16, q.shape()), o8(DType::e4m3, q.shape()), lse(DType::f32, {p.B, p.H, p.Sq});
+  const std::vector<TensorView> in = {q.view(), q.view(), q.view(), ones.view(), ones.view(), ones.view()};
+  CHECK_THROWS_WITH(run_ref(merging, variant_args(in, o.view(), lse.view(), nullptr, p.D, false), variant_config(64, 64)),
+                    doctest::Contains("merges into its output: launch it with with_lse = true"));
+  CHECK_THROWS_WITH(run_ref(merging, variant_args(in, o8.view(), lse.view(), nullptr, p.D), variant_config(64, 64)),
+                    doctest::Contains("merges into its output: o must be bf16 or f16, not e4m3"));
+  // Dilated attention's kind: segments (uniform work), merging.
+  kernels::AttentionVariant segments = kernels::segment_variant(1024);
+  segments.name += "_merging";
+  segments.merge_into_output = true;
+  merging = kernels::attention_variant(segments);
+  const codegen::Target t = codegen::Target::parse("sm_90a");
+  for (DType dt : {DType::e4m3, DType::bf16}) {
+    INFO(name(dt));
+    TensorSpec qs{dt, {p.B, p.H, p.Sq, p.D}}, ds{DType::f32, {p.B, p.Hkv}};
+    TensorSpec vs = is_fp8(dt) ? TensorSpec{dt, {p.B, p.Hkv, p.D, 304}} : qs;
+    const std::vector<ArgSpec> specs = {qs, qs, vs, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
+                                        TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f},
+                                        RuntimeScalar{1.0f}, false, true};
+    ir::Function f = merging.trace(specs);
+    const auto m = codegen::match_attention_fp8(f);
+    REQUIRE(m.has_value());
+    CHECK(m->merging);
+    CHECK(m->with_lse);
+    CHECK(m->mask_mod);
+    const Config cfg = kernels::attention_variant_default_config(merging.name(), dt, p.D, true, p.D, 2048, true);
+    const codegen::GeneratedKernel g = codegen::generate_cuda(f, cfg, t);
+    CHECK(g.lowering == "sm90_attention");
+    CHECK(g.source.find("with_lse: yes, merged into o and lse") != std::string::npos);
+    // The Cfg's last two flags: f32 row sums (no: the e4m3 P's, on the tensor cores) and the merge
+    if (is_fp8(dt)) {
+      CHECK(g.source.find(", false, true, true>;") != std::string::npos);   // kF32RowSums, kExp2F16, kMergeOut
+      CHECK(cfg.knob("attn_exp2_fma", 0) == 3);   // as without an LSE (uniform work: 3 of 8)
+    } else {
+      CHECK(g.source.find(", false, true>;") != std::string::npos);
+    }
+    const CompiledKernel& ck = compile(merging, specs, cfg, CompileRequest{"sm_90a", true, false});
+    CHECK(ck.generated.lowering == "sm90_attention");
   }
 }
 
@@ -809,6 +925,71 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         CHECK(ml.nan == 0);
         CHECK(ml.mismatched_inf == 0);
         CHECK(ml.max_abs <= 2e-3);
+      }
+    }
+  }
+}
+
+TEST_CASE("gpu: attention variants that merge into their output match the CPU reference (O staged and stored per element)") {
+  TJ_REQUIRE_HOPPER();
+  // Keys [0, 150) written, [150, 300) merged in, as dilated attention's pairs do; o staged through
+  // shared memory as 16-byte rows, or (a view whose rows are not 16-byte aligned) stored and read
+  // back per element pair.
+  std::mt19937 rng(76);
+  const Problem p{2, 4, 4, 333, 300, 128};
+  const int64_t split = 150;
+  const Kernel first = kernels::attention_variant(keys_below(split));
+  const Kernel second = kernels::attention_variant(keys_from_merging(split));
+  HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
+             v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
+  for (DType dt : {DType::bf16, DType::e4m3}) {
+    const bool fp8 = is_fp8(dt);
+    KernelInputs in = kernel_inputs(dt, q, kk, v);
+    const OnDevice dev = on_device(in.t);
+    // bf16 128 x 128; fp8 64 x 128 with a producer warp and 3 of 8 exp2s in f16x2 pairs (dilated
+    // attention's default), and 192 x 96
+    std::vector<Config> configs = {variant_config(128, 128)};
+    if (fp8) {
+      Config lean = variant_config(64, 128);
+      lean.knobs = {{"attn_lean_producer", 1}, {"attn_overlap", 0}, {"attn_exp2_fma", 3}};
+      configs = {lean, variant_config(192, 96)};
+    }
+    for (const Config& cfg : configs) {
+      HostTensor o_ref(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse_ref(DType::f32, {p.B, p.H, p.Sq});
+      run_ref(first, variant_args(views(in.t), o_ref.view(), lse_ref.view(), nullptr, p.D), cfg);
+      run_ref(second, variant_args(views(in.t), o_ref.view(), lse_ref.view(), nullptr, p.D), cfg);
+      for (bool staged : {true, false}) {
+        INFO(name(dt) << " " << cfg.to_json() << " staged " << staged);
+        // o inside a wider tensor: from column 1 of rows of D + 1 (2-byte aligned rows) when not staged
+        DeviceTensor o_wide(DType::bf16, {p.B, p.H, p.Sq, staged ? p.D : p.D + 1}), lse(DType::f32, lse_ref.shape());
+        o_wide.fill_bytes(0xFF);
+        lse.fill_bytes(0xFF);
+        TensorView o = o_wide.view();
+        if (!staged) {
+          o.strides = o.effective_strides();
+          o.data = static_cast<char*>(o.data) + 2;
+          o.shape.back() = p.D;
+        }
+        LaunchOptions lo;
+        lo.config = cfg;
+        launch(first, variant_args(dev.views, o, lse.view(), nullptr, p.D), lo);
+        launch(second, variant_args(dev.views, o, lse.view(), nullptr, p.D), lo);
+        runtime::synchronize();
+        const HostTensor wide = o_wide.to_host();
+        std::vector<double> got(o_ref.numel());
+        for (int64_t row = 0; row < p.B * p.H * p.Sq; ++row)
+          for (int64_t d = 0; d < p.D; ++d) got[row * p.D + d] = wide.at(row * (staged ? p.D : p.D + 1) + (staged ? d : d + 1));
+        Metrics mo = compare(got, o_ref.values());
+        LseDiff ml = compare_lse(lse.to_host().values(), lse_ref.values());
+        MESSAGE(name(dt) << " " << cfg.to_json() << (staged ? " staged" : " per element")
+                         << ": GPU vs CPU reference, O " << str(mo) << "; LSE max abs " << ml.max_abs);
+        CHECK(mo.nan == 0);
+        // fp8: the GPU's row sums come from the tensor cores (up to 3% off the reference's f32 sums
+        // of the same e4m3 P in rows of few dominant keys), and the f16x2 exp2s
+        CHECK(mo.rel_rmse <= (fp8 ? 1.5e-2 : 1e-2));
+        CHECK(ml.nan == 0);
+        CHECK(ml.mismatched_inf == 0);
+        CHECK(ml.max_abs <= (fp8 ? 3e-2 : 2e-3));
       }
     }
   }

@@ -1,7 +1,9 @@
 // Dilated attention (kernels/dilated_attention.h) against a float64 LongNet reference.
-// CPU (CI): the merge kernel on the CPU reference executor; errors for pairs that do not fit.
+// CPU (CI): errors for pairs that do not fit. (The mix itself, attention variants that merge into
+// their output, is tested on the CPU reference in test_attention_variants.cpp.)
 // GPU (TJ_REQUIRE_GPU): dilated_attention_forward in bf16 and FP8, several (w, r) pairs mixed,
-// causal and not, a length that is not a multiple of the segments.
+// with and without a pair of rate 1, causal and not, a length that is not a multiple of the
+// segments.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -80,39 +82,6 @@ std::vector<double> mix_f64(const std::vector<PartResult>& parts, int64_t rows, 
 
 }  // namespace
 
-TEST_CASE("dilated_merge on the CPU reference executor mixes the pairs like float64, ignoring rows a pair skips") {
-  std::mt19937 rng(81);
-  const int64_t B = 1, H = 4, S = 100, D = 64;
-  const std::vector<int64_t> rate = {1, 2, 4};
-  const int64_t P = static_cast<int64_t>(rate.size());
-  HostTensor parts = randn(DType::bf16, {P, B, H, S, D}, rng), lse = randn(DType::f32, {P, B, H, S}, rng);
-  HostTensor rates(DType::i64, {P}), o(DType::bf16, {B, H, S, D});
-  std::vector<PartResult> ref(P);
-  for (int64_t p = 0; p < P; ++p) {
-    rates.set(p, static_cast<double>(rate[p]));
-    ref[p].o.assign(B * H * S * D, 0.0);
-    ref[p].lse.assign(B * H * S, -INFINITY);
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t row = ((p * B) * H + h) * S + s;
-        if (s % rate[p] != h % rate[p]) {   // a row the pair skips: garbage that must not leak
-          parts.set(row * D, NAN);
-          continue;
-        }
-        ref[p].lse[h * S + s] = lse.at(row);
-        for (int64_t t = 0; t < D; ++t) ref[p].o[(h * S + s) * D + t] = parts.at(row * D + t);
-      }
-  }
-  o.fill_bytes(0xFF);
-  Config cfg;
-  cfg.blocks = {{"s", 32}};
-  run_ref(kernels::dilated_merge(), {parts.view(), lse.view(), rates.view(), o.view()}, cfg);
-  Metrics m = compare(o.values(), mix_f64(ref, B * H * S, D));
-  MESSAGE("dilated_merge vs float64: " << str(m));
-  CHECK(m.nan == 0);
-  CHECK(m.rel_rmse <= 5e-3);   // bf16 output rounding
-}
-
 TEST_CASE("dilated FP8 quantizes once where every offset's keys start 16-byte aligned, else says why not") {
   const std::vector<kernels::DilatedPair> pairs = {{2048, 1}, {4096, 2}, {8192, 4}};
   CHECK(kernels::dilated_fp8_quantize_once_fits(8192, pairs));
@@ -151,9 +120,11 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
   std::mt19937 rng(82);
   // S = 1000: not a multiple of the segments, FP8 quantizes view by view; S = 1024: FP8 quantizes
   // once (dilated_quantize) and the attentions read strided views of it.
+  // Without a pair of rate 1, o and the LSE start empty and every pair merges into them.
+  const std::vector<std::vector<kernels::DilatedPair>> pair_sets = {{{128, 1}, {256, 2}, {512, 4}}, {{512, 4}, {256, 2}}};
+  for (const auto& pairs : pair_sets)
   for (const int64_t S : {int64_t{1000}, int64_t{1024}}) {
   const int64_t B = 1, H = 4, D = 64;
-  const std::vector<kernels::DilatedPair> pairs = {{128, 1}, {256, 2}, {512, 4}};
   CHECK(kernels::dilated_fp8_quantize_once_fits(S, pairs) == (S == 1024));
   HostTensor q = randn(DType::bf16, {B, H, S, D}, rng), k = randn(DType::bf16, {B, H, S, D}, rng),
              v = randn(DType::bf16, {B, H, S, D}, rng);
@@ -163,7 +134,7 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
     for (const auto& pr : pairs) parts.push_back(dilated_pair_f64(q.values(), k.values(), v.values(), B, H, S, D, pr, causal));
     const std::vector<double> want = mix_f64(parts, B * H * S, D);
     for (bool fp8 : {false, true}) {
-      INFO("S " << S << " causal " << causal << " fp8 " << fp8);
+      INFO("S " << S << " causal " << causal << " fp8 " << fp8 << " pairs " << pairs.size());
       DeviceTensor o(DType::bf16, {B, H, S, D});
       o.fill_bytes(0xFF);
       kernels::DilatedOptions opt;
@@ -174,12 +145,12 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
       kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o.view(), opt, ws);
       runtime::synchronize();
       Metrics m = compare(o.to_host().values(), want);
-      MESSAGE(fmt::format("dilated attention S {} {}{} vs float64: {}", S, fp8 ? "fp8" : "bf16", causal ? " causal" : "",
-                          str(m)));
+      MESSAGE(fmt::format("dilated attention, {} pairs, S {} {}{} vs float64: {}", pairs.size(), S, fp8 ? "fp8" : "bf16",
+                          causal ? " causal" : "", str(m)));
       CHECK(m.nan == 0);
       CHECK(m.rel_rmse <= (fp8 ? 6e-2 : 1e-2));
-      // Again with the same workspace, whose buffers (the rates, the 16-bit path's unit
-      // descales) are now reused, not uploaded: the same bits.
+      // Again with the same workspace, whose buffers (the LSE, the 16-bit path's unit descales)
+      // are now reused, not uploaded: the same bits.
       DeviceTensor o_again(DType::bf16, {B, H, S, D});
       o_again.fill_bytes(0xFF);
       kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o_again.view(), opt, ws);

@@ -100,7 +100,7 @@ struct AttnParams {
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
           bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0,
           bool kRescaleVote_ = true, bool kLeanProducer_ = false, bool kKeysByParity_ = false,
-          bool kWithLse_ = true, bool kExp2F16_ = false>
+          bool kF32RowSums_ = true, bool kExp2F16_ = false, bool kMergeOut_ = false>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -127,12 +127,16 @@ struct AttnCfg {
                          : 8 * (i >> 2) + (i & 1);
   }
   static constexpr int kExp2Fma = kExp2Fma_;   // of every 8 score exp2s, those on the FMA pipes
-  static constexpr bool kWithLse = kWithLse_;
+  // l sums the f32 P (FADDs): fp8 kernels whose LSE is the scores' (with an LSE, not merging).
+  static constexpr bool kF32RowSums = kF32RowSums_;
+  // O and the LSE hold a running result that this kernel merges its own into by the two logsumexps
+  // (kernels/attention_variant.h: merge_into_output); 16-bit O.
+  static constexpr bool kMergeOut = kMergeOut_;
   // Those exp2s two at a time in f16x2 (exp2_f16x2: about 5 FMA / integer instructions a score
   // instead of exp2_fma's 9), for fp8 kernels whose P goes to e4m3 straight (keys by parity: each
   // pair is the two keys one e4m3x2 of P's A fragment holds) and whose row sums come from the
   // tensor cores (no f32 P to add).
-  static constexpr bool kExp2F16 = kExp2F16_ && kExp2Fma_ > 0 && kKeysByParity_ && kFp8 && !kWithLse_;
+  static constexpr bool kExp2F16 = kExp2F16_ && kExp2Fma_ > 0 && kKeysByParity_ && kFp8 && !kF32RowSums_;
   static constexpr bool kRescaleVote = kRescaleVote_;   // skip O's rescale where a warp's alphas are all 1
   // The producer is one warp after the consumer warpgroups instead of a warpgroup before them: no
   // setmaxnreg (every thread has the launch's registers), no V-permuting warps. With one consumer,
@@ -148,7 +152,7 @@ struct AttnCfg {
   // sums, up to 3% in rows dominated by a few keys; H200, session 17), and the LSE is the scores'.
   // Not with a producer warp for several consumers (no setmaxnreg: D 256 spills there, and its
   // output went wrong under compute-sanitizer's timing in 1 run of 2; H200, session 17).
-  static constexpr bool kRowSumMma = kFp8 && !kWithLse && !(kLeanProducer_ && kConsumers_ > 1);
+  static constexpr bool kRowSumMma = kFp8 && !kF32RowSums && !(kLeanProducer_ && kConsumers_ > 1);
   static constexpr int kOnesBytes = kRowSumMma ? 256 : 0;   // 8 rows x 32 bytes of K, no swizzle
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
@@ -192,9 +196,11 @@ struct AttnCfg {
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
   // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the
   // block-class table and its bits (visited) and the list of visited blocks
+  // kMergeOut: the old O of the CTA's rows (16-bit), copied in while the main loop runs
+  static constexpr int kOldOBytes = kMergeOut ? kBM * kDv * 2 : 0;
   static constexpr int kSmemBytes =
-      1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + 3 * kClassTable +
-      4 * kClassWords;
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + kOldOBytes + (1 + 5 * kStages) * 8 +
+      3 * kClassTable + 4 * kClassWords;
 
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
@@ -205,6 +211,7 @@ struct AttnCfg {
   static_assert(kFp8 || kBN % 16 == 0, "16-bit: BN must be a multiple of 16");
   static_assert(kSmemBytes <= 232448, "shared memory exceeds 227 KB");
   static_assert(kStages >= 1 && kStages <= 8, "stages");
+  static_assert(!kMergeOut || kOut != ATTN_OUT_E4M3, "merging into O: a 16-bit O");
 };
 
 // User code spliced into the main loop (attention variants: kernels/attention_variant.h). The
@@ -300,11 +307,39 @@ __device__ __forceinline__ void release(unsigned long long* bar) {
 }
 #endif
 
+// 16-bit O[row, col] and O[row, col + 1] (col even) as floats; `row_ptr` points at O[row, 0].
+template <class Cfg>
+__device__ __forceinline__ void load_out_pair(const AttnParams& p, const char* row_ptr, int col, float& v0,
+                                              float& v1) {
+  const unsigned short* o = reinterpret_cast<const unsigned short*>(row_ptr);
+  const long long e0 = (long long)col * p.o_sd, e1 = e0 + p.o_sd;
+  v0 = Cfg::kOut == ATTN_OUT_BF16 ? bf16_to_f32(o[e0]) : f16_to_f32(o[e0]);
+  v1 = Cfg::kOut == ATTN_OUT_BF16 ? bf16_to_f32(o[e1]) : f16_to_f32(o[e1]);
+}
+
+// Eight 16-bit values: piece + w * old, rounded once more.
+template <class Cfg>
+__device__ __forceinline__ uint4 add_scaled_out(uint4 piece, uint4 old, float w) {
+  unsigned* a = reinterpret_cast<unsigned*>(&piece);
+  const unsigned* b = reinterpret_cast<const unsigned*>(&old);
+  auto f = [](unsigned short h) { return Cfg::kOut == ATTN_OUT_BF16 ? bf16_to_f32(h) : f16_to_f32(h); };
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float lo = fmaf(w, f((unsigned short)(b[i] & 0xffffu)), f((unsigned short)(a[i] & 0xffffu)));
+    const float hi = fmaf(w, f((unsigned short)(b[i] >> 16)), f((unsigned short)(a[i] >> 16)));
+    a[i] = Cfg::kOut == ATTN_OUT_BF16 ? f32x2_to_bf16x2(lo, hi) : f32x2_to_f16x2(lo, hi);
+  }
+  return piece;
+}
+
 // Stores O[row, col] and O[row, col + 1] (col even); `row_ptr` points at O[row, 0].
 template <class Cfg>
 __device__ __forceinline__ void store_out_pair(const AttnParams& p, char* row_ptr, int col,
                                                float v0, float v1) {
-  if (p.o_sd == 1) {
+  // Pairs as one 4-byte (16-bit O) or 2-byte (e4m3) store where O's rows allow it: a view of O may
+  // start at any element.
+  constexpr unsigned kPairBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 2u : 4u;
+  if (p.o_sd == 1 && (reinterpret_cast<unsigned long long>(row_ptr) & (kPairBytes - 1u)) == 0u) {
     if (Cfg::kOut == ATTN_OUT_BF16) {
       *reinterpret_cast<unsigned*>(row_ptr + 2 * col) = f32x2_to_bf16x2(v0, v1);
     } else if (Cfg::kOut == ATTN_OUT_F16) {
@@ -406,7 +441,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned char* sK = sQ + Cfg::kQBytes;                        // [S][kQkBlocks][BN][WQ]
   unsigned char* sV = sK + S * Cfg::kKBytes;                    // [S][...]
   unsigned char* sOnes = sV + S * Cfg::kVBytes;                 // kRowSumMma: [8][32 bytes] of ones
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sOnes + Cfg::kOnesBytes);
+  unsigned char* sOldO = sOnes + Cfg::kOnesBytes;                // kMergeOut: [BM][D] 16-bit
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sOldO + Cfg::kOldOBytes);
   unsigned long long* q_bar = bars;
   unsigned long long* full_k = bars + 1;
   unsigned long long* full_v = full_k + S;
@@ -592,6 +628,53 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)hk * p.qd_sh] : 1.0f;
   const float kd = p.k_descale ? p.k_descale[(long long)b * p.kd_sb + (long long)hk * p.kd_sh] : 1.0f;
   const float vd = p.v_descale ? p.v_descale[(long long)b * p.vd_sb + (long long)hk * p.vd_sh] : 1.0f;
+  // O's store (the epilogue): each warp stages its 16 rows in shared memory and writes them back as
+  // whole 16-byte pieces of contiguous rows where O's rows allow it (stage_o); each lane writes
+  // kPasses pieces, one every kRowsPerPass rows from row0 + lane / kChunks.
+  constexpr int kOBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2;
+  // bytes per staged row (16 of padding: no bank conflicts; kMergeOut keeps the old O's weight there)
+  constexpr int kOPitch = D * kOBytes + 16;
+  constexpr bool kStageO = Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
+  const bool stage_o = kStageO && p.o_sd == 1 && (((p.o_ss | p.o_sh | p.o_sb) * kOBytes) & 15) == 0 &&
+                       (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
+  constexpr int kChunks = D * kOBytes / 16;       // 16-byte pieces per row
+  constexpr int kRowsPerPass = 32 / kChunks;      // rows one warp writes per pass
+  constexpr int kPasses = 16 / kRowsPerPass;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int row0 = rb + 16 * warp, chunk = lane % kChunks;
+  auto piece_of = [&](int row) {
+    return reinterpret_cast<char*>(p.O) +
+           ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes + 16 * chunk;
+  };
+  // kMergeOut: this lane's pieces of the old O, copied to shared memory (cp.async) while the main
+  // loop runs. (Loaded in the store loop, each pass's load waited for the previous pass's store:
+  // H200, fp8 merging segments of 1024 keys 71.5 us against 56 without the merge; loaded just
+  // before the epilogue's barrier, 57.3.)
+  auto old_piece = [&](int i) {
+    return sOldO + (64 * c + 16 * warp + lane / kChunks + i * kRowsPerPass) * (D * 2) + 16 * chunk;
+  };
+  if constexpr (Cfg::kMergeOut) {
+    if (stage_o) {
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const int row = row0 + lane / kChunks + i * kRowsPerPass;
+        if (row < p.Sq) cp_async_16(smem_u32(old_piece(i)), piece_of(row), 16);
+      }
+      cp_async_commit();
+    }
+  }
+  // kMergeOut: the rows' running LSE, read now (by the thread that writes the new one at the end,
+  // shared with its quad) so that its latency hides under the main loop
+  float old_lse[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
+  if constexpr (Cfg::kMergeOut) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = rb + r0 + 8 * hh;
+      if ((tid & 3) == 0 && row < p.Sq)
+        old_lse[hh] = p.lse[(long long)b * p.lse_sb + (long long)h * p.lse_sh + (long long)row * p.lse_ss];
+      old_lse[hh] = __shfl_sync(0xffffffffu, old_lse[hh], (tid & 31) & ~3);
+    }
+  }
   // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd
   const float sc = (p.score_scale * qd) * kd;
   // A score hook works in natural units (sc_nat) and the softmax takes its result to log2 units.
@@ -1019,26 +1102,41 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     lse[hh] = l > 0.0f ? (m_use - Cfg::kPOffset + attn_detail::lg2(l)) * 0.6931471805599453f
                        : attn_detail::neg_inf();
   }
+  // kMergeOut: O and the LSE hold the rows' attention over other keys (LSE -inf: none yet, O then
+  // anything); the new O is this part's times its weight plus the old O times its weight, the
+  // weights from the two LSEs (kernels/attention_fp8.cpp's merging epilogue).
+  float keep_old[2] = {0.0f, 0.0f};
+  if constexpr (Cfg::kMergeOut) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float old = old_lse[hh];
+      const float top = fmaxf(old, lse[hh]);
+      const float top_safe = top == attn_detail::neg_inf() ? 0.0f : top;
+      const float w_part = attn_detail::ex2((lse[hh] - top_safe) * 1.4426950408889634f);
+      const float w_old = attn_detail::ex2((old - top_safe) * 1.4426950408889634f);
+      const float den = w_part + w_old;
+      const float inv_den = den > 0.0f ? 1.0f / den : 0.0f;
+      inv[hh] *= w_part * inv_den;
+      keep_old[hh] = w_old * inv_den;
+      lse[hh] = top_safe + attn_detail::lg2(den) * 0.6931471805599453f;   // den 0: -inf
+    }
+  }
   acc_scale_rows<D>(o, inv);
   // O through shared memory: the accumulator layout gives each thread 4-byte (16-bit O) or 2-byte
   // (e4m3) pieces of 8 rows per store (half / a quarter of every 32-byte sector), so each warp
   // stages its 16 rows and writes them back as whole 16-byte pieces of contiguous rows. Shared
   // memory is free once every consumer has left the main loop (their last wgmmas read Q and the
   // last K/V stage).
-  constexpr int kOBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2;
-  constexpr int kOPitch = D * kOBytes + 16;   // bytes per staged row (16 of padding: no bank conflicts)
-  constexpr bool kStageO = Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
-  const bool stage_o = kStageO && p.o_sd == 1 && (((p.o_ss | p.o_sh | p.o_sb) * kOBytes) & 15) == 0 &&
-                       (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
   float amax = 0.0f;
   if (kStageO && stage_o) {
+    if constexpr (Cfg::kMergeOut) cp_async_wait<0>();   // this lane's old pieces
     attn_detail::named_bar_sync(attn_detail::kConsumersBar, 128 * Cfg::kConsumers);
-    const int warp = tid >> 5, lane = tid & 31;
     unsigned char* stage = sQ + (64 * c + 16 * warp) * kOPitch;   // this warp's 16 rows
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       unsigned char* srow = stage + ((lane >> 2) + 8 * hh) * kOPitch;
       const bool real_row = rb + r0 + 8 * hh < p.Sq;   // rows past Sq are staged, never stored
+      if (Cfg::kMergeOut && (tid & 3) == 0) *reinterpret_cast<float*>(srow + D * kOBytes) = keep_old[hh];
 #pragma unroll
       for (int jj = 0; jj < D / 8; ++jj) {
         const float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
@@ -1052,16 +1150,16 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
     }
     __syncwarp();
-    constexpr int kChunks = D * kOBytes / 16;       // 16-byte pieces per row
-    constexpr int kRowsPerPass = 32 / kChunks;      // rows one warp writes per pass
-    const int row0 = rb + 16 * warp;
 #pragma unroll
-    for (int r = lane / kChunks; r < 16; r += kRowsPerPass) {
-      const int row = row0 + r, chunk = lane % kChunks;
+    for (int i = 0; i < kPasses; ++i) {
+      const int r = lane / kChunks + i * kRowsPerPass, row = row0 + r;
       if (row < p.Sq) {
-        const uint4 piece = *reinterpret_cast<const uint4*>(stage + r * kOPitch + 16 * chunk);
-        char* dst = reinterpret_cast<char*>(p.O) +
-                    ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes + 16 * chunk;
+        uint4 piece = *reinterpret_cast<const uint4*>(stage + r * kOPitch + 16 * chunk);
+        char* dst = piece_of(row);
+        if constexpr (Cfg::kMergeOut) {
+          const float w = *reinterpret_cast<const float*>(stage + r * kOPitch + D * kOBytes);
+          if (w > 0.0f) piece = attn_detail::add_scaled_out<Cfg>(piece, *reinterpret_cast<const uint4*>(old_piece(i)), w);
+        }
         *reinterpret_cast<uint4*>(dst) = piece;
       }
     }
@@ -1074,8 +1172,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
                       ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes;
 #pragma unroll
       for (int jj = 0; jj < D / 8 && !(kStageO && stage_o); ++jj) {
-        const float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
+        float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
         if (Cfg::kOut == ATTN_OUT_E4M3) amax = fmaxf(amax, fmaxf(fabsf(v0), fabsf(v1)));
+        if (Cfg::kMergeOut && keep_old[hh] > 0.0f) {
+          float old0, old1;
+          attn_detail::load_out_pair<Cfg>(p, row_ptr, 8 * jj + q2, old0, old1);
+          v0 = fmaf(keep_old[hh], old0, v0);
+          v1 = fmaf(keep_old[hh], old1, v1);
+        }
         attn_detail::store_out_pair<Cfg>(p, row_ptr, 8 * jj + q2, v0, v1);
       }
       if (p.lse && (tid & 3) == 0)
