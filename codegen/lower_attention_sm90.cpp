@@ -269,10 +269,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // consumer and room for three CTAs' shared memory, three CTAs share an SM.
   const bool lean = cfg.knob("attn_lean_producer", 0) != 0;
   // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, the row sums' tile of ones (fp8 without an
-  // LSE: kRowSumMma), the old O of a merging kernel, barriers, block table, bits, list
+  // LSE: kRowSumMma), barriers, block table, bits, list
   const bool rowsum_mma = fp8 && !f32_row_sums && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
-  const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) +
-                       (m->merging ? bm * D * 2 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
+  const int64_t smem =
+      1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
   if (smem > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
                            smem, stages, t.max_smem_per_block()));

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "kernels/attention_variants.h"
 #include "runtime/error.h"
@@ -82,12 +84,22 @@ void ensure_lse(DilatedWorkspace& ws, const TensorView& q) {
 
 // The attention of one pair: segments of w / r positions of each offset's strided view, merged
 // into o and the running LSE. (The first pair merges too, into nothing: in fp8 its LSE then sums
-// the e4m3 P like the others', and its main loop is the one without f32 row sums.)
-Kernel pair_kernel(const DilatedPair& pair, bool causal) {
-  AttentionVariant v = segment_variant(pair.segment / pair.rate, causal);
-  v.name += "_merging";
-  v.merge_into_output = true;
-  return attention_variant(v);
+// the e4m3 P like the others', and its main loop is the one without f32 row sums.) One kernel per
+// segment length and causality for the process: the launches' caches know a kernel by its
+// address, and a new one per call would be traced again at every launch.
+const Kernel& pair_kernel(const DilatedPair& pair, bool causal) {
+  static std::mutex mutex;
+  static std::map<std::pair<int64_t, bool>, Kernel> kernels;
+  std::lock_guard<std::mutex> lock(mutex);
+  const int64_t segment = pair.segment / pair.rate;
+  auto it = kernels.find({segment, causal});
+  if (it == kernels.end()) {
+    AttentionVariant v = segment_variant(segment, causal);
+    v.name += "_merging";
+    v.merge_into_output = true;
+    it = kernels.emplace(std::make_pair(segment, causal), attention_variant(v)).first;
+  }
+  return it->second;
 }
 
 // lse = -inf; o = 0 too where no pair has rate 1: rows no pair covers stay 0, and each row a pair
@@ -155,7 +167,7 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
   const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
   for (size_t p = 0; p < opt.pairs.size(); ++p) {
     const int64_t r = opt.pairs[p].rate;
-    const Kernel segments = pair_kernel(opt.pairs[p], opt.causal);
+    const Kernel& segments = pair_kernel(opt.pairs[p], opt.causal);
     lo.config = opt.attention_config ? *opt.attention_config
                                      : attention_variant_default_config(segments.name(), DType::e4m3, D, true, D, S / r, true);
     for (int64_t j = 0; j < r; ++j) {
@@ -184,7 +196,7 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
   // sequence, in segments of w / r of those rows.
   for (const DilatedPair& pair : opt.pairs) {
     const int64_t r = pair.rate;
-    const Kernel segments = pair_kernel(pair, opt.causal);
+    const Kernel& segments = pair_kernel(pair, opt.causal);
     for (int64_t j = 0; j < r; ++j) {
       AttentionFp8Options a;
       a.quantize = opt.fp8;

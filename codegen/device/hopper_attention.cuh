@@ -196,11 +196,9 @@ struct AttnCfg {
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
   // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the
   // block-class table and its bits (visited) and the list of visited blocks
-  // kMergeOut: the old O of the CTA's rows (16-bit), copied in while the main loop runs
-  static constexpr int kOldOBytes = kMergeOut ? kBM * kDv * 2 : 0;
   static constexpr int kSmemBytes =
-      1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + kOldOBytes + (1 + 5 * kStages) * 8 +
-      3 * kClassTable + 4 * kClassWords;
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + 3 * kClassTable +
+      4 * kClassWords;
 
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
@@ -441,8 +439,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned char* sK = sQ + Cfg::kQBytes;                        // [S][kQkBlocks][BN][WQ]
   unsigned char* sV = sK + S * Cfg::kKBytes;                    // [S][...]
   unsigned char* sOnes = sV + S * Cfg::kVBytes;                 // kRowSumMma: [8][32 bytes] of ones
-  unsigned char* sOldO = sOnes + Cfg::kOnesBytes;                // kMergeOut: [BM][D] 16-bit
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sOldO + Cfg::kOldOBytes);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sOnes + Cfg::kOnesBytes);
   unsigned long long* q_bar = bars;
   unsigned long long* full_k = bars + 1;
   unsigned long long* full_v = full_k + S;
@@ -628,51 +625,16 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)hk * p.qd_sh] : 1.0f;
   const float kd = p.k_descale ? p.k_descale[(long long)b * p.kd_sb + (long long)hk * p.kd_sh] : 1.0f;
   const float vd = p.v_descale ? p.v_descale[(long long)b * p.vd_sb + (long long)hk * p.vd_sh] : 1.0f;
-  // O's store (the epilogue): each warp stages its 16 rows in shared memory and writes them back as
-  // whole 16-byte pieces of contiguous rows where O's rows allow it (stage_o); each lane writes
-  // kPasses pieces, one every kRowsPerPass rows from row0 + lane / kChunks.
-  constexpr int kOBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2;
-  // bytes per staged row (16 of padding: no bank conflicts; kMergeOut keeps the old O's weight there)
-  constexpr int kOPitch = D * kOBytes + 16;
-  constexpr bool kStageO = Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
-  const bool stage_o = kStageO && p.o_sd == 1 && (((p.o_ss | p.o_sh | p.o_sb) * kOBytes) & 15) == 0 &&
-                       (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
-  constexpr int kChunks = D * kOBytes / 16;       // 16-byte pieces per row
-  constexpr int kRowsPerPass = 32 / kChunks;      // rows one warp writes per pass
-  constexpr int kPasses = 16 / kRowsPerPass;
-  const int warp = tid >> 5, lane = tid & 31;
-  const int row0 = rb + 16 * warp, chunk = lane % kChunks;
-  auto piece_of = [&](int row) {
-    return reinterpret_cast<char*>(p.O) +
-           ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes + 16 * chunk;
-  };
-  // kMergeOut: this lane's pieces of the old O, copied to shared memory (cp.async) while the main
-  // loop runs. (Loaded in the store loop, each pass's load waited for the previous pass's store:
-  // H200, fp8 merging segments of 1024 keys 71.5 us against 56 without the merge; loaded just
-  // before the epilogue's barrier, 57.3.)
-  auto old_piece = [&](int i) {
-    return sOldO + (64 * c + 16 * warp + lane / kChunks + i * kRowsPerPass) * (D * 2) + 16 * chunk;
-  };
-  if constexpr (Cfg::kMergeOut) {
-    if (stage_o) {
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        const int row = row0 + lane / kChunks + i * kRowsPerPass;
-        if (row < p.Sq) cp_async_16(smem_u32(old_piece(i)), piece_of(row), 16);
-      }
-      cp_async_commit();
-    }
-  }
-  // kMergeOut: the rows' running LSE, read now (by the thread that writes the new one at the end,
-  // shared with its quad) so that its latency hides under the main loop
+  // kMergeOut: the rows' running LSE, loaded now and first used in the epilogue, so that its latency
+  // hides under the main loop (by every thread of a quad: a shuffle from one of them would wait for
+  // the load here). The quad's first thread writes the new one at the end.
   float old_lse[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
   if constexpr (Cfg::kMergeOut) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int row = rb + r0 + 8 * hh;
-      if ((tid & 3) == 0 && row < p.Sq)
+      if (row < p.Sq)
         old_lse[hh] = p.lse[(long long)b * p.lse_sb + (long long)h * p.lse_sh + (long long)row * p.lse_ss];
-      old_lse[hh] = __shfl_sync(0xffffffffu, old_lse[hh], (tid & 31) & ~3);
     }
   }
   // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd
@@ -1127,9 +1089,44 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // stages its 16 rows and writes them back as whole 16-byte pieces of contiguous rows. Shared
   // memory is free once every consumer has left the main loop (their last wgmmas read Q and the
   // last K/V stage).
+  constexpr int kOBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2;
+  // bytes per staged row (16 of padding: no bank conflicts; kMergeOut keeps the old O's weight there)
+  constexpr int kOPitch = D * kOBytes + 16;
+  constexpr bool kStageO = Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
+  const bool stage_o = kStageO && p.o_sd == 1 && (((p.o_ss | p.o_sh | p.o_sb) * kOBytes) & 15) == 0 &&
+                       (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
   float amax = 0.0f;
   if (kStageO && stage_o) {
-    if constexpr (Cfg::kMergeOut) cp_async_wait<0>();   // this lane's old pieces
+    // Each lane writes kPasses pieces, one every kRowsPerPass rows from row0 + lane / kChunks.
+    const int warp = tid >> 5, lane = tid & 31;
+    constexpr int kChunks = D * kOBytes / 16;       // 16-byte pieces per row
+    constexpr int kRowsPerPass = 32 / kChunks;      // rows one warp writes per pass
+    constexpr int kPasses = 16 / kRowsPerPass;
+    const int row0 = rb + 16 * warp, chunk = lane % kChunks;
+    auto piece_of = [&](int row) {
+      return reinterpret_cast<char*>(p.O) +
+             ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes + 16 * chunk;
+    };
+    // kMergeOut: the old O of the pieces this lane writes (rows that have one: running LSE > -inf),
+    // loaded before the wait for the other consumers, all at once. (Loaded in the store loop, each
+    // pass's load waited for the previous pass's store: H200, fp8 merging segments of 1024 keys
+    // 71.5 us against 56 without the merge, 57.3 loaded here. Copied to shared memory instead, at
+    // the consumers' start (cp.async) it slowed the first K/V loads, 61 us; by the producer after
+    // its last loads (cp.async.bulk, 16 KB more shared memory per CTA), 63.) Up to 8 pieces (head
+    // dims up to 128): 32 registers; more are loaded in the store loop.
+    constexpr bool kOldAhead = Cfg::kMergeOut && kPasses <= 8;
+    uint4 old_o[kOldAhead ? kPasses : 1];
+    if constexpr (kOldAhead) {
+      // lane l holds the old LSE of rows l / 4 and l / 4 + 8 of its warp's 16
+      const unsigned has0 = __ballot_sync(0xffffffffu, old_lse[0] != attn_detail::neg_inf());
+      const unsigned has1 = __ballot_sync(0xffffffffu, old_lse[1] != attn_detail::neg_inf());
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const int r = lane / kChunks + i * kRowsPerPass;
+        const bool has = (((r < 8 ? has0 : has1) >> (4 * (r & 7))) & 1u) != 0u;
+        if (row0 + r < p.Sq && has) old_o[i] = *reinterpret_cast<const uint4*>(piece_of(row0 + r));
+      }
+    }
     attn_detail::named_bar_sync(attn_detail::kConsumersBar, 128 * Cfg::kConsumers);
     unsigned char* stage = sQ + (64 * c + 16 * warp) * kOPitch;   // this warp's 16 rows
 #pragma unroll
@@ -1158,7 +1155,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         char* dst = piece_of(row);
         if constexpr (Cfg::kMergeOut) {
           const float w = *reinterpret_cast<const float*>(stage + r * kOPitch + D * kOBytes);
-          if (w > 0.0f) piece = attn_detail::add_scaled_out<Cfg>(piece, *reinterpret_cast<const uint4*>(old_piece(i)), w);
+          if (w > 0.0f) {
+            if constexpr (kOldAhead) piece = attn_detail::add_scaled_out<Cfg>(piece, old_o[i], w);
+            else piece = attn_detail::add_scaled_out<Cfg>(piece, *reinterpret_cast<const uint4*>(dst), w);
+          }
         }
         *reinterpret_cast<uint4*>(dst) = piece;
       }

@@ -73,22 +73,6 @@ template <class T> TJ_DEV T mod(T a, T b) {        // floored: the sign of the d
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
-
-// ---------------------------------------------------------------- async copies (sm_80+)
-// (The sm_80 GEMM's stages, the sm_90a attention's old O where it merges into it.)
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-// 16 bytes global -> shared, bypassing L1; bytes [src_bytes, 16) of the destination are zeroed
-// (src_bytes = 0 reads nothing).
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's cp.async groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-#endif
 template <class T> TJ_DEV T cdiv(T a, T b) { return floordiv<T>(a + b - 1, b); }
 template <class T> TJ_DEV T imax(T a, T b) { return a > b ? a : b; }
 template <class T> TJ_DEV T imin(T a, T b) { return a < b ? a : b; }
