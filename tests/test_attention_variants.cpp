@@ -930,9 +930,10 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
   }
 }
 
-TEST_CASE("gpu: attention variants that merge into their output match the CPU reference (O staged and stored per element)") {
+TEST_CASE("gpu: attention variants that merge into their output match the CPU reference (bf16, f16, e4m3, O staged and stored per element)") {
   TJ_REQUIRE_HOPPER();
-  // Keys [0, 150) written, [150, 300) merged in, as dilated attention's pairs do; o staged through
+  // Keys [0, 150) written, [150, 300) merged in, as dilated attention's pairs do (bf16, f16 and e4m3
+  // inputs; O bf16, or f16 for f16 inputs); o staged through
   // shared memory as 16-byte rows, or (a view whose rows are not 16-byte aligned) stored and read
   // back per element pair.
   std::mt19937 rng(76);
@@ -942,8 +943,9 @@ TEST_CASE("gpu: attention variants that merge into their output match the CPU re
   const Kernel second = kernels::attention_variant(keys_from_merging(split));
   HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
              v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
-  for (DType dt : {DType::bf16, DType::e4m3}) {
+  for (DType dt : {DType::bf16, DType::f16, DType::e4m3}) {
     const bool fp8 = is_fp8(dt);
+    const DType out = dt == DType::f16 ? DType::f16 : DType::bf16;   // O in the inputs' 16-bit type
     KernelInputs in = kernel_inputs(dt, q, kk, v);
     const OnDevice dev = on_device(in.t);
     // bf16 128 x 128; fp8 64 x 128 with a producer warp and 3 of 8 exp2s in f16x2 pairs (dilated
@@ -955,13 +957,13 @@ TEST_CASE("gpu: attention variants that merge into their output match the CPU re
       configs = {lean, variant_config(192, 96)};
     }
     for (const Config& cfg : configs) {
-      HostTensor o_ref(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse_ref(DType::f32, {p.B, p.H, p.Sq});
+      HostTensor o_ref(out, {p.B, p.H, p.Sq, p.D}), lse_ref(DType::f32, {p.B, p.H, p.Sq});
       run_ref(first, variant_args(views(in.t), o_ref.view(), lse_ref.view(), nullptr, p.D), cfg);
       run_ref(second, variant_args(views(in.t), o_ref.view(), lse_ref.view(), nullptr, p.D), cfg);
       for (bool staged : {true, false}) {
         INFO(name(dt) << " " << cfg.to_json() << " staged " << staged);
         // o inside a wider tensor: from column 1 of rows of D + 1 (2-byte aligned rows) when not staged
-        DeviceTensor o_wide(DType::bf16, {p.B, p.H, p.Sq, staged ? p.D : p.D + 1}), lse(DType::f32, lse_ref.shape());
+        DeviceTensor o_wide(out, {p.B, p.H, p.Sq, staged ? p.D : p.D + 1}), lse(DType::f32, lse_ref.shape());
         o_wide.fill_bytes(0xFF);
         lse.fill_bytes(0xFF);
         TensorView o = o_wide.view();
@@ -981,7 +983,7 @@ TEST_CASE("gpu: attention variants that merge into their output match the CPU re
           for (int64_t d = 0; d < p.D; ++d) got[row * p.D + d] = wide.at(row * (staged ? p.D : p.D + 1) + (staged ? d : d + 1));
         Metrics mo = compare(got, o_ref.values());
         LseDiff ml = compare_lse(lse.to_host().values(), lse_ref.values());
-        MESSAGE(name(dt) << " " << cfg.to_json() << (staged ? " staged" : " per element")
+        MESSAGE(name(dt) << " " << cfg.to_json() << std::string(staged ? " staged" : " per element")
                          << ": GPU vs CPU reference, O " << str(mo) << "; LSE max abs " << ml.max_abs);
         CHECK(mo.nan == 0);
         // fp8: the GPU's row sums come from the tensor cores (up to 3% off the reference's f32 sums
