@@ -28,6 +28,13 @@ inline void run_ref(const tj::Kernel& k, const std::vector<tj::Arg>& args, const
   tj::run_reference(f, cfg, ref);
 }
 
+// Every element v (rounded to dt).
+inline tj::HostTensor filled(tj::DType dt, std::vector<int64_t> shape, double v) {
+  tj::HostTensor t(dt, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, v);
+  return t;
+}
+
 // N(0,1) (+ N(0, 10^2) with probability outlier_p: the outlier inputs), rounded to dt.
 inline tj::HostTensor randn(tj::DType dt, std::vector<int64_t> shape, std::mt19937& rng, double outlier_p = 0.0) {
   tj::HostTensor t(dt, std::move(shape));

@@ -31,18 +31,13 @@
 
 using namespace tj;
 using tj_test::compare;
+using tj_test::filled;
 using tj_test::Metrics;
 using tj_test::randn;
 using tj_test::run_ref;
 using tj_test::str;
 
 namespace {
-
-HostTensor filled(DType dt, std::vector<int64_t> shape, double v) {
-  HostTensor t(dt, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, v);
-  return t;
-}
 
 Config blocks(int64_t m, int64_t n) {
   Config c;

@@ -274,8 +274,7 @@ KernelInputs kernel_inputs(DType dt, const HostTensor& q, const HostTensor& k, c
     r.v64 = dequantized(f.vt8, f.vd, 1, true, v.shape()[2]);
     r.t = {f.q8, f.k8, f.vt8, f.qd, f.kd, f.vd};
   } else {
-    HostTensor ones(DType::f32, {k.shape()[0], k.shape()[1]});
-    for (int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1.0);
+    const HostTensor ones = filled(DType::f32, {k.shape()[0], k.shape()[1]}, 1.0);
     r.t = {cast_to(q, dt), cast_to(k, dt), cast_to(v, dt), ones, ones, ones};
     r.q64 = f64_of(r.t[0]);
     r.k64 = f64_of(r.t[1]);
@@ -734,10 +733,6 @@ kernels::AttentionVariant all_keys_merging() {
   return v;
 }
 
-void fill_minus_inf(HostTensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, -INFINITY);
-}
-
 }  // namespace
 
 TEST_CASE("attention variants that merge into their output: launches over disjoint keys add up to attention over all (CPU reference vs float64)") {
@@ -763,9 +758,9 @@ TEST_CASE("attention variants that merge into their output: launches over disjoi
     CHECK(two.nan == 0);
     CHECK(two.rel_rmse <= bound);
     // Nothing yet (lse -inf): whatever o holds (NaN here) does not leak, and the LSE is the part's.
-    HostTensor o1(DType::bf16, o.shape()), lse1(DType::f32, lse.shape()), lse_all(DType::f32, lse.shape());
+    HostTensor o1(DType::bf16, o.shape()), lse1 = filled(DType::f32, lse.shape(), -INFINITY),
+               lse_all(DType::f32, lse.shape());
     o1.fill_bytes(0xFF);
-    fill_minus_inf(lse1);
     run_ref(kernels::attention_variant(all_keys_merging()), variant_args(views(in.t), o1.view(), lse1.view(), nullptr, p.D),
             variant_config(64, 64));
     Metrics one = compare(o1.values(), want);

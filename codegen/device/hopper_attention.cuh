@@ -305,14 +305,24 @@ __device__ __forceinline__ void release(unsigned long long* bar) {
 }
 #endif
 
+// A 16-bit O element (bf16 or f16 by the Cfg) and back, two at a time.
+template <class Cfg>
+__device__ __forceinline__ float out16_to_f32(unsigned short h) {
+  return Cfg::kOut == ATTN_OUT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+template <class Cfg>
+__device__ __forceinline__ unsigned f32x2_to_out16x2(float lo, float hi) {
+  return Cfg::kOut == ATTN_OUT_BF16 ? f32x2_to_bf16x2(lo, hi) : f32x2_to_f16x2(lo, hi);
+}
+
 // 16-bit O[row, col] and O[row, col + 1] (col even) as floats; `row_ptr` points at O[row, 0].
 template <class Cfg>
 __device__ __forceinline__ void load_out_pair(const AttnParams& p, const char* row_ptr, int col, float& v0,
                                               float& v1) {
   const unsigned short* o = reinterpret_cast<const unsigned short*>(row_ptr);
   const long long e0 = (long long)col * p.o_sd, e1 = e0 + p.o_sd;
-  v0 = Cfg::kOut == ATTN_OUT_BF16 ? bf16_to_f32(o[e0]) : f16_to_f32(o[e0]);
-  v1 = Cfg::kOut == ATTN_OUT_BF16 ? bf16_to_f32(o[e1]) : f16_to_f32(o[e1]);
+  v0 = out16_to_f32<Cfg>(o[e0]);
+  v1 = out16_to_f32<Cfg>(o[e1]);
 }
 
 // Eight 16-bit values: piece + w * old, rounded once more.
@@ -320,12 +330,12 @@ template <class Cfg>
 __device__ __forceinline__ uint4 add_scaled_out(uint4 piece, uint4 old, float w) {
   unsigned* a = reinterpret_cast<unsigned*>(&piece);
   const unsigned* b = reinterpret_cast<const unsigned*>(&old);
-  auto f = [](unsigned short h) { return Cfg::kOut == ATTN_OUT_BF16 ? bf16_to_f32(h) : f16_to_f32(h); };
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float lo = fmaf(w, f((unsigned short)(b[i] & 0xffffu)), f((unsigned short)(a[i] & 0xffffu)));
-    const float hi = fmaf(w, f((unsigned short)(b[i] >> 16)), f((unsigned short)(a[i] >> 16)));
-    a[i] = Cfg::kOut == ATTN_OUT_BF16 ? f32x2_to_bf16x2(lo, hi) : f32x2_to_f16x2(lo, hi);
+    const float lo =
+        fmaf(w, out16_to_f32<Cfg>((unsigned short)(b[i] & 0xffffu)), out16_to_f32<Cfg>((unsigned short)(a[i] & 0xffffu)));
+    const float hi = fmaf(w, out16_to_f32<Cfg>((unsigned short)(b[i] >> 16)), out16_to_f32<Cfg>((unsigned short)(a[i] >> 16)));
+    a[i] = f32x2_to_out16x2<Cfg>(lo, hi);
   }
   return piece;
 }
@@ -338,10 +348,8 @@ __device__ __forceinline__ void store_out_pair(const AttnParams& p, char* row_pt
   // start at any element.
   constexpr unsigned kPairBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 2u : 4u;
   if (p.o_sd == 1 && (reinterpret_cast<unsigned long long>(row_ptr) & (kPairBytes - 1u)) == 0u) {
-    if (Cfg::kOut == ATTN_OUT_BF16) {
-      *reinterpret_cast<unsigned*>(row_ptr + 2 * col) = f32x2_to_bf16x2(v0, v1);
-    } else if (Cfg::kOut == ATTN_OUT_F16) {
-      *reinterpret_cast<unsigned*>(row_ptr + 2 * col) = f32x2_to_f16x2(v0, v1);
+    if (Cfg::kOut != ATTN_OUT_E4M3) {
+      *reinterpret_cast<unsigned*>(row_ptr + 2 * col) = f32x2_to_out16x2<Cfg>(v0, v1);
     } else {
       *reinterpret_cast<unsigned short*>(row_ptr + col) =
           f32x2_to_e4m3x2(v0 * p.o_scale, v1 * p.o_scale);
@@ -1141,8 +1149,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
           if (real_row) amax = fmaxf(amax, fmaxf(fabsf(v0), fabsf(v1)));
           *reinterpret_cast<unsigned short*>(srow + 8 * jj + q2) = f32x2_to_e4m3x2(v0 * p.o_scale, v1 * p.o_scale);
         } else {
-          *reinterpret_cast<unsigned*>(srow + 2 * (8 * jj + q2)) =
-              Cfg::kOut == ATTN_OUT_BF16 ? f32x2_to_bf16x2(v0, v1) : f32x2_to_f16x2(v0, v1);
+          *reinterpret_cast<unsigned*>(srow + 2 * (8 * jj + q2)) = attn_detail::f32x2_to_out16x2<Cfg>(v0, v1);
         }
       }
     }
