@@ -58,6 +58,10 @@ struct GeneratedKernel {
   // aligned base address, a contiguous last dim and every other stride a multiple of 16 bytes;
   // the launcher checks (tj::check_aligned16) and names the tensor otherwise.
   std::vector<int> aligned16_params;
+  // The kernel may start before the previous kernel on its stream has finished (programmatic
+  // dependent launch, sm_90; LaunchOptions::start_early asks for it): it reads its In tensors at
+  // once and waits for the previous kernel before it reads or writes anything else.
+  bool starts_early = false;
   std::string lowering = "simt";           // which lowering produced it (for `tilejit show`)
 };
 

@@ -269,10 +269,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // consumer and room for three CTAs' shared memory, three CTAs share an SM.
   const bool lean = cfg.knob("attn_lean_producer", 0) != 0;
   // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, the row sums' tile of ones (fp8 without an
-  // LSE: kRowSumMma), barriers, block table, bits, list
+  // LSE: kRowSumMma), barriers, block table, bits, list, the running LSE (merging)
   const bool rowsum_mma = fp8 && !f32_row_sums && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
-  const int64_t smem =
-      1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) + (1 + 5 * stages) * 8 + 3 * 512 + 64;
+  const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) +
+                       (1 + 5 * stages) * 8 + 3 * 512 + 64 + (m->merging ? 4 * bm : 0);
   if (smem > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
                            smem, stages, t.max_smem_per_block()));
@@ -463,6 +463,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.source = std::move(src);
   g.threads = threads;
   g.dynamic_smem_bytes = static_cast<size_t>(smem);
+  g.starts_early = true;   // it waits (griddep_wait) before it touches O or the LSE
   g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "exp2_fma.cuh", "hopper_attention.cuh", "attn_tile_order.cuh"};
   if (hooks_src) g.device_headers.push_back("interval.cuh");
   const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);

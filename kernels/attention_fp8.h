@@ -62,6 +62,10 @@ struct AttentionFp8Options {
   const Kernel* kernel = nullptr;
   std::vector<TensorView> inputs;
   CUstream stream = nullptr;
+  // Without quantize: the attention may start before the previous kernel on the stream has
+  // finished (LaunchOptions::start_early); that kernel must not write q, k, v or `inputs`. (With
+  // quantize the quantizers write its inputs just before it: it starts after them.)
+  bool start_early = false;
 };
 
 // Device scratch of attention_fp8_forward (fp8 copies of q and k -- [.., 2D] with q_residual --,

@@ -263,6 +263,7 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
     }
     TensorView one = ws.ones->view();
     one.shape = {B, Hkv};   // its first B·Hkv ones, row-major
+    ao.start_early = opt.start_early;
     launch_attention(opt, {q, k, v, one, one, one, o, lse, scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},
                      ao);
     return;

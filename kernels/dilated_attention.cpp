@@ -164,6 +164,10 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
   start_empty(o, opt.pairs, ws, opt.stream);
   LaunchOptions lo;
   lo.stream = opt.stream;
+  // Each launch starts while the previous one (or dilated_start) ends: its main loop reads only the
+  // quantized inputs, written before dilated_start ran; it waits for the previous launch before it
+  // reads or writes o and the LSE.
+  lo.start_early = true;
   const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
   for (size_t p = 0; p < opt.pairs.size(); ++p) {
     const int64_t r = opt.pairs[p].rate;
@@ -205,6 +209,7 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
       a.lse = sparse(ws.lse->view(), j, r);
       a.attention_config = opt.attention_config;
       a.stream = opt.stream;
+      a.start_early = true;   // as in dilated_attention_fp8
       attention_fp8_forward(sparse(q, j, r), sparse(k, j, r), sparse(v, j, r), sparse(o, j, r), a, ws.attention);
     }
   }

@@ -422,7 +422,8 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
     packed.programs = g.programs;
     packed.pointers.push_back(&packed.programs);
   }
-  runtime::launch(ck->function, g.grid, g.block, g.dynamic_smem, options.stream, packed.pointers.data(), g.cluster);
+  runtime::launch(ck->function, g.grid, g.block, g.dynamic_smem, options.stream, packed.pointers.data(), g.cluster,
+                  options.start_early && ck->generated.starts_early);
 }
 
 }  // namespace tj

@@ -32,6 +32,13 @@ struct LaunchOptions {
   // architecture's kernel loads as PTX, which the driver compiles for the GPU (see compile()).
   // Without `config` it uses the default config (tuned configs belong to the GPU's own arch).
   std::string arch;
+  // Let the kernel start before the previous kernel on `stream` has finished, where it can
+  // (GeneratedKernel::starts_early: the sm_90a attention kernels): it computes from its In
+  // tensors at once and waits for the previous kernel before it reads or writes its outputs, so
+  // one launch's start overlaps the other's end. Only for a previous kernel that does not write
+  // this one's In tensors. Ignored for kernels that cannot (they run after the previous one, as
+  // without it).
+  bool start_early = false;
 };
 
 // The specialization a set of arguments selects: tensors give dtype and shape (shape

@@ -297,16 +297,25 @@ void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream s
 }
 
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream stream,
-            void** args, Dim3 cluster) {
-  if (cluster.count() == 1) return launch(f, grid, block, dynamic_smem, stream, args);
+            void** args, Dim3 cluster, bool start_early) {
+  if (cluster.count() == 1 && !start_early) return launch(f, grid, block, dynamic_smem, stream, args);
   Driver& d = ctx();
   auto launch_ex = d.require(d.cuLaunchKernelEx, "cuLaunchKernelEx");
   if (dynamic_smem > kDefaultSharedLimit) Module::set_max_dynamic_shared_bytes(f, dynamic_smem);
-  CUlaunchAttribute attr{};
-  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim.x = cluster.x;
-  attr.value.clusterDim.y = cluster.y;
-  attr.value.clusterDim.z = cluster.z;
+  CUlaunchAttribute attrs[2]{};
+  unsigned n_attrs = 0;
+  if (cluster.count() != 1) {
+    CUlaunchAttribute& a = attrs[n_attrs++];
+    a.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim.x = cluster.x;
+    a.value.clusterDim.y = cluster.y;
+    a.value.clusterDim.z = cluster.z;
+  }
+  if (start_early) {
+    CUlaunchAttribute& a = attrs[n_attrs++];
+    a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    a.value.programmaticStreamSerializationAllowed = 1;
+  }
   CUlaunchConfig config{};
   config.gridDimX = grid.x;
   config.gridDimY = grid.y;
@@ -316,13 +325,13 @@ void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream s
   config.blockDimZ = block.z;
   config.sharedMemBytes = static_cast<unsigned>(dynamic_smem);
   config.hStream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = n_attrs;
   CUresult r = launch_ex(&config, f, args, nullptr);
   if (r != CUDA_SUCCESS) {
-    d.check(r, fmt::format("{} with cluster ({},{},{})",
+    d.check(r, fmt::format("{} with cluster ({},{},{}){}",
                            launch_what("cuLaunchKernelEx", grid, block, dynamic_smem), cluster.x,
-                           cluster.y, cluster.z)
+                           cluster.y, cluster.z, start_early ? ", starting early" : "")
                    .c_str());
   }
 }

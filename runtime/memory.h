@@ -154,10 +154,12 @@ class Module {
 // result (asynchronous faults surface at the next synchronizing call).
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream stream,
             void** args);
-// Same through cuLaunchKernelEx with a thread-block cluster shape (sm_90+). A cluster of
-// {1,1,1} launches without the cluster attribute.
+// Same through cuLaunchKernelEx with a thread-block cluster shape (sm_90+; a cluster of {1,1,1}
+// launches without the cluster attribute) and, with start_early, programmatic stream
+// serialization: f may start before the previous kernel on the stream has finished, and must
+// wait for it (griddepcontrol.wait) before it touches anything that kernel may touch.
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream stream,
-            void** args, Dim3 cluster);
+            void** args, Dim3 cluster, bool start_early = false);
 
 // How many blocks of f fit on one SM (cuOccupancyMaxActiveBlocksPerMultiprocessor).
 int max_active_blocks_per_sm(CUfunction f, int block_threads, size_t dynamic_smem);

@@ -566,7 +566,12 @@ TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering 
       Error);
   Config simt = blocks(64, 64);
   simt.knobs["lowering"] = 0;
-  CHECK(compile(kernels::attention_fp8(), specs, simt, req).generated.lowering == "simt");
+  const CompiledKernel& simt_kernel = compile(kernels::attention_fp8(), specs, simt, req);
+  CHECK(simt_kernel.generated.lowering == "simt");
+  // Only the tensor-core kernel waits for the previous kernel before it touches its outputs: a
+  // SIMT kernel launched with LaunchOptions::start_early starts after the previous one as before.
+  CHECK_FALSE(simt_kernel.generated.starts_early);
+  CHECK(compile(kernels::attention_fp8(), specs, blocks(64, 64), req).generated.starts_early);
   CHECK(compile(kernels::attention_fp8(), specs, blocks(64, 64), CompileRequest{"sm_80", false, false}).generated.lowering == "simt");
 }
 

@@ -811,6 +811,7 @@ TEST_CASE("attention variants that merge into their output: bad launches are err
     const Config cfg = kernels::attention_variant_default_config(merging.name(), dt, p.D, true, p.D, 2048, true);
     const codegen::GeneratedKernel g = codegen::generate_cuda(f, cfg, t);
     CHECK(g.lowering == "sm90_attention");
+    CHECK(g.starts_early);
     CHECK(g.source.find("with_lse: yes, merged into o and lse") != std::string::npos);
     // The Cfg's last two flags: f32 row sums (no: the e4m3 P's, on the tensor cores) and the merge
     if (is_fp8(dt)) {
@@ -925,10 +926,11 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
   }
 }
 
-TEST_CASE("gpu: attention variants that merge into their output match the CPU reference (bf16, f16, e4m3, O staged and stored per element)") {
+TEST_CASE("gpu: attention variants that merge into their output match the CPU reference (bf16, f16, e4m3, O staged and stored per element, started early)") {
   TJ_REQUIRE_HOPPER();
   // Keys [0, 150) written, [150, 300) merged in, as dilated attention's pairs do (bf16, f16 and e4m3
-  // inputs; O bf16, or f16 for f16 inputs); o staged through
+  // inputs; O bf16, or f16 for f16 inputs), the second launch starting while the first ends
+  // (LaunchOptions::start_early: it must wait for the first's O and LSE); o staged through
   // shared memory as 16-byte rows, or (a view whose rows are not 16-byte aligned) stored and read
   // back per element pair.
   std::mt19937 rng(76);
@@ -970,6 +972,7 @@ TEST_CASE("gpu: attention variants that merge into their output match the CPU re
         LaunchOptions lo;
         lo.config = cfg;
         launch(first, variant_args(dev.views, o, lse.view(), nullptr, p.D), lo);
+        lo.start_early = true;
         launch(second, variant_args(dev.views, o, lse.view(), nullptr, p.D), lo);
         runtime::synchronize();
         const HostTensor wide = o_wide.to_host();

@@ -194,11 +194,13 @@ struct AttnCfg {
   // One consumer: 232 + 24 registers per thread pair = 128 per thread at launch, so that two
   // CTAs fit an SM when their shared memory does (the lowering asks for 2 blocks per SM then).
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
+  // kMergeOut: the running LSE of the CTA's rows, read by the producer for the epilogue
+  static constexpr int kOldLseBytes = kMergeOut ? 4 * kBM : 0;
   // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the
-  // block-class table and its bits (visited) and the list of visited blocks
+  // block-class table and its bits (visited) and the list of visited blocks + the running LSE
   static constexpr int kSmemBytes =
       1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + 3 * kClassTable +
-      4 * kClassWords;
+      4 * kClassWords + kOldLseBytes;
 
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
@@ -271,8 +273,10 @@ __device__ __forceinline__ float lg2(float x) {
 
 #if TJ_SM90_ENABLED
 // Named barriers 1.. (0 is __syncthreads): `count` threads (multiple of 32) take part. Ids 1..3:
-// the kWgSync schedule's; kConsumersBar: all consumer warpgroups.
+// the kWgSync schedule's; kConsumersBar: all consumer warpgroups; kOldLseBar: the consumers wait
+// on the producer's first warp for the running LSE (kMergeOut).
 constexpr int kConsumersBar = 4;
+constexpr int kOldLseBar = 5;
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
@@ -480,6 +484,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // e and its class, as e * 4 + class.
   unsigned* visit_bits = reinterpret_cast<unsigned*>(class_table + Cfg::kClassTable);
   unsigned short* visit_list = reinterpret_cast<unsigned short*>(visit_bits + Cfg::kClassWords);
+  // kMergeOut: the running LSE of rows m0..
+  float* old_lse_rows = reinterpret_cast<float*>(visit_list + Cfg::kClassTable);
   const int span = n_blocks > Cfg::kClassTable ? (n_blocks + Cfg::kClassTable - 1) / Cfg::kClassTable : 1;
   const int entries = (n_blocks + span - 1) / span;
   int n_listed = 0;   // entries in visit_list
@@ -494,6 +500,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     return w;
   };
 
+  // The next kernel on the stream may start once every CTA is here (if launched to start early):
+  // it waits for this one before it touches what this one writes (griddep_wait).
+  griddep_launch_dependents();
   const int wg = warpgroup_idx();
   if (threadIdx.x == 0) {
     mbar_init(q_bar, 1);
@@ -616,6 +625,25 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         if (lane_id() == 0) mbar_arrive(&vperm_done[s]);
       }
     }
+    if constexpr (Cfg::kMergeOut) {
+      // The rows' running LSE for the consumers' epilogue, read once this warp has issued its last
+      // loads: its latency hides under the consumers' last blocks, and in a launch that starts
+      // early (griddep_wait) the previous kernel, which wrote it, has had the longest to finish.
+      // (Read by the consumers at their start, it kept the kernel from starting early.) A named
+      // barrier hands it over (the consumers' bar.sync): compute-sanitizer's racecheck does not
+      // see the order an mbarrier gives plain shared-memory stores.
+      if (warp_idx_in_warpgroup() == 0) {
+        __syncwarp();
+        griddep_wait();
+#pragma unroll 1
+        for (int r = lane_id(); r < BM; r += 32)
+          old_lse_rows[r] = m0 + r < p.Sq
+                                ? p.lse[(long long)b * p.lse_sb + (long long)h * p.lse_sh + (long long)(m0 + r) * p.lse_ss]
+                                : attn_detail::neg_inf();
+        __syncwarp();
+        attn_detail::named_bar_arrive(attn_detail::kOldLseBar, 32 + 128 * Cfg::kConsumers);
+      }
+    }
     return;
   }
 
@@ -633,18 +661,6 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)hk * p.qd_sh] : 1.0f;
   const float kd = p.k_descale ? p.k_descale[(long long)b * p.kd_sb + (long long)hk * p.kd_sh] : 1.0f;
   const float vd = p.v_descale ? p.v_descale[(long long)b * p.vd_sb + (long long)hk * p.vd_sh] : 1.0f;
-  // kMergeOut: the rows' running LSE, loaded now and first used in the epilogue, so that its latency
-  // hides under the main loop (by every thread of a quad: a shuffle from one of them would wait for
-  // the load here). The quad's first thread writes the new one at the end.
-  float old_lse[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
-  if constexpr (Cfg::kMergeOut) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = rb + r0 + 8 * hh;
-      if (row < p.Sq)
-        old_lse[hh] = p.lse[(long long)b * p.lse_sb + (long long)h * p.lse_sh + (long long)row * p.lse_ss];
-    }
-  }
   // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd
   const float sc = (p.score_scale * qd) * kd;
   // A score hook works in natural units (sc_nat) and the softmax takes its result to log2 units.
@@ -1062,6 +1078,17 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   }
 
   // ------------------------------------------------------------------ epilogue
+  // O and the LSE may still be the previous kernel's on the stream (a launch that starts early):
+  // nothing before this point touches them.
+  griddep_wait();
+  // kMergeOut: the rows' running LSE (from the producer; -inf past Sq). The quad's first thread
+  // writes the new one at the end.
+  float old_lse[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
+  if constexpr (Cfg::kMergeOut) {
+    attn_detail::named_bar_sync(attn_detail::kOldLseBar, 32 + 128 * Cfg::kConsumers);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) old_lse[hh] = old_lse_rows[64 * c + r0 + 8 * hh];
+  }
   float inv[2], lse[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
