@@ -241,8 +241,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const int64_t exp2_fma = cfg.knob("attn_exp2_fma", 0);
   // Where P goes to e4m3 straight (fp8, keys by parity, no LSE) those exp2s run in pairs in f16x2
   // (exp2_f16x2: about 5 instructions a score, exp2_fma 9); knob attn_exp2_f16 = 0 keeps exp2_fma.
-  // (A merging kernel's LSE takes the e4m3 P's sums too: AttentionMatch::merging.)
-  const bool f32_row_sums = m->with_lse && !m->merging;   // hopper_attention.cuh's kF32RowSums
+  // (A merging kernel's LSE takes the e4m3 P's sums too: AttentionMatch::merging; so does one with
+  // knob attn_lse_e4m3_sums = 1, the first part of a merged result such as dilated attention's.)
+  const bool f32_row_sums = m->with_lse && !m->merging && cfg.knob("attn_lse_e4m3_sums", 0) == 0;   // kF32RowSums
   const bool exp2_f16 = cfg.knob("attn_exp2_f16", 1) != 0 && exp2_fma > 0 && keys_by_parity && !f32_row_sums;
   if (exp2_fma < 0 || exp2_fma > 8)
     throw fail(fmt::format("knob attn_exp2_fma counts the score exp2s of every 8 computed on the FMA pipes: 0 to 8, "

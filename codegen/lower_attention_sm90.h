@@ -34,7 +34,10 @@
 // "attn_exp2_fma" (0-8, default 0: of every 8 score exp2s, how many are computed on the FMA pipes
 // by exp2_fma.cuh instead of the MUFU's ex2.approx) and "attn_exp2_f16" (default 1: where P goes to
 // e4m3 straight -- fp8, keys by parity, no LSE -- those exp2s run two at a time in f16x2,
-// exp2_f16x2; 0: exp2_fma in f32) and
+// exp2_f16x2; 0: exp2_fma in f32) and "attn_lse_e4m3_sums" (fp8 with an LSE, default 0: the LSE
+// from f32 sums of the scores' exp2s; 1: from the sums of the e4m3 P that O is divided by, as a
+// merging variant's -- AttentionVariant::merge_into_output --, for the first part of a result
+// that merging launches add to; the main loop is then the one without an LSE) and
 // "attn_causal_hook" (0: a mask hook that keeps exactly kv <= q is lowered as the built-in causal
 // mask; 1 keeps it a hook; default 0, except 1 for 16-bit inputs that also have a score hook) and
 // "attn_group_mb" (causal-like masks: the L2 budget in MB for the K and V of the heads whose

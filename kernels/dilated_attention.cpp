@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <mutex>
 
 #include "kernels/attention_variants.h"
@@ -35,16 +36,16 @@ TensorView entry(const TensorView& t, int64_t p) {
   return s;
 }
 
-// lse = -inf (no keys yet), and o = 0 where clear_o: the start of a running result that merging
-// variants merge into.
+// lse = -inf (no keys yet) and o = 0: the start of a running result that merging variants merge
+// into, where no pair writes one (none has rate 1).
 const Kernel& dilated_start() {
-  static const Kernel k = kernel("dilated_start", {"o", "lse", "clear_o"}, [](Out o, Out lse, bool clear_o) {
+  static const Kernel k = kernel("dilated_start", {"o", "lse"}, [](Out o, Out lse) {
     auto [B, H, S, D] = o.shape<4>();
     for (auto bh : grid(B * H)) {
       auto b = floordiv(bh, H);
       auto h = bh % H;
       for (auto s : tile(S, block("s"))) {
-        if (clear_o) o.store(b, h, s, all, zeros({s, D}, o.dtype()));
+        o.store(b, h, s, all, zeros({s, D}, o.dtype()));
         lse.store(b, h, s, full({s}, -INFINITY, DType::f32));
       }
     }
@@ -83,34 +84,61 @@ void ensure_lse(DilatedWorkspace& ws, const TensorView& q) {
 }
 
 // The attention of one pair: segments of w / r positions of each offset's strided view, merged
-// into o and the running LSE. (The first pair merges too, into nothing: in fp8 its LSE then sums
-// the e4m3 P like the others', and its main loop is the one without f32 row sums.) One kernel per
-// segment length and causality for the process: the launches' caches know a kernel by its
-// address, and a new one per call would be traced again at every launch.
-const Kernel& pair_kernel(const DilatedPair& pair, bool causal) {
+// into o and the running LSE, or (`merging` false: the first pair, of rate 1) written to them.
+// One kernel per segment length, causality and kind for the process: the launches' caches know a
+// kernel by its address, and a new one per call would be traced again at every launch.
+const Kernel& pair_kernel(const DilatedPair& pair, bool causal, bool merging) {
   static std::mutex mutex;
-  static std::map<std::pair<int64_t, bool>, Kernel> kernels;
+  static std::map<std::tuple<int64_t, bool, bool>, Kernel> kernels;
   std::lock_guard<std::mutex> lock(mutex);
   const int64_t segment = pair.segment / pair.rate;
-  auto it = kernels.find({segment, causal});
+  auto it = kernels.find({segment, causal, merging});
   if (it == kernels.end()) {
     AttentionVariant v = segment_variant(segment, causal);
-    v.name += "_merging";
-    v.merge_into_output = true;
-    it = kernels.emplace(std::make_pair(segment, causal), attention_variant(v)).first;
+    if (merging) {
+      v.name += "_merging";
+      v.merge_into_output = true;
+    }
+    it = kernels.emplace(std::make_tuple(segment, causal, merging), attention_variant(v)).first;
   }
   return it->second;
 }
 
-// lse = -inf; o = 0 too where no pair has rate 1: rows no pair covers stay 0, and each row a pair
-// covers gets the first merge's weight 0 on whatever o held.
-void start_empty(const TensorView& o, const std::vector<DilatedPair>& pairs, DilatedWorkspace& ws, CUstream stream) {
-  const bool every_row = std::any_of(pairs.begin(), pairs.end(), [](const DilatedPair& p) { return p.rate == 1; });
+// The order the pairs run in: one of rate 1 first, if any, the others as given. A pair of rate 1
+// sees every row, so it writes o and the LSE and the others merge into them; without one,
+// dilated_start empties them first (start_empty) and every pair merges.
+struct PairOrder {
+  std::vector<size_t> order;
+  bool first_writes = false;   // order[0] has rate 1 and writes
+};
+PairOrder pair_order(const std::vector<DilatedPair>& pairs) {
+  PairOrder po;
+  for (size_t p = 0; p < pairs.size(); ++p) po.order.push_back(p);
+  auto rate1 = std::find_if(pairs.begin(), pairs.end(), [](const DilatedPair& p) { return p.rate == 1; });
+  if (rate1 != pairs.end()) {
+    std::rotate(po.order.begin(), po.order.begin() + (rate1 - pairs.begin()), po.order.begin() + (rate1 - pairs.begin()) + 1);
+    po.first_writes = true;
+  }
+  return po;
+}
+
+// The config of a pair's launches in fp8: `given` or the default for its rows; the pair that
+// writes takes its LSE from the e4m3 P's sums as the merging ones do (knob attn_lse_e4m3_sums),
+// so that every pair weighs its keys as its O does.
+Config fp8_pair_config(const std::optional<Config>& given, const Kernel& kernel, int64_t D, int64_t keys, bool merging) {
+  Config c = given ? *given : attention_variant_default_config(kernel.name(), DType::e4m3, D, true, D, keys, false);
+  if (!merging) c.knobs["attn_lse_e4m3_sums"] = 1;
+  return c;
+}
+
+// dilated_start: rows no pair covers stay 0, and each row a pair covers gets the first merge's
+// weight 0 on o.
+void start_empty(const TensorView& o, DilatedWorkspace& ws, CUstream stream) {
   LaunchOptions lo;
   lo.stream = stream;
   lo.config = Config();
   lo.config->blocks = {{"s", 64}};
-  launch(dilated_start(), {o, ws.lse->view(), !every_row}, lo);
+  launch(dilated_start(), {o, ws.lse->view()}, lo);
 }
 
 // Heads j, j + r, ... and rows j, j + r, ... of [B, H, S, ...].
@@ -161,19 +189,20 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
   check_pairs(q8, in.k8->view(), q8, o, opt.pairs, "dilated_attention_fp8");
   const int64_t S = q8.shape[2], D = q8.shape[3];
   ensure_lse(ws, q8);
-  start_empty(o, opt.pairs, ws, opt.stream);
+  const PairOrder po = pair_order(opt.pairs);
+  if (!po.first_writes) start_empty(o, ws, opt.stream);
   LaunchOptions lo;
   lo.stream = opt.stream;
-  // Each launch starts while the previous one (or dilated_start) ends: its main loop reads only the
-  // quantized inputs, written before dilated_start ran; it waits for the previous launch before it
-  // reads or writes o and the LSE.
-  lo.start_early = true;
   const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
-  for (size_t p = 0; p < opt.pairs.size(); ++p) {
+  for (size_t p : po.order) {
     const int64_t r = opt.pairs[p].rate;
-    const Kernel& segments = pair_kernel(opt.pairs[p], opt.causal);
-    lo.config = opt.attention_config ? *opt.attention_config
-                                     : attention_variant_default_config(segments.name(), DType::e4m3, D, true, D, S / r, true);
+    const bool merging = p != po.order.front() || !po.first_writes;
+    const Kernel& segments = pair_kernel(opt.pairs[p], opt.causal, merging);
+    lo.config = fp8_pair_config(opt.attention_config, segments, D, S / r, merging);
+    // Each launch after the first starts while the previous one ends: its main loop reads only the
+    // quantized inputs, and it waits for the previous launch before it reads or writes o and the
+    // LSE. (The first follows whatever came before, possibly the kernels that wrote its inputs.)
+    lo.start_early = merging;
     for (int64_t j = 0; j < r; ++j) {
       const TensorView vt = every(columns(in.vt8[p].view(), j * (S / r), S / r), 1, j, r);
       const TensorView vd = every(entry(in.vd[p].view(), j), 1, j, r);
@@ -195,21 +224,24 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
     return;
   }
   ensure_lse(ws, q);
-  start_empty(o, opt.pairs, ws, opt.stream);
+  const PairOrder po = pair_order(opt.pairs);
+  if (!po.first_writes) start_empty(o, ws, opt.stream);
   // One attention per (pair, offset): heads j, j + r, ... see rows j, j + r, ... of their
   // sequence, in segments of w / r of those rows.
-  for (const DilatedPair& pair : opt.pairs) {
-    const int64_t r = pair.rate;
-    const Kernel& segments = pair_kernel(pair, opt.causal);
+  for (size_t p : po.order) {
+    const int64_t r = opt.pairs[p].rate;
+    const bool merging = p != po.order.front() || !po.first_writes;
+    const Kernel& segments = pair_kernel(opt.pairs[p], opt.causal, merging);
     for (int64_t j = 0; j < r; ++j) {
       AttentionFp8Options a;
       a.quantize = opt.fp8;
       a.kernel = &segments;
       a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
       a.lse = sparse(ws.lse->view(), j, r);
-      a.attention_config = opt.attention_config;
+      a.attention_config = opt.fp8 && !merging ? fp8_pair_config(opt.attention_config, segments, D, S / r, false)
+                                               : opt.attention_config;
       a.stream = opt.stream;
-      a.start_early = true;   // as in dilated_attention_fp8
+      a.start_early = merging;   // as in dilated_attention_fp8 (ignored where it quantizes)
       attention_fp8_forward(sparse(q, j, r), sparse(k, j, r), sparse(v, j, r), sparse(o, j, r), a, ws.attention);
     }
   }

@@ -8,8 +8,10 @@
 // Written as user code on the attention variants (kernels/attention_variant.h): the sparse
 // positions of one (pair, offset) are a strided view of q, k, v and o (rows j, j + r, ...; heads
 // j, j + r, ...), the segments a block-diagonal mask of w / r on that view (segment_variant),
-// and the mix in the attentions' epilogues: each pair merges its rows into o and a running
-// logsumexp (AttentionVariant::merge_into_output), so no pass reads the pairs' outputs again. Runs in bf16 / f16 or FP8 (dilated_quantize quantizes Q, K and V once where S allows,
+// and the mix in the attentions' epilogues: a pair of rate 1 (if any) writes o and a running
+// logsumexp, and each other pair merges its rows into them (AttentionVariant::merge_into_output),
+// so no pass reads the pairs' outputs again; each launch after the first starts while the
+// previous one ends (LaunchOptions::start_early). Runs in bf16 / f16 or FP8 (dilated_quantize quantizes Q, K and V once where S allows,
 // else attention_fp8_forward's pipeline quantizes each view).
 #include <cstdint>
 #include <optional>

@@ -615,6 +615,10 @@ TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-
   specs.back() = true;   // with_lse
   const ir::Function f_lse = kernels::attention_variant(v).trace(specs);
   CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false, false>;") != std::string::npos);
+  // knob attn_lse_e4m3_sums: the LSE from the e4m3 P's sums, the main loop without f32 row sums
+  Config e4m3_sums = no_lse;
+  e4m3_sums.knobs["attn_lse_e4m3_sums"] = 1;
+  CHECK(codegen::generate_cuda(f_lse, e4m3_sums, t).source.find(", false, true, false>;") != std::string::npos);
   // fp8 64 x 128 tiles with a producer warp (dense rows of up to 2048 keys, segments) without an
   // LSE: 2 of 8 (segments 3); with one, or on other tiles, none
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
