@@ -66,7 +66,6 @@ static_assert(static_cast<int>(DType::f32) == 0 && static_cast<int>(DType::f16) 
 
 constexpr int64_t kMsgCap = 2048;
 constexpr int kNumDTypes = 8;
-constexpr int64_t kDefaultSmemLimit = 48 * 1024;
 constexpr int64_t kMaxGrid = 0x7fffffffLL;
 
 // tj_tensor {void* data; int32_t dtype; int32_t rank; const int64_t* shape; const int64_t* strides;}
@@ -797,7 +796,9 @@ class Emitter {
     llvm::Value* smem = B_.CreateLoad(i32_, at(i32_, smems_, m));
     auto* optin = block("smem_optin");
     auto* publish = block("publish");
-    B_.CreateCondBr(B_.CreateICmpSGT(smem, c32(kDefaultSmemLimit)), optin, publish);
+    // Opted in for any dynamic shared memory: a kernel's static shared memory counts against the 48
+    // KiB a launch gets without asking too (the sm_90a attention kernels keep some arrays static).
+    B_.CreateCondBr(B_.CreateICmpSGT(smem, c32(0)), optin, publish);
     B_.SetInsertPoint(optin);
     check_cuda(B_.CreateCall(cu("cuFuncSetAttribute"), {loaded, c32(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), smem}),
                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) (does this GPU have that much shared memory per block?)",
