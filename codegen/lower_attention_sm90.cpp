@@ -367,12 +367,12 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
                      bn, stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
                      overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm && !lean ? "true" : "false", D,
                      exp2_fma, rescale_vote ? "true" : "false", lean ? "true" : "false",
                      keys_by_parity ? "true" : "false", f32_row_sums ? "true" : "false", exp2_f16 ? "true" : "false",
-                     m->merging ? "true" : "false");
+                     m->merging ? "true" : "false", m->with_lse ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "

@@ -439,9 +439,9 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
       const CompiledKernel& ck = compile(*k, specs, c, CompileRequest{"sm_90a", true, false});
       const bool voted = vote != 0;
       // the Cfg's last arguments: vote, lean producer, keys by parity (fp8's default), f32 row sums,
-      // f16x2 exp2s, merging
-      CHECK(ck.generated.source.find(voted ? ", true, false, true, false, false, false>;"
-                                           : ", false, false, true, false, false, false>;") != std::string::npos);
+      // f16x2 exp2s, merging, LSE written
+      CHECK(ck.generated.source.find(voted ? ", true, false, true, false, false, false, false>;"
+                                           : ", false, false, true, false, false, false, false>;") != std::string::npos);
       CHECK((ck.ptx.find("vote.sync.any.pred") != std::string::npos) == voted);
     }
   }

@@ -607,18 +607,18 @@ TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-
   const codegen::Target t = codegen::Target::parse("sm_90a");
   std::vector<ArgSpec> specs = fp8_variant_specs(S, D);
   const ir::Function f = kernels::attention_variant(v).trace(specs);
-  // (..., f32 row sums, f16 pairs, merging>)
-  CHECK(codegen::generate_cuda(f, no_lse, t).source.find(", false, true, false>;") != std::string::npos);
+  // (..., f32 row sums, f16 pairs, merging, LSE written>)
+  CHECK(codegen::generate_cuda(f, no_lse, t).source.find(", false, true, false, false>;") != std::string::npos);
   Config f32_path = no_lse;
   f32_path.knobs["attn_exp2_f16"] = 0;
-  CHECK(codegen::generate_cuda(f, f32_path, t).source.find(", false, false, false>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f, f32_path, t).source.find(", false, false, false, false>;") != std::string::npos);
   specs.back() = true;   // with_lse
   const ir::Function f_lse = kernels::attention_variant(v).trace(specs);
-  CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false, false>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false, false, true>;") != std::string::npos);
   // knob attn_lse_e4m3_sums: the LSE from the e4m3 P's sums, the main loop without f32 row sums
   Config e4m3_sums = no_lse;
   e4m3_sums.knobs["attn_lse_e4m3_sums"] = 1;
-  CHECK(codegen::generate_cuda(f_lse, e4m3_sums, t).source.find(", false, true, false>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f_lse, e4m3_sums, t).source.find(", false, true, false, true>;") != std::string::npos);
   // fp8 64 x 128 tiles with a producer warp (dense rows of up to 2048 keys, segments) without an
   // LSE: 2 of 8 (segments 3); with one, or on other tiles, none
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
@@ -819,10 +819,10 @@ TEST_CASE("attention variants that merge into their output: bad launches are err
     CHECK(g.source.find("with_lse: yes, merged into o and lse") != std::string::npos);
     // The Cfg's last two flags: f32 row sums (no: the e4m3 P's, on the tensor cores) and the merge
     if (is_fp8(dt)) {
-      CHECK(g.source.find(", false, true, true>;") != std::string::npos);   // kF32RowSums, kExp2F16, kMergeOut
+      CHECK(g.source.find(", false, true, true, true>;") != std::string::npos);   // kF32RowSums, kExp2F16, kMergeOut, kLseOut
       CHECK(cfg.knob("attn_exp2_fma", 0) == 3);   // as without an LSE (uniform work: 3 of 8)
     } else {
-      CHECK(g.source.find(", false, true>;") != std::string::npos);
+      CHECK(g.source.find(", false, true, true>;") != std::string::npos);
     }
     const CompiledKernel& ck = compile(merging, specs, cfg, CompileRequest{"sm_90a", true, false});
     CHECK(ck.generated.lowering == "sm90_attention");

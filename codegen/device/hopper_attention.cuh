@@ -100,7 +100,7 @@ struct AttnParams {
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
           bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0,
           bool kRescaleVote_ = true, bool kLeanProducer_ = false, bool kKeysByParity_ = false,
-          bool kF32RowSums_ = true, bool kExp2F16_ = false, bool kMergeOut_ = false>
+          bool kF32RowSums_ = true, bool kExp2F16_ = false, bool kMergeOut_ = false, bool kLseOut_ = false>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -132,6 +132,7 @@ struct AttnCfg {
   // O and the LSE hold a running result that this kernel merges its own into by the two logsumexps
   // (kernels/attention_variant.h: merge_into_output); 16-bit O.
   static constexpr bool kMergeOut = kMergeOut_;
+  static constexpr bool kLseOut = kLseOut_;   // the kernel writes an LSE (p.lse)
   // Those exp2s two at a time in f16x2 (exp2_f16x2: about 5 FMA / integer instructions a score
   // instead of exp2_fma's 9), for fp8 kernels whose P goes to e4m3 straight (keys by parity: each
   // pair is the two keys one e4m3x2 of P's A fragment holds) and whose row sums come from the
@@ -196,6 +197,13 @@ struct AttnCfg {
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kConsumers == 1 ? 232 : 240;
   // kMergeOut: the running LSE of the CTA's rows, read by the producer for the epilogue
   static constexpr int kOldLseBytes = kMergeOut ? 4 * kBM : 0;
+  // fp8 kernels that write an LSE from the e4m3 P's sums: each consumer thread's two running row
+  // maxima also go to a static shared array at every block and are read back for the LSE, so that
+  // they are not live out of the main loop. (Held in registers, ptxas scheduled that main loop's
+  // exp2s worse than the one without an LSE: H200, segments of 2048 keys, 361-363 us against
+  // 349-350; 350-353 with the maxima stored so. The same slots in the dynamic shared memory, at an
+  // address held in a register, gave both loops the worse schedule: 358-360.)
+  static constexpr bool kRowMaxInSmem = kRowSumMma && kLseOut;
   // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the
   // block-class table and its bits (visited) and the list of visited blocks + the running LSE
   static constexpr int kSmemBytes =
@@ -700,6 +708,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   float s[BN / 2];
   unsigned pa[Cfg::kPRegs];
   float m_run[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
+  // kRowMaxInSmem: m_run's copy (one slot pair per consumer thread; written at every block)
+  __shared__ float row_max_slots[Cfg::kRowMaxInSmem ? 2 * 128 * Cfg::kConsumers : 1];
+  const int row_max_slot = (Cfg::kConsumers > 1 ? 256 * c : 0) + 2 * tid;
   float l_run[2] = {0.0f, 0.0f};
   // kRowSumMma: the last P.V block's row sums from the tensor cores (rows r0: 0, 1; r0 + 8: 2, 3)
   float l_blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -870,6 +881,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       const float m_use = m_new == attn_detail::neg_inf() ? 0.0f : m_new;
       alpha[hh] = attn_detail::ex2(m_run[hh] - m_use);
       m_run[hh] = m_new;
+      if constexpr (Cfg::kRowMaxInSmem) row_max_slots[row_max_slot + hh] = m_new;
       bias[hh] = kLinear ? Cfg::kPOffset - m_use + row_term[hh] : Cfg::kPOffset - m_use;
     }
 #pragma unroll
@@ -1108,7 +1120,11 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     // kRowSumMma: P.1 gave every column of the accumulator the whole row's sum
     const float l = Cfg::kRowSumMma ? l_run[hh] : quad_allreduce_sum(l_run[hh]);
     inv[hh] = l > 0.0f ? vd / l : 0.0f;
-    const float m_use = m_run[hh] == attn_detail::neg_inf() ? 0.0f : m_run[hh];
+    float m_fin = m_run[hh];
+    // (volatile: read back, not forwarded from the loop's registers; unwritten where no block was
+    // visited, but then l = 0 and the LSE -inf without it)
+    if constexpr (Cfg::kRowMaxInSmem) m_fin = reinterpret_cast<volatile float*>(row_max_slots)[row_max_slot + hh];
+    const float m_use = m_fin == attn_detail::neg_inf() ? 0.0f : m_fin;
     lse[hh] = l > 0.0f ? (m_use - Cfg::kPOffset + attn_detail::lg2(l)) * 0.6931471805599453f
                        : attn_detail::neg_inf();
   }
