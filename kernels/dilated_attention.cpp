@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <tuple>
 #include <mutex>
+#include <tuple>
 
 #include "kernels/attention_variants.h"
 #include "runtime/error.h"
@@ -110,6 +110,7 @@ const Kernel& pair_kernel(const DilatedPair& pair, bool causal, bool merging) {
 struct PairOrder {
   std::vector<size_t> order;
   bool first_writes = false;   // order[0] has rate 1 and writes
+  bool merges(size_t p) const { return !first_writes || p != order.front(); }
 };
 PairOrder pair_order(const std::vector<DilatedPair>& pairs) {
   PairOrder po;
@@ -196,7 +197,7 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
   const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
   for (size_t p : po.order) {
     const int64_t r = opt.pairs[p].rate;
-    const bool merging = p != po.order.front() || !po.first_writes;
+    const bool merging = po.merges(p);
     const Kernel& segments = pair_kernel(opt.pairs[p], opt.causal, merging);
     lo.config = fp8_pair_config(opt.attention_config, segments, D, S / r, merging);
     // Each launch after the first starts while the previous one ends: its main loop reads only the
@@ -230,7 +231,7 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
   // sequence, in segments of w / r of those rows.
   for (size_t p : po.order) {
     const int64_t r = opt.pairs[p].rate;
-    const bool merging = p != po.order.front() || !po.first_writes;
+    const bool merging = po.merges(p);
     const Kernel& segments = pair_kernel(opt.pairs[p], opt.causal, merging);
     for (int64_t j = 0; j < r; ++j) {
       AttentionFp8Options a;

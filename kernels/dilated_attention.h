@@ -33,7 +33,8 @@ struct DilatedOptions {
   bool causal = false;              // causal inside each segment
   CUstream stream = nullptr;
   // The config of every (pair, offset) attention, instead of the defaults for its rows
-  // (attention_variant_default_config of its segment variant).
+  // (attention_variant_default_config of its segment variant; in fp8 the pair that writes, of
+  // rate 1, adds knob attn_lse_e4m3_sums).
   std::optional<Config> attention_config;
 };
 
