@@ -69,7 +69,10 @@
 // Launch: grid (ceil(Sq/BM), B*H), block kThreads, dynamic smem kSmemBytes (opt in). The
 // m-tile index is the fast grid dimension (CTAs that run together share K/V in L2); causal
 // tiles run longest first. attn_fwd_device() is the body for code that computes (bh, m_tile)
-// itself (the generated kernels: program id = bh * m_tiles + m_tile).
+// itself (the generated kernels: program id = bh * m_tiles + m_tile). Launched with programmatic
+// stream serialization (LaunchOptions::start_early) it starts while the previous kernel ends: it
+// reads q, k, v and the descales at once and waits (griddep_wait) only before it reads or writes
+// O and the LSE.
 
 #include "hopper.cuh"
 #include "exp2_fma.cuh"
