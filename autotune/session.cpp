@@ -539,6 +539,11 @@ struct BenchSession::State {
       return fail("pruned", fmt::format("{} bytes of static + {} of dynamic shared memory > {} per block", a.shared_bytes, smem,
                                         dev.max_smem_per_block_optin));
 
+    try {
+      runtime::Module::opt_in_shared_bytes(fn, smem);
+    } catch (const Error& e) {
+      return fail("error", e.what());
+    }
     const int fault = req.value("fault", 0);
     if (fault == 3) std::abort();
     Launchable l;

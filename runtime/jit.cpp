@@ -196,8 +196,8 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
       if (ck.generated.dynamic_smem_bytes > static_cast<size_t>(dev.max_smem_per_block_optin))
         throw Error(fmt::format("kernel '{}' needs {} bytes of shared memory with config {}; {} allows {}", k.name(),
                                 ck.generated.dynamic_smem_bytes, config.to_json(), dev.name, dev.max_smem_per_block_optin));
-      runtime::Module::set_max_dynamic_shared_bytes(fn, ck.generated.dynamic_smem_bytes);
     }
+    runtime::Module::opt_in_shared_bytes(fn, ck.generated.dynamic_smem_bytes);
     ck.function = fn;
     ck.module = std::move(module);
   }

@@ -280,21 +280,13 @@ void Module::set_max_dynamic_shared_bytes(CUfunction f, size_t bytes) {
 
 // ---------------------------------------------------------------- launch
 
-namespace {
-// Opts f in to `dynamic_smem` bytes where they and its static shared memory pass the 48 KiB a
-// launch gets without asking (the sm_90a attention kernels keep some arrays static).
-void opt_in_shared(CUfunction f, size_t dynamic_smem) {
+void Module::opt_in_shared_bytes(CUfunction f, size_t dynamic_smem) {
   if (dynamic_smem == 0) return;
-  int static_bytes = 0;
-  if (dynamic_smem <= kDefaultSharedLimit) {
-    Driver& d = ctx();
-    d.check(d.cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f),
-            "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
-  }
-  if (dynamic_smem + static_cast<size_t>(static_bytes) > kDefaultSharedLimit)
-    Module::set_max_dynamic_shared_bytes(f, dynamic_smem);
+  const size_t static_bytes = dynamic_smem > kDefaultSharedLimit ? 0 : static_cast<size_t>(attributes(f).shared_bytes);
+  if (dynamic_smem + static_bytes > kDefaultSharedLimit) set_max_dynamic_shared_bytes(f, dynamic_smem);
 }
 
+namespace {
 std::string launch_what(const char* api, Dim3 grid, Dim3 block, size_t smem) {
   return fmt::format("{}(grid=({},{},{}), block=({},{},{}), dynamic smem={} bytes)", api, grid.x,
                      grid.y, grid.z, block.x, block.y, block.z, smem);
@@ -304,7 +296,7 @@ std::string launch_what(const char* api, Dim3 grid, Dim3 block, size_t smem) {
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream stream,
             void** args) {
   Driver& d = ctx();
-  opt_in_shared(f, dynamic_smem);
+  if (dynamic_smem > kDefaultSharedLimit) Module::set_max_dynamic_shared_bytes(f, dynamic_smem);
   CUresult r = d.cuLaunchKernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z,
                                 static_cast<unsigned>(dynamic_smem), stream, args, nullptr);
   if (r != CUDA_SUCCESS) d.check(r, launch_what("cuLaunchKernel", grid, block, dynamic_smem).c_str());
@@ -315,7 +307,7 @@ void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream s
   if (cluster.count() == 1 && !start_early) return launch(f, grid, block, dynamic_smem, stream, args);
   Driver& d = ctx();
   auto launch_ex = d.require(d.cuLaunchKernelEx, "cuLaunchKernelEx");
-  opt_in_shared(f, dynamic_smem);
+  if (dynamic_smem > kDefaultSharedLimit) Module::set_max_dynamic_shared_bytes(f, dynamic_smem);
   CUlaunchAttribute attrs[2]{};
   unsigned n_attrs = 0;
   if (cluster.count() != 1) {

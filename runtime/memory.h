@@ -144,13 +144,17 @@ class Module {
   static FunctionAttributes attributes(CUfunction f);
   // Opts the function in to `bytes` of dynamic shared memory (needed above 48 KiB).
   static void set_max_dynamic_shared_bytes(CUfunction f, size_t bytes);
+  // The same where `dynamic_smem` and the function's static shared memory together pass 48 KiB
+  // (the sm_90a attention kernels keep some arrays static); once, when the function is loaded.
+  static void opt_in_shared_bytes(CUfunction f, size_t dynamic_smem);
 
  private:
   CUmodule module_ = nullptr;
 };
 
 // Launches f (cuLaunchKernel). `args` is the usual array of pointers to each argument.
-// Above 48 KiB of dynamic shared memory the function is opted in first. Checks the launch
+// Above 48 KiB of dynamic shared memory the function is opted in first (below it, with static
+// shared memory too: Module::opt_in_shared_bytes when the function is loaded). Checks the launch
 // result (asynchronous faults surface at the next synchronizing call).
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream stream,
             void** args);
