@@ -11,7 +11,7 @@ BUILD=${1:-$ROOT/build/attn}
 mkdir -p "$BUILD"
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 NVCC="$CUDA/bin/nvcc"
-FLAGS="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I$ROOT/codegen/device -I$ROOT/bench/attention -lineinfo"
+FLAGS="-std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I$ROOT/codegen/device -I$ROOT/bench/attention -lineinfo"
 JOBS=${JOBS:-$(nproc)}
 t0=$(date +%s)
 pids=()
