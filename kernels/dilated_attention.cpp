@@ -150,32 +150,6 @@ TensorView sparse(const TensorView& t, int64_t j, int64_t r) { return every(ever
 
 }  // namespace
 
-std::optional<TensorView> dilated_offsets_as_heads(const std::function<TensorView(int64_t)>& offset_view, int64_t r) {
-  if (r < 2) return std::nullopt;
-  TensorView first = offset_view(0);
-  first.strides = first.effective_strides();
-  if (first.rank() < 2) return std::nullopt;
-  const int64_t elem = size_bytes(first.dtype);
-  const auto* base = static_cast<const char*>(first.data);
-  const int64_t step_bytes = static_cast<const char*>(offset_view(1).data) - base;
-  if (step_bytes % elem != 0) return std::nullopt;
-  for (int64_t j = 1; j < r; ++j) {
-    const TensorView t = offset_view(j);
-    if (t.shape != first.shape || t.effective_strides() != first.strides ||
-        static_cast<const char*>(t.data) - base != j * step_bytes)
-      return std::nullopt;
-  }
-  // Batch entry b, head a of offset 0 is entry b·(H/r) + a of one dim when b's stride is H/r heads'.
-  const int64_t B = first.shape[0], heads = first.shape[1];
-  if (B > 1 && first.strides[0] != heads * first.strides[1]) return std::nullopt;
-  TensorView all = first;
-  all.shape[0] = B * heads;
-  all.shape[1] = r;
-  all.strides[0] = first.strides[1];
-  all.strides[1] = step_bytes / elem;
-  return all;
-}
-
 std::optional<TensorView> dilated_segments_as_heads(const TensorView& offset_view, int rows_dim, int64_t count) {
   TensorView t = offset_view;
   t.strides = t.effective_strides();
@@ -199,17 +173,8 @@ std::optional<TensorView> dilated_segments_as_heads(const TensorView& offset_vie
 
 namespace {
 
-// The launches of a pair's r offsets (`views_of(j)`, the same arguments for each offset): one, on
-// views that hold them all (dilated_offsets_as_heads), where every one folds so; else one per offset.
+// One launch per offset: the views of offset j (`views_of(j)`) each.
 std::vector<std::vector<TensorView>> offset_launches(int64_t r, const std::function<std::vector<TensorView>(int64_t)>& views_of) {
-  const size_t n = views_of(0).size();
-  std::vector<TensorView> all;
-  for (size_t i = 0; i < n; ++i) {
-    auto folded = dilated_offsets_as_heads([&](int64_t j) { return views_of(j)[i]; }, r);
-    if (!folded) break;
-    all.push_back(*folded);
-  }
-  if (all.size() == n) return {all};
   std::vector<std::vector<TensorView>> launches;
   for (int64_t j = 0; j < r; ++j) launches.push_back(views_of(j));
   return launches;
@@ -233,9 +198,12 @@ struct PairPlan {
 
 // Where each offset's rows are whole segments, plain attention runs without the segment mask (its
 // block walk costs 3-4%: H200, session 23, S 2048, attention_fp8 vs the segment variant, fp8 0.331
-// vs 0.342 ms, bf16 0.428 vs 0.448): on the offsets as heads where the rows are one segment, on
-// the segments as heads (a launch per offset) where they are several. Otherwise the segment
-// variant's mask cuts them.
+// vs 0.342 ms, bf16 0.428 vs 0.448): on each offset's view where its rows are one segment, on the
+// segments as heads (dilated_segments_as_heads) where a pair of rate 1 has several. Otherwise the
+// segment variant's mask cuts them. (The tensor maps read (b, h) as one dim over B·H heads, and
+// an offset's segments as heads do not lie so for rates above 1; 4-D maps read at (h, b) took
+// them, and the offsets of a pair as heads of one launch, but changed ptxas's schedule of the
+// causal fp8 kernels' main loop: 4-5% slower, H100, session 23.)
 PairPlan plan_pair(const DilatedPair& pair, int64_t S, bool causal, bool merging,
                    const std::function<std::vector<Operand>(int64_t)>& operands_of) {
   const int64_t r = pair.rate, segment = pair.segment / r;
@@ -251,17 +219,12 @@ PairPlan plan_pair(const DilatedPair& pair, int64_t S, bool causal, bool merging
     plan = {&plain, true, rows, offset_launches(r, views_of)};
     return plan;
   }
-  if (S % r == 0 && rows % segment == 0) {
-    std::vector<std::vector<TensorView>> launches;
-    for (int64_t j = 0; j < r; ++j) {
-      std::vector<TensorView> args;
-      for (const Operand& op : operands_of(j))
-        if (auto t = dilated_segments_as_heads(op.view, op.rows_dim, rows / segment)) args.push_back(*t);
-      if (args.size() != operands_of(j).size()) break;
-      launches.push_back(std::move(args));
-    }
-    if (static_cast<int64_t>(launches.size()) == r) {
-      plan = {&plain, true, segment, std::move(launches)};
+  if (r == 1 && rows % segment == 0) {
+    std::vector<TensorView> args;
+    for (const Operand& op : operands_of(0))
+      if (auto t = dilated_segments_as_heads(op.view, op.rows_dim, rows / segment)) args.push_back(*t);
+    if (args.size() == operands_of(0).size()) {
+      plan = {&plain, true, segment, {std::move(args)}};
       return plan;
     }
   }

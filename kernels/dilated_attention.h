@@ -7,17 +7,15 @@
 //
 // Written as user code on the attention variants (kernels/attention_variant.h): the sparse
 // positions of one (pair, offset) are a strided view of q, k, v and o (rows j, j + r, ...; heads
-// j, j + r, ...; all r offsets of a pair in one launch where the batch entries lie contiguously,
-// see dilated_offsets_as_heads), the segments heads of their own where the rows split into whole
-// ones (dilated_segments_as_heads: plain attention, no mask), else a block-diagonal mask of w / r
-// on that view (segment_variant),
+// j, j + r, ...), plain attention where those rows are one segment or (rate 1) split into whole
+// ones, each then a head of its own (dilated_segments_as_heads), else a block-diagonal mask of
+// w / r on that view (segment_variant),
 // and the mix in the attentions' epilogues: a pair of rate 1 (if any) writes o and a running
 // logsumexp, and each other pair merges its rows into them (AttentionVariant::merge_into_output),
 // so no pass reads the pairs' outputs again; each launch after the first starts while the
 // previous one ends (LaunchOptions::start_early). Runs in bf16 / f16 or FP8 (dilated_quantize quantizes Q, K and V once where S allows,
 // else attention_fp8_forward's pipeline quantizes each view).
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <vector>
 
@@ -76,16 +74,10 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
                       DilatedFp8Inputs& in, CUstream stream = nullptr);
 void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, const DilatedOptions& opt, DilatedWorkspace& ws);
 
-// The views of a pair's r offsets (offset_view(j): [B, H/r, ...], heads j, j + r, ... of [B, H,
-// ...]) as one view [B·H/r, r, ...] whose entry (b·H/r + a, j) is offset j's (b, a), so that one
-// launch attends all offsets. Needs views of one shape and strides that start a fixed distance
-// apart, and (B > 1) b's stride H/r times a's, as in a [B, H, ...] tensor that is contiguous
-// in its first two dims; nullopt otherwise (and for r < 2).
-std::optional<TensorView> dilated_offsets_as_heads(const std::function<TensorView(int64_t)>& offset_view, int64_t r);
-
 // An offset's view [B, H', ...] whose rows (dim rows_dim >= 2, of a multiple of `count`) are
 // `count` whole segments, as a view [B·H', count, ...] with segment s of (b, a) at (b·H' + a, s):
-// plain attention then runs every segment as a head of its own, without a mask. A view without
+// plain attention then runs every segment as a head of its own, without a mask. (Its first two
+// dims lie as one, B·H'·count heads apart by a segment, only where H' is all the heads: rate 1.) A view without
 // rows (rows_dim -1: a descale per (b, h)) repeats for every segment (stride 0). nullopt where b's
 // stride is not H' times a's (B > 1), the rows do not split so, or rows_dim names no dim past the heads.
 std::optional<TensorView> dilated_segments_as_heads(const TensorView& offset_view, int rows_dim, int64_t count);

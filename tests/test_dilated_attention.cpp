@@ -1,7 +1,7 @@
 // Dilated attention (kernels/dilated_attention.h) against a float64 LongNet reference.
 // CPU (CI): errors for pairs that do not fit. (The mix itself, attention variants that merge into
 // their output, is tested on the CPU reference in test_attention_variants.cpp.)
-// CPU: a pair's offsets as one view (dilated_offsets_as_heads), element by element.
+// CPU: whole segments as heads (dilated_segments_as_heads), element by element.
 // GPU (TJ_REQUIRE_GPU): dilated_attention_forward in bf16 and FP8, several (w, r) pairs mixed,
 // with and without a pair of rate 1, causal and not, a length that is not a multiple of the
 // segments.
@@ -136,35 +136,6 @@ const char* address(const TensorView& t, const std::vector<int64_t>& index) {
 
 }  // namespace
 
-TEST_CASE("dilated attention runs a pair's offsets in one launch where the batch entries lie contiguously") {
-  char* base = reinterpret_cast<char*>(uintptr_t{1} << 20);
-  const int64_t B = 3, H = 8, S = 64, D = 16, r = 4;
-  const std::vector<int64_t> shape = {B, H, S, D}, contiguous = {H * S * D, S * D, D, 1};
-  auto view = [&](int64_t j) { return offset_of(base, shape, contiguous, j, r); };
-  const std::optional<TensorView> all = kernels::dilated_offsets_as_heads(view, r);
-  REQUIRE(all.has_value());
-  CHECK(all->shape == std::vector<int64_t>{B * H / r, r, S / r, D});
-  // Entry (b·H/r + a, j, i, d) is offset j's (b, a, i, d): every element, every offset.
-  int64_t mismatches = 0;
-  for (int64_t j = 0; j < r; ++j)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t a = 0; a < H / r; ++a)
-        for (int64_t i = 0; i < S / r; ++i)
-          for (int64_t d = 0; d < D; ++d)
-            mismatches += address(*all, {b * (H / r) + a, j, i, d}) != address(view(j), {b, a, i, d});
-  CHECK(mismatches == 0);
-  // Batch entries apart by more than H heads (a slice of a bigger tensor): offsets launch one by one.
-  const std::vector<int64_t> padded = {2 * H * S * D, S * D, D, 1};
-  CHECK_FALSE(kernels::dilated_offsets_as_heads([&](int64_t j) { return offset_of(base, shape, padded, j, r); }, r));
-  // One batch entry: its stride does not matter.
-  const std::vector<int64_t> one = {1, H, S, D};
-  CHECK(kernels::dilated_offsets_as_heads([&](int64_t j) { return offset_of(base, one, padded, j, r); }, r));
-  // S = 66: offsets 0 and 1 have 17 rows, 2 and 3 have 16.
-  const std::vector<int64_t> ragged = {B, H, 66, D}, ragged_strides = {H * 66 * D, 66 * D, D, 1};
-  CHECK_FALSE(kernels::dilated_offsets_as_heads([&](int64_t j) { return offset_of(base, ragged, ragged_strides, j, r); }, r));
-  CHECK_FALSE(kernels::dilated_offsets_as_heads(view, 1));
-}
-
 TEST_CASE("dilated attention runs whole segments as heads of plain attention, element by element") {
   char* base = reinterpret_cast<char*>(uintptr_t{1} << 20);
   const int64_t B = 3, H = 4, S = 64, D = 16, r = 2, segment = 16 / r;   // pair (16, 2): 4 segments per offset
@@ -210,13 +181,13 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
   // S = 1000: not a multiple of the segments, FP8 quantizes view by view; S = 1024: FP8 quantizes
   // once (dilated_quantize) and the attentions read strided views of it.
   // Without a pair of rate 1, o and the LSE start empty and every pair merges into them.
-  // Views of whole segments run as plain attention (S = 1024: segments as heads; the last set: one
-  // segment per view, the offsets as heads), the others with the segment mask (S = 1000).
+  // Views of whole segments run as plain attention (S = 1024: the rate-1 pair's segments as heads;
+  // the last set: one segment per view), the others with the segment mask.
   const std::vector<std::vector<kernels::DilatedPair>> pair_sets = {
       {{128, 1}, {256, 2}, {512, 4}}, {{512, 4}, {256, 2}}, {{1024, 1}, {2048, 2}}};
   for (const auto& pairs : pair_sets)
   for (const int64_t S : {int64_t{1000}, int64_t{1024}}) {
-  const int64_t B = 2, H = 4, D = 64;   // B = 2: a pair's offsets fold across batch entries
+  const int64_t B = 2, H = 4, D = 64;   // B = 2: segments as heads fold across batch entries
   CHECK(kernels::dilated_fp8_quantize_once_fits(S, pairs) == (S == 1024));
   HostTensor q = randn(DType::bf16, {B, H, S, D}, rng), k = randn(DType::bf16, {B, H, S, D}, rng),
              v = randn(DType::bf16, {B, H, S, D}, rng);
