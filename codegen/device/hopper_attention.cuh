@@ -6,15 +6,14 @@
 //
 //   O[b,h,i,:] = sum_j softmax_j(q_i . k_j * softmax_scale) v_j   (online softmax in exp2)
 //
-// Inputs (all loaded by TMA into 128B/64B-swizzled shared memory, 4-D tensor maps with the
-// per-head sequence as its own dimension so that tails are zero-filled per head, loaded at (h, b):
-// the batch entries need not lie H heads apart, e.g. dilated attention's offsets as heads):
-//   Q  [B, H,   Sq,  D]  K-major           map dims {D, Sq, H, B},    box {W/es, BM, 1, 1}
-//   K  [B, Hkv, Skv, D]  K-major           map dims {D, Skv, Hkv, B}, box {W/es, BN, 1, 1}
-//   fp8: Vt [B, Hkv, D, Skv_pad] (V transposed: FP8 wgmma needs both operands K-major)
-//                                          map dims {Skv, D, Hkv, B}, box {Wv, D, 1, 1}
-//   16-bit: V [B, Hkv, Skv, D] natural (MN-major B operand, wgmma transpose bit)
-//                                          map dims {D, Skv, Hkv, B}, box {64, BN, 1, 1}
+// Inputs (all loaded by TMA into 128B/64B-swizzled shared memory, 3-D tensor maps with the
+// per-head sequence as its own dimension so that tails are zero-filled per head):
+//   Q  [B*H,   Sq,  D]  K-major            map dims {D, Sq, B*H},    box {W/es, BM, 1}
+//   K  [B*Hkv, Skv, D]  K-major            map dims {D, Skv, B*Hkv}, box {W/es, BN, 1}
+//   fp8: Vt [B*Hkv, D, Skv_pad] (V transposed: FP8 wgmma needs both operands K-major)
+//                                          map dims {Skv, D, B*Hkv}, box {Wv, D, 1}
+//   16-bit: V [B*Hkv, Skv, D] natural (MN-major B operand, wgmma transpose bit)
+//                                          map dims {D, Skv, B*Hkv}, box {64, BN, 1}
 // (W = min(D bytes, 128) for Q/K; Wv = 128, 64 or 32: the widest dividing BN; es = element bytes.)
 //
 // Scaling (FlashAttention-3's FP8 recipe): descales per (batch, kv-head) as f32 arrays with
@@ -477,6 +476,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   const int b = bh / p.H;
   const int h = bh - b * p.H;
   const int hk = h / (p.H / p.Hkv);
+  const int bhk = b * p.Hkv + hk;
   const int m0 = m_tile * BM;
   // keys this tile needs: [0, n_end); a causal mask's rows see [0, max(q, prefix - 1)]. (Without a
   // prefix the maxes below take -1: the same bounds, and ptxas then formed the causal kernels'
@@ -533,7 +533,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     mbar_arrive_expect_tx(q_bar, (unsigned)Cfg::kQBytes);
 #pragma unroll
     for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
-      tma_load_4d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, h, b);
+      tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
   }
   if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
     // Whole warps per pass (kThreads is a multiple of 32), so every lane takes part in the ballot.
@@ -594,9 +594,9 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         unsigned char* k_dst = sK + s * Cfg::kKBytes;
 #pragma unroll
         for (int blk = 0; blk < Cfg::kQkBlocks; ++blk) {
-          tma_load_4d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, hk, b);
+          tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
           if constexpr (Cfg::kKeysByParity)   // the map steps 2 keys: the even ones above, the odd ones here
-            tma_load_4d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, hk, b);
+            tma_load_3d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, bhk);
         }
         mbar_wait(&empty_v[s], ph ^ 1u);
         mbar_arrive_expect_tx(&full_v[s], (unsigned)Cfg::kVBytes);
@@ -604,11 +604,12 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         if constexpr (Cfg::kFp8) {
 #pragma unroll
           for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
-            tma_load_4d(v_dst + blk * D * Cfg::kWv, tma_v, &full_v[s], n0 + blk * Cfg::kWv, 0, hk, b);
+            tma_load_3d(v_dst + blk * D * Cfg::kWv, tma_v, &full_v[s], n0 + blk * Cfg::kWv, 0,
+                        bhk);
         } else {
 #pragma unroll
           for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
-            tma_load_4d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, hk, b);
+            tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
         }
       }
     } else if (Cfg::kVPerm && warp_idx_in_warpgroup() >= 1) {
