@@ -28,14 +28,32 @@ TensorView every(const TensorView& t, int dim, int64_t first, int64_t step) {
   return s;
 }
 
-// Entry p of a stacked tensor [P, ...].
-TensorView entry(const TensorView& t, int64_t p) {
+// Index i of dimension `dim`, the dim dropped.
+TensorView at(const TensorView& t, int dim, int64_t i) {
   TensorView s = t;
   s.strides = t.effective_strides();
-  s.data = static_cast<char*>(t.data) + p * s.strides[0] * size_bytes(t.dtype);
-  s.shape.erase(s.shape.begin());
-  s.strides.erase(s.strides.begin());
+  s.data = static_cast<char*>(t.data) + i * s.strides[dim] * size_bytes(t.dtype);
+  s.shape.erase(s.shape.begin() + dim);
+  s.strides.erase(s.strides.begin() + dim);
   return s;
+}
+
+// Entry p of a stacked tensor [P, ...].
+TensorView entry(const TensorView& t, int64_t p) { return at(t, 0, p); }
+
+// Indices [first, first + count) of dimension `dim`.
+TensorView slice(const TensorView& t, int dim, int64_t first, int64_t count) {
+  TensorView s = t;
+  s.strides = t.effective_strides();
+  s.data = static_cast<char*>(t.data) + first * s.strides[dim] * size_bytes(t.dtype);
+  s.shape[dim] = count;
+  return s;
+}
+
+// A pair of rate 1 whose rows are several whole segments (of a multiple of 16 positions): plain
+// attention runs them as heads (plan_pair), and FP8 stores its Vᵀ segment by segment for it.
+bool segments_as_heads_fit(const DilatedPair& pair, int64_t S) {
+  return pair.rate == 1 && S > pair.segment && S % pair.segment == 0 && pair.segment % 16 == 0;
 }
 
 // lse = -inf (no keys yet) and o = 0: the start of a running result that merging variants merge
@@ -57,11 +75,7 @@ const Kernel& dilated_start() {
 
 // Columns [first, first + count) of the last dim.
 TensorView columns(const TensorView& t, int64_t first, int64_t count) {
-  TensorView s = t;
-  s.strides = t.effective_strides();
-  s.data = static_cast<char*>(t.data) + first * s.strides.back() * size_bytes(t.dtype);
-  s.shape.back() = count;
-  return s;
+  return slice(t, static_cast<int>(t.shape.size()) - 1, first, count);
 }
 
 // The checks every path shares.
@@ -181,7 +195,8 @@ std::vector<std::vector<TensorView>> offset_launches(int64_t r, const std::funct
 }
 
 // An argument of a pair's attention for one offset, and the dim of its rows (-1: none, a descale
-// per (b, h)).
+// per (b, h); kSegmentsAsHeads: laid out as dilated_segments_as_heads would view it).
+constexpr int kSegmentsAsHeads = -2;
 struct Operand {
   TensorView view;
   int rows_dim;
@@ -199,7 +214,8 @@ struct PairPlan {
 // Where each offset's rows are whole segments, plain attention runs without the segment mask (its
 // block walk costs 3-4%: H200, session 23, S 2048, attention_fp8 vs the segment variant, fp8 0.331
 // vs 0.342 ms, bf16 0.428 vs 0.448): on each offset's view where its rows are one segment, on the
-// segments as heads (dilated_segments_as_heads) where a pair of rate 1 has several. Otherwise the
+// segments as heads (dilated_segments_as_heads; FP8's Vᵀ stored so by dilated_quantize) where a
+// pair of rate 1 has several (segments_as_heads_fit). Otherwise the
 // segment variant's mask cuts them. (The tensor maps read (b, h) as one dim over B·H heads, and
 // an offset's segments as heads do not lie so for rates above 1; 4-D maps read at (h, b) took
 // them, and the offsets of a pair as heads of one launch, but changed ptxas's schedule of the
@@ -219,14 +235,19 @@ PairPlan plan_pair(const DilatedPair& pair, int64_t S, bool causal, bool merging
     plan = {&plain, true, rows, offset_launches(r, views_of)};
     return plan;
   }
-  if (r == 1 && rows % segment == 0) {
+  if (segments_as_heads_fit(pair, S)) {
     std::vector<TensorView> args;
     for (const Operand& op : operands_of(0))
-      if (auto t = dilated_segments_as_heads(op.view, op.rows_dim, rows / segment)) args.push_back(*t);
+      if (op.rows_dim == kSegmentsAsHeads) args.push_back(op.view);
+      else if (auto t = dilated_segments_as_heads(op.view, op.rows_dim, rows / segment)) args.push_back(*t);
     if (args.size() == operands_of(0).size()) {
       plan = {&plain, true, segment, {std::move(args)}};
       return plan;
     }
+    for (const Operand& op : operands_of(0))   // dilated_attention_fp8 checked o before
+      if (op.rows_dim == kSegmentsAsHeads)
+        throw Error("dilated attention: internal error: a pair's FP8 Vᵀ is stored by segment, but its other views do not "
+                    "run the segments as heads");
   }
   plan = {&pair_kernel(pair, causal, merging), false, (S + r - 1) / r, offset_launches(r, views_of)};
   return plan;
@@ -260,7 +281,16 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
   quantize_fp8_per_head(k, in.partial, in.k8->view(), in.kd->view(), /*transpose=*/false, lo);
   in.vt8.clear();
   in.vd.clear();
-  for (const auto& [w, r] : pairs) {
+  for (const auto& pair : pairs) {
+    const auto [w, r] = pair;
+    if (segments_as_heads_fit(pair, S)) {   // segment c's Vᵀ [B, H, D, w] at [:, :, c], its descale too
+      in.vt8.emplace_back(DType::e4m3, std::vector<int64_t>{B, H, S / w, D, w});
+      in.vd.emplace_back(DType::f32, std::vector<int64_t>{B, H, S / w});
+      for (int64_t c = 0; c < S / w; ++c)
+        quantize_fp8_per_head(slice(v, 2, c * w, w), in.partial, at(in.vt8.back().view(), 2, c),
+                              at(in.vd.back().view(), 2, c), /*transpose=*/true, lo);
+      continue;
+    }
     in.vt8.emplace_back(DType::e4m3, std::vector<int64_t>{B, H, D, S});
     in.vd.emplace_back(DType::f32, std::vector<int64_t>{r, B, H});
     for (int64_t j = 0; j < r; ++j)
@@ -275,6 +305,12 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
   const TensorView q8 = in.q8->view();
   check_pairs(q8, in.k8->view(), q8, o, opt.pairs, "dilated_attention_fp8");
   const int64_t S = q8.shape[2], D = q8.shape[3];
+  for (const DilatedPair& pair : opt.pairs)
+    if (segments_as_heads_fit(pair, S) && !dilated_segments_as_heads(o, 2, S / pair.segment))
+      throw Error(fmt::format("dilated_attention_fp8: o ({}) must hold its batch entries H heads apart (contiguous over "
+                              "[B, H]): pair (segment {}, rate 1) runs its segments as heads of plain attention, and "
+                              "dilated_quantize stored its V so",
+                              o.describe(), pair.segment));
   ensure_lse(ws, q8);
   const PairOrder po = pair_order(opt.pairs);
   if (!po.first_writes) start_empty(o, ws, opt.stream);
@@ -284,13 +320,27 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
   for (size_t p : po.order) {
     const int64_t r = opt.pairs[p].rate;
     const bool merging = po.merges(p);
+    // Vᵀ and its descales of a pair stored segment by segment are the segments as heads already.
+    const bool by_segment = segments_as_heads_fit(opt.pairs[p], S);
+    auto as_heads = [](const TensorView& t) {   // [B, H, count, ...] -> [B·H, count, ...]
+      TensorView s = t;
+      s.strides = t.effective_strides();
+      s.shape.erase(s.shape.begin());
+      s.strides.erase(s.strides.begin());
+      s.shape[0] *= t.shape[0];
+      return s;
+    };
     auto operands_of = [&](int64_t j) {
+      const Operand vt = by_segment ? Operand{as_heads(in.vt8[p].view()), kSegmentsAsHeads}
+                                    : Operand{every(columns(in.vt8[p].view(), j * (S / r), S / r), 1, j, r), 3};
+      const Operand vd = by_segment ? Operand{as_heads(in.vd[p].view()), kSegmentsAsHeads}
+                                    : Operand{every(entry(in.vd[p].view(), j), 1, j, r), -1};
       return std::vector<Operand>{{sparse(q8, j, r), 2},
                                   {sparse(in.k8->view(), j, r), 2},
-                                  {every(columns(in.vt8[p].view(), j * (S / r), S / r), 1, j, r), 3},
+                                  vt,
                                   {every(in.qd->view(), 1, j, r), -1},
                                   {every(in.kd->view(), 1, j, r), -1},
-                                  {every(entry(in.vd[p].view(), j), 1, j, r), -1},
+                                  vd,
                                   {sparse(o, j, r), 2},
                                   {sparse(ws.lse->view(), j, r), 2}};
     };

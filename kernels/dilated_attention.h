@@ -43,10 +43,12 @@ struct DilatedOptions {
 // The e4m3 inputs of dilated attention, quantized once (dilated_quantize): Q and K whole with a
 // descale per (b, h); V per pair transposed so that each offset's keys lie together (Vᵀ [B, H,
 // D, S], offset j's keys j, j + r, ... in columns [j·S/r, (j+1)·S/r)) with a descale per (offset,
-// b, h). Every (pair, offset) attention then reads strided views of these.
+// b, h); a pair of rate 1 whose segments (w a multiple of 16) cut S into several whole ones,
+// segment by segment (Vᵀ [B, H, S/w, D, w], a descale per (b, h, segment)), so that its segments
+// run as heads. Every (pair, offset) attention then reads strided views of these.
 struct DilatedFp8Inputs {
   std::optional<DeviceTensor> q8, k8, qd, kd;   // [B, H, S, D] e4m3; [B, H] f32
-  std::vector<DeviceTensor> vt8, vd;           // per pair: [B, H, D, S] e4m3; [r, B, H] f32
+  std::vector<DeviceTensor> vt8, vd;           // per pair: [B, H, D, S] e4m3 (or above); [r, B, H] f32
   std::optional<DeviceTensor> partial;         // the quantizers' scratch
 };
 
