@@ -215,11 +215,11 @@ struct PairPlan {
 // block walk costs 3-4%: H200, session 23, S 2048, attention_fp8 vs the segment variant, fp8 0.331
 // vs 0.342 ms, bf16 0.428 vs 0.448): on each offset's view where its rows are one segment, on the
 // segments as heads (dilated_segments_as_heads; FP8's Vᵀ stored so by dilated_quantize) where a
-// pair of rate 1 has several (segments_as_heads_fit). Otherwise the
-// segment variant's mask cuts them. (The tensor maps read (b, h) as one dim over B·H heads, and
-// an offset's segments as heads do not lie so for rates above 1; 4-D maps read at (h, b) took
-// them, and the offsets of a pair as heads of one launch, but changed ptxas's schedule of the
-// causal fp8 kernels' main loop: 4-5% slower, H100, session 23.)
+// pair of rate 1 has several (segments_as_heads_fit). Otherwise the segment variant's mask cuts
+// them. (The tensor maps read (b, h) as one dim over B·H heads, and an offset's segments as heads
+// do not lie so for rates above 1; 4-D maps read at (h, b) took them, and the offsets of a pair as
+// heads of one launch, but changed ptxas's schedule of the causal fp8 kernels' main loop: 4-5%
+// slower, H100, session 23.)
 PairPlan plan_pair(const DilatedPair& pair, int64_t S, bool causal, bool merging,
                    const std::function<std::vector<Operand>(int64_t)>& operands_of) {
   const int64_t r = pair.rate, segment = pair.segment / r;
@@ -300,7 +300,12 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
 }
 
 void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, const DilatedOptions& opt, DilatedWorkspace& ws) {
-  if (!in.q8 || in.vt8.size() != opt.pairs.size())
+  bool quantized_for_pairs = in.q8 && in.vt8.size() == opt.pairs.size();
+  for (size_t p = 0; quantized_for_pairs && p < opt.pairs.size(); ++p) {
+    const int64_t S = in.q8->shape()[2];   // Vᵀ of a pair of whole segments lies by segment
+    quantized_for_pairs = (in.vt8[p].shape().size() == 5) == segments_as_heads_fit(opt.pairs[p], S);
+  }
+  if (!quantized_for_pairs)
     throw Error("dilated_attention_fp8: the inputs were not quantized for these pairs (run dilated_quantize first)");
   const TensorView q8 = in.q8->view();
   check_pairs(q8, in.k8->view(), q8, o, opt.pairs, "dilated_attention_fp8");

@@ -48,7 +48,7 @@ struct DilatedOptions {
 // run as heads. Every (pair, offset) attention then reads strided views of these.
 struct DilatedFp8Inputs {
   std::optional<DeviceTensor> q8, k8, qd, kd;   // [B, H, S, D] e4m3; [B, H] f32
-  std::vector<DeviceTensor> vt8, vd;           // per pair: [B, H, D, S] e4m3 (or above); [r, B, H] f32
+  std::vector<DeviceTensor> vt8, vd;           // per pair: [B, H, D, S] e4m3; [r, B, H] f32 (or as above)
   std::optional<DeviceTensor> partial;         // the quantizers' scratch
 };
 
@@ -78,10 +78,11 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
 
 // An offset's view [B, H', ...] whose rows (dim rows_dim >= 2, of a multiple of `count`) are
 // `count` whole segments, as a view [B·H', count, ...] with segment s of (b, a) at (b·H' + a, s):
-// plain attention then runs every segment as a head of its own, without a mask. (Its first two
-// dims lie as one, B·H'·count heads apart by a segment, only where H' is all the heads: rate 1.) A view without
-// rows (rows_dim -1: a descale per (b, h)) repeats for every segment (stride 0). nullopt where b's
-// stride is not H' times a's (B > 1), the rows do not split so, or rows_dim names no dim past the heads.
+// plain attention then runs every segment as a head of its own, without a mask. (The tensor maps
+// read its first two dims as one only where H' is all the heads: rate 1.) A view without rows
+// (rows_dim -1: a descale per (b, h)) repeats for every segment (stride 0). nullopt where b's
+// stride is not H' times a's (B > 1), the rows do not split so, or rows_dim names no dim past
+// the heads.
 std::optional<TensorView> dilated_segments_as_heads(const TensorView& offset_view, int rows_dim, int64_t count);
 
 }  // namespace tj::kernels
