@@ -717,7 +717,8 @@ int bench_variants(const BenchVariantsOptions& o) {
                   "full attention); documents (document masking of packed sequences, varlen: {}); block mask (block_mask_variant "
                   "with a precomputed BigBird-like mask of {}×{} cells, causal: query block i keeps key blocks i − 1, i, 0 and "
                   "those with (131·i + 71·j) mod 7 = 0); dilated (LongNet, dilated_attention_forward: pairs (segment, rate) "
-                  "{}, not causal, mixed by their logsumexps; fp8: the attentions and the mix on inputs quantized beforehand by "
+                  "{}, not causal, mixed by their logsumexps; plain attention where a view's rows are whole segments (the "
+                  "segments as heads), else the segment variant; fp8: the attentions and the mix on inputs quantized beforehand by "
                   "dilated_quantize (Q, K once, V once per pair); 'visible' counts each pair's entries). All but GQA and dilated are "
                   "kernels/attention_variants.h's hooks, inlined by the sm_90a lowering, which skips the key blocks the mask "
                   "rules out.",
