@@ -117,7 +117,7 @@ Config chunked_quantize_config(bool transpose);
 // x [B,H,S,D] -> e4m3 y [B,H,S,D] (transpose: yᵀ [B,H,D,S_pad]) with descale [B,H] f32 = amax /
 // 448 per (b, h), over B·H·C programs (chunk_amax, then quantize_fp8_chunked /
 // quantize_transpose_fp8_chunked; bit for bit what the one-pass quantizers write). `partial` is
-// the chunk amaxes' scratch, (re)allocated as needed. Views may be strided.
+// the chunk amaxes' scratch, grown as needed (never shrunk). Views may be strided.
 void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
                            const TensorView& descale, bool transpose, const LaunchOptions& lo);
 

@@ -134,12 +134,19 @@ Config chunked_quantize_config(bool transpose) {
 void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
                            const TensorView& descale, bool transpose, const LaunchOptions& lo) {
   const int64_t C = attention_fp8_quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
-  ensure(partial, DType::f32, {x.shape[0], x.shape[1], C});
+  // Grown, never shrunk, and viewed at each call's shape: callers that quantize views of several
+  // shapes in turn (dilated attention's pairs) would otherwise free and allocate it at every one,
+  // and a free waits for the device.
+  const int64_t need = x.shape[0] * x.shape[1] * C;
+  if (!partial || partial->dtype() != DType::f32 || partial->view().numel() < need) partial.emplace(DType::f32, std::vector<int64_t>{need});
+  TensorView chunks = partial->view();
+  chunks.shape = {x.shape[0], x.shape[1], C};
+  chunks.strides = {};
   LaunchOptions o = lo;
   o.config = chunk_amax_config();
-  launch(chunk_amax(), {x, partial->view()}, o);
+  launch(chunk_amax(), {x, chunks}, o);
   o.config = chunked_quantize_config(transpose);
-  launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, partial->view(), y, descale}, o);
+  launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, chunks, y, descale}, o);
 }
 
 namespace {

@@ -50,6 +50,16 @@ TensorView slice(const TensorView& t, int dim, int64_t first, int64_t count) {
   return s;
 }
 
+// [B, H, ...] of a contiguous tensor as [B·H, ...].
+TensorView batch_and_heads_as_one(const TensorView& t) {
+  TensorView s = t;
+  s.strides = t.effective_strides();
+  s.shape.erase(s.shape.begin());
+  s.strides.erase(s.strides.begin());
+  s.shape[0] *= t.shape[0];
+  return s;
+}
+
 // A pair of rate 1 whose rows are several whole segments (of a multiple of 16 positions): plain
 // attention runs them as heads (plan_pair), and FP8 stores its Vᵀ segment by segment for it.
 bool segments_as_heads_fit(const DilatedPair& pair, int64_t S) {
@@ -284,9 +294,16 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
   for (const auto& pair : pairs) {
     const auto [w, r] = pair;
     if (segments_as_heads_fit(pair, S)) {   // segment c's Vᵀ [B, H, D, w] at [:, :, c], its descale too
-      in.vt8.emplace_back(DType::e4m3, std::vector<int64_t>{B, H, S / w, D, w});
-      in.vd.emplace_back(DType::f32, std::vector<int64_t>{B, H, S / w});
-      for (int64_t c = 0; c < S / w; ++c)
+      const int64_t count = S / w;
+      in.vt8.emplace_back(DType::e4m3, std::vector<int64_t>{B, H, count, D, w});
+      in.vd.emplace_back(DType::f32, std::vector<int64_t>{B, H, count});
+      // One quantizer launch with the segments as heads where v's batch entries allow it.
+      if (auto segments = dilated_segments_as_heads(v, 2, count)) {
+        quantize_fp8_per_head(*segments, in.partial, batch_and_heads_as_one(in.vt8.back().view()),
+                              batch_and_heads_as_one(in.vd.back().view()), /*transpose=*/true, lo);
+        continue;
+      }
+      for (int64_t c = 0; c < count; ++c)
         quantize_fp8_per_head(slice(v, 2, c * w, w), in.partial, at(in.vt8.back().view(), 2, c),
                               at(in.vd.back().view(), 2, c), /*transpose=*/true, lo);
       continue;
@@ -327,18 +344,10 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
     const bool merging = po.merges(p);
     // Vᵀ and its descales of a pair stored segment by segment are the segments as heads already.
     const bool by_segment = segments_as_heads_fit(opt.pairs[p], S);
-    auto as_heads = [](const TensorView& t) {   // [B, H, count, ...] -> [B·H, count, ...]
-      TensorView s = t;
-      s.strides = t.effective_strides();
-      s.shape.erase(s.shape.begin());
-      s.strides.erase(s.strides.begin());
-      s.shape[0] *= t.shape[0];
-      return s;
-    };
     auto operands_of = [&](int64_t j) {
-      const Operand vt = by_segment ? Operand{as_heads(in.vt8[p].view()), kSegmentsAsHeads}
+      const Operand vt = by_segment ? Operand{batch_and_heads_as_one(in.vt8[p].view()), kSegmentsAsHeads}
                                     : Operand{every(columns(in.vt8[p].view(), j * (S / r), S / r), 1, j, r), 3};
-      const Operand vd = by_segment ? Operand{as_heads(in.vd[p].view()), kSegmentsAsHeads}
+      const Operand vd = by_segment ? Operand{batch_and_heads_as_one(in.vd[p].view()), kSegmentsAsHeads}
                                     : Operand{every(entry(in.vd[p].view(), j), 1, j, r), -1};
       return std::vector<Operand>{{sparse(q8, j, r), 2},
                                   {sparse(in.k8->view(), j, r), 2},

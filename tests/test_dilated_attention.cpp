@@ -244,6 +244,21 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
       if (fp8) {
         CHECK_THROWS_WITH(kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o_apart, opt, ws),
                           doctest::Contains("must hold its batch entries H heads apart"));
+        // v whose batch entries lie apart: dilated_quantize quantizes the rate-1 pair's V segment by
+        // segment instead of as heads of one launch; the same result.
+        HostTensor v_wide(DType::bf16, {2 * B, H, S, D});
+        for (int64_t i = 0; i < v_wide.numel(); ++i)
+          v_wide.set(i, (i / (H * S * D)) % 2 == 0 ? v.at(i / (2 * H * S * D) * H * S * D + i % (H * S * D)) : 1e4);
+        DeviceTensor v_wide_d = DeviceTensor::from_host(v_wide);
+        TensorView v_apart = v_wide_d.view();
+        v_apart.shape[0] = B;
+        v_apart.strides = {2 * H * S * D, S * D, D, 1};
+        DeviceTensor o_v(DType::bf16, {B, H, S, D});
+        o_v.fill_bytes(0xFF);
+        kernels::dilated_attention_forward(qd.view(), kd.view(), v_apart, o_v.view(), opt, ws);
+        runtime::synchronize();
+        const HostTensor o_v_host = o_v.to_host();
+        CHECK(std::memcmp(first.data(), o_v_host.data(), first.size_bytes()) == 0);
         continue;
       }
       kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o_apart, opt, ws);
