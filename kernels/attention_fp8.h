@@ -120,6 +120,13 @@ Config chunked_quantize_config(bool transpose);
 // the chunk amaxes' scratch, grown as needed (never shrunk). Views may be strided.
 void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
                            const TensorView& descale, bool transpose, const LaunchOptions& lo);
+// Its two steps: the chunk amaxes of x into `partial` (grown as above; returns the [B, H, C] view
+// of it), then y and the descales from chunk amaxes `chunks` ([B, H, C'] for any C' >= 1: the
+// descale is their max, C' the row chunks the quantizer takes; a view may repeat a head's, e.g.
+// stride 0, to quantize parts of it with the whole head's descale).
+TensorView chunk_amaxes(const TensorView& x, std::optional<DeviceTensor>& partial, const LaunchOptions& lo);
+void quantize_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& descale,
+                                bool transpose, const LaunchOptions& lo);
 
 // Sylvester's Hadamard matrix of order d, normalized (entries ±1/√d, H·Hᵀ = I), f32 [d, d]:
 // the rotation the hadamard option passes to the quantizers. d must be a power of two.

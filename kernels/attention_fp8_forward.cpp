@@ -131,8 +131,7 @@ Config chunked_quantize_config(bool transpose) {
   return c;
 }
 
-void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
-                           const TensorView& descale, bool transpose, const LaunchOptions& lo) {
+TensorView chunk_amaxes(const TensorView& x, std::optional<DeviceTensor>& partial, const LaunchOptions& lo) {
   const int64_t C = attention_fp8_quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
   // Grown, never shrunk, and viewed at each call's shape: callers that quantize views of several
   // shapes in turn (dilated attention's pairs) would otherwise free and allocate it at every one,
@@ -145,8 +144,19 @@ void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& par
   LaunchOptions o = lo;
   o.config = chunk_amax_config();
   launch(chunk_amax(), {x, chunks}, o);
+  return chunks;
+}
+
+void quantize_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& descale,
+                                bool transpose, const LaunchOptions& lo) {
+  LaunchOptions o = lo;
   o.config = chunked_quantize_config(transpose);
   launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, chunks, y, descale}, o);
+}
+
+void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
+                           const TensorView& descale, bool transpose, const LaunchOptions& lo) {
+  quantize_with_chunk_amaxes(x, chunk_amaxes(x, partial, lo), y, descale, transpose, lo);
 }
 
 namespace {

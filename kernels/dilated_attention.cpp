@@ -291,6 +291,18 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
   quantize_fp8_per_head(k, in.partial, in.k8->view(), in.kd->view(), /*transpose=*/false, lo);
   in.vt8.clear();
   in.vd.clear();
+  // V's chunk amaxes once, over whole heads: every pair quantizes its rows of a head with the whole
+  // head's descale, and only the heads that read them (offset j: heads j, j + r, ...), instead of
+  // an amax pass and a quantizer pass over all of V per pair. That needs each view to give every
+  // chunk rows (the quantizer cuts its rows into as many chunks as there are amaxes).
+  const TensorView v_chunks = chunk_amaxes(v, in.partial, lo);
+  int64_t fewest_rows = S;
+  for (const auto& pair : pairs) fewest_rows = std::min(fewest_rows, segments_as_heads_fit(pair, S) ? pair.segment : S / pair.rate);
+  const bool whole_head_amax = fewest_rows >= 64 * v_chunks.shape[2];
+  auto quantize_v = [&](const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& descale) {
+    if (whole_head_amax) quantize_with_chunk_amaxes(x, chunks, y, descale, /*transpose=*/true, lo);
+    else quantize_fp8_per_head(x, in.partial, y, descale, /*transpose=*/true, lo);
+  };
   for (const auto& pair : pairs) {
     const auto [w, r] = pair;
     if (segments_as_heads_fit(pair, S)) {   // segment c's Vᵀ [B, H, D, w] at [:, :, c], its descale too
@@ -299,20 +311,19 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
       in.vd.emplace_back(DType::f32, std::vector<int64_t>{B, H, count});
       // One quantizer launch with the segments as heads where v's batch entries allow it.
       if (auto segments = dilated_segments_as_heads(v, 2, count)) {
-        quantize_fp8_per_head(*segments, in.partial, batch_and_heads_as_one(in.vt8.back().view()),
-                              batch_and_heads_as_one(in.vd.back().view()), /*transpose=*/true, lo);
+        quantize_v(*segments, *dilated_segments_as_heads(v_chunks, -1, count), batch_and_heads_as_one(in.vt8.back().view()),
+                   batch_and_heads_as_one(in.vd.back().view()));
         continue;
       }
       for (int64_t c = 0; c < count; ++c)
-        quantize_fp8_per_head(slice(v, 2, c * w, w), in.partial, at(in.vt8.back().view(), 2, c),
-                              at(in.vd.back().view(), 2, c), /*transpose=*/true, lo);
+        quantize_v(slice(v, 2, c * w, w), v_chunks, at(in.vt8.back().view(), 2, c), at(in.vd.back().view(), 2, c));
       continue;
     }
     in.vt8.emplace_back(DType::e4m3, std::vector<int64_t>{B, H, D, S});
     in.vd.emplace_back(DType::f32, std::vector<int64_t>{r, B, H});
     for (int64_t j = 0; j < r; ++j)
-      quantize_fp8_per_head(every(v, 2, j, r), in.partial, columns(in.vt8.back().view(), j * (S / r), S / r),
-                            entry(in.vd.back().view(), j), /*transpose=*/true, lo);
+      quantize_v(sparse(v, j, r), every(v_chunks, 1, j, r), every(columns(in.vt8.back().view(), j * (S / r), S / r), 1, j, r),
+                 every(entry(in.vd.back().view(), j), 1, j, r));
   }
 }
 

@@ -275,3 +275,45 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
   }
   }
 }
+
+TEST_CASE("gpu: dilated FP8 quantizes V once per head where every view gives each amax chunk rows") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(83);
+  // B·H = 64 at S = 1024: 8 amax chunks per head, and every view has at least 512 rows (the rate-1
+  // pair's segments of 512 as heads, the rate-2 pair's 512 rows per offset).
+  const int64_t B = 2, H = 32, S = 1024, D = 64;
+  const std::vector<kernels::DilatedPair> pairs = {{512, 1}, {1024, 2}};
+  HostTensor q = randn(DType::bf16, {B, H, S, D}, rng), k = randn(DType::bf16, {B, H, S, D}, rng),
+             v = randn(DType::bf16, {B, H, S, D}, rng);
+  DeviceTensor qd = DeviceTensor::from_host(q), kd = DeviceTensor::from_host(k), vd = DeviceTensor::from_host(v);
+  std::vector<PartResult> parts;
+  for (const auto& pr : pairs) parts.push_back(dilated_pair_f64(q.values(), k.values(), v.values(), B, H, S, D, pr, false));
+  const std::vector<double> want = mix_f64(parts, B * H * S, D);
+  DeviceTensor o(DType::bf16, {B, H, S, D});
+  o.fill_bytes(0xFF);
+  kernels::DilatedOptions opt;
+  opt.pairs = pairs;
+  opt.fp8 = true;
+  kernels::DilatedWorkspace ws;
+  kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o.view(), opt, ws);
+  runtime::synchronize();
+  Metrics m = compare(o.to_host().values(), want);
+  MESSAGE(fmt::format("dilated attention fp8, V quantized once per head, vs float64: {}", str(m)));
+  CHECK(m.nan == 0);
+  CHECK(m.rel_rmse <= 6e-2);
+  // Every view of a head took the head's descale: the rate-1 pair's segments and the rate-2 pair's
+  // offset (of its heads) alike, and the head's amax / 448 from V itself.
+  const std::vector<double> seg = ws.fp8.vd[0].to_host().values();   // [B, H, 2]
+  const std::vector<double> off = ws.fp8.vd[1].to_host().values();   // [2, B, H]
+  const std::vector<double> vals = v.values();
+  int64_t mismatches = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      double amax = 0;
+      for (int64_t i = 0; i < S * D; ++i) amax = std::max(amax, std::fabs(vals[(b * H + h) * S * D + i]));
+      const double want_descale = static_cast<float>(static_cast<float>(amax) * (1.0f / 448.0f));
+      mismatches += seg[(b * H + h) * 2] != want_descale || seg[(b * H + h) * 2 + 1] != want_descale ||
+                    off[((h % 2) * B + b) * H + h] != want_descale;
+    }
+  CHECK(mismatches == 0);
+}
