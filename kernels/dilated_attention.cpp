@@ -212,12 +212,12 @@ struct Operand {
   int rows_dim;
 };
 
-// How one pair's attention runs: the kernel, whether it is plain attention (no mask: rows of one
-// segment each; a causal pair then takes the kernel's causal flag) and each launch's arguments.
+// How one pair's attention runs: the kernel and each launch's arguments.
 struct PairPlan {
   const Kernel* kernel = nullptr;
-  bool dense = false;
-  int64_t keys = 0;   // keys of a row (at most), for the default configs
+  bool causal_flag = false;   // the kernel's causal argument: plain attention of a causal pair
+  bool masked = false;        // a mask (the segments' or causal) for the default configs
+  int64_t keys = 0;           // keys of a row (at most), for the default configs
   std::vector<std::vector<TensorView>> launches;
 };
 
@@ -238,29 +238,22 @@ PairPlan plan_pair(const DilatedPair& pair, int64_t S, bool causal, bool merging
     for (const Operand& op : operands_of(j)) views.push_back(op.view);
     return views;
   };
-  PairPlan plan;
   const Kernel& plain = merging ? attention_fp8_merging() : attention_fp8();
   const int64_t rows = S / r;
-  if (S % r == 0 && rows <= segment) {
-    plan = {&plain, true, rows, offset_launches(r, views_of)};
-    return plan;
-  }
+  if (S % r == 0 && rows <= segment) return {&plain, causal, causal, rows, offset_launches(r, views_of)};
   if (segments_as_heads_fit(pair, S)) {
+    const std::vector<Operand> ops = operands_of(0);
     std::vector<TensorView> args;
-    for (const Operand& op : operands_of(0))
+    for (const Operand& op : ops)
       if (op.rows_dim == kSegmentsAsHeads) args.push_back(op.view);
       else if (auto t = dilated_segments_as_heads(op.view, op.rows_dim, rows / segment)) args.push_back(*t);
-    if (args.size() == operands_of(0).size()) {
-      plan = {&plain, true, segment, {std::move(args)}};
-      return plan;
-    }
-    for (const Operand& op : operands_of(0))   // dilated_attention_fp8 checked o before
+    if (args.size() == ops.size()) return {&plain, causal, causal, segment, {std::move(args)}};
+    for (const Operand& op : ops)   // dilated_attention_fp8 checked o before
       if (op.rows_dim == kSegmentsAsHeads)
         throw Error("dilated attention: internal error: a pair's FP8 Vᵀ is stored by segment, but its other views do not "
                     "run the segments as heads");
   }
-  plan = {&pair_kernel(pair, causal, merging), false, (S + r - 1) / r, offset_launches(r, views_of)};
-  return plan;
+  return {&pair_kernel(pair, causal, merging), false, true, (S + r - 1) / r, offset_launches(r, views_of)};
 }
 }  // namespace
 
@@ -294,15 +287,21 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
   // V's chunk amaxes once, over whole heads: every pair quantizes its rows of a head with the whole
   // head's descale, and only the heads that read them (offset j: heads j, j + r, ...), instead of
   // an amax pass and a quantizer pass over all of V per pair. That needs each view to give every
-  // chunk rows (the quantizer cuts its rows into as many chunks as there are amaxes).
-  const TensorView v_chunks = chunk_amaxes(v, in.partial, lo);
+  // chunk rows (the quantizer cuts its rows into as many chunks as there are amaxes); else each
+  // view takes its own amax.
   int64_t fewest_rows = S;
   for (const auto& pair : pairs) fewest_rows = std::min(fewest_rows, segments_as_heads_fit(pair, S) ? pair.segment : S / pair.rate);
-  const bool whole_head_amax = fewest_rows >= 64 * v_chunks.shape[2];
-  auto quantize_v = [&](const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& descale) {
-    if (whole_head_amax) quantize_with_chunk_amaxes(x, chunks, y, descale, /*transpose=*/true, lo);
+  const bool whole_head_amax = fewest_rows >= 64 * attention_fp8_quantize_chunks(B * H, S);
+  std::optional<TensorView> v_chunks;   // [B, H, C]
+  if (whole_head_amax) v_chunks = chunk_amaxes(v, in.partial, lo);
+  // x's Vᵀ and descales, with `chunks_of(v_chunks)` the chunk amaxes of x's heads (whole_head_amax),
+  // else x's own.
+  auto quantize_v = [&](const TensorView& x, const std::function<TensorView(const TensorView&)>& chunks_of,
+                        const TensorView& y, const TensorView& descale) {
+    if (v_chunks) quantize_with_chunk_amaxes(x, chunks_of(*v_chunks), y, descale, /*transpose=*/true, lo);
     else quantize_fp8_per_head(x, in.partial, y, descale, /*transpose=*/true, lo);
   };
+  auto same_heads = [](const TensorView& chunks) { return chunks; };
   for (const auto& pair : pairs) {
     const auto [w, r] = pair;
     if (segments_as_heads_fit(pair, S)) {   // segment c's Vᵀ [B, H, D, w] at [:, :, c], its descale too
@@ -311,19 +310,19 @@ void dilated_quantize(const TensorView& q, const TensorView& k, const TensorView
       in.vd.emplace_back(DType::f32, std::vector<int64_t>{B, H, count});
       // One quantizer launch with the segments as heads where v's batch entries allow it.
       if (auto segments = dilated_segments_as_heads(v, 2, count)) {
-        quantize_v(*segments, *dilated_segments_as_heads(v_chunks, -1, count), batch_and_heads_as_one(in.vt8.back().view()),
-                   batch_and_heads_as_one(in.vd.back().view()));
+        quantize_v(*segments, [&](const TensorView& chunks) { return *dilated_segments_as_heads(chunks, -1, count); },
+                   batch_and_heads_as_one(in.vt8.back().view()), batch_and_heads_as_one(in.vd.back().view()));
         continue;
       }
       for (int64_t c = 0; c < count; ++c)
-        quantize_v(slice(v, 2, c * w, w), v_chunks, at(in.vt8.back().view(), 2, c), at(in.vd.back().view(), 2, c));
+        quantize_v(slice(v, 2, c * w, w), same_heads, at(in.vt8.back().view(), 2, c), at(in.vd.back().view(), 2, c));
       continue;
     }
     in.vt8.emplace_back(DType::e4m3, std::vector<int64_t>{B, H, D, S});
     in.vd.emplace_back(DType::f32, std::vector<int64_t>{r, B, H});
     for (int64_t j = 0; j < r; ++j)
-      quantize_v(sparse(v, j, r), every(v_chunks, 1, j, r), every(columns(in.vt8.back().view(), j * (S / r), S / r), 1, j, r),
-                 every(entry(in.vd.back().view(), j), 1, j, r));
+      quantize_v(sparse(v, j, r), [&](const TensorView& chunks) { return every(chunks, 1, j, r); },
+                 every(columns(in.vt8.back().view(), j * (S / r), S / r), 1, j, r), every(entry(in.vd.back().view(), j), 1, j, r));
   }
 }
 
@@ -370,14 +369,13 @@ void dilated_attention_fp8(const DilatedFp8Inputs& in, const TensorView& o, cons
                                   {sparse(ws.lse->view(), j, r), 2}};
     };
     const PairPlan plan = plan_pair(opt.pairs[p], S, opt.causal, merging, operands_of);
-    lo.config = fp8_pair_config(opt.attention_config, *plan.kernel, D, plan.keys, merging, !plan.dense || opt.causal);
+    lo.config = fp8_pair_config(opt.attention_config, *plan.kernel, D, plan.keys, merging, plan.masked);
     // Each launch after the first starts while the previous one ends: its main loop reads only the
     // quantized inputs, and it waits for the previous launch before it reads or writes o and the
     // LSE. (The first follows whatever came before, possibly the kernels that wrote its inputs.)
     lo.start_early = merging;
-    const bool causal_flag = plan.dense && opt.causal;
     for (const auto& t : plan.launches)
-      launch(*plan.kernel, {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], scale, 1.0, causal_flag, true}, lo);
+      launch(*plan.kernel, {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], scale, 1.0, plan.causal_flag, true}, lo);
   }
 }
 
@@ -406,10 +404,10 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
     AttentionFp8Options a;
     a.quantize = opt.fp8;
     a.kernel = plan.kernel;
-    a.causal = plan.dense && opt.causal;
+    a.causal = plan.causal_flag;
     a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
     a.attention_config = opt.fp8 && !merging
-                             ? fp8_pair_config(opt.attention_config, *plan.kernel, D, plan.keys, false, !plan.dense || opt.causal)
+                             ? fp8_pair_config(opt.attention_config, *plan.kernel, D, plan.keys, false, plan.masked)
                              : opt.attention_config;
     a.stream = opt.stream;
     a.start_early = merging;   // as in dilated_attention_fp8 (ignored where it quantizes)
