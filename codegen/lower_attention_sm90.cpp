@@ -337,6 +337,13 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     hooks_src = hooks_source(f, *hooks, hook_symbols(f), "tj_hooks", "tj_hk", ho, &why);
     if (!hooks_src) return std::nullopt;   // e.g. a hook that loads a tile: the SIMT path runs it
   }
+  // Persistent (hopper_attention.cuh's AttnPersistentTiles): as many CTAs as fit the GPU at once,
+  // each looping over query tiles in the natural order; a CTA loads its next tile's Q and first
+  // key blocks while it finishes the last one and starts once. O's stores go from registers.
+  const bool persistent = cfg.knob("attn_persistent", 0) != 0;
+  if (persistent && hooks_src)
+    throw fail("knob attn_persistent = 1 takes a kernel without mask or score hooks (the hooks are set up per "
+               "tile of the launch)");
 
   // ---- source
   const std::string entry = identifier_of(f.name);
@@ -388,6 +395,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_q");
   params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_k");
   params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_v");
+  if (persistent) params.push_back("long long tj_programs");
   // One consumer warpgroup and room for two CTAs' shared memory (228 KB per SM): two CTAs per SM
   // (128 registers per thread at launch; the warpgroups rebalance them), so one CTA's start and
   // end overlap the other's main loop.
@@ -400,9 +408,11 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                      fmt::join(params, ",\n    "));
   auto line = [&](const std::string& s) { src += "  " + s + "\n"; };
   line(fmt::format("const long long tj_m_tiles = (p0.shape[2] + {}) / {};", bm - 1, bm));
-  line("const long long tj_programs = p0.shape[0] * p0.shape[1] * tj_m_tiles;");
-  line("const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * gridDim.x;");
-  line("if (tj_pid >= tj_programs) return;");
+  if (!persistent) {
+    line("const long long tj_programs = p0.shape[0] * p0.shape[1] * tj_m_tiles;");
+    line("const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * gridDim.x;");
+    line("if (tj_pid >= tj_programs) return;");
+  }
   line("tj::dev::AttnParams tj_p;");
   line("tj_p.B = (int)p0.shape[0];");
   line("tj_p.H = (int)p0.shape[1];");
@@ -428,7 +438,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // heads whose K and V fit attn_group_mb MB of L2 (0: head by head), so that short tiles fill
   // the grid's tail (attn_tile_order.cuh). Knob attn_reverse_tiles = 0 keeps the natural order.
   const bool longest_first = m->causal || (m->mask_mod && cfg.knob("attn_reverse_tiles", 1) != 0);
-  if (longest_first) {
+  if (persistent) {
+    // the tiles come from the persistent schedule below
+  } else if (longest_first) {
     const int64_t budget_mb = cfg.knob("attn_group_mb", default_group_mb(fp8));
     if (budget_mb < 0 || budget_mb > 4096)
       throw fail(fmt::format("knob attn_group_mb is an L2 budget in MB, 0 (head by head) to 4096, got {}", budget_mb));
@@ -443,8 +455,12 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   } else {
     line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_natural((unsigned)tj_pid, (unsigned)tj_m_tiles);");
   }
-  line("const int tj_bh = tj_tile.bh, tj_mt = tj_tile.m_tile;");
-  if (hooks_src) {
+  if (persistent) {
+    line("// persistent: tiles blockIdx.x, blockIdx.x + gridDim.x, ... of tj_programs in the natural order");
+    line("tj::dev::attn_fwd_persistent<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, (unsigned)tj_programs, "
+         "(unsigned)tj_m_tiles);");
+  } else if (hooks_src) {
+    line("const int tj_bh = tj_tile.bh, tj_mt = tj_tile.m_tile;");
     line("const long long tj_b = (unsigned)tj_bh / (unsigned)p0.shape[1], tj_h = (unsigned)tj_bh % (unsigned)p0.shape[1];");
     std::string init = hooks_src->init;
     for (size_t pos = 0, next; pos < init.size(); pos = next + 1) {
@@ -454,6 +470,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     }
     line("tj::dev::attn_fwd_device<tj_cfg, tj_hooks>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt, tj_hk);");
   } else {
+    line("const int tj_bh = tj_tile.bh, tj_mt = tj_tile.m_tile;");
     line("tj::dev::attn_fwd_device<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt);");
   }
   src += "}\n";
@@ -465,6 +482,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.threads = threads;
   g.dynamic_smem_bytes = static_cast<size_t>(smem);
   g.starts_early = true;   // it waits (griddep_wait) before it touches O or the LSE
+  g.persistent = persistent;
+  g.blocks_per_sm = persistent ? ctas_per_sm : 1;
   g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "exp2_fma.cuh", "hopper_attention.cuh", "attn_tile_order.cuh"};
   if (hooks_src) g.device_headers.push_back("interval.cuh");
   const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);

@@ -15,6 +15,7 @@
 #include <limits>
 #include <random>
 
+#include "autotune/launch_plan.h"
 #include "autotune/space.h"
 #include "codegen/device/attn_tile_order.cuh"   // host-compilable
 #include "codegen/lower_attention_sm90.h"
@@ -537,6 +538,34 @@ TEST_CASE("attention_fp8: knob attn_lean_producer = 1 takes a producer warp (no 
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, both, CompileRequest{"sm_90a", true, false}),
                        doctest::Contains("knob attn_lean_producer = 1 has no warps to permute V with (attn_vperm = 1)"),
                        Error);
+}
+
+TEST_CASE("attention_fp8: knob attn_persistent = 1 loops each CTA over query tiles (a program count, the grid capped at the CTAs that fit), not with hooks") {
+  auto specs = attention_specs(DType::e4m3, DType::bf16, 4, 16, 2048, 2048, 128, false, false);
+  Config cfg = blocks(64, 128);
+  cfg.knobs = {{"attn_lean_producer", 1}, {"attn_overlap", 0}, {"attn_persistent", 1}};
+  const CompiledKernel& ck = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", true, false});
+  CHECK(ck.generated.persistent);
+  CHECK(ck.generated.blocks_per_sm == 2);   // __launch_bounds__(160, 2)
+  CHECK(ck.generated.source.find("long long tj_programs") != std::string::npos);
+  CHECK(ck.generated.source.find("tj::dev::attn_fwd_persistent<tj_cfg>") != std::string::npos);
+  CHECK(ck.ptx.find("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") != std::string::npos);
+  // 4 x 16 heads x 32 tiles over 132 SMs: 264 CTAs, each given the program count
+  const autotune::LaunchGeometry g = autotune::launch_geometry(ck, 2048, 132);
+  CHECK(g.persistent);
+  CHECK(g.grid.x == 264);
+  CHECK(g.programs == 2048);
+  // without the knob: a CTA per tile
+  cfg.knobs.erase("attn_persistent");
+  const CompiledKernel& one = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", false, false});
+  CHECK_FALSE(one.generated.persistent);
+  CHECK(autotune::launch_geometry(one, 2048, 132).grid.x == 2048);
+  // the hooks of a variant are set up per tile of the launch
+  Config hooked = blocks(64, 128);
+  hooked.knobs["attn_persistent"] = 1;
+  CHECK_THROWS_WITH_AS(compile(kernels::attention_variant(kernels::sliding_window_variant(256)), specs, hooked,
+                               CompileRequest{"sm_90a", false, false}),
+                       doctest::Contains("knob attn_persistent = 1 takes a kernel without mask or score hooks"), Error);
 }
 
 TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering = 0 and sm_80 take the SIMT path") {

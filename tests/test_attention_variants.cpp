@@ -1100,3 +1100,109 @@ TEST_CASE("gpu: attention variants with more key blocks than the block table (en
     }
   }
 }
+
+TEST_CASE("gpu: attention_fp8 and attention_fp8_merging with knob attn_persistent = 1 (CTAs looping over tiles) match one CTA per tile and float64") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(78);
+  Config lean = variant_config(64, 128);
+  lean.knobs = {{"attn_lean_producer", 1}, {"attn_overlap", 0}};
+  Config tall = variant_config(192, 96);
+  tall.num_stages = 4;
+  const Config wide = variant_config(128, 128);
+  auto persistent = [](Config c) {
+    c.knobs["attn_persistent"] = 1;
+    return c;
+  };
+  auto host_of = [](const DeviceTensor& t) { return t.to_host().values(); };
+  struct Case {
+    DType dt;
+    Problem p;
+    bool causal;
+    Config cfg;
+  };
+  // More tiles than CTAs fit a 132-SM GPU at once (264 of 64 rows, 132 of 128 or 192), so that CTAs
+  // loop; tails in the rows and the keys.
+  const std::vector<Case> cases = {{DType::e4m3, {2, 16, 16, 600, 650, 128}, false, lean},
+                                   {DType::e4m3, {2, 24, 24, 500, 500, 128}, true, tall},
+                                   {DType::bf16, {2, 24, 24, 600, 600, 128}, false, wide},
+                                   {DType::e4m3, {4, 16, 16, 333, 333, 64}, false, lean}};
+  for (const Case& c : cases) {
+    const Problem& p = c.p;
+    HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng), kk = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng),
+               v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
+    KernelInputs in = kernel_inputs(c.dt, q, kk, v);
+    const OnDevice dev = on_device(in.t);
+    VariantMeaning meaning;
+    if (c.causal) meaning.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; };
+    const std::vector<double> truth = variant_f64(in.q64, in.k64, in.v64, meaning);
+    for (bool with_lse : {false, true}) {
+      INFO(name(c.dt) << " " << c.cfg.to_json() << " causal " << c.causal << " with_lse " << with_lse);
+      std::vector<double> o_of[2], lse_of[2];
+      for (int pers = 0; pers < 2; ++pers) {
+        DeviceTensor o(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse(DType::f32, {p.B, p.H, p.Sq});
+        o.fill_bytes(0xFF);
+        lse.fill_bytes(0xFF);
+        std::vector<Arg> args = variant_args(dev.views, o.view(), lse.view(), nullptr, p.D, with_lse);
+        args[10] = c.causal;
+        LaunchOptions lo;
+        lo.config = pers ? persistent(c.cfg) : c.cfg;
+        launch(kernels::attention_fp8(), args, lo);
+        runtime::synchronize();
+        o_of[pers] = host_of(o);
+        lse_of[pers] = host_of(lse);
+      }
+      // the same main loop and epilogue arithmetic: the same bits
+      CHECK(o_of[1] == o_of[0]);
+      if (with_lse) CHECK(lse_of[1] == lse_of[0]);
+      const Metrics m = compare(o_of[1], truth);
+      MESSAGE(name(c.dt) << " " << c.cfg.to_json() << " persistent, with_lse " << with_lse << ": vs float64 " << str(m));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= (is_fp8(c.dt) ? 5e-2 : 1e-2));
+      CHECK(m.cosine >= (is_fp8(c.dt) ? 0.998 : 0.9999));
+    }
+  }
+
+  // Merging (dilated attention's later pairs): keys [0, 300) then [300, 600) merged in by a launch
+  // that starts early; the running LSE read per thread and the old O before the stores.
+  const Problem p{2, 16, 16, 600, 300, 128};
+  HostTensor q = randn(DType::bf16, {p.B, p.H, p.Sq, p.D}, rng);
+  HostTensor k0 = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng), v0 = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
+  HostTensor k1 = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng), v1 = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
+  for (DType dt : {DType::e4m3, DType::bf16}) {
+    const Config cfg = is_fp8(dt) ? lean : wide;
+    INFO("merging " << name(dt) << " " << cfg.to_json());
+    KernelInputs in0 = kernel_inputs(dt, q, k0, v0), in1 = kernel_inputs(dt, q, k1, v1);
+    const OnDevice dev0 = on_device(in0.t), dev1 = on_device(in1.t);
+    // float64 over all 600 keys: K and V of the two halves one after the other
+    auto joined = [&](const F64& a, const F64& b) {
+      F64 r{{p.B, p.Hkv, 2 * p.Skv, p.D}, {}};
+      for (int64_t bh = 0; bh < p.B * p.Hkv; ++bh) {
+        r.v.insert(r.v.end(), a.v.begin() + bh * p.Skv * p.D, a.v.begin() + (bh + 1) * p.Skv * p.D);
+        r.v.insert(r.v.end(), b.v.begin() + bh * p.Skv * p.D, b.v.begin() + (bh + 1) * p.Skv * p.D);
+      }
+      return r;
+    };
+    const std::vector<double> truth = variant_f64(in0.q64, joined(in0.k64, in1.k64), joined(in0.v64, in1.v64), {});
+    std::vector<double> o_of[2];
+    for (int pers = 0; pers < 2; ++pers) {
+      DeviceTensor o(DType::bf16, {p.B, p.H, p.Sq, p.D}), lse(DType::f32, {p.B, p.H, p.Sq});
+      o.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      LaunchOptions lo;
+      lo.config = pers ? persistent(cfg) : cfg;
+      launch(kernels::attention_fp8(), variant_args(dev0.views, o.view(), lse.view(), nullptr, p.D), lo);
+      lo.start_early = true;
+      launch(kernels::attention_fp8_merging(), variant_args(dev1.views, o.view(), lse.view(), nullptr, p.D), lo);
+      runtime::synchronize();
+      o_of[pers] = host_of(o);
+    }
+    // merged in f32 from registers (persistent) or from the O staged as bf16: a rounding apart
+    const Metrics between = compare(o_of[1], o_of[0]);
+    const Metrics m = compare(o_of[1], truth);
+    MESSAGE("merging " << name(dt) << " persistent: vs one CTA per tile " << str(between) << "; vs float64 " << str(m));
+    CHECK(between.nan == 0);
+    CHECK(between.rel_rmse <= 5e-3);
+    CHECK(m.rel_rmse <= (is_fp8(dt) ? 5e-2 : 1e-2));
+    CHECK(m.cosine >= (is_fp8(dt) ? 0.998 : 0.9999));
+  }
+}

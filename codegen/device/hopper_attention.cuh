@@ -76,6 +76,7 @@
 
 #include "hopper.cuh"
 #include "exp2_fma.cuh"
+#include "attn_tile_order.cuh"
 
 namespace tj {
 namespace dev {
@@ -341,6 +342,16 @@ __device__ __forceinline__ void load_out_pair(const AttnParams& p, const char* r
   v1 = out16_to_f32<Cfg>(o[e1]);
 }
 
+// 16-bit O[row, col] and O[row, col + 1] (col even) as they are, the first in the low half.
+template <class Cfg>
+__device__ __forceinline__ unsigned load_out16x2(const AttnParams& p, const char* row_ptr, int col) {
+  if (p.o_sd == 1 && (reinterpret_cast<unsigned long long>(row_ptr) & 3ull) == 0ull)
+    return *reinterpret_cast<const unsigned*>(row_ptr + 2 * col);
+  const unsigned short* o = reinterpret_cast<const unsigned short*>(row_ptr);
+  const long long e0 = (long long)col * p.o_sd;
+  return (unsigned)o[e0] | ((unsigned)o[e0 + p.o_sd] << 16);
+}
+
 // Eight 16-bit values: piece + w * old, rounded once more.
 template <class Cfg>
 __device__ __forceinline__ uint4 add_scaled_out(uint4 piece, uint4 old, float w) {
@@ -442,13 +453,46 @@ struct RingCursor {
 
 #if TJ_SM90A_ENABLED
 
-// The CTA body: query tile `m_tile` (rows m_tile*BM ...) of head `bh` = b*H + h.
-template <class Cfg, class Hooks = NoHooks>
-__device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
-                                                const TmaDescriptor* tma_k,
-                                                const TmaDescriptor* tma_v,
-                                                const AttnParams& p, int bh, int m_tile,
-                                                const Hooks& hooks = Hooks()) {
+// Which query tiles a CTA computes, in order: first(), then next() until it returns false.
+// One tile: the launch has a CTA per tile.
+struct AttnOneTile {
+  static constexpr bool kPersistent = false;
+  AttnTile tile;
+  __device__ __forceinline__ AttnTile first() const { return tile; }
+  __device__ __forceinline__ bool next(AttnTile&) const { return false; }
+};
+// A persistent launch (fewer CTAs than tiles, as many as fit the GPU at once): programs
+// blockIdx.x, blockIdx.x + gridDim.x, ... in attn_tile_natural's order, so the tiles that run
+// together are consecutive ones of the same heads (their K and V shared in L2). Each CTA loads its
+// next tile's Q and first key blocks while it finishes the last one, and pays its start once.
+struct AttnPersistentTiles {
+  static constexpr bool kPersistent = true;
+  unsigned programs, m_tiles;
+  unsigned pid = 0u;
+  __device__ __forceinline__ AttnTile first() {
+    pid = blockIdx.x;
+    return attn_tile_natural(pid, m_tiles);
+  }
+  __device__ __forceinline__ bool next(AttnTile& t) {
+    pid += gridDim.x;
+    if (pid >= programs) return false;
+    t = attn_tile_natural(pid, m_tiles);
+    return true;
+  }
+};
+
+// The CTA body over the tiles `tiles` gives: query tile m_tile (rows m_tile*BM ...) of head
+// bh = b*H + h. A persistent schedule needs a kernel without a mask or score hook (the hooks are
+// the launch's, and the block table would need the whole CTA at every tile) and stages O's
+// stores from registers (shared memory holds the next tile's Q and blocks by then).
+template <class Cfg, class Hooks, class Tiles>
+__device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
+                                               const TmaDescriptor* tma_k,
+                                               const TmaDescriptor* tma_v,
+                                               const AttnParams& p, Tiles tiles,
+                                               const Hooks& hooks) {
+  static_assert(!Tiles::kPersistent || (!Hooks::kMask && !Hooks::kScoreMod),
+                "a persistent attention kernel takes no mask or score hook");
   constexpr int S = Cfg::kStages;
   constexpr int BN = Cfg::kBN;
   constexpr int BM = Cfg::kBM;
@@ -472,24 +516,37 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned long long* vperm_done = empty_v + S;   // kVPerm: stage permuted by the producer's warps 1-3
   // The barrier that says a V stage may be read by the P.V wgmma.
   unsigned long long* v_ready = Cfg::kVPerm ? vperm_done : full_v;
+  // Persistent: every consumer warp is done reading the tile's Q (one arrive each), so the
+  // producer may load the next tile's. (Static, outside the dynamic layout the lowering sizes.)
+  __shared__ unsigned long long q_empty_slot;
+  unsigned long long* q_empty = &q_empty_slot;
 
-  const int b = bh / p.H;
-  const int h = bh - b * p.H;
-  const int hk = h / (p.H / p.Hkv);
-  const int bhk = b * p.Hkv + hk;
-  const int m0 = m_tile * BM;
   // keys this tile needs: [0, n_end); a causal mask's rows see [0, max(q, prefix - 1)]. (Without a
   // prefix the maxes below take -1: the same bounds, and ptxas then formed the causal kernels'
   // boundary test in uniform registers. H200, session 20, fp8 causal S 8192 (192 x 96): 893-932
   // TFLOP/s in 4 alternations against 863-904 with the maxes folded away at compile time.)
   const int prefix_last = Cfg::kCausal ? hooks.causal_prefix() - 1 : -1;
   auto with_prefix = [prefix_last](int last) { return max(last, prefix_last); };
-  const int causal_end = max(m0 + BM, prefix_last + 1);
-  const int n_end = (Cfg::kCausal && causal_end < p.Skv) ? causal_end : p.Skv;
-  const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
-  // What the mask hook makes of key block j for this CTA's rows (NoHooks: 1, all kept). The
-  // producer and the consumers walk the same blocks: the ones not classified 0.
-  const int m_last = (m0 + BM < p.Sq ? m0 + BM : p.Sq) - 1;
+  // The tile's head, rows and key blocks (set again at every tile of a persistent schedule)
+  AttnTile tile = tiles.first();
+  int bh, b, h, hk, bhk, m0, n_blocks, m_last, span, entries;
+  auto set_tile = [&](const AttnTile& t) {
+    bh = t.bh;
+    b = bh / p.H;
+    h = bh - b * p.H;
+    hk = h / (p.H / p.Hkv);
+    bhk = b * p.Hkv + hk;
+    m0 = t.m_tile * BM;
+    const int causal_end = max(m0 + BM, prefix_last + 1);
+    const int n_end = (Cfg::kCausal && causal_end < p.Skv) ? causal_end : p.Skv;
+    n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    // What the mask hook makes of key block j for this CTA's rows (NoHooks: 1, all kept). The
+    // producer and the consumers walk the same blocks: the ones not classified 0.
+    m_last = (m0 + BM < p.Sq ? m0 + BM : p.Sq) - 1;
+    span = n_blocks > Cfg::kClassTable ? (n_blocks + Cfg::kClassTable - 1) / Cfg::kClassTable : 1;
+    entries = (n_blocks + span - 1) / span;
+  };
+  set_tile(tile);
   unsigned char* class_table = reinterpret_cast<unsigned char*>(vperm_done + S);   // [kClassTable]
   // Entry e of the table: key blocks [e * span, (e + 1) * span) (the last one ends at n_blocks).
   // visit_bits[w] bit i: entry 32 w + i is not classified 0; visit_list[u]: the u-th such entry
@@ -498,8 +555,6 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   unsigned short* visit_list = reinterpret_cast<unsigned short*>(visit_bits + Cfg::kClassWords);
   // kMergeOut: the running LSE of rows m0..
   float* old_lse_rows = reinterpret_cast<float*>(visit_list + Cfg::kClassTable);
-  const int span = n_blocks > Cfg::kClassTable ? (n_blocks + Cfg::kClassTable - 1) / Cfg::kClassTable : 1;
-  const int entries = (n_blocks + span - 1) / span;
   int n_listed = 0;   // entries in visit_list
 
   // The blocks to compute, in ascending order: a walk over visit_list (each thread that walks them
@@ -526,6 +581,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       mbar_init(&empty_v[s], 4 * Cfg::kConsumers);
       mbar_init(&vperm_done[s], 3);
     }
+    if constexpr (Tiles::kPersistent) mbar_init(q_empty, 4 * Cfg::kConsumers);
     fence_mbarrier_init();
     // Q first, by the thread that made the barriers: its load overlaps the block classes below
     // and the warpgroups' register handover.
@@ -582,6 +638,19 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       prefetch_tma_descriptor(tma_k);
       prefetch_tma_descriptor(tma_v);
       attn_detail::RingCursor<S> ring;   // the stage of the next block and its phase
+#pragma unroll 1
+      for (unsigned tile_it = 0u;; ++tile_it) {
+      if constexpr (Tiles::kPersistent) {
+        if (tile_it > 0u) {
+          // The next tile's Q once every consumer warp's last S = Q.K^T of the last tile is done
+          // (q_empty), then its blocks into the stages as they free up.
+          mbar_wait(q_empty, (tile_it - 1u) & 1u);
+          mbar_arrive_expect_tx(q_bar, (unsigned)Cfg::kQBytes);
+#pragma unroll
+          for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
+            tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
+        }
+      }
       int cls = 0;
       auto walk = first_block(cls);
 #pragma unroll 1
@@ -612,6 +681,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
             tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
         }
       }
+      if constexpr (!Tiles::kPersistent) break;
+      else if (!tiles.next(tile)) break;
+      else set_tile(tile);
+      }
     } else if (Cfg::kVPerm && warp_idx_in_warpgroup() >= 1) {
       // Warps 1-3 take each V stage as it lands, in the producer's block order: every 16-byte
       // piece holds keys k0..k0+15 of one d row; word t of the result is keys 2t, 2t+1, 2t+8,
@@ -619,6 +692,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       // the permutation does not depend on it.
       const int pt = (int)threadIdx.x - 32;
       attn_detail::RingCursor<S> ring;
+#pragma unroll 1
+      for (;;) {
       int cls = 0;
       auto walk = first_block(cls);
 #pragma unroll 1
@@ -636,8 +711,13 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         __syncwarp();
         if (lane_id() == 0) mbar_arrive(&vperm_done[s]);
       }
+      if constexpr (!Tiles::kPersistent) break;
+      else if (!tiles.next(tile)) break;
+      else set_tile(tile);
+      }
     }
-    if constexpr (Cfg::kMergeOut) {
+    // (A persistent kernel's consumers read the running LSE themselves.)
+    if constexpr (Cfg::kMergeOut && !Tiles::kPersistent) {
       // The rows' running LSE for the consumers' epilogue, read once this warp has issued its last
       // loads: its latency hides under the consumers' last blocks, and in a launch that starts
       // early (griddep_wait) the previous kernel, which wrote it, has had the longest to finish.
@@ -674,10 +754,55 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // kWgSync: consumer c waits on named barrier 1 + c before it issues, then hands the turn on
   const int next_turn = 1 + (c + 1 == Cfg::kConsumers ? 0 : c + 1);
   const int tid = (int)(threadIdx.x & 127u);
-  const int rb = m0 + 64 * c;                       // first row of this consumer
   const int r0 = acc_row(0, tid);                   // this thread's rows: rb + r0, rb + r0 + 8
   const int q2 = 2 * (tid & 3);                     // this thread's first O column (of 8)
   const int cq = Cfg::kKeyLaneStep * (tid & 3);     // its first key in a block (Cfg::key_offset)
+  // descriptors: Q (this consumer's 64 rows), stage-0 K / V
+  // Fenced, so the compiler holds them: it rebuilt one of them from the shared-memory base in
+  // every step (7 uniform instructions; holding all three took the fp8 192 x 96 causal main loop
+  // from 575 to 570 SASS instructions). Made once before the tiles of a persistent schedule (at
+  // every tile, ptxas advanced them in 32-bit halves in the main loop).
+  unsigned long long dq0, dk0, dv0;
+  auto make_descs = [&]() {
+    dq0 = make_desc_kmajor<Cfg::kQkSwizzle>(sQ + 64 * c * WQ);
+    dk0 = make_desc_kmajor<Cfg::kQkSwizzle>(sK);
+    dv0 = Cfg::kFp8 ? make_desc_kmajor<Cfg::kVSwizzle>(sV) : make_desc_mnmajor<SWIZZLE_128B>(sV, BN * 128, 1024);
+    fence_operand(dq0);
+    fence_operand(dk0);
+    fence_operand(dv0);
+  };
+  if constexpr (Tiles::kPersistent) make_descs();
+  // The stage of the tile's first block and its phase (a persistent schedule's next tile goes on
+  // from the last one's).
+  attn_detail::RingCursor<S> ring_base;
+  // Persistent: this consumer warp is done with the tile's Q (after its last S = Q.K^T wait).
+  auto q_done = [&]() {
+    if constexpr (Tiles::kPersistent) attn_detail::release(q_empty);
+  };
+#pragma unroll 1
+  for (unsigned tile_it = 0u;; ++tile_it) {
+  if constexpr (Tiles::kPersistent) {
+    // Carried over the last tile's epilogue (divergent stores), ptxas held the stage in per-thread
+    // registers and formed every barrier address and wgmma descriptor of the main loop from them
+    // (+200 SASS instructions); a shuffle from lane 0 tells it they are the warp's.
+    ring_base.stage = __shfl_sync(0xffffffffu, ring_base.stage, 0);
+    ring_base.phase = __shfl_sync(0xffffffffu, ring_base.phase, 0);
+  }
+  const int rb = m0 + 64 * c;                       // first row of this consumer
+  // kMergeOut, persistent: the rows' running LSE, read by each thread for its two rows (at the
+  // epilogue of the first tile, after griddep_wait; at the start of the later ones).
+  auto load_old_lse = [&](float* out) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = rb + r0 + 8 * hh;
+      out[hh] = row < p.Sq ? p.lse[(long long)b * p.lse_sb + (long long)h * p.lse_sh + (long long)row * p.lse_ss]
+                           : attn_detail::neg_inf();
+    }
+  };
+  float old_lse_ahead[2];
+  if constexpr (Tiles::kPersistent && Cfg::kMergeOut) {
+    if (tile_it > 0u) load_old_lse(old_lse_ahead);
+  }
 
   const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)hk * p.qd_sh] : 1.0f;
   const float kd = p.k_descale ? p.k_descale[(long long)b * p.kd_sb + (long long)hk * p.kd_sh] : 1.0f;
@@ -721,17 +846,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
 #pragma unroll
   for (int i = 0; i < Cfg::kPRegs; ++i) pa[i] = 0u;
 
-  // descriptors: Q (this consumer's 64 rows), stage-0 K / V
-  // Fenced, so the compiler holds them: it rebuilt one of them from the shared-memory base in
-  // every step (7 uniform instructions; holding all three took the fp8 192 x 96 causal main loop
-  // from 575 to 570 SASS instructions).
-  unsigned long long dq0 = make_desc_kmajor<Cfg::kQkSwizzle>(sQ + 64 * c * WQ);
-  unsigned long long dk0 = make_desc_kmajor<Cfg::kQkSwizzle>(sK);
-  unsigned long long dv0 = Cfg::kFp8 ? make_desc_kmajor<Cfg::kVSwizzle>(sV)
-                                     : make_desc_mnmajor<SWIZZLE_128B>(sV, BN * 128, 1024);
-  fence_operand(dq0);
-  fence_operand(dk0);
-  fence_operand(dv0);
+  if constexpr (!Tiles::kPersistent) make_descs();
   const unsigned long long d_ones = make_desc_kmajor<SWIZZLE_NONE>(sOnes);
 
   // S = Q . K_s^T (issue only)
@@ -927,7 +1042,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     for (int i = 0; i < Cfg::kPRegs; ++i) fence_operand(pa[i]);
   };
 
-  mbar_wait(q_bar, 0u);
+  mbar_wait(q_bar, tile_it & 1u);
 
   // The consumers walk the table as the producer does, one list entry per step. (H100, session 7:
   // walking the classes in every iteration cost the causal variant 10% more instructions than the
@@ -948,10 +1063,10 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       // ---- block j0: S, softmax, P
       int cls_next = 0;
       int j_next = walk.next(cls_next);
-      mbar_wait(&full_k[0], 0u);
+      mbar_wait(&full_k[ring_base.stage], ring_base.phase);
       if constexpr (Cfg::kWgSync) attn_detail::named_bar_sync(1 + c, 256);
       wgmma_fence();
-      issue_qk(0);
+      issue_qk(ring_base.stage);
       wgmma_commit();
       if constexpr (Cfg::kWgSync) {
         if (!(c == Cfg::kConsumers - 1 && j_next >= n_blocks)) attn_detail::named_bar_arrive(next_turn, 256);
@@ -959,7 +1074,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       fence_acc<BN / 2>(s);
       wgmma_wait<0>();
       fence_acc<BN / 2>(s);
-      attn_detail::release(&empty_k[0]);
+      attn_detail::release(&empty_k[ring_base.stage]);
       mask(j0 * BN, cls0);
       float alpha[2];
       softmax(alpha);
@@ -969,7 +1084,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       // the wait only the P conversion is left. cur: block t's stage; prev: block t - 1's.
       // (H200, session 15: packing P_t into a second buffer before that wait, where the registers
       // allowed, moved bf16 by -2% to +1.5% and fp8 by noise; not kept.)
-      attn_detail::RingCursor<S> prev, cur;
+      attn_detail::RingCursor<S> prev = ring_base, cur = ring_base;
       cur.advance();
       // The mask class of the block after the current one is read with it (shared memory), while
       // the wgmmas run: at the top of the iteration both reads sat before the S = Q.K^T issue
@@ -1038,6 +1153,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         attn_detail::release(&empty_v[pst]);
         to_a();
       }
+      q_done();
+      if constexpr (Tiles::kPersistent) ring_base = cur;
       // ---- last P.V
       {
         const int pst = prev.stage;
@@ -1056,7 +1173,7 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
       }
     } else {
       // ---- simple schedule: S_t, softmax, P_t.V_t, one after the other
-      attn_detail::RingCursor<S> cur;
+      attn_detail::RingCursor<S> cur = ring_base;
 #pragma unroll 1
       for (int j = j0, cls = cls0; j < n_blocks; cur.advance()) {
         const int st = cur.stage;
@@ -1099,7 +1216,11 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
         j = j_next;
         cls = cls_next;
       }
+      q_done();
+      if constexpr (Tiles::kPersistent) ring_base = cur;
     }
+  } else {
+    q_done();
   }
 
   // ------------------------------------------------------------------ epilogue
@@ -1109,7 +1230,14 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   // kMergeOut: the rows' running LSE (from the producer; -inf past Sq). The quad's first thread
   // writes the new one at the end.
   float old_lse[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
-  if constexpr (Cfg::kMergeOut) {
+  if constexpr (Cfg::kMergeOut && Tiles::kPersistent) {
+    if (tile_it == 0u) {
+      load_old_lse(old_lse);
+    } else {
+      old_lse[0] = old_lse_ahead[0];
+      old_lse[1] = old_lse_ahead[1];
+    }
+  } else if constexpr (Cfg::kMergeOut) {
     // (one constant id per branch: with the id in a register ptxas reserves all 16 barriers)
     if (c == 0) attn_detail::named_bar_sync(attn_detail::kOldLseBar, 32 + 128);
     else if (c == 1) attn_detail::named_bar_sync(attn_detail::kOldLseBar + 1, 32 + 128);
@@ -1159,7 +1287,8 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
   constexpr int kOBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2;
   // bytes per staged row (16 of padding: no bank conflicts; kMergeOut keeps the old O's weight there)
   constexpr int kOPitch = D * kOBytes + 16;
-  constexpr bool kStageO = Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
+  constexpr bool kStageO =
+      !Tiles::kPersistent && Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
   const bool stage_o = kStageO && p.o_sd == 1 && (((p.o_ss | p.o_sh | p.o_sb) * kOBytes) & 15) == 0 &&
                        (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
   float amax = 0.0f;
@@ -1236,13 +1365,28 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     if (row < p.Sq && (!kStageO || !stage_o || p.lse)) {
       char* row_ptr = reinterpret_cast<char*>(p.O) +
                       ((long long)b * p.o_sb + (long long)h * p.o_sh + (long long)row * p.o_ss) * kOBytes;
+      // Persistent, merging: the row's old O first, all of it (loaded between the stores, each load
+      // would wait for the store before it: they may alias).
+      constexpr bool kOldFirst = Tiles::kPersistent && Cfg::kMergeOut;
+      unsigned old_row[kOldFirst ? D / 8 : 1];   // 16-bit pairs (as floats they spilled)
+      if constexpr (kOldFirst) {
+        if (keep_old[hh] > 0.0f) {
+#pragma unroll
+          for (int jj = 0; jj < D / 8; ++jj) old_row[jj] = attn_detail::load_out16x2<Cfg>(p, row_ptr, 8 * jj + q2);
+        }
+      }
 #pragma unroll
       for (int jj = 0; jj < D / 8 && !(kStageO && stage_o); ++jj) {
         float v0 = o[4 * jj + 2 * hh], v1 = o[4 * jj + 2 * hh + 1];
         if (Cfg::kOut == ATTN_OUT_E4M3) amax = fmaxf(amax, fmaxf(fabsf(v0), fabsf(v1)));
         if (Cfg::kMergeOut && keep_old[hh] > 0.0f) {
           float old0, old1;
-          attn_detail::load_out_pair<Cfg>(p, row_ptr, 8 * jj + q2, old0, old1);
+          if constexpr (kOldFirst) {
+            old0 = attn_detail::out16_to_f32<Cfg>((unsigned short)(old_row[jj] & 0xffffu));
+            old1 = attn_detail::out16_to_f32<Cfg>((unsigned short)(old_row[jj] >> 16));
+          } else {
+            attn_detail::load_out_pair<Cfg>(p, row_ptr, 8 * jj + q2, old0, old1);
+          }
           v0 = fmaf(keep_old[hh], old0, v0);
           v1 = fmaf(keep_old[hh], old1, v1);
         }
@@ -1258,6 +1402,26 @@ __device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q,
     if ((tid & 31) == 0 && amax > 0.0f)
       atomicMax(reinterpret_cast<int*>(p.o_amax), __float_as_int(amax));
   }
+  if constexpr (!Tiles::kPersistent) break;
+  else if (!tiles.next(tile)) break;
+  else set_tile(tile);
+  }   // the tiles
+}
+
+// The CTA body for code that computes its tile (bh, m_tile) itself.
+template <class Cfg, class Hooks = NoHooks>
+__device__ __forceinline__ void attn_fwd_device(const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
+                                                const TmaDescriptor* tma_v, const AttnParams& p, int bh,
+                                                int m_tile, const Hooks& hooks = Hooks()) {
+  attn_fwd_tiles<Cfg, Hooks>(tma_q, tma_k, tma_v, p, AttnOneTile{AttnTile{bh, m_tile}}, hooks);
+}
+
+// A persistent launch's CTA body: `programs` = B*H*m_tiles tiles over gridDim.x CTAs.
+template <class Cfg>
+__device__ __forceinline__ void attn_fwd_persistent(const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
+                                                    const TmaDescriptor* tma_v, const AttnParams& p,
+                                                    unsigned programs, unsigned m_tiles) {
+  attn_fwd_tiles<Cfg, NoHooks>(tma_q, tma_k, tma_v, p, AttnPersistentTiles{programs, m_tiles}, NoHooks());
 }
 
 // Grid: (ceil(Sq / BM), B * H). Causal tiles run longest first.
