@@ -72,7 +72,11 @@
 // itself (the generated kernels: program id = bh * m_tiles + m_tile). Launched with programmatic
 // stream serialization (LaunchOptions::start_early) it starts while the previous kernel ends: it
 // reads q, k, v and the descales at once and waits (griddep_wait) only before it reads or writes
-// O and the LSE.
+// O and the LSE. attn_fwd_persistent() is the body of a persistent launch (knob attn_persistent):
+// gridDim.x CTAs, each looping over tiles (AttnPersistentTiles), the stage ring and the barriers'
+// phases carried from tile to tile, the next tile's Q loaded once the consumers are done with the
+// last one's (q_empty), O stored from registers (H100, session 24: as fast as a CTA per tile or
+// slower; what a tile costs beyond its key blocks is mostly its epilogue, which this does not hide).
 
 #include "hopper.cuh"
 #include "exp2_fma.cuh"
