@@ -362,10 +362,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                      m->score_mod ? ", score_mod hook" : "",
                      m->mask_mod ? (block_skip ? ", mask_mod hook with block skipping" : ", mask_mod hook") : "",
                      name(in), name(o.dtype), Dqk, D);
-  src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]), key blocks of "
+  src += fmt::format("// Per CTA: a {} x {} query tile (one program of the launch nest [B*H][ceil(Sq/{})]{}), key blocks of "
                      "{}, {} K/V stages;\n// warpgroups: one TMA producer{}, {} wgmma consumer(s) of 64 rows{}{}. "
                      "The main loop is codegen/device/hopper_attention.cuh.\n",
-                     bm, D, bm, bn, stages,
+                     bm, D, bm, persistent ? "; persistent: each CTA takes one after another" : "", bn, stages,
                      fp8 && vperm && !lean ? " (its other warps permute V's keys for a shuffle-free P)"
                      : keys_by_parity      ? " (K's even keys, then its odd keys, for a shuffle-free P)"
                                            : "",
@@ -439,39 +439,38 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // the grid's tail (attn_tile_order.cuh). Knob attn_reverse_tiles = 0 keeps the natural order.
   const bool longest_first = m->causal || (m->mask_mod && cfg.knob("attn_reverse_tiles", 1) != 0);
   if (persistent) {
-    // the tiles come from the persistent schedule below
-  } else if (longest_first) {
-    const int64_t budget_mb = cfg.knob("attn_group_mb", default_group_mb(fp8));
-    if (budget_mb < 0 || budget_mb > 4096)
-      throw fail(fmt::format("knob attn_group_mb is an L2 budget in MB, 0 (head by head) to 4096, got {}", budget_mb));
-    const int64_t kv_row_bytes = (Dqk + D) * es;   // a key's K and V
-    line(budget_mb > 0
-             ? fmt::format("const unsigned tj_group = tj::dev::attn_tile_group({}u, (unsigned)((p1.shape[2] * {} + 1023) >> 10), "
-                           "(unsigned)p0.shape[1] / (unsigned)p1.shape[1]);   // heads whose K and V fit {} MB",
-                           budget_mb << 10, kv_row_bytes, budget_mb)
-             : std::string("const unsigned tj_group = 1u;   // head by head (attn_group_mb = 0)"));
-    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_longest_first((unsigned)tj_pid, (unsigned)tj_m_tiles, "
-         "(unsigned)(p0.shape[0] * p0.shape[1]), tj_group);");
-  } else {
-    line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_natural((unsigned)tj_pid, (unsigned)tj_m_tiles);");
-  }
-  if (persistent) {
     line("// persistent: tiles blockIdx.x, blockIdx.x + gridDim.x, ... of tj_programs in the natural order");
     line("tj::dev::attn_fwd_persistent<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, (unsigned)tj_programs, "
          "(unsigned)tj_m_tiles);");
-  } else if (hooks_src) {
-    line("const int tj_bh = tj_tile.bh, tj_mt = tj_tile.m_tile;");
-    line("const long long tj_b = (unsigned)tj_bh / (unsigned)p0.shape[1], tj_h = (unsigned)tj_bh % (unsigned)p0.shape[1];");
-    std::string init = hooks_src->init;
-    for (size_t pos = 0, next; pos < init.size(); pos = next + 1) {
-      next = init.find('\n', pos);
-      if (next == std::string::npos) next = init.size();
-      if (next > pos) line(init.substr(pos, next - pos));
-    }
-    line("tj::dev::attn_fwd_device<tj_cfg, tj_hooks>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt, tj_hk);");
   } else {
+    if (longest_first) {
+      const int64_t budget_mb = cfg.knob("attn_group_mb", default_group_mb(fp8));
+      if (budget_mb < 0 || budget_mb > 4096)
+        throw fail(fmt::format("knob attn_group_mb is an L2 budget in MB, 0 (head by head) to 4096, got {}", budget_mb));
+      const int64_t kv_row_bytes = (Dqk + D) * es;   // a key's K and V
+      line(budget_mb > 0
+               ? fmt::format("const unsigned tj_group = tj::dev::attn_tile_group({}u, (unsigned)((p1.shape[2] * {} + 1023) >> 10), "
+                             "(unsigned)p0.shape[1] / (unsigned)p1.shape[1]);   // heads whose K and V fit {} MB",
+                             budget_mb << 10, kv_row_bytes, budget_mb)
+               : std::string("const unsigned tj_group = 1u;   // head by head (attn_group_mb = 0)"));
+      line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_longest_first((unsigned)tj_pid, (unsigned)tj_m_tiles, "
+           "(unsigned)(p0.shape[0] * p0.shape[1]), tj_group);");
+    } else {
+      line("const tj::dev::AttnTile tj_tile = tj::dev::attn_tile_natural((unsigned)tj_pid, (unsigned)tj_m_tiles);");
+    }
     line("const int tj_bh = tj_tile.bh, tj_mt = tj_tile.m_tile;");
-    line("tj::dev::attn_fwd_device<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt);");
+    if (hooks_src) {
+      line("const long long tj_b = (unsigned)tj_bh / (unsigned)p0.shape[1], tj_h = (unsigned)tj_bh % (unsigned)p0.shape[1];");
+      std::string init = hooks_src->init;
+      for (size_t pos = 0, next; pos < init.size(); pos = next + 1) {
+        next = init.find('\n', pos);
+        if (next == std::string::npos) next = init.size();
+        if (next > pos) line(init.substr(pos, next - pos));
+      }
+      line("tj::dev::attn_fwd_device<tj_cfg, tj_hooks>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt, tj_hk);");
+    } else {
+      line("tj::dev::attn_fwd_device<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, tj_bh, tj_mt);");
+    }
   }
   src += "}\n";
 

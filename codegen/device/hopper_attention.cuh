@@ -486,9 +486,9 @@ struct AttnPersistentTiles {
 };
 
 // The CTA body over the tiles `tiles` gives: query tile m_tile (rows m_tile*BM ...) of head
-// bh = b*H + h. A persistent schedule needs a kernel without a mask or score hook (the hooks are
-// the launch's, and the block table would need the whole CTA at every tile) and stages O's
-// stores from registers (shared memory holds the next tile's Q and blocks by then).
+// bh = b*H + h. A persistent schedule needs a kernel without a mask or score hook (the generated
+// kernel sets the hooks up for its one tile, and the block table would need the whole CTA at every
+// tile), and it stores O from registers (shared memory holds the next tile's Q and blocks by then).
 template <class Cfg, class Hooks, class Tiles>
 __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
                                                const TmaDescriptor* tma_k,
