@@ -44,11 +44,14 @@
 // query tiles run longest first together, default 16 for fp8 and 8 for 16-bit inputs; 0: head by
 // head) and "attn_linear_score" (default 1: a score hook linear in the score and the positions, such as
 // ALiBi's, is formed from a term per key column and one per row, one FFMA per score element; 0
-// calls the hook per element); "fast_math" (default 0) as for the SIMT path: the hooks' per-element
-// transcendentals as the GPU's approximations. Configs that match but cannot work throw tj::Error
+// calls the hook per element) and "attn_persistent" (kernels without hooks; default 0; 1: at most
+// SMs x CTAs-per-SM CTAs, each looping over query tiles in the natural order, the program count a
+// kernel parameter -- GeneratedKernel::persistent); "fast_math" (default 0) as for the SIMT
+// path: the hooks' per-element transcendentals as the GPU's approximations. Configs that match but cannot work throw tj::Error
 // naming the limit.
 //
-// Launch: one CTA per program of the DSL's launch nest [B*H][ceil(Sq/BM)] (program id =
+// Launch: one CTA per program (persistent: one per resident CTA slot of every SM) of the DSL's
+// launch nest [B*H][ceil(Sq/BM)] (program id =
 // bh * m_tiles + m_tile, or for causal-like masks longest first over groups of heads:
 // codegen/device/attn_tile_order.cuh), 128*(1 + consumers)
 // threads, TMA maps for q, k and v (dims [B,H] folded into one so sequence tails zero-fill per
