@@ -16,9 +16,9 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 
+#include "runtime/atomic_file.h"
 #include "runtime/device.h"
 #include "runtime/disk_cache.h"
 #include "runtime/driver.h"
@@ -220,19 +220,6 @@ std::shared_ptr<const Parsed> load(const fs::path& path) {
   return parsed;
 }
 
-bool write_all(int fd, const std::string& s) {
-  const char* p = s.data();
-  size_t left = s.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
 // Holds an exclusive flock on <file>.lock for the scope.
 class FileLock {
  public:
@@ -294,36 +281,10 @@ bool rewrite(const fs::path& path, Edit&& edit) {
   doc["entries"] = std::move(entries);
   std::string text = doc.dump(1) + "\n";
 
-  static std::atomic<uint64_t> counter{0};
-  static const uint64_t salt = std::random_device{}();
-  fs::path temp = path;
-  temp += fmt::format(".tmp.{}.{:x}.{}", static_cast<long>(::getpid()), salt, counter.fetch_add(1));
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    warn(fmt::format("cannot write tuning cache {}: {}", path.string(), std::strerror(errno)));
+  const std::string why = runtime::replace_file(path, {text});
+  if (!why.empty()) {
+    warn(fmt::format("cannot write tuning cache {}: {}", path.string(), why));
     return false;
-  }
-  bool ok = write_all(fd, text) && ::fsync(fd) == 0;
-  int err = errno;
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (ok && ::rename(temp.c_str(), path.c_str()) != 0) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    ::unlink(temp.c_str());
-    warn(fmt::format("cannot write tuning cache {}: {}", path.string(), std::strerror(err)));
-    return false;
-  }
-  if (path.has_parent_path()) {
-    int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
   }
   return true;
 }

@@ -7,13 +7,12 @@
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 
+#include "runtime/atomic_file.h"
 #include "runtime/hash.h"
 
 namespace tj::runtime {
@@ -61,17 +60,6 @@ void read_all(int fd, std::string& out, size_t size) {
   out.resize(done);
 }
 
-bool write_all(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
 // Why `file` is not a valid entry for `key`, or "" when it is.
 std::string validate(const std::string& file, std::string_view key) {
   if (file.size() < kHeaderSize)
@@ -94,13 +82,6 @@ std::string validate(const std::string& file, std::string_view key) {
   std::string_view payload = std::string_view(file).substr(kHeaderSize + key_size);
   if (checksum64(payload) != get_le(file, 24, 8)) return "payload checksum mismatch";
   return "";
-}
-
-std::string temp_suffix() {
-  static std::atomic<uint64_t> counter{0};
-  static const uint64_t salt = std::random_device{}();
-  return fmt::format(".tmp.{}.{:x}.{}", static_cast<long>(::getpid()), salt,
-                     counter.fetch_add(1));
 }
 
 fs::path home_dir() {
@@ -182,35 +163,8 @@ void DiskCache::put(std::string_view key, std::string_view bytes) const {
   put_le(header, checksum64(bytes), 8);
   header.append(key);
 
-  fs::path temp = path;
-  temp += temp_suffix();
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    warn(fmt::format("cannot write cache entry {}: {}", path.string(), errno_text(errno)));
-    return;
-  }
-  bool ok = write_all(fd, header.data(), header.size()) &&
-            write_all(fd, bytes.data(), bytes.size()) && ::fsync(fd) == 0;
-  int err = errno;
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (ok && ::rename(temp.c_str(), path.c_str()) != 0) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    ::unlink(temp.c_str());
-    warn(fmt::format("cannot write cache entry {}: {}", path.string(), errno_text(err)));
-    return;
-  }
-  // Make the rename itself durable.
-  int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  const std::string why = replace_file(path, {header, bytes});
+  if (!why.empty()) warn(fmt::format("cannot write cache entry {}: {}", path.string(), why));
 }
 
 void DiskCache::remove(std::string_view key) const {

@@ -1,17 +1,22 @@
-// The on-disk cache: round trips, every kind of bad entry, concurrent writers.
+// The on-disk cache: round trips, every kind of bad entry, concurrent writers; the atomic file
+// replacement it and the tuning cache write through.
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/atomic_file.h"
 #include "runtime/disk_cache.h"
 
 using tj::runtime::DiskCache;
@@ -258,6 +263,31 @@ struct EnvGuard {
   }
 };
 }  // namespace
+
+TEST_CASE("replace_file: the pieces replace the whole file, no temporary file stays, a missing folder says why") {
+  TempDir dir;
+  const fs::path file = dir.path / "entry.bin";
+  auto read = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto names = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir.path)) out.push_back(e.path().filename().string());
+    return out;
+  };
+  const std::string big(3 << 20, 'x');   // several write() calls' worth
+  CHECK(tj::runtime::replace_file(file, {"head:", big, std::string_view("\0tail", 5)}) == "");
+  CHECK(read() == "head:" + big + std::string("\0tail", 5));
+  CHECK(tj::runtime::replace_file(file, {"short"}) == "");
+  CHECK(read() == "short");
+  CHECK(names() == std::vector<std::string>{"entry.bin"});
+
+  const std::string why = tj::runtime::replace_file(dir.path / "no-such-folder" / "entry.bin", {"x"});
+  CHECK(why == std::strerror(ENOENT));
+  CHECK(read() == "short");
+  CHECK(names() == std::vector<std::string>{"entry.bin"});
+}
 
 TEST_CASE("disk cache: default_dir precedence") {
   EnvGuard guard({"TILEJIT_CACHE_DIR", "XDG_CACHE_HOME", "HOME"});
