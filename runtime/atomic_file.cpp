@@ -18,6 +18,7 @@ bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = EIO;   // no progress and no error of its own
     if (n <= 0) return false;
     data.remove_prefix(static_cast<size_t>(n));
   }
@@ -52,7 +53,7 @@ std::string replace_file(const std::filesystem::path& path, std::initializer_lis
   }
   if (!ok) {
     ::unlink(temp.c_str());
-    return std::strerror(err != 0 ? err : EIO);
+    return std::strerror(err);
   }
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
