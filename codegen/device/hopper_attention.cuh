@@ -551,6 +551,16 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
     entries = (n_blocks + span - 1) / span;
   };
   set_tile(tile);
+  // Moves to the CTA's next tile, if any (each role's tile loop ends with it; one tile: none).
+  auto next_tile = [&]() {
+    if constexpr (!Tiles::kPersistent) {
+      return false;
+    } else {
+      if (!tiles.next(tile)) return false;
+      set_tile(tile);
+      return true;
+    }
+  };
   unsigned char* class_table = reinterpret_cast<unsigned char*>(vperm_done + S);   // [kClassTable]
   // Entry e of the table: key blocks [e * span, (e + 1) * span) (the last one ends at n_blocks).
   // visit_bits[w] bit i: entry 32 w + i is not classified 0; visit_list[u]: the u-th such entry
@@ -685,9 +695,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
             tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
         }
       }
-      if constexpr (!Tiles::kPersistent) break;
-      else if (!tiles.next(tile)) break;
-      else set_tile(tile);
+      if (!next_tile()) break;
       }
     } else if (Cfg::kVPerm && warp_idx_in_warpgroup() >= 1) {
       // Warps 1-3 take each V stage as it lands, in the producer's block order: every 16-byte
@@ -715,9 +723,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
         __syncwarp();
         if (lane_id() == 0) mbar_arrive(&vperm_done[s]);
       }
-      if constexpr (!Tiles::kPersistent) break;
-      else if (!tiles.next(tile)) break;
-      else set_tile(tile);
+      if (!next_tile()) break;
       }
     }
     // (A persistent kernel's consumers read the running LSE themselves.)
@@ -1406,9 +1412,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
     if ((tid & 31) == 0 && amax > 0.0f)
       atomicMax(reinterpret_cast<int*>(p.o_amax), __float_as_int(amax));
   }
-  if constexpr (!Tiles::kPersistent) break;
-  else if (!tiles.next(tile)) break;
-  else set_tile(tile);
+  if (!next_tile()) break;
   }   // the tiles
 }
 
