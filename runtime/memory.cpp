@@ -288,15 +288,18 @@ void Module::opt_in_shared_bytes(CUfunction f, size_t dynamic_smem) {
 
 namespace {
 std::string launch_what(const char* api, Dim3 grid, Dim3 block, size_t smem) {
-  return fmt::format("{}(grid=({},{},{}), block=({},{},{}), dynamic smem={} bytes)", api, grid.x,
-                     grid.y, grid.z, block.x, block.y, block.z, smem);
+  // The opt-in is the loader's (once per function), not the launch's: say so where it may be missing.
+  return fmt::format("{}(grid=({},{},{}), block=({},{},{}), dynamic smem={} bytes{})", api, grid.x, grid.y, grid.z,
+                     block.x, block.y, block.z, smem,
+                     smem > kDefaultSharedLimit ? "; above 48 KiB the function must be opted in when it is loaded: "
+                                                  "Module::opt_in_shared_bytes"
+                                                : "");
 }
 }  // namespace
 
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream stream,
             void** args) {
   Driver& d = ctx();
-  if (dynamic_smem > kDefaultSharedLimit) Module::set_max_dynamic_shared_bytes(f, dynamic_smem);
   CUresult r = d.cuLaunchKernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z,
                                 static_cast<unsigned>(dynamic_smem), stream, args, nullptr);
   if (r != CUDA_SUCCESS) d.check(r, launch_what("cuLaunchKernel", grid, block, dynamic_smem).c_str());
@@ -307,7 +310,6 @@ void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream s
   if (cluster.count() == 1 && !start_early) return launch(f, grid, block, dynamic_smem, stream, args);
   Driver& d = ctx();
   auto launch_ex = d.require(d.cuLaunchKernelEx, "cuLaunchKernelEx");
-  if (dynamic_smem > kDefaultSharedLimit) Module::set_max_dynamic_shared_bytes(f, dynamic_smem);
   CUlaunchAttribute attrs[2]{};
   unsigned n_attrs = 0;
   if (cluster.count() != 1) {

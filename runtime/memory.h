@@ -153,9 +153,10 @@ class Module {
 };
 
 // Launches f (cuLaunchKernel). `args` is the usual array of pointers to each argument.
-// Above 48 KiB of dynamic shared memory the function is opted in first (below it, with static
-// shared memory too: Module::opt_in_shared_bytes when the function is loaded). Checks the launch
-// result (asynchronous faults surface at the next synchronizing call).
+// A function that takes more than 48 KiB of shared memory (dynamic and static) must have been
+// opted in when it was loaded (Module::opt_in_shared_bytes, as tj::compile and the tuner do): not
+// at every launch, which would add a driver call to each. Checks the launch result (asynchronous
+// faults surface at the next synchronizing call).
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t dynamic_smem, CUstream stream,
             void** args);
 // Same through cuLaunchKernelEx with a thread-block cluster shape (sm_90+; a cluster of {1,1,1}

@@ -231,7 +231,7 @@ TEST_CASE("gpu: launch with more than 48 KiB of dynamic shared memory") {
   TJ_REQUIRE_GPU();
   const DeviceInfo& dev = current_device();
   const int threads = 1024;
-  const size_t smem = 64 * 1024;  // only 4 KiB are used; the launch still needs the opt-in
+  const size_t smem = 64 * 1024;  // only 4 KiB are used; the launch still needs the opt-in (at load)
   if (dev.max_smem_per_block_optin < static_cast<int>(smem)) {
     MESSAGE("device allows only " << dev.max_smem_per_block_optin << " bytes per block");
     return;
@@ -249,6 +249,12 @@ TEST_CASE("gpu: launch with more than 48 KiB of dynamic shared memory") {
   dout.fill32(0x7fc00000u);
   CUdeviceptr pin = din.ptr(), pout = dout.ptr();
   void* args[] = {&pin, &pout};
+  // Not opted in yet: the launch is refused, and the error says what is missing.
+  CHECK_THROWS_WITH_AS(launch(f, Dim3(blocks), Dim3(threads), smem, nullptr, args),
+                       doctest::Contains("dynamic smem=65536 bytes; above 48 KiB the function must be opted in when it "
+                                         "is loaded: Module::opt_in_shared_bytes"),
+                       tj::Error);
+  Module::opt_in_shared_bytes(f, smem);
   launch(f, Dim3(blocks), Dim3(threads), smem, nullptr, args);
   synchronize();
   CHECK(Module::attributes(f).max_dynamic_shared_bytes >= static_cast<int>(smem));
