@@ -438,7 +438,7 @@ Tile binary(ir::BinaryFn fn, const Operand& a, const Operand& b, Loc l) {
   if (va < 0) va = value_of(a, bld.type(vb).dtype, loc);
   if (vb < 0) vb = value_of(b, bld.type(va).dtype, loc);
   std::string why;
-  auto t = rules::binary(fn, bld.type(va), bld.type(vb), &why);
+  auto t = rules::binary(fn, bld.type(va), bld.type(vb), &why, &bld.function());
   if (!t) fail(loc, fmt::format("{}: {}", ir::name(fn), why));
   if (!ir::is_comparison(fn) && fn != ir::BinaryFn::logical_and && fn != ir::BinaryFn::logical_or) {
     va = cast_to(va, t->dtype, loc);
@@ -559,7 +559,7 @@ Tile dot_impl(const Tile& a, const Tile& bt, const Tile* acc, const ir::SourceLo
   int va = a.id(), vb = bt.id();
   int vacc = acc ? acc->id() : -1;
   std::string why;
-  auto t = rules::dot(b.type(va), b.type(vb), acc ? &b.type(vacc) : nullptr, &why);
+  auto t = rules::dot(b.type(va), b.type(vb), acc ? &b.type(vacc) : nullptr, &why, &b.function());
   if (!t) fail(loc, why);
   Op op = make(OpKind::dot, loc, {va, vb});
   op.ival = acc ? 1 : 0;

@@ -132,7 +132,7 @@ struct ValueInfo {
 };
 
 struct BlockSymbol {
-  std::string name;                     // "block_m", or "block_0" when unnamed
+  std::string name;                     // the config's name ("m"), or "block_<id>" when unnamed
   int64_t fixed = 0;                    // > 0 when the user fixed it in tile(n, size)
   SourceLoc loc;                        // the tile() that created it
 };

@@ -129,7 +129,7 @@ struct Verifier {
         const TileType &a = type(op, 0), &b = type(op, 1);
         expect(op, a.is_scalar() || a.shape == result->shape, "operand 0 must be a scalar or match the result shape");
         expect(op, b.is_scalar() || b.shape == result->shape, "operand 1 must be a scalar or match the result shape");
-        same(rules::binary(op.binary, a, b, &why));
+        same(rules::binary(op.binary, a, b, &why, &f));
         break;
       }
       case OpKind::where:
@@ -143,7 +143,7 @@ struct Verifier {
       case OpKind::broadcast:
         expect(op, rules::broadcastable_to(type(op, 0).shape, result->shape), "operand does not broadcast to the result");
         break;
-      case OpKind::dot: same(rules::dot(type(op, 0), type(op, 1), op.ival ? &type(op, 2) : nullptr, &why)); break;
+      case OpKind::dot: same(rules::dot(type(op, 0), type(op, 1), op.ival ? &type(op, 2) : nullptr, &why, &f)); break;
       case OpKind::load:
       case OpKind::store: {
         expect(op, op.param >= 0 && op.param < (int)f.params.size() && f.params[op.param].is_tensor(), "not a tensor parameter");

@@ -6,6 +6,20 @@ namespace tj::rules {
 
 namespace {
 bool is_one(const Dim& d) { return d.is_const() && d.value == 1; }
+
+// Why a mismatch that involves a tile loop's block dimension is one: such a dimension equals only
+// itself (its loop's tiles), never a constant or another loop's block, whatever their sizes.
+std::string block_mismatch_hint(const Shape& a, const Shape& b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 1; i <= n; ++i) {
+    const Dim &da = a[a.size() - i], &db = b[b.size() - i];
+    if (da == db || is_one(da) || is_one(db)) continue;
+    if (!da.is_const() || !db.is_const())
+      return " (a tile loop's block dimension matches only tiles of that same loop, not a constant or another "
+             "loop's block of the same size)";
+  }
+  return "";
+}
 }  // namespace
 
 std::optional<Shape> broadcast(const Shape& a, const Shape& b) {
@@ -52,10 +66,12 @@ std::optional<DType> promote(DType a, DType b, std::string* why) {
   return DType::i64;                                    // i32 with i64
 }
 
-std::optional<TileType> binary(ir::BinaryFn fn, const TileType& a, const TileType& b, std::string* why) {
+std::optional<TileType> binary(ir::BinaryFn fn, const TileType& a, const TileType& b, std::string* why,
+                               const ir::Function* f) {
   auto shape = broadcast(a.shape, b.shape);
   if (!shape) {
-    *why = fmt::format("shapes {} and {} do not broadcast", shape_str(nullptr, a.shape), shape_str(nullptr, b.shape));
+    *why = fmt::format("shapes {} and {} do not broadcast{}", shape_str(f, a.shape), shape_str(f, b.shape),
+                       block_mismatch_hint(a.shape, b.shape));
     return std::nullopt;
   }
   using F = ir::BinaryFn;
@@ -111,13 +127,15 @@ std::optional<TileType> reduce(const TileType& x, int axis, std::string* why) {
   return out;
 }
 
-std::optional<TileType> dot(const TileType& a, const TileType& b, const TileType* acc, std::string* why) {
+std::optional<TileType> dot(const TileType& a, const TileType& b, const TileType* acc, std::string* why,
+                            const ir::Function* f) {
   if (a.rank() != 2 || b.rank() != 2) {
     *why = fmt::format("dot needs rank-2 tiles, got ranks {} and {}", a.rank(), b.rank());
     return std::nullopt;
   }
   if (!(a.shape[1] == b.shape[0])) {
-    *why = fmt::format("dot: inner dimensions differ: {} · {}", shape_str(nullptr, a.shape), shape_str(nullptr, b.shape));
+    *why = fmt::format("dot: inner dimensions differ: {} · {}{}", shape_str(f, a.shape), shape_str(f, b.shape),
+                       block_mismatch_hint({a.shape[1]}, {b.shape[0]}));
     return std::nullopt;
   }
   bool fp8_pair = is_fp8(a.dtype) && is_fp8(b.dtype);
@@ -136,8 +154,8 @@ std::optional<TileType> dot(const TileType& a, const TileType& b, const TileType
       return std::nullopt;
     }
     if (acc->shape != out.shape) {
-      *why = fmt::format("dot accumulator shape {} does not match the product's {}", shape_str(nullptr, acc->shape),
-                         shape_str(nullptr, out.shape));
+      *why = fmt::format("dot accumulator shape {} does not match the product's {}{}", shape_str(f, acc->shape),
+                         shape_str(f, out.shape), block_mismatch_hint(acc->shape, out.shape));
       return std::nullopt;
     }
   }
@@ -167,12 +185,21 @@ bool castable(DType from, DType to, std::string* why) {
   return true;
 }
 
+namespace {
+// A tile loop's block as the user wrote it: its config name, or block(N) for an unnamed fixed size
+// (the builder names those block_<id>).
+std::string block_name(const ir::BlockSymbol& b, int64_t id) {
+  if (b.fixed > 0 && b.name == fmt::format("block_{}", id)) return fmt::format("block({})", b.fixed);
+  return b.name;
+}
+}  // namespace
+
 std::string shape_str(const ir::Function* f, const Shape& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) {
     if (i) out += ", ";
     if (s[i].is_const()) out += std::to_string(s[i].value);
-    else if (f && s[i].value < (int64_t)f->blocks.size()) out += f->blocks[s[i].value].name;
+    else if (f && s[i].value >= 0 && s[i].value < (int64_t)f->blocks.size()) out += block_name(f->blocks[s[i].value], s[i].value);
     else out += fmt::format("block_{}", s[i].value);
   }
   return out + "]";

@@ -125,13 +125,35 @@ TEST_CASE("dsl: errors point at the user's line") {
       for (auto i : tile(x.dim(0), block("a")))
         for (auto j : tile(y.dim(0), block("b"))) o.store(i, x.load(i) + y.load(j));
     });
-    expect_dsl_error(k, {f32({8}), f32({8}), f32({8})}, "do not broadcast");
+    expect_dsl_error(k, {f32({8}), f32({8}), f32({8})},
+                     "add: shapes [a] and [b] do not broadcast (a tile loop's block dimension matches only tiles of "
+                     "that same loop, not a constant or another loop's block of the same size)");
+  }
+  SUBCASE("a fixed-size block against a constant of the same size") {
+    // The rows' running maximum outside the loop is [64]; the loop's tiles are [block(64)].
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      Var row_max = zeros({64}, DType::f32);
+      for (auto s : tile(x.dim(0), block(64))) row_max = maximum(row_max, amax(x.load(s, all), 1));
+      o.store(all, row_max);
+    });
+    expect_dsl_error(k, {f32({128, 32}), f32({64})},
+                     "maximum: shapes [64] and [block(64)] do not broadcast (a tile loop's block dimension matches "
+                     "only tiles of that same loop");
+  }
+  SUBCASE("constants of different sizes get no block hint") {
+    Kernel k = kernel("k", {"x", "y", "o"}, [](In x, In y, Out o) { o.store(all, x.load(all) + y.load(all)); });
+    expect_dsl_error(k, {f32({8}), f32({4}), f32({8})}, "add: shapes [8] and [4] do not broadcast");
+    try {
+      k.trace({f32({8}), f32({4}), f32({8})});
+    } catch (const DslError& e) {
+      CHECK(e.what_only().find("tile loop") == std::string::npos);
+    }
   }
   SUBCASE("dot with mismatched inner dimensions") {
     Kernel k = kernel("k", {"a", "b", "o"}, [](In a, In b, Out o) {
       for (auto m : tile(a.dim(0))) o.store(m, all, dot(a.load(m, all), b.load(all, all)));
     });
-    expect_dsl_error(k, {f32({8, 16}), f32({32, 8}), f32({8, 8})}, "dot: inner dimensions differ");
+    expect_dsl_error(k, {f32({8, 16}), f32({32, 8}), f32({8, 8})}, "dot: inner dimensions differ: [block_0, 16] · [32, 8]");
   }
   SUBCASE("dot with mixed dtypes") {
     Kernel k = kernel("k", {"a", "b", "o"}, [](In a, In b, Out o) {
