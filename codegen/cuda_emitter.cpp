@@ -817,7 +817,19 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
     else if (p.kind == ir::ParamKind::scalar_f32) params.push_back(fmt::format("float {}", names_param_[i]));
     else params.push_back(fmt::format("long long {}", names_param_[i]));
   }
-  out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", plan_.threads, entry,
+  // Knob simt_min_blocks: ptxas keeps the registers low enough for that many blocks per SM
+  // (__launch_bounds__'s second argument). A streaming kernel whose loads wait on DRAM may want the
+  // blocks more than the registers: chunk_amax at 99 registers ran two blocks of 256 threads per SM
+  // at half the DRAM bandwidth (H100, session 27; kernels/attention_fp8_forward.cpp).
+  const int64_t min_blocks = cfg_.knob("simt_min_blocks", 0);
+  const int64_t sm_threads = target_.max_threads_per_sm();
+  if (min_blocks < 0 || min_blocks * plan_.threads > sm_threads)
+    throw Error(fmt::format("kernel '{}': knob simt_min_blocks must be in [0, {}] ({} threads per block, {} per SM on "
+                            "{}), got {}",
+                            f_.name, sm_threads / plan_.threads, plan_.threads, sm_threads, target_.arch, min_blocks));
+  const std::string bounds =
+      min_blocks > 0 ? fmt::format("{}, {}", plan_.threads, min_blocks) : fmt::format("{}", plan_.threads);
+  out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", bounds, entry,
                      fmt::join(params, ", "));
   out += "  extern __shared__ __align__(16) unsigned char tj_smem[];\n";
   for (const auto& a : alias_lines_) out += "  " + a + "\n";

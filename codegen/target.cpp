@@ -44,4 +44,6 @@ int64_t Target::max_smem_per_block() const {
   }
 }
 
+int64_t Target::max_threads_per_sm() const { return sm() == 89 ? 1536 : 2048; }
+
 }  // namespace tj::codegen

@@ -115,10 +115,15 @@ TensorView as_halves(const TensorView& t) {
 // [8, 16, 2048, 128], medians of 20 in two runs, 4 warps of 8 lanes -> these: chunk_amax 55.0 ->
 // 42.3 us, quantize_fp8_chunked 51.3 -> 40.8-41.2, quantize_transpose_fp8_chunked 85.8 -> 49.2-49.7
 // (the vectors made the other two slower: 55.4 and 57.4-57.8; bit for bit the same output).
+// chunk_amax in tiles of 32 rows, at most 64 registers (knob simt_min_blocks: four blocks per SM,
+// not the two its 99 registers left): H100, session 27, same shape, ncu, two launches each, 41.1-42.4
+// -> 33.9-34.1 us (tiles of 64 at 64 registers: 35.7-36.5; the quantizers did not gain from it:
+// 43.7-44.6 -> 53.3-54.1 at 80 registers).
 Config chunk_amax_config() {
   Config c;
-  c.blocks = {{"s", 64}};
+  c.blocks = {{"s", 32}};
   c.num_warps = 8;
+  c.knobs = {{"simt_min_blocks", 4}};
   return c;
 }
 

@@ -643,3 +643,37 @@ TEST_CASE("codegen: knob simt_vec gives a thread column adjacent columns, 16-byt
     CHECK_THROWS_WITH(codegen::generate_cuda(f, config(json.c_str()), Target{}), doctest::Contains(want.c_str()));
   }
 }
+
+TEST_CASE("codegen: knob simt_min_blocks has ptxas keep the registers for that many blocks per SM") {
+  const std::vector<ArgSpec> specs = {TensorSpec{DType::bf16, {8, 16, 2048, 128}}, TensorSpec{DType::f32, {8, 16, 4}}};
+  ir::Function f = kernels::chunk_amax().trace(specs);
+  GeneratedKernel plain = codegen::generate_cuda(f, config(R"({"blocks":{"s":64},"num_warps":8})"), Target{});
+  GeneratedKernel bounded =
+      codegen::generate_cuda(f, config(R"({"blocks":{"s":64},"num_warps":8,"knobs":{"simt_min_blocks":4}})"), Target{});
+  CHECK(contains(plain.source, "__launch_bounds__(256) chunk_amax("));
+  CHECK(contains(bounded.source, "__launch_bounds__(256, 4) chunk_amax("));
+  // 4 blocks of 256 threads in 65536 registers: at most 64 each, without spilling this loop. Unbounded,
+  // ptxas took more (99 with CUDA 13.0), so only two blocks fit an SM.
+  const tj_test::PtxasInfo p = tj_test::ptxas_info(tj_test::nvrtc(plain, "sm_90a", true, true).log);
+  const tj_test::PtxasInfo b = tj_test::ptxas_info(tj_test::nvrtc(bounded, "sm_90a", true, true).log);
+  CHECK(p.registers > 64);
+  CHECK(b.registers > 0);
+  CHECK(b.registers <= 64);
+  CHECK(b.spill_stores == 0);
+  CHECK(contains(tj_test::nvrtc(bounded, "sm_80", false).ptx, ".minnctapersm 4"));
+  for (int bad : {-1, 9}) {
+    CAPTURE(bad);
+    const std::string json = fmt::format(R"({{"blocks":{{"s":64}},"num_warps":8,"knobs":{{"simt_min_blocks":{}}}}})", bad);
+    const std::string want = fmt::format(
+        "kernel 'chunk_amax': knob simt_min_blocks must be in [0, 8] (256 threads per block, 2048 per SM on sm_90a), "
+        "got {}",
+        bad);
+    CHECK_THROWS_WITH(codegen::generate_cuda(f, config(json.c_str()), Target{}), doctest::Contains(want.c_str()));
+  }
+  // Ada holds 1536 threads per SM: six blocks of 256, not eight.
+  const Config seven = config(R"({"blocks":{"s":64},"num_warps":8,"knobs":{"simt_min_blocks":7}})");
+  CHECK(contains(codegen::generate_cuda(f, seven, Target{}).source, "__launch_bounds__(256, 7)"));
+  CHECK_THROWS_WITH(codegen::generate_cuda(f, seven, Target::parse("sm_89")),
+                    doctest::Contains("knob simt_min_blocks must be in [0, 6] (256 threads per block, 1536 per SM on "
+                                      "sm_89), got 7"));
+}

@@ -84,7 +84,7 @@ inline float __logf(float x) { return std::log(x); }
 #define __device__
 #define __host__
 #define __forceinline__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__
 #define __align__(x)
 #define tj_smem tj_emu_smem
@@ -415,6 +415,8 @@ TEST_CASE("codegen (emulated): vector layouts (knob simt_vec) match the referenc
   const std::vector<int64_t> x{1, 2, 100, 64};
   run_case({"chunk_amax, 8 warps, vec 8", &kernels::chunk_amax, {T(bf16, x), T(f32, {1, 2, 3})},
             R"({"blocks":{"s":32},"num_warps":8,"knobs":{"simt_vec":8}})"});
+  run_case({"chunk_amax, its default config (8 warps, 4 blocks per SM)", &kernels::chunk_amax, {T(bf16, x), T(f32, {1, 2, 3})},
+            R"({"blocks":{"s":32},"num_warps":8,"knobs":{"simt_min_blocks":4}})"});
   run_case({"quantize_fp8_chunked, 16 lanes, vec 8", &kernels::quantize_fp8_chunked, {T(bf16, x), T(f32, {1, 2, 3}), T(e4m3, x), T(f32, {1, 2})},
             R"({"blocks":{"s2":32},"num_warps":8,"knobs":{"simt_lanes_c":16,"simt_vec":8}})"});
   run_case({"quantize_transpose_fp8_chunked, 16 lanes, vec 8", &kernels::quantize_transpose_fp8_chunked,
