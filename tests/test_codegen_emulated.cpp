@@ -25,6 +25,7 @@
 #include "codegen/cuda_emitter.h"
 #include "codegen/device_library.h"
 #include "dsl/kernel.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/library.h"
 #include "runtime/numerics.h"
 #include "runtime/reference.h"
@@ -415,8 +416,8 @@ TEST_CASE("codegen (emulated): vector layouts (knob simt_vec) match the referenc
   const std::vector<int64_t> x{1, 2, 100, 64};
   run_case({"chunk_amax, 8 warps, vec 8", &kernels::chunk_amax, {T(bf16, x), T(f32, {1, 2, 3})},
             R"({"blocks":{"s":32},"num_warps":8,"knobs":{"simt_vec":8}})"});
-  run_case({"chunk_amax, its default config (8 warps, 4 blocks per SM)", &kernels::chunk_amax, {T(bf16, x), T(f32, {1, 2, 3})},
-            R"({"blocks":{"s":32},"num_warps":8,"knobs":{"simt_min_blocks":4}})"});
+  run_case({"chunk_amax, the pipeline's config (knob simt_min_blocks)", &kernels::chunk_amax, {T(bf16, x), T(f32, {1, 2, 3})},
+            kernels::chunk_amax_config().to_json()});
   run_case({"quantize_fp8_chunked, 16 lanes, vec 8", &kernels::quantize_fp8_chunked, {T(bf16, x), T(f32, {1, 2, 3}), T(e4m3, x), T(f32, {1, 2})},
             R"({"blocks":{"s2":32},"num_warps":8,"knobs":{"simt_lanes_c":16,"simt_vec":8}})"});
   run_case({"quantize_transpose_fp8_chunked, 16 lanes, vec 8", &kernels::quantize_transpose_fp8_chunked,
