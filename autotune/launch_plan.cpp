@@ -32,6 +32,18 @@ std::atomic<uint64_t> g_misses{0};
 
 void append(std::string& key, const void* p, size_t n) { key.append(static_cast<const char*>(p), n); }
 
+// Which dims have stride 1 (specs_for compiles those in), without building the strides; rank <= 64.
+void append_unit_strides(std::string& key, const TensorView& t) {
+  uint64_t bits = 0;
+  int64_t row_major = 1;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    const int64_t stride = t.strides.empty() ? row_major : t.strides[d];
+    if (stride == 1) bits |= uint64_t{1} << d;
+    row_major *= t.shape[d];
+  }
+  append(key, &bits, sizeof bits);
+}
+
 // The compact key of a launch: everything that selects the specialization and the grid.
 // False when the argument count is wrong (the slow path reports it).
 bool fast_key(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes, std::string& key) {
@@ -49,6 +61,8 @@ bool fast_key(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes
         key.push_back(static_cast<char>(t.dtype));
         key.push_back(static_cast<char>(t.shape.size()));
         append(key, t.shape.data(), t.shape.size() * sizeof(int64_t));
+        if ((!t.strides.empty() && t.strides.size() != t.shape.size()) || t.shape.size() > 64) return false;
+        append_unit_strides(key, t);
         break;
       }
       case 1:

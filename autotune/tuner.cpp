@@ -283,9 +283,18 @@ class Tuner {
 
 void Tuner::check_specs() {
   for (const auto& s : specs_)
-    if (const auto* t = std::get_if<TensorSpec>(&s))
+    if (const auto* t = std::get_if<TensorSpec>(&s)) {
       for (int64_t d : t->shape)
         if (d < 0) throw Error(fmt::format("tune '{}': tensor shapes must be concrete (got a dynamic dimension)", k_.name()));
+      // The workers time every candidate on contiguous tensors of these shapes.
+      const TensorView contiguous{nullptr, t->dtype, t->shape, {}, Device::cuda};
+      const std::vector<int64_t> row_major = contiguous.contiguous_strides();
+      for (size_t d = 0; d < t->strides.size() && d < row_major.size(); ++d)
+        if (t->strides[d] >= 0 && t->strides[d] != row_major[d])
+          throw Error(fmt::format("tune '{}': a tensor spec [{}] compiles in stride {} for dim {}, but the tuner runs on "
+                                  "contiguous tensors (stride {} there)",
+                                  k_.name(), fmt::join(t->shape, ", "), t->strides[d], d, row_major[d]));
+    }
   trace_specs_ = specs_;
   if (o_.dynamic_shapes)
     for (auto& s : trace_specs_)

@@ -548,6 +548,16 @@ void Emitter::emit_launch() {
   emit_region(*regions[n]);
 }
 
+namespace {
+// Dim d's stride: the spec's, compiled in (a 1 puts a row's elements at immediate offsets from
+// one address: ptxas then keeps one 64-bit address per row, not one per element), else the
+// argument's.
+std::string stride_of(const ir::Param& p, const std::string& tensor, int d) {
+  const int64_t s = p.static_stride(d);
+  return s >= 0 ? int_literal(s, DType::i64) : fmt::format("{}.stride[{}]", tensor, d);
+}
+}  // namespace
+
 void Emitter::emit_memory(const Op& op) {
   const ir::Param& p = f_.params.at(op.param);
   const std::string& T = names_param_.at(op.param);
@@ -565,7 +575,7 @@ void Emitter::emit_memory(const Op& op) {
     const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, d);
     if (op.indices[d].kind == ir::Index::Kind::scalar) {
       Range r = range(idx);
-      if (!(r.constant() && r.lo == 0)) offsets.push_back(fmt::format("{} * {}.stride[{}]", ref(idx), T, d));
+      if (!(r.constant() && r.lo == 0)) offsets.push_back(fmt::format("{} * {}", ref(idx), stride_of(p, T, static_cast<int>(d))));
       if (!provably_inside(idx, 1, dim)) oks.push_back(fmt::format("tj::dev::in_range({}, {})", ref(idx), limit));
     } else {
       int64_t extent = op.indices[d].kind == ir::Index::Kind::block ? cfg_.block(f_, op.indices[d].block_id) : dim;
@@ -609,7 +619,7 @@ void Emitter::emit_memory(const Op& op) {
     const int axis = L.axis_of_dim(static_cast<int>(t));
     const int64_t dim = p.static_shape[td.tensor_dim];
     const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, td.tensor_dim);
-    spans[axis] = fmt::format("{{{}, {}.stride[{}], {}}}", ref(td.start), T, td.tensor_dim, limit);
+    spans[axis] = fmt::format("{{{}, {}, {}}}", ref(td.start), stride_of(p, T, td.tensor_dim), limit);
     checks[axis] = !provably_inside(td.start, td.extent, dim);
   }
   if (is_store) {

@@ -100,8 +100,12 @@ std::string param_str(const Param& p) {
   std::string dims;
   for (size_t i = 0; i < p.static_shape.size(); ++i)
     dims += (i ? ", " : "") + (p.static_shape[i] < 0 ? std::string("?") : std::to_string(p.static_shape[i]));
+  std::string strides;
+  for (int i = 0; i < p.rank(); ++i)
+    if (p.static_stride(i) >= 0) strides += fmt::format("{}{}: {}", strides.empty() ? ", strides {" : ", ", i, p.static_stride(i));
+  if (!strides.empty()) strides += "}";
   const char* access = p.kind == ParamKind::tensor_in ? "in" : p.kind == ParamKind::tensor_out ? "out" : "inout";
-  return fmt::format("{}: {} tensor<{}, [{}]>", p.name, access, tj::name(p.dtype), dims);
+  return fmt::format("{}: {} tensor<{}, [{}]{}>", p.name, access, tj::name(p.dtype), dims, strides);
 }
 
 void print_region(const Function& f, const Region& r, int depth, std::string& out) {

@@ -120,6 +120,8 @@ struct Param {
   ParamKind kind{};
   DType dtype{};                        // element type (tensors) or the scalar type
   std::vector<int64_t> static_shape;    // tensors: size per dim, -1 where dynamic
+  std::vector<int64_t> static_strides;  // tensors: stride per dim in elements, -1 where dynamic (empty: all)
+  int64_t static_stride(int d) const { return d < static_cast<int>(static_strides.size()) ? static_strides[d] : -1; }
   bool is_tensor() const { return kind <= ParamKind::tensor_inout; }
   bool writes() const { return kind == ParamKind::tensor_out || kind == ParamKind::tensor_inout; }
   int rank() const { return static_cast<int>(static_shape.size()); }

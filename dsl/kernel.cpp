@@ -1,11 +1,52 @@
 #include "dsl/kernel.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "dsl/builder.h"
 #include "dsl/passes.h"
 
 namespace tj {
+
+std::vector<int64_t> unit_strides(const std::vector<int64_t>& strides) {
+  std::vector<int64_t> out(strides.size(), -1);
+  for (size_t d = 0; d < strides.size(); ++d)
+    if (strides[d] == 1) out[d] = 1;
+  return out;
+}
+
+TensorSpec contiguous_spec(DType dtype, std::vector<int64_t> shape) {
+  // -1 past a dynamic dim: a stride that depends on a runtime size is not compiled in
+  std::vector<int64_t> row_major(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;)
+    row_major[d - 1] = row_major[d] < 0 || shape[d] < 0 ? -1 : row_major[d] * shape[d];
+  TensorSpec t{dtype, std::move(shape), unit_strides(row_major)};
+  return t;
+}
+
+std::string spec_key(const std::vector<ArgSpec>& specs) {
+  std::string key;
+  for (const auto& s : specs) {
+    std::visit(
+        [&](const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, TensorSpec>) {
+            key += fmt::format("T{}[{}]", name(v.dtype), fmt::join(v.shape, ","));
+            if (std::any_of(v.strides.begin(), v.strides.end(), [](int64_t st) { return st >= 0; }))
+              key += fmt::format("s[{}]", fmt::join(v.strides, ","));
+          } else if constexpr (std::is_same_v<T, RuntimeScalar>) {
+            key += "S";
+          } else {
+            key += fmt::format("H{}", v);
+          }
+        },
+        s);
+    key += ';';
+  }
+  return key;
+}
 
 std::string_view name(SlotKind k) {
   switch (k) {
@@ -67,9 +108,16 @@ ir::Function Kernel::trace(const std::vector<ArgSpec>& args) const {
       auto kind = s.kind == SlotKind::tensor_in ? ir::ParamKind::tensor_in
                   : s.kind == SlotKind::tensor_out ? ir::ParamKind::tensor_out
                                                    : ir::ParamKind::tensor_inout;
-      f.params.push_back(ir::Param{s.name, kind, t.dtype, t.shape});
+      if (!t.strides.empty() && t.strides.size() != t.shape.size())
+        throw Error(fmt::format("kernel '{}': tensor '{}' has {} strides in its spec for {} dims", name_, s.name,
+                                t.strides.size(), t.shape.size()));
+      for (size_t d = 0; d < t.strides.size(); ++d)
+        if (t.strides[d] < -1)
+          throw Error(fmt::format("kernel '{}': tensor '{}': stride {} in its spec is {} (a stride is -1, dynamic, or >= 0)",
+                                  name_, s.name, d, t.strides[d]));
+      f.params.push_back(ir::Param{s.name, kind, t.dtype, t.shape, t.strides});
     } else if (s.kind == SlotKind::scalar_f32) {
-      f.params.push_back(ir::Param{s.name, ir::ParamKind::scalar_f32, DType::f32, {}});
+      f.params.push_back(ir::Param{s.name, ir::ParamKind::scalar_f32, DType::f32, {}, {}});
     }
   }
 

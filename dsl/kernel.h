@@ -15,17 +15,33 @@
 namespace tj {
 
 // What a tensor argument looks like to the trace. A dimension of -1 stays dynamic
-// (a runtime value); others are compiled in.
+// (a runtime value); others are compiled in. `strides`, in elements: empty or -1 per dim
+// leaves a stride a runtime value; others are compiled in, so the kernel only runs on tensors
+// with that stride there (launch() compiles in each stride equal to 1, as Triton specializes
+// arguments equal to 1: a row's elements then sit at immediate offsets from one address).
 struct TensorSpec {
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  TensorSpec() = default;
+  TensorSpec(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {})
+      : dtype(dtype), shape(std::move(shape)), strides(std::move(strides)) {}
 };
+
+// The strides a spec compiles in for a tensor with these strides: 1 where a stride is 1, -1
+// (dynamic) elsewhere.
+std::vector<int64_t> unit_strides(const std::vector<int64_t>& strides);
+// `shape` laid out row-major, as launch() specs a contiguous tensor of it.
+TensorSpec contiguous_spec(DType dtype, std::vector<int64_t> shape);
 
 // One traced argument: a tensor, a runtime float scalar, or a host value.
 struct RuntimeScalar {
   float value = 0;
 };
 using ArgSpec = std::variant<TensorSpec, RuntimeScalar, bool, int64_t, double>;
+
+// A text that tells specializations apart: dtypes, static dims and strides, host values.
+std::string spec_key(const std::vector<ArgSpec>& specs);
 
 // How each parameter of the user's callable is passed.
 enum class SlotKind : uint8_t { tensor_in, tensor_out, tensor_inout, scalar_f32, host_bool, host_int, host_float };

@@ -101,15 +101,32 @@ double numel(const Problem& p) {
 // Two passes, each rotating (2·D flops per element), plus the scaling.
 double rotate_quantize_flops(const Problem& p) { return (4.0 * static_cast<double>(p.shape[3]) + 3.0) * numel(p); }
 
+// The specs of row-major tensors, as launch() derives them for contiguous ones (their unit
+// strides compiled in): what `tilejit show` prints and `tune` tunes is what runs.
+std::vector<ArgSpec> row_major(std::vector<ArgSpec> specs) {
+  for (auto& s : specs)
+    if (auto* t = std::get_if<TensorSpec>(&s)) *t = contiguous_spec(t->dtype, t->shape);
+  return specs;
+}
+template <std::vector<ArgSpec> (*Args)(const Problem&)>
+std::vector<ArgSpec> laid_out(const Problem& p) {
+  return row_major(Args(p));
+}
+std::vector<ArgSpec> quantize_fp8_args(const Problem& p) { return quantize_args(p, false); }
+std::vector<ArgSpec> quantize_transpose_fp8_args(const Problem& p) { return quantize_args(p, true); }
+std::vector<ArgSpec> quantize_hadamard_fp8_args(const Problem& p) { return rotate_quantize_args(p, "quantize_hadamard_fp8", false); }
+std::vector<ArgSpec> quantize_residual_fp8_args(const Problem& p) { return rotate_quantize_args(p, "quantize_residual_fp8", true); }
+std::vector<ArgSpec> quantize_duplicate_fp8_args(const Problem& p) { return rotate_quantize_args(p, "quantize_duplicate_fp8", true); }
+
 }  // namespace
 
 const std::vector<LibraryEntry>& library() {
   static const std::vector<LibraryEntry> entries = {
-      {"vector_add", &vector_add, "out = x + y (1-D)", {1 << 20}, &vector_add_args, [](const Problem& p) { return numel(p); }},
-      {"softmax", &softmax, "row softmax with online max/sum in exp2 (2-D)", {256, 1000}, &softmax_args,
+      {"vector_add", &vector_add, "out = x + y (1-D)", {1 << 20}, &laid_out<&vector_add_args>, [](const Problem& p) { return numel(p); }},
+      {"softmax", &softmax, "row softmax with online max/sum in exp2 (2-D)", {256, 1000}, &laid_out<&softmax_args>,
        [](const Problem& p) { return 5 * numel(p); }},
       {"attention", &attention, "attention forward, online softmax, causal or not ([B, H, S, D])", {1, 2, 256, 64},
-       &attention_args,
+       &laid_out<&attention_args>,
        [](const Problem& p) {
          double s = static_cast<double>(p.shape[2]);
          return 4.0 * numel(p) * s * (p.causal ? 0.5 : 1.0);
@@ -117,30 +134,30 @@ const std::vector<LibraryEntry>& library() {
       {"fp8_gemm", &fp8_gemm,
        "c = (a·bᵀ)·scale_a·scale_b (+ bias): a [M,K] e4m3, b [N,K] e4m3 (e5m2 with --dtype e5m2), per-tensor scales, "
        "bf16 out ([M, N, K])",
-       {512, 512, 512}, &fp8_gemm_args, &gemm_flops},
+       {512, 512, 512}, &laid_out<&fp8_gemm_args>, &gemm_flops},
       {"gemm", &gemm, "c = a·bᵀ: a [M,K], b [N,K] of --dtype (bf16 for tensor cores), fp32 accumulation ([M, N, K])",
-       {512, 512, 512}, &gemm_args, &gemm_flops},
+       {512, 512, 512}, &laid_out<&gemm_args>, &gemm_flops},
       {"attention_fp8", &attention_fp8,
        "scaled FP8 attention forward (descales per (b, h), P offset, V transposed; bf16/f16 too) ([B, H, S, D])",
-       {1, 2, 256, 64}, &attention_fp8_args,
+       {1, 2, 256, 64}, &laid_out<&attention_fp8_args>,
        [](const Problem& p) {
          double s = static_cast<double>(p.shape[2]);
          return 4.0 * numel(p) * s * (p.causal ? 0.5 : 1.0);
        }},
       {"quantize_fp8", &quantize_fp8, "per-(b, h) amax -> descale, x -> e4m3 ([B, H, S, D])", {1, 2, 256, 64},
-       [](const Problem& p) { return quantize_args(p, false); }, [](const Problem& p) { return 3 * numel(p); }},
+       &laid_out<&quantize_fp8_args>, [](const Problem& p) { return 3 * numel(p); }},
       {"quantize_transpose_fp8", &quantize_transpose_fp8, "quantize_fp8 writing the transpose [B, H, D, S_pad]",
-       {1, 2, 256, 64}, [](const Problem& p) { return quantize_args(p, true); },
+       {1, 2, 256, 64}, &laid_out<&quantize_transpose_fp8_args>,
        [](const Problem& p) { return 3 * numel(p); }},
       {"quantize_hadamard_fp8", &quantize_hadamard_fp8,
        "x·R (R [D, D], a Hadamard in the pipeline) -> per-(b, h) descale, e4m3 ([B, H, S, D])", {1, 2, 256, 64},
-       [](const Problem& p) { return rotate_quantize_args(p, "quantize_hadamard_fp8", false); }, &rotate_quantize_flops},
+       &laid_out<&quantize_hadamard_fp8_args>, &rotate_quantize_flops},
       {"quantize_residual_fp8", &quantize_residual_fp8,
        "x·R -> e4m3 hi and residual lo halves [B, H, S, 2, D], one descale per (b, h) ([B, H, S, D])", {1, 2, 256, 64},
-       [](const Problem& p) { return rotate_quantize_args(p, "quantize_residual_fp8", true); }, &rotate_quantize_flops},
+       &laid_out<&quantize_residual_fp8_args>, &rotate_quantize_flops},
       {"quantize_duplicate_fp8", &quantize_duplicate_fp8,
        "x·R -> e4m3 in both halves [B, H, S, 2, D] (K for a residual Q) ([B, H, S, D])", {1, 2, 256, 64},
-       [](const Problem& p) { return rotate_quantize_args(p, "quantize_duplicate_fp8", true); }, &rotate_quantize_flops},
+       &laid_out<&quantize_duplicate_fp8_args>, &rotate_quantize_flops},
   };
   return entries;
 }

@@ -21,22 +21,6 @@ namespace tj {
 
 namespace {
 
-std::string spec_key(const std::vector<ArgSpec>& specs) {
-  std::string key;
-  for (const auto& s : specs) {
-    std::visit(
-        [&](const auto& v) {
-          using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, TensorSpec>) key += fmt::format("T{}[{}]", name(v.dtype), fmt::join(v.shape, ","));
-          else if constexpr (std::is_same_v<T, RuntimeScalar>) key += "S";
-          else key += fmt::format("H{}", v);
-        },
-        s);
-    key += ';';
-  }
-  return key;
-}
-
 std::vector<std::pair<std::string, std::string>> device_headers() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& f : codegen::device_library()) out.emplace_back(f.name, f.contents);
@@ -84,7 +68,7 @@ std::vector<ArgSpec> specs_for(const Kernel& k, const std::vector<Arg>& args, bo
         throw Error(fmt::format("kernel '{}': tensor '{}' has {} strides for {} dims", k.name(), s.name, t->strides.size(), t->rank()));
       for (int64_t d : t->shape)
         if (d < 0) throw Error(fmt::format("kernel '{}': tensor '{}' has a negative dimension", k.name(), s.name));
-      TensorSpec spec{t->dtype, t->shape};
+      TensorSpec spec{t->dtype, t->shape, unit_strides(t->effective_strides())};
       if (dynamic_shapes) std::fill(spec.shape.begin(), spec.shape.end(), -1);
       specs.push_back(spec);
     } else if (s.kind == SlotKind::scalar_f32) {

@@ -770,6 +770,11 @@ void check_arguments(const ir::Function& f, const std::vector<ArgValue>& args, b
     }
     if (!t.strides.empty() && static_cast<int>(t.strides.size()) != t.rank())
       throw Error(fmt::format("{}: {} strides given for a rank-{} tensor", at, t.strides.size(), t.rank()));
+    const std::vector<int64_t> strides = t.effective_strides();
+    for (int d = 0; d < t.rank(); ++d)
+      if (p.static_stride(d) >= 0 && strides[d] != p.static_stride(d))
+        throw Error(fmt::format("{}: stride {} is {} but the kernel was compiled for stride {} there ({})", at, d, strides[d],
+                                p.static_stride(d), t.describe()));
     if (require_host) {
       if (t.device != Device::host)
         throw Error(fmt::format("{}: the CPU reference executor needs host memory, got a device tensor ({})", at, t.describe()));

@@ -744,6 +744,15 @@ TEST_CASE("autotune tuner: effort none and bad problems") {
   auto dyn = e.arguments({DType::f32, {}, {1000}, false});
   std::get<TensorSpec>(dyn[0]).shape = {-1};
   CHECK_THROWS_WITH_AS(tune(e.get(), dyn, none), doctest::Contains("concrete"), Error);
+  // The library's specs compile in the unit stride of contiguous tensors, which the workers time
+  // on; any other compiled-in stride could not run there.
+  CHECK(std::get<TensorSpec>(e.arguments({DType::f32, {}, {1000}, false})[0]).strides == std::vector<int64_t>{1});
+  auto strided = e.arguments({DType::f32, {}, {1000}, false});
+  std::get<TensorSpec>(strided[1]).strides = {2};
+  CHECK_THROWS_WITH_AS(tune(e.get(), strided, none),
+                       "tune 'vector_add': a tensor spec [1000] compiles in stride 2 for dim 0, but the tuner runs on "
+                       "contiguous tensors (stride 1 there)",
+                       Error);
   CHECK(effort_from_name("quick") == Effort::quick);
   CHECK_FALSE(effort_from_name("fast"));
   CHECK(output_tolerance(DType::e4m3) == doctest::Approx(0.13));

@@ -22,8 +22,10 @@
 #include "codegen/target.h"
 #include "dsl/error.h"
 #include "dsl/kernel.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/library.h"
 #include "runtime/error.h"
+#include "runtime/jit.h"
 #include "runtime/nvrtc.h"
 
 using namespace tj;
@@ -676,4 +678,43 @@ TEST_CASE("codegen: knob simt_min_blocks has ptxas keep the registers for that m
   CHECK_THROWS_WITH(codegen::generate_cuda(f, seven, Target::parse("sm_89")),
                     doctest::Contains("knob simt_min_blocks must be in [0, 6] (256 threads per block, 1536 per SM on "
                                       "sm_89), got 7"));
+}
+
+TEST_CASE("codegen: unit strides a spec compiles in are literals, so ptxas keeps one address per row, not per element") {
+  const int64_t B = 8, H = 16, S = 2048, D = 128;
+  const TensorView x{nullptr, DType::bf16, {B, H, S, D}, {}, Device::cuda};
+  const TensorView partial{nullptr, DType::f32, {B, H, 4}, {}, Device::cuda};
+  const TensorView y{nullptr, DType::e4m3, {B, H, S, D}, {}, Device::cuda};
+  const TensorView descale{nullptr, DType::f32, {B, H}, {}, Device::cuda};
+  // launch()'s specs: each stride of 1 compiled in (contiguous: the last); others stay runtime values.
+  const std::vector<ArgSpec> unit = specs_for(kernels::quantize_fp8_chunked(), {x, partial, y, descale}, false);
+  CHECK(std::get<TensorSpec>(unit[0]).strides == std::vector<int64_t>{-1, -1, -1, 1});
+  TensorView every_other = x;
+  every_other.strides = {H * S * 2 * D, S * 2 * D, 2 * D, 2};
+  TensorView transposed = partial;   // [B, H, 4] laid out as [4, H, B]
+  transposed.strides = {1, B, H * B};
+  const std::vector<ArgSpec> strided =
+      specs_for(kernels::quantize_fp8_chunked(), {every_other, transposed, y, descale}, false);
+  CHECK(std::get<TensorSpec>(strided[0]).strides == std::vector<int64_t>{-1, -1, -1, -1});
+  CHECK(std::get<TensorSpec>(strided[1]).strides == std::vector<int64_t>{1, -1, -1});
+  CHECK(spec_key(unit) != spec_key(strided));
+
+  const Config cfg = kernels::chunked_quantize_config(false);
+  ir::Function fu = kernels::quantize_fp8_chunked().trace(unit);
+  ir::Function fs = kernels::quantize_fp8_chunked().trace(strided);
+  CHECK(contains(ir::print(fu), "x: in tensor<bf16, [8, 16, 2048, 128], strides {3: 1}>"));
+  GeneratedKernel gu = codegen::generate_cuda(fu, cfg, Target{});
+  GeneratedKernel gs = codegen::generate_cuda(fs, cfg, Target{});
+  CHECK(contains(gu.source, "{0LL, 1LL, 128LL}"));
+  CHECK_FALSE(contains(gu.source, "x.stride[3]"));
+  CHECK(contains(gs.source, "{0LL, x.stride[3], 128LL}"));
+  // CUDA 13.0's ptxas: 127 registers with the runtime stride, 64 with the literal (so four
+  // blocks of 256 threads fit an SM, not two).
+  const tj_test::PtxasInfo pu = tj_test::ptxas_info(tj_test::nvrtc(gu, "sm_90a", true, true).log);
+  const tj_test::PtxasInfo ps = tj_test::ptxas_info(tj_test::nvrtc(gs, "sm_90a", true, true).log);
+  MESSAGE("quantize_fp8_chunked registers: unit stride " << pu.registers << ", runtime stride " << ps.registers);
+  CHECK(pu.registers > 0);
+  CHECK(pu.registers <= 64);
+  CHECK(ps.registers > pu.registers);
+  CHECK(pu.spill_stores == 0);
 }

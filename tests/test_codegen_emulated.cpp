@@ -424,3 +424,28 @@ TEST_CASE("codegen (emulated): vector layouts (knob simt_vec) match the referenc
             {T(bf16, x), T(f32, {1, 2, 3}), T(e4m3, {1, 2, 64, 112}), T(f32, {1, 2})},
             R"({"blocks":{"s2":32},"num_warps":8,"knobs":{"simt_lanes_c":16,"simt_vec":8}})"});
 }
+
+TEST_CASE("codegen (emulated): kernels with their unit strides compiled in (as launch() specs contiguous tensors) match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  auto C = [](DType t, std::vector<int64_t> shape) { return contiguous_spec(t, std::move(shape)); };
+  const std::vector<int64_t> x{1, 2, 100, 64};
+  run_case({"chunk_amax, the pipeline's config", &kernels::chunk_amax, {C(bf16, x), C(f32, {1, 2, 3})},
+            kernels::chunk_amax_config().to_json()});
+  run_case({"quantize_fp8_chunked, the pipeline's config", &kernels::quantize_fp8_chunked,
+            {C(bf16, x), C(f32, {1, 2, 3}), C(e4m3, x), C(f32, {1, 2})}, kernels::chunked_quantize_config(false).to_json()});
+  run_case({"quantize_transpose_fp8_chunked, the pipeline's config", &kernels::quantize_transpose_fp8_chunked,
+            {C(bf16, x), C(f32, {1, 2, 3}), C(e4m3, {1, 2, 64, 112}), C(f32, {1, 2})},
+            kernels::chunked_quantize_config(true).to_json()});
+  run_case({"softmax bf16 -> f32, vec 8", &softmax, {C(bf16, {5, 333}), C(f32, {5, 333})},
+            R"({"blocks":{"c":128,"c2":64},"num_warps":2,"knobs":{"simt_vec":8}})"});
+  run_case({"ew2d f32 (a transposed input)", &k_elementwise2d,
+            {C(f32, {37, 45}), C(f32, {45, 37}), C(f32, {37, 45}), C(f32, {37, 45}), RuntimeScalar{0.75f}},
+            R"({"blocks":{"r":16,"c":32}})"});
+  run_case({"attention bf16 causal, ragged", &attention,
+            {C(bf16, {1, 2, 70, 32}), C(bf16, {1, 2, 70, 32}), C(bf16, {1, 2, 70, 32}), C(bf16, {1, 2, 70, 32}),
+             RuntimeScalar{0.25f}, true},
+            R"({"blocks":{"m":32,"n":16},"num_warps":4})"});
+  run_case({"matmul e4m3, vec 4", &k_matmul,
+            {C(e4m3, {40, 70}), C(e4m3, {24, 70}), C(e4m3, {70, 40}), C(f32, {40, 24}), C(bf16, {40, 24})},
+            R"({"blocks":{"m":16,"n":32,"k":16},"num_warps":2,"knobs":{"simt_vec":4}})"});
+}

@@ -160,3 +160,45 @@ TEST_CASE("gpu: launch rejects host tensors with a clear message") {
   CHECK_THROWS_WITH_AS(launch(kernels::vector_add(), {x.view(), y.view(), out.view()}),
                        doctest::Contains("is in host memory"), Error);
 }
+
+// launch() compiles in each stride equal to 1 (TensorSpec::strides): a launch on a view whose
+// last stride is 2 must take a kernel of its own, not the one compiled for contiguous rows.
+TEST_CASE("gpu: softmax on contiguous rows and on every other column, launched in turn, both match float64") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const int64_t rows = 37, cols = 300;
+  // Every other column of a [rows, 2·cols] buffer is x; the contiguous x is the same values.
+  HostTensor wide = random_tensor(DType::bf16, {rows, 2 * cols}, rng, 3.0), x(DType::bf16, {rows, cols});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) x.set(r * cols + c, wide.at(r * 2 * cols + 2 * c));
+  std::vector<double> want(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, x.at(r * cols + c));
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(x.at(r * cols + c) - mx);
+    for (int64_t c = 0; c < cols; ++c) want[r * cols + c] = std::exp(x.at(r * cols + c) - mx) / sum;
+  }
+  DeviceTensor dx = DeviceTensor::from_host(x), dwide = DeviceTensor::from_host(wide), out(DType::f32, {rows, cols});
+  TensorView every_other = dwide.view();
+  every_other.shape = {rows, cols};
+  every_other.strides = {2 * cols, 2};
+  CHECK(spec_key(specs_for(kernels::softmax(), {dx.view(), out.view()}, false)) !=
+        spec_key(specs_for(kernels::softmax(), {every_other, out.view()}, false)));
+  for (int pass = 0; pass < 2; ++pass)
+    for (const TensorView& in : {dx.view(), every_other}) {
+      CAPTURE(pass);
+      CAPTURE(in.strides.empty() ? "contiguous" : "last stride 2");
+      out.fill_bytes(0xFF);
+      launch(kernels::softmax(), {in, out.view()});
+      runtime::synchronize();
+      HostTensor got = out.to_host();
+      double worst = 0;
+      int64_t nans = 0;
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        nans += std::isnan(got.at(i));
+        worst = std::max(worst, std::abs(got.at(i) - want[i]));
+      }
+      CHECK(nans == 0);
+      CHECK(worst <= 1e-5);
+    }
+}

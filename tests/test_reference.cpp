@@ -244,6 +244,43 @@ TEST_CASE("reference: strided (non-contiguous) views are read and written throug
   }
 }
 
+TEST_CASE("reference: a kernel with strides compiled in runs on tensors with those strides and names any other") {
+  const Kernel k = vector_add();
+  const int64_t N = 203;
+  // contiguous_spec compiles in the unit stride, as launch() does for a contiguous tensor.
+  const TensorSpec unit = contiguous_spec(DType::f32, {-1});
+  CHECK(unit.strides == std::vector<int64_t>{1});
+  const ir::Function f = k.trace({unit, unit, unit});
+  CHECK(f.params[0].static_stride(0) == 1);
+  std::mt19937 rng(3);
+  RefTensor a(DType::f32, {N}), b(DType::f32, {N}), c(DType::f32, {N}), wide(DType::f32, {N}, {2}, 2 * N);
+  for (int64_t i = 0; i < N; ++i) {
+    a.set({i}, nonzero(rng));
+    b.set({i}, nonzero(rng));
+    wide.set({i}, nonzero(rng));
+  }
+  c.fill_storage(kNaN);
+  run_reference(f, blocks({{"b", 64}}), {a.view(), b.view(), c.view()});
+  for (int64_t i = 0; i < N; ++i) REQUIRE(c.get({i}) == static_cast<float>(a.get({i}) + b.get({i})));
+  CHECK_THROWS_WITH_AS(run_reference(f, blocks({{"b", 64}}), {a.view(), wide.view(), c.view()}),
+                       "kernel 'vadd': argument 'b': stride 0 is 2 but the kernel was compiled for stride 1 there "
+                       "(f32[203] (host))",
+                       Error);
+  CHECK_THROWS_WITH_AS(launch_shape(f, blocks({{"b", 64}}), {a.view(), b.view(), wide.view()}),
+                       doctest::Contains("argument 'c': stride 0 is 2 but the kernel was compiled for stride 1"), Error);
+
+  // What a spec may say about strides.
+  CHECK_THROWS_WITH_AS(k.trace({TensorSpec{DType::f32, {N}, {1, 1}}, unit, unit}),
+                       "kernel 'vadd': tensor 'a' has 2 strides in its spec for 1 dims", Error);
+  CHECK_THROWS_WITH_AS(k.trace({unit, TensorSpec{DType::f32, {N}, {-2}}, unit}),
+                       "kernel 'vadd': tensor 'b': stride 0 in its spec is -2 (a stride is -1, dynamic, or >= 0)", Error);
+  // Row-major strides past a dynamic dim depend on its size: not compiled in.
+  CHECK(contiguous_spec(DType::f32, {4, -1, 3}).strides == std::vector<int64_t>{-1, -1, 1});
+  CHECK(contiguous_spec(DType::f32, {4, 1}).strides == std::vector<int64_t>{1, 1});
+  CHECK(contiguous_spec(DType::f32, {4, 5}).strides == std::vector<int64_t>{-1, 1});
+  CHECK(spec_key({unit}) != spec_key({TensorSpec{DType::f32, {-1}}}));
+}
+
 TEST_CASE("reference: row softmax with an online max/sum, static and dynamic shapes") {
   const Kernel k = row_softmax();
   std::mt19937 rng(3);

@@ -118,22 +118,6 @@ struct Spec {
   std::string key;
 };
 
-std::string spec_key(const std::vector<ArgSpec>& specs) {
-  std::string key;
-  for (const auto& s : specs) {
-    std::visit(
-        [&](const auto& v) {
-          using V = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<V, TensorSpec>) key += fmt::format("T{}[{}]", name(v.dtype), fmt::join(v.shape, ","));
-          else if constexpr (std::is_same_v<V, RuntimeScalar>) key += "S";
-          else key += fmt::format("H{}", v);
-        },
-        s);
-    key += ';';
-  }
-  return key;
-}
-
 std::string describe_specs(const Kernel& k, const std::vector<ArgSpec>& specs) {
   std::vector<std::string> parts;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -405,9 +389,13 @@ int export_kernels(const ExportOptions& o) {
           } catch (const Error& e) {
             throw Error(fmt::format("export: --shapes entry '{}' for {}: {}", s->text, kname, e.what()));
           }
-          if (spec.dynamic)
-            for (auto& a : spec.specs)
-              if (auto* t = std::get_if<TensorSpec>(&a)) std::fill(t->shape.begin(), t->shape.end(), -1);
+          // The exported launcher picks a variant by dtypes and dims only, so its kernels take any
+          // strides: none compiled in.
+          for (auto& a : spec.specs)
+            if (auto* t = std::get_if<TensorSpec>(&a)) {
+              t->strides.clear();
+              if (spec.dynamic) std::fill(t->shape.begin(), t->shape.end(), -1);
+            }
           spec.key = spec_key(spec.specs);
           if (keys.insert(spec.key).second) ke.specs.push_back(std::move(spec));
         }
