@@ -101,16 +101,14 @@ double numel(const Problem& p) {
 // Two passes, each rotating (2·D flops per element), plus the scaling.
 double rotate_quantize_flops(const Problem& p) { return (4.0 * static_cast<double>(p.shape[3]) + 3.0) * numel(p); }
 
-// The specs of row-major tensors, as launch() derives them for contiguous ones (their unit
-// strides compiled in): what `tilejit show` prints and `tune` tunes is what runs.
-std::vector<ArgSpec> row_major(std::vector<ArgSpec> specs) {
+// Args' specs with every tensor row-major, as launch() derives them for contiguous ones (their
+// unit strides compiled in): what `tilejit show` prints and `tune` tunes is what runs.
+template <std::vector<ArgSpec> (*Args)(const Problem&)>
+std::vector<ArgSpec> laid_out(const Problem& p) {
+  std::vector<ArgSpec> specs = Args(p);
   for (auto& s : specs)
     if (auto* t = std::get_if<TensorSpec>(&s)) *t = contiguous_spec(t->dtype, t->shape);
   return specs;
-}
-template <std::vector<ArgSpec> (*Args)(const Problem&)>
-std::vector<ArgSpec> laid_out(const Problem& p) {
-  return row_major(Args(p));
 }
 std::vector<ArgSpec> quantize_fp8_args(const Problem& p) { return quantize_args(p, false); }
 std::vector<ArgSpec> quantize_transpose_fp8_args(const Problem& p) { return quantize_args(p, true); }

@@ -33,11 +33,12 @@ constexpr double kAccuracyFlopBudget = 1e9;
 
 // The attention_fp8 specialization that the pipeline and the kernel-alone launch use (no LSE: a
 // 1-element dummy, with_lse false).
+// (Contiguous tensors: their unit strides compiled in, as the launches' specs_for has them.)
 std::vector<ArgSpec> attention_specs(DType in, const BenchShape& s) {
-  TensorSpec q{in, {s.B, s.H, s.S, s.D}};
-  TensorSpec v = is_fp8(in) ? TensorSpec{in, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}} : q;
-  TensorSpec ds{DType::f32, {s.B, s.H}};
-  return {q, q, v, ds, ds, ds, TensorSpec{DType::bf16, q.shape}, TensorSpec{DType::f32, {1}},
+  TensorSpec q = contiguous_spec(in, {s.B, s.H, s.S, s.D});
+  TensorSpec v = is_fp8(in) ? contiguous_spec(in, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}) : q;
+  TensorSpec ds = contiguous_spec(DType::f32, {s.B, s.H});
+  return {q, q, v, ds, ds, ds, contiguous_spec(DType::bf16, q.shape), contiguous_spec(DType::f32, {1}),
           RuntimeScalar{static_cast<float>(scale_log2(s.D))}, RuntimeScalar{1.0f}, s.causal, false};
 }
 
@@ -174,12 +175,13 @@ int bench_attention(const BenchAttentionOptions& o) {
                       attention_config(DType::bf16, DType::bf16, shape, s.causal, src)});
       if (!quantize_shapes.insert({s.S, s.D}).second) continue;
       // What attention_fp8_forward's plain recipe launches: chunk amaxes, then the chunked quantizers.
-      const TensorSpec x{DType::bf16, shape}, descale{DType::f32, {s.B, s.H}};
-      const TensorSpec partial{DType::f32, {s.B, s.H, kernels::attention_fp8_quantize_chunks(s.B * s.H, s.S)}};
+      const TensorSpec x = contiguous_spec(DType::bf16, shape), descale = contiguous_spec(DType::f32, {s.B, s.H});
+      const TensorSpec partial =
+          contiguous_spec(DType::f32, {s.B, s.H, kernels::attention_fp8_quantize_chunks(s.B * s.H, s.S)});
       jobs.push_back({&kernels::chunk_amax(), {x, partial}, amax_cfg});
-      jobs.push_back({&kernels::quantize_fp8_chunked(), {x, partial, TensorSpec{DType::e4m3, shape}, descale}, qcfg});
+      jobs.push_back({&kernels::quantize_fp8_chunked(), {x, partial, contiguous_spec(DType::e4m3, shape), descale}, qcfg});
       jobs.push_back({&kernels::quantize_transpose_fp8_chunked(),
-                      {x, partial, TensorSpec{DType::e4m3, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}}, descale}, qtcfg});
+                      {x, partial, contiguous_spec(DType::e4m3, {s.B, s.H, s.D, (s.S + 15) / 16 * 16}), descale}, qtcfg});
     }
     const uint64_t compiles_before = nvrtc_compile_count();
     precompile(jobs, dev.arch());

@@ -542,12 +542,14 @@ int run_bench(const Options& o) {
       std::vector<Config> wc;
       for (const Shape& s : shapes) {
         const DType in = fp8 ? DType::e4m3 : DType::bf16;
+        // Contiguous operands, as Problem::specs() (specs_for) sees them: their unit strides compiled in.
         std::vector<ArgSpec> specs;
         if (fp8)
-          specs = {TensorSpec{in, {s.M, s.K}}, TensorSpec{in, {s.N, s.K}}, TensorSpec{DType::f32, {1}}, TensorSpec{DType::f32, {1}},
-                   TensorSpec{DType::f32, {0}}, TensorSpec{o.out_dtype, {s.M, s.N}}};
+          specs = {contiguous_spec(in, {s.M, s.K}),         contiguous_spec(in, {s.N, s.K}),
+                   contiguous_spec(DType::f32, {1}),        contiguous_spec(DType::f32, {1}),
+                   contiguous_spec(DType::f32, {0}),        contiguous_spec(o.out_dtype, {s.M, s.N})};
         else
-          specs = {TensorSpec{in, {s.M, s.K}}, TensorSpec{in, {s.N, s.K}}, TensorSpec{DType::bf16, {s.M, s.N}}};
+          specs = {contiguous_spec(in, {s.M, s.K}), contiguous_spec(in, {s.N, s.K}), contiguous_spec(DType::bf16, {s.M, s.N})};
         for (const auto& c : cfgs) {
           work.emplace_back(fp8 ? &kernels::fp8_gemm() : &kernels::gemm(), specs);
           wc.push_back(Config::from_json(c.json));
