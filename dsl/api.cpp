@@ -244,6 +244,10 @@ LoopRange::LoopRange(ir::LoopKind kind, Operand begin, Operand end, Block block,
 LoopRange::~LoopRange() { close(); }
 
 void LoopRange::open() {
+  // Its block is one loop's: a second loop over the same range would share a block dimension
+  // (and so tiles) with the first.
+  if (ran_) fail(loc_, "this tile range has already run its loop: call tile() again for a second loop");
+  ran_ = true;
   index_ = B(loc_).open_loop(kind_, begin_, end_, block_, loc_);
   open_ = true;
 }
@@ -406,6 +410,8 @@ DimArg::DimArg(const Tile& static_size) {
     throw DslError(b.last_loc(), "a tile dimension must be a tile index, an integer or a static size (this one is only known at run time)");
   dim = Dim::constant(static_cast<int64_t>(*c));
 }
+
+DimArg::DimArg(const detail::TileRange& loop) : dim(Dim::block(loop.block_id())) {}
 
 Tile full(std::initializer_list<DimArg> shape, double value, DType dtype, Loc l) {
   auto loc = to_loc(l);

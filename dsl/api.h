@@ -97,9 +97,14 @@ class TileIndex {
   int begin_, loop_end_, block_;
 };
 
-// One dimension of a shape given to full/zeros: a tile loop's block, or a static size.
+namespace detail { class TileRange; }
+
+// One dimension of a shape given to full/zeros: a tile loop's block, or a static size. A tile
+// range named before its loop (`auto rows = tile(S); Var acc = zeros({rows, D}, ...); for (auto
+// s : rows) ...`) gives its block to a Var that the loop updates tile by tile.
 struct DimArg {
   DimArg(const TileIndex& t) : dim(Dim::block(t.block_id())) {}
+  DimArg(const detail::TileRange& loop);
   template <std::integral T>
   DimArg(T n) : dim(Dim::constant(static_cast<int64_t>(n))) {}
   DimArg(const Tile& static_size);   // must fold to a constant (e.g. a static tensor dim)
@@ -226,11 +231,12 @@ class LoopRange {
   void close();
   template <class Value>
   Value current() const;
+  int block_id() const { return block_; }
 
  protected:
   ir::LoopKind kind_;
   int begin_ = -1, end_ = -1, block_ = -1, index_ = -1;
-  bool open_ = false;
+  bool open_ = false, ran_ = false;
   ir::SourceLoc loc_;
 };
 

@@ -110,7 +110,8 @@ struct Verifier {
   void check_shape_scope(const Op& op, const TileType& t) {
     for (const Dim& d : t.shape)
       if (d.is_block() && !open_blocks.count(static_cast<int>(d.value)))
-        fail(op, fmt::format("a tile with block dim {} is used outside its tile loop",
+        fail(op, fmt::format("a tile with block dim {} is used outside the scope that runs its tile loop (declare a "
+                             "Var that holds its tiles where the loop runs, not in an enclosing loop or after it)",
                              f.blocks.at(d.value).name));
   }
 
@@ -183,6 +184,12 @@ struct Verifier {
 
   void region(const ir::Region& r, bool parent_launch) {
     scopes.emplace_back();
+    // A tile loop's block dim is in scope in the whole region that holds the loop: a Var the
+    // loop updates tile by tile is declared before it and read after it.
+    std::vector<int> region_blocks;
+    for (const Op& op : r.ops)
+      if (op.kind == OpKind::loop && op.block_id >= 0 && open_blocks.insert(op.block_id).second)
+        region_blocks.push_back(op.block_id);
     for (const Op& op : r.ops) {
       for (int v : op.operands)
         if (!visible(v)) fail(op, fmt::format("operand %{} is not defined in an enclosing scope", v));
@@ -190,14 +197,13 @@ struct Verifier {
       if (op.result >= 0) scopes.back().insert(op.result);
       if (op.kind == OpKind::loop) {
         if (op.launch && !parent_launch) fail(op, "a launch loop nested inside a loop that is not one");
-        if (op.block_id >= 0) open_blocks.insert(op.block_id);
         scopes.emplace_back();
         scopes.back().insert(op.body_index);
         region(*op.body, op.launch);
         scopes.pop_back();
-        if (op.block_id >= 0) open_blocks.erase(op.block_id);
       }
     }
+    for (int b : region_blocks) open_blocks.erase(b);
     scopes.pop_back();
   }
 };

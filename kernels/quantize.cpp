@@ -46,14 +46,15 @@ namespace {
 
 double fp8_max(DType t) { return t == DType::e5m2 ? 57344.0 : 448.0; }
 
-// amax of |x[b, h, :, :]| over S in tiles of block `name` (an f32 scalar).
-Tile slice_amax(const In& x, const Tile& b, const Tile& h, const Tile& S, const char* name) {
-  Var mx = constant(0.0, DType::f32);
-  for (auto s : tile(S, block(name))) {
-    auto t = abs(x.load(b, h, s, all).to(DType::f32));
-    mx = maximum(mx, amax(amax(t, 1), 0));
-  }
-  return mx;
+// amax of |x[b, h, rows, :]| over rows [begin, end) in tiles of block `name` (an f32 scalar).
+// Each thread keeps the running max of its own elements and one block-wide reduction follows
+// the loop: a reduction per tile would stall every tile on its loads. Rows past `end` load 0,
+// which no |x| is below.
+Tile slice_amax(const In& x, const Tile& b, const Tile& h, const Tile& begin, const Tile& end, const char* name) {
+  auto rows = tile(begin, end, block(name));
+  Var peak = zeros({rows, x.dim(3)}, DType::f32);
+  for (auto s : rows) peak = maximum(peak, abs(x.load(b, h, s, all).to(DType::f32)));
+  return amax(amax(peak, 1), 0);
 }
 
 // x's head dim D when the trace compiles it in (rotations need it: R is [D, D], loaded whole
@@ -164,10 +165,7 @@ const Kernel& chunk_amax() {
       auto h = bh % H;
       for (auto c : grid(C)) {
         auto [begin, end] = chunk_rows(S, C, c);
-        Var mx = constant(0.0, DType::f32);
-        for (auto s : tile(begin, end, block("s")))
-          mx = maximum(mx, amax(amax(abs(x.load(b, h, s, all).to(DType::f32)), 1), 0));
-        partial.store(b, h, c, mx);
+        partial.store(b, h, c, slice_amax(x, b, h, begin, end, "s"));
       }
     }
   });
@@ -217,7 +215,7 @@ const Kernel& head_amax() {
     for (auto bh : grid(B * H)) {
       auto b = floordiv(bh, H);
       auto h = bh % H;
-      amax_out.store(b, h, slice_amax(x, b, h, S, "s") * scale);
+      amax_out.store(b, h, slice_amax(x, b, h, constant(0, DType::i64), S, "s") * scale);
     }
   });
   return k;
@@ -230,7 +228,7 @@ const Kernel& quantize_fp8() {
         for (auto bh : grid(B * H)) {
           auto b = floordiv(bh, H);
           auto h = bh % H;
-          auto mx = slice_amax(x, b, h, S, "s");
+          auto mx = slice_amax(x, b, h, constant(0, DType::i64), S, "s");
           auto ds = where(mx > 0.0, mx * (1.0 / fp8_max(y.dtype())), 1.0);
           descale.store(b, h, ds);
           auto inv = 1.0 / ds;
@@ -249,7 +247,7 @@ const Kernel& quantize_transpose_fp8() {
         for (auto bh : grid(B * H)) {
           auto b = floordiv(bh, H);
           auto h = bh % H;
-          auto mx = slice_amax(x, b, h, S, "s");
+          auto mx = slice_amax(x, b, h, constant(0, DType::i64), S, "s");
           auto ds = where(mx > 0.0, mx * (1.0 / fp8_max(yt.dtype())), 1.0);
           descale.store(b, h, ds);
           auto inv = 1.0 / ds;

@@ -220,6 +220,27 @@ const Kernel& k_mixed_ranks() {
   return k;
 }
 
+// Per-column sums and max |x| over each batch entry's rows, kept tile by tile in Vars that hold
+// one tile of the row loop (declared on its named range) and reduced once after it.
+const Kernel& k_running_columns() {
+  static const Kernel k = kernel("running_columns", {"x", "out"}, [](In x, Out out) {
+    auto [B, R, C] = x.shape<3>();
+    for (auto b : grid(B)) {
+      auto rows = tile(R, block("r"));
+      Var total = zeros({rows, C}, DType::f32);
+      Var peak = zeros({rows, C}, DType::f32);
+      for (auto r : rows) {
+        auto v = x.load(b, r, all).to(DType::f32);
+        total = total + v;
+        peak = maximum(peak, abs(v));
+      }
+      out.store(b, 0, all, sum(total, 0));
+      out.store(b, 1, all, amax(peak, 0));
+    }
+  });
+  return k;
+}
+
 }  // namespace tj_codegen_test
 
 using namespace tj_codegen_test;

@@ -36,6 +36,7 @@ const tj::Kernel& k_reductions();
 const tj::Kernel& k_matmul();
 const tj::Kernel& k_integers();
 const tj::Kernel& k_mixed_ranks();
+const tj::Kernel& k_running_columns();
 }  // namespace tj_codegen_test
 
 using namespace tj;
@@ -382,6 +383,8 @@ TEST_CASE("codegen (emulated): reductions, dots and mixed-rank layouts match the
   run_case({"matmul f32 dynamic strided", &k_matmul,
             {T(f32, {-1, -1}), T(f32, {-1, -1}), T(f32, {-1, -1}), T(f32, {-1, -1}), T(f16, {-1, -1})},
             R"({"blocks":{"m":64,"n":32,"k":64},"num_warps":8})", {{40, 70}, {24, 70}, {70, 40}, {40, 24}, {40, 24}}, true});
+  run_case({"running columns (Vars over a named tile range)", &k_running_columns, {T(f32, {3, 70, 45}), T(f32, {3, 2, 45})},
+            R"({"blocks":{"r":16},"num_warps":2})"});
   run_case({"mixed ranks", &k_mixed_ranks, {T(f16, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f16, {24}), T(f32, {2})},
             R"({"num_warps":4})"});
 }
@@ -413,6 +416,8 @@ TEST_CASE("codegen (emulated): vector layouts (knob simt_vec) match the referenc
   run_case({"attention bf16 causal, vec 2", &attention,
             {T(bf16, {1, 2, 70, 32}), T(bf16, {1, 2, 70, 32}), T(bf16, {1, 2, 70, 32}), T(bf16, {1, 2, 70, 32}), RuntimeScalar{0.25f}, true},
             R"({"blocks":{"m":32,"n":16},"num_warps":4,"knobs":{"simt_vec":2}})"});
+  run_case({"running columns (Vars over a named tile range), vec 4", &k_running_columns, {T(bf16, {3, 70, 72}), T(f32, {3, 2, 72})},
+            R"({"blocks":{"r":32},"num_warps":4,"knobs":{"simt_vec":4}})"});
   const std::vector<int64_t> x{1, 2, 100, 64};
   run_case({"chunk_amax, 8 warps, vec 8", &kernels::chunk_amax, {T(bf16, x), T(f32, {1, 2, 3})},
             R"({"blocks":{"s":32},"num_warps":8,"knobs":{"simt_vec":8}})"});

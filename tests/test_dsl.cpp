@@ -87,6 +87,26 @@ TEST_CASE("dsl: loop-carried state through tj::Var") {
   CHECK(writes == 1);
 }
 
+TEST_CASE("dsl: a Var declared on a named tile range holds the loop's tiles") {
+  Kernel k = kernel("colsum", {"x", "out"}, [](In x, Out out) {
+    auto rows = tile(x.dim(0), block("r"));
+    Var total = zeros({rows, x.dim(1)}, DType::f32);
+    for (auto r : rows) total = total + x.load(r, all);
+    out.store(all, sum(total, 0));
+  });
+  ir::Function f = k.trace({t(DType::f32, {100, 8}), t(DType::f32, {8})});
+  REQUIRE(f.blocks.size() == 1);
+  int masked_reductions = 0, reductions = 0;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.kind != ir::OpKind::reduce) return;
+    ++reductions;
+    masked_reductions += op.operands.size() == 3;
+  });
+  CHECK(reductions == 1);
+  CHECK(masked_reductions == 0);   // after the loop every row of the Var holds data
+  CHECK(ir::print(f).find("[r, 8]") != std::string::npos);
+}
+
 TEST_CASE("dsl: errors point at the user's line") {
   auto f32 = [](std::vector<int64_t> s) { return t(DType::f32, s); };
 
@@ -119,6 +139,38 @@ TEST_CASE("dsl: errors point at the user's line") {
       for (auto i : tile(x.dim(0))) o.store(i, all, x.load(i, all));
     });
     expect_dsl_error(k, {f32({8, -1}), f32({8, -1})}, "tj::all needs a static size, but dimension 1 of 'x' is dynamic");
+  }
+  SUBCASE("a tile range's loop run twice") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      auto rows = tile(x.dim(0), block("r"));
+      for (auto r : rows) o.store(r, x.load(r));
+      for (auto r : rows) o.store(r, x.load(r) * 2.0);
+    });
+    expect_dsl_error(k, {f32({8}), f32({8})}, "this tile range has already run its loop: call tile() again for a second loop");
+  }
+  SUBCASE("a Var over a tile range declared outside the loop that runs the range") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      auto rows = tile(x.dim(1), block("r"));
+      Var acc = zeros({rows}, DType::f32);
+      for (auto b : grid(x.dim(0))) {
+        for (auto r : rows) acc = acc + x.load(b, r);
+        o.store(b, sum(acc, 0));
+      }
+    });
+    expect_dsl_error(k, {f32({4, 8}), f32({4})},
+                     "a tile with block dim r is used outside the scope that runs its tile loop (declare a Var that holds "
+                     "its tiles where the loop runs, not in an enclosing loop or after it)");
+  }
+  SUBCASE("a Var over one range updated with another loop's tiles") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      auto rows = tile(x.dim(0), block("r"));
+      Var acc = zeros({rows}, DType::f32);
+      for (auto r : tile(x.dim(0), block("r2"))) acc = acc + x.load(r);
+      o.store(0, sum(acc, 0));
+    });
+    expect_dsl_error(k, {f32({8}), f32({1})},
+                     "add: shapes [r] and [r2] do not broadcast (a tile loop's block dimension matches only tiles of "
+                     "that same loop, not a constant or another loop's block of the same size)");
   }
   SUBCASE("shapes that do not broadcast") {
     Kernel k = kernel("k", {"x", "y", "o"}, [](In x, In y, Out o) {

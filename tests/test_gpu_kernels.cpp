@@ -14,6 +14,10 @@
 
 using namespace tj;
 
+namespace tj_codegen_test {   // tests/test_codegen.cpp
+const tj::Kernel& k_running_columns();
+}  // namespace tj_codegen_test
+
 namespace {
 
 HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double scale = 1.0) {
@@ -163,6 +167,24 @@ TEST_CASE("gpu: launch rejects host tensors with a clear message") {
 
 // launch() compiles in each stride equal to 1 (TensorSpec::strides): a launch on a view whose
 // last stride is 2 must take a kernel of its own, not the one compiled for contiguous rows.
+TEST_CASE("gpu: Vars that hold a tile loop's tiles (per-column sums and max |x|) match the reference at ragged row counts") {
+  TJ_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  for (int64_t R : {1000, 64, 7}) {
+    for (const char* cfg : {R"({"blocks":{"r":32},"num_warps":8})", R"({"blocks":{"r":64},"num_warps":4,"knobs":{"simt_vec":8}})"}) {
+      CAPTURE(R);
+      CAPTURE(cfg);
+      std::vector<HostTensor> tensors;
+      tensors.push_back(random_tensor(DType::bf16, {5, R, 128}, rng, 3.0));
+      tensors.emplace_back(DType::f32, std::vector<int64_t>{5, 2, 128});
+      Outcome o = run_both(tj_codegen_test::k_running_columns(), tensors, {}, 1, Config::from_json(cfg));
+      CHECK(o.nan_count == 0);
+      CHECK(o.max_ref > 0);
+      CHECK(o.max_abs_err <= 1e-4 * std::max(1.0, o.max_ref));
+    }
+  }
+}
+
 TEST_CASE("gpu: softmax on contiguous rows and on every other column, launched in turn, both match float64") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(5);

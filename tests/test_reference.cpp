@@ -23,6 +23,10 @@
 using namespace tj;
 namespace num = tj::numerics;
 
+namespace tj_codegen_test {   // tests/test_codegen.cpp
+const tj::Kernel& k_running_columns();
+}  // namespace tj_codegen_test
+
 namespace {
 
 constexpr double kLog2e = 1.4426950408889634;
@@ -577,6 +581,33 @@ TEST_CASE("reference: integer ops (floordiv, mod, div, cdiv) and scalar stores")
     CHECK(out.get({i, 2}) == v / 3);                      // C++ truncates, as the IR's div
     CHECK(out.get({i, 3}) == fdiv(v + 3, 4));
     CHECK(out.get({i, 4}) == v - (-4) * fdiv(v, -4));     // sign of the divisor
+  }
+}
+
+TEST_CASE("reference: Vars that hold a tile loop's tiles (per-column sums and max |x|) match float64 at ragged row counts") {
+  std::mt19937 rng(29);
+  std::normal_distribution<double> n(0.0, 2.0);
+  for (int64_t R : {70, 64, 5}) {
+    for (int64_t block : {16, 32, 128}) {
+      CAPTURE(R);
+      CAPTURE(block);
+      const int64_t B = 3, C = 45;
+      RefTensor x(DType::f32, {B, R, C}), out(DType::f32, {B, 2, C});
+      for (int64_t i = 0; i < x.storage_elems(); ++i) num::store_element(x.bytes.data(), x.dtype, i, n(rng));
+      out.fill_storage(kNaN);
+      const ir::Function f = tj_codegen_test::k_running_columns().trace({TensorSpec{DType::f32, {B, R, C}}, TensorSpec{DType::f32, {B, 2, C}}});
+      run_reference(f, blocks({{"r", block}}), {x.view(), out.view()});
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < C; ++c) {
+          double total = 0, peak = 0;
+          for (int64_t r = 0; r < R; ++r) {
+            total += x.get({b, r, c});
+            peak = std::max(peak, std::abs(x.get({b, r, c})));
+          }
+          CHECK(out.get({b, 0, c}) == doctest::Approx(total).epsilon(1e-5).scale(10.0));
+          CHECK(out.get({b, 1, c}) == peak);
+        }
+    }
   }
 }
 
