@@ -670,13 +670,16 @@ TEST_CASE("codegen: knob simt_vec gives a thread column adjacent columns, 16-byt
 TEST_CASE("codegen: knob simt_min_blocks has ptxas keep the registers for that many blocks per SM") {
   const std::vector<ArgSpec> specs = {TensorSpec{DType::bf16, {8, 16, 2048, 128}}, TensorSpec{DType::f32, {8, 16, 4}}};
   ir::Function f = kernels::chunk_amax().trace(specs);
-  GeneratedKernel plain = codegen::generate_cuda(f, config(R"({"blocks":{"s":64},"num_warps":8})"), Target{});
-  GeneratedKernel bounded =
-      codegen::generate_cuda(f, config(R"({"blocks":{"s":64},"num_warps":8,"knobs":{"simt_min_blocks":4}})"), Target{});
-  CHECK(contains(plain.source, "__launch_bounds__(256) chunk_amax("));
-  CHECK(contains(bounded.source, "__launch_bounds__(256, 4) chunk_amax("));
+  // The quantizer with runtime strides: an address per element.
+  ir::Function q = kernels::quantize_fp8_chunked().trace({TensorSpec{DType::bf16, {8, 16, 2048, 128}}, TensorSpec{DType::f32, {8, 16, 4}},
+                                                          TensorSpec{DType::e4m3, {8, 16, 2048, 128}}, TensorSpec{DType::f32, {8, 16}}});
+  GeneratedKernel plain = codegen::generate_cuda(q, config(R"({"blocks":{"s2":64},"num_warps":8,"knobs":{"simt_lanes_c":16}})"), Target{});
+  GeneratedKernel bounded = codegen::generate_cuda(
+      q, config(R"({"blocks":{"s2":64},"num_warps":8,"knobs":{"simt_lanes_c":16,"simt_min_blocks":4}})"), Target{});
+  CHECK(contains(plain.source, "__launch_bounds__(256) quantize_fp8_chunked("));
+  CHECK(contains(bounded.source, "__launch_bounds__(256, 4) quantize_fp8_chunked("));
   // 4 blocks of 256 threads in 65536 registers: at most 64 each, without spilling this loop. Unbounded,
-  // ptxas took more (99 with CUDA 13.0), so only two blocks fit an SM.
+  // ptxas takes more (127 with CUDA 13.0), so only two blocks fit an SM.
   const tj_test::PtxasInfo p = tj_test::ptxas_info(tj_test::nvrtc(plain, "sm_90a", true, true).log);
   const tj_test::PtxasInfo b = tj_test::ptxas_info(tj_test::nvrtc(bounded, "sm_90a", true, true).log);
   CHECK(p.registers > 64);
