@@ -657,13 +657,32 @@ TEST_CASE("codegen: knob simt_vec gives a thread column adjacent columns, 16-byt
   for (const char* arch : {"sm_90a", "sm_80"}) {
     CAPTURE(arch);
     const std::string ptx = tj_test::nvrtc(vec, arch, false).ptx;
-    CHECK(std::regex_search(ptx, std::regex(R"(ld\.global(\.nc)?\.v4\.u32)")));
+    CHECK(std::regex_search(ptx, std::regex(R"(ld\.global(\.nc)?(\.L2::256B)?\.v4\.u32)")));
   }
   for (int bad : {0, 3, 32}) {
     CAPTURE(bad);
     const std::string json = fmt::format(R"({{"blocks":{{"s":64}},"knobs":{{"simt_vec":{}}}}})", bad);
     const std::string want = fmt::format("kernel 'chunk_amax': knob simt_vec must be a power of two in [1, 16], got {}", bad);
     CHECK_THROWS_WITH(codegen::generate_cuda(f, config(json.c_str()), Target{}), doctest::Contains(want.c_str()));
+  }
+}
+
+TEST_CASE("codegen: SIMT loads ask L2 for 256-byte blocks only where a tile row covers them contiguously") {
+  const int64_t B = 2, H = 3, S = 256, D = 128;
+  const std::vector<ArgSpec> wide = {contiguous_spec(DType::bf16, {B, H, S, D}), contiguous_spec(DType::f32, {B, H, 2}),
+                                     contiguous_spec(DType::e4m3, {B, H, S, D}), contiguous_spec(DType::f32, {B, H})};
+  const GeneratedKernel quantizer =
+      codegen::generate_cuda(kernels::quantize_fp8_chunked().trace(wide), kernels::chunked_quantize_config(false), Target{});
+  // Rows of 32 f32 (128 bytes): half of each block would be fetched for nothing.
+  const GeneratedKernel narrow = codegen::generate_cuda(
+      k_elementwise2d().trace({T(DType::f32, {64, 64}), T(DType::f32, {64, 64}), T(DType::f32, {64, 64}), T(DType::f32, {64, 64}),
+                               RuntimeScalar{1.0f}}),
+      config(R"({"blocks":{"r":16,"c":32},"num_warps":4})"), Target{});
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    CAPTURE(arch);
+    const std::string ptx = tj_test::nvrtc(quantizer, arch, false).ptx;
+    CHECK(std::regex_search(ptx, std::regex(R"(ld\.global\.L2::256B\.u16)")));
+    CHECK(!contains(tj_test::nvrtc(narrow, arch, false).ptx, "L2::256B"));
   }
 }
 

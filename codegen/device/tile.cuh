@@ -250,12 +250,55 @@ template <> struct Chunk<4> { using type = unsigned; };
 template <> struct Chunk<8> { using type = uint2; };
 template <> struct Chunk<16> { using type = uint4; };
 
+// A global load that asks L2 to fetch the whole 256-byte block around it (PTX .L2::256B, sm_80
+// on): a streaming pass then keeps more bytes in flight per request. Only for loads whose row
+// covers whole blocks (WIDE: a tile row of 256 bytes or more, unit stride), which use every
+// byte fetched; a column or a narrow tile would waste most of each block. The "memory" clobber
+// keeps it in order with the kernel's stores (InOut tensors). H200, session 29: chunk_amax
+// 24.4 -> 23.3 us, quantize_transpose_fp8_chunked 43.0 -> 39.4 us.
+template <bool WIDE, class C>
+TJ_DEV C ld_global(const C* p) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (WIDE && sizeof(C) == 16) {
+    uint4 v;
+    asm volatile("ld.global.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return *reinterpret_cast<C*>(&v);
+  } else if constexpr (WIDE && sizeof(C) == 8) {
+    uint2 v;
+    asm volatile("ld.global.L2::256B.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+    return *reinterpret_cast<C*>(&v);
+  } else if constexpr (WIDE && sizeof(C) == 4) {
+    unsigned v;
+    asm volatile("ld.global.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return *reinterpret_cast<C*>(&v);
+  } else if constexpr (WIDE && sizeof(C) == 2) {
+    unsigned short v;
+    asm volatile("ld.global.L2::256B.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+    return *reinterpret_cast<C*>(&v);
+  } else if constexpr (WIDE && sizeof(C) == 1) {
+    unsigned short v;
+    asm volatile("ld.global.L2::256B.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+    return static_cast<C>(v);
+  }
+#endif
+  return *p;
+}
+
 // V adjacent elements of M in accesses of up to 16 bytes; both ends aligned to one access.
 template <class M, int V>
 struct Group {
   static constexpr int bytes = (int)sizeof(M) * V;
   static constexpr int step = bytes < 16 ? bytes : 16;
   static TJ_DEV bool aligned(const M* p) { return ((unsigned long long)p & (unsigned long long)(step - 1)) == 0; }
+  template <bool WIDE>
+  static TJ_DEV void load(M* dst, const M* src) {
+    using C = typename Chunk<step>::type;
+#pragma unroll
+    for (int b = 0; b < bytes; b += step)
+      *reinterpret_cast<C*>(reinterpret_cast<char*>(dst) + b) =
+          ld_global<WIDE>(reinterpret_cast<const C*>(reinterpret_cast<const char*>(src) + b));
+  }
   static TJ_DEV void copy(M* dst, const M* src) {
     using C = typename Chunk<step>::type;
 #pragma unroll
@@ -278,6 +321,7 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
   constexpr int step = grouped ? L::vec : 1;
   const M* base = static_cast<const M*>(data) + offset;
   const bool unit = grouped && c.stride == 1;
+  constexpr bool wide_rows = L::ec * (long long)sizeof(M) >= 256;   // see ld_global
   Tile<typename E::reg, L> out;
 #pragma unroll
   for (int i = 0; i < L::sr; ++i) {
@@ -290,7 +334,7 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
         const M* p = base + pr * r.stride + pc;
         if (unit && okr && (!CC || (pc >= 0 && pc + L::vec <= c.limit)) && G::aligned(p)) {
           alignas(16) M group[L::vec];
-          G::copy(group, p);
+          G::template load<wide_rows>(group, p);
 #pragma unroll
           for (int v = 0; v < L::vec; ++v) out.v[i * L::sc + j0 + v] = E::ld(&group[v]);
           continue;
@@ -300,7 +344,13 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
       for (int j = j0; j < j0 + step; ++j) {
         const long long pc = c.start + L::coord_c(j);
         const bool okc = okr && (!CC || in_range(pc, c.limit));
-        out.v[i * L::sc + j] = okc ? E::ld(base + pr * r.stride + pc * c.stride) : typename E::reg(0);
+        if (!okc) {
+          out.v[i * L::sc + j] = typename E::reg(0);
+          continue;
+        }
+        const M* p = base + pr * r.stride + pc * c.stride;
+        const M m = c.stride == 1 ? detail::ld_global<wide_rows>(p) : *p;
+        out.v[i * L::sc + j] = E::ld(&m);
       }
     }
   }
