@@ -58,8 +58,9 @@ const Kernel& quantize_transpose_fp8();
 //     [Q_hi | Q_lo]·[K | K]ᵀ = (Q_hi + Q_lo)·Kᵀ).
 // Blocks "s"/"s2" (rows of the amax / write pass), "d"/"d2" (columns of x·R, with a rotation).
 // The same quantization (bit for bit) with B·H·C programs instead of B·H: chunk_amax (x,
-// partial [B,H,C] f32) takes the amax of each of C row chunks (whole tiles of 64 rows), then
-// quantize_fp8_chunked / quantize_transpose_fp8_chunked (x, partial, y or yt, descale) quantize
+// partial [B,H,C] f32) takes the amax of each of C row chunks (whole tiles of 64 rows; with a
+// block "s" that does not divide 64, a chunk's last tile also reads the next chunk's first rows),
+// then quantize_fp8_chunked / quantize_transpose_fp8_chunked (x, partial, y or yt, descale) quantize
 // chunk by chunk with the descale from all chunks' amaxes.
 const Kernel& chunk_amax();
 const Kernel& quantize_fp8_chunked();

@@ -48,8 +48,10 @@ double fp8_max(DType t) { return t == DType::e5m2 ? 57344.0 : 448.0; }
 
 // amax of |x[b, h, rows, :]| over rows [begin, end) in tiles of block `name` (an f32 scalar).
 // Each thread keeps the running max of its own elements and one block-wide reduction follows
-// the loop: a reduction per tile would stall every tile on its loads. Rows past `end` load 0,
-// which no |x| is below.
+// the loop: a reduction per tile would stall every tile on its loads. The last tile is not
+// masked at `end`: rows past S load 0, which no |x| is below, but rows in [end, S) -- where a
+// chunk's last tile reaches into the next chunk (a block that does not divide 64) -- count
+// too. They are rows of the same head, so the head's amax (the max over its chunks) is exact.
 Tile slice_amax(const In& x, const Tile& b, const Tile& h, const Tile& begin, const Tile& end, const char* name) {
   auto rows = tile(begin, end, block(name));
   Var peak = zeros({rows, x.dim(3)}, DType::f32);
