@@ -105,6 +105,16 @@ TEST_CASE("dsl: a Var declared on a named tile range holds the loop's tiles") {
   CHECK(reductions == 1);
   CHECK(masked_reductions == 0);   // after the loop every row of the Var holds data
   CHECK(ir::print(f).find("[r, 8]") != std::string::npos);
+
+  // Rows past a range's end inside the tensor are read: a kernel masks them as SEMANTICS.md says.
+  Kernel masked = kernel("colsum_prefix", {"x", "out"}, [](In x, Out out) {
+    auto end = x.dim(0) - 3;
+    auto rows = tile(end, block("r"));
+    Var total = zeros({rows, x.dim(1)}, DType::f32);
+    for (auto r : rows) total = total + where(r.index().col() < end, x.load(r, all), 0.0);
+    out.store(all, sum(total, 0));
+  });
+  CHECK(ir::print(masked.trace({t(DType::f32, {100, 8}), t(DType::f32, {8})})).find("where") != std::string::npos);
 }
 
 TEST_CASE("dsl: errors point at the user's line") {
