@@ -94,6 +94,11 @@ class Emitter {
   const Target& target_;
   LayoutPlan plan_;
   bool fast_math_ = false;
+  // Programmatic dependent launch (sm_90+): the kernel lets the next one start at once and waits
+  // for the previous one (griddep_wait) before the first op that touches memory another kernel
+  // may write: a store, or a load of an Out / InOut tensor. Its In tensors are read before that.
+  bool starts_early_ = false;
+  bool waited_ = false;
 
   std::vector<const Op*> def_;           // defining op per value
   std::vector<int> uses_;                // effective uses per value
@@ -154,6 +159,10 @@ class Emitter {
   void emit_dot(const Op& op);
   void emit_var(const Op& op);
   bool pure_and_unused(const Op& op) const;
+  // A store, or a load / gather of a tensor the kernel writes, in `op` or in its body.
+  bool touches_written_memory(const Op& op) const;
+  // The wait for the previous kernel, once, before the first op that touches written memory.
+  void wait_before(const Op& op);
 
   std::string unary_expr(UnaryFn fn, DType t, const std::string& x) const;
   std::string binary_expr(BinaryFn fn, DType operand, DType result, const std::string& a, const std::string& b) const;
@@ -403,8 +412,25 @@ void Emitter::emit_region(const ir::Region& r) {
   for (const Op& op : r.ops) emit_op(op);
 }
 
+bool Emitter::touches_written_memory(const Op& op) const {
+  if (op.kind == OpKind::store) return true;
+  if ((op.kind == OpKind::load || op.kind == OpKind::gather) && f_.params.at(op.param).kind != ir::ParamKind::tensor_in)
+    return true;
+  if (op.body)
+    for (const Op& inner : op.body->ops)
+      if (touches_written_memory(inner)) return true;
+  return false;
+}
+
+void Emitter::wait_before(const Op& op) {
+  if (!starts_early_ || waited_ || !touches_written_memory(op)) return;
+  line("tj::dev::griddep_wait();", &op.loc);   // at the DSL line that needs it
+  waited_ = true;
+}
+
 void Emitter::emit_op(const Op& op) {
   if (pure_and_unused(op)) return;
+  wait_before(op);
   switch (op.kind) {
     case OpKind::const_value:
     case OpKind::scalar_param:
@@ -485,6 +511,7 @@ void Emitter::emit_launch() {
     chain.push_back(l);
     regions.push_back(l->body.get());
   }
+  if (starts_early_) line("tj::dev::griddep_launch_dependents();  // the next kernel on the stream may start");
   if (chain.empty()) {
     line("// One program: no launch loops.");
     emit_region(f_.body);
@@ -526,7 +553,9 @@ void Emitter::emit_launch() {
     line(fmt::format("const long long tj_n{} = {};", k, extent), &l.loc);
     total += (total.empty() ? "" : " * ") + fmt::format("tj_n{}", k);
   }
-  line(fmt::format("if (tj_pid >= {}) return;", total));
+  // (A block without a program still waits: no kernel may finish before the one it started beside.)
+  line(starts_early_ ? fmt::format("if (tj_pid >= {}) {{ tj::dev::griddep_wait(); return; }}", total)
+                     : fmt::format("if (tj_pid >= {}) return;", total));
   for (size_t k = 0; k < n; ++k) {
     const Op& l = *chain[k];
     std::string stride;
@@ -858,7 +887,9 @@ GeneratedKernel Emitter::run() {
     names_param_.push_back(n);
   }
   analyze();
+  starts_early_ = target_.sm() >= 90;
   emit_launch();
+  if (starts_early_ && !waited_) line("tj::dev::griddep_wait();");
 
   if (smem_ > target_.max_smem_per_block())
     throw Error(fmt::format("kernel '{}' with config {} needs {} bytes of shared memory for {}, more than the {} bytes ({} KB) "
@@ -872,6 +903,7 @@ GeneratedKernel Emitter::run() {
   if (reserved_name(k.entry)) k.entry = "tj_kernel_" + k.entry;
   k.threads = plan_.threads;
   k.dynamic_smem_bytes = static_cast<size_t>((smem_ + 15) / 16 * 16);
+  k.starts_early = starts_early_;
   smem_ = static_cast<int64_t>(k.dynamic_smem_bytes);
   emit_header(k.source, k.entry);
   k.source += body_;

@@ -62,9 +62,10 @@ struct AttentionFp8Options {
   const Kernel* kernel = nullptr;
   std::vector<TensorView> inputs;
   CUstream stream = nullptr;
-  // Without quantize: the attention may start before the previous kernel on the stream has
-  // finished (LaunchOptions::start_early); that kernel must not write q, k, v or `inputs`. (With
-  // quantize the quantizers write its inputs just before it: it starts after them.)
+  // The first launch may start before the previous kernel on the stream has finished
+  // (LaunchOptions::start_early); that kernel must not write q, k, v or `inputs`. Without quantize
+  // that launch is the attention; with the plain recipe's quantize it is the first pre-pass (the
+  // attention reads what the quantizers write just before it and starts after them).
   bool start_early = false;
 };
 

@@ -169,7 +169,8 @@ void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& par
 
 namespace {
 
-// Fills ws.q8 / ws.k8 (and their descales) with the recipe's Q and K.
+// Sizes ws.q8 / ws.k8 and their descales for the recipe, and fills them with the Hadamard and
+// residual recipes' Q and K (the plain recipe's come from quantize_qkv_per_head).
 void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Options& opt, AttentionFp8Workspace& ws,
                  const LaunchOptions& lo) {
   const int64_t B = q.shape[0], H = q.shape[1], Sq = q.shape[2], D = q.shape[3];
@@ -179,6 +180,7 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
   ensure(ws.k8, DType::e4m3, {B, Hkv, Skv, Dqk});
   ensure(ws.qd, DType::f32, {B, H});
   ensure(ws.kd, DType::f32, {B, Hkv});
+  if (!opt.hadamard && !opt.q_residual) return;
   if (opt.hadamard && (!ws.hadamard || ws.hadamard->shape() != std::vector<int64_t>{D, D}))
     ws.hadamard.emplace(DeviceTensor::from_host(hadamard_matrix(D)));
   // Without a rotation the quantizers never read it; any tensor fills the slot.
@@ -188,13 +190,31 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
   if (opt.q_residual) {
     launch(quantize_residual_fp8(), {q, rotation, as_halves(ws.q8->view()), ws.qd->view(), opt.hadamard}, qo);
     launch(quantize_duplicate_fp8(), {k, rotation, as_halves(ws.k8->view()), ws.kd->view(), opt.hadamard}, qo);
-  } else if (opt.hadamard) {
+  } else {
     launch(quantize_hadamard_fp8(), {q, rotation, ws.q8->view(), ws.qd->view()}, qo);
     launch(quantize_hadamard_fp8(), {k, rotation, ws.k8->view(), ws.kd->view()}, qo);
-  } else {
-    quantize_fp8_per_head(q, ws.q_amax, ws.q8->view(), ws.qd->view(), /*transpose=*/false, lo);
-    quantize_fp8_per_head(k, ws.k_amax, ws.k8->view(), ws.kd->view(), /*transpose=*/false, lo);
   }
+}
+
+// The plain recipe's pre-passes: Q's, K's and V's chunk amaxes, then their three quantizers (Vᵀ
+// for V). Each launch after the first of its kind reads only its own input and chunk amaxes that
+// no running kernel writes, so it starts early (LaunchOptions::start_early) and runs beside the one
+// before it, waiting for it only before its own writes. (Q's quantizer waits for V's amax pass to
+// end, and that one, through the waits of the passes before it, for all three.) The first amax
+// pass starts early where the caller allows it.
+void quantize_qkv_per_head(const TensorView& q, const TensorView& k, const TensorView& v, bool first_starts_early,
+                           AttentionFp8Workspace& ws, const LaunchOptions& lo) {
+  LaunchOptions first = lo, beside = lo;
+  first.start_early = first_starts_early;
+  beside.start_early = true;
+  const TensorView q_chunks = chunk_amaxes(q, ws.q_amax, first);
+  const TensorView k_chunks = chunk_amaxes(k, ws.k_amax, beside);
+  const TensorView v_chunks = chunk_amaxes(v, ws.v_amax, beside);
+  LaunchOptions after = lo;
+  after.start_early = false;
+  quantize_with_chunk_amaxes(q, q_chunks, ws.q8->view(), ws.qd->view(), /*transpose=*/false, after);
+  quantize_with_chunk_amaxes(k, k_chunks, ws.k8->view(), ws.kd->view(), /*transpose=*/false, beside);
+  quantize_with_chunk_amaxes(v, v_chunks, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, beside);
 }
 
 }  // namespace
@@ -301,7 +321,8 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   ensure(ws.vt8, DType::e4m3, {B, Hkv, D, S_pad}, /*zero=*/true);   // the pad past Skv must be finite
   ensure(ws.vd, DType::f32, {B, Hkv});
   quantize_qk(q, k, opt, ws, lo);
-  quantize_fp8_per_head(v, ws.v_amax, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, lo);
+  if (opt.hadamard || opt.q_residual) quantize_fp8_per_head(v, ws.v_amax, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, lo);
+  else quantize_qkv_per_head(q, k, v, opt.start_early, ws, lo);
   launch_attention(opt,
                    {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse,
                     scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},

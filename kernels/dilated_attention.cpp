@@ -410,7 +410,7 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
                              ? fp8_pair_config(opt.attention_config, *plan.kernel, D, plan.keys, false, plan.masked)
                              : opt.attention_config;
     a.stream = opt.stream;
-    a.start_early = merging;   // as in dilated_attention_fp8 (ignored where it quantizes)
+    a.start_early = merging;   // as in dilated_attention_fp8 (where it quantizes, its first pre-pass starts early)
     for (const auto& t : plan.launches) {
       a.lse = t[4];
       attention_fp8_forward(t[0], t[1], t[2], t[3], a, ws.attention);

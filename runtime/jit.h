@@ -33,11 +33,12 @@ struct LaunchOptions {
   // Without `config` it uses the default config (tuned configs belong to the GPU's own arch).
   std::string arch;
   // Let the kernel start before the previous kernel on `stream` has finished, where it can
-  // (GeneratedKernel::starts_early: the sm_90a attention kernels): it computes from its In
-  // tensors at once and waits for the previous kernel before it reads or writes its outputs, so
-  // one launch's start overlaps the other's end. Only for a previous kernel that does not write
-  // this one's In tensors. Ignored for kernels that cannot (they run after the previous one, as
-  // without it).
+  // (GeneratedKernel::starts_early: sm_90 / sm_90a kernels, SIMT and attention): it computes from
+  // its In tensors at once and waits for the previous kernel before it reads or writes its
+  // outputs, so one launch's start overlaps the other's end. Only where no kernel that may still
+  // be running writes this one's In tensors: the previous kernel, and, if that one started early
+  // too, the kernels it started beside. Ignored for kernels that cannot (they run after the
+  // previous one, as without it).
   bool start_early = false;
 };
 

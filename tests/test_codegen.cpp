@@ -479,12 +479,15 @@ TEST_CASE("codegen: generated attention is readable and every op statement point
   const size_t lines = count(g.source, "\n");
   CHECK(lines < 90);
   CHECK(lines > 40);
-  // Every statement that calls into the device library carries a marker into the DSL source.
+  // Every statement that calls into the device library carries a marker into the DSL source (but
+  // the launch's own: the start that lets the next kernel start, and the exit of blocks past the
+  // last program; the wait for the previous kernel carries the line that needs it).
   std::vector<Marker> ms = markers(g.source);
   REQUIRE(ms.size() > 30);
   std::istringstream in(g.source);
   for (std::string l; std::getline(in, l);)
-    if (contains(l, "tj::dev::") && l.rfind("//", 0) != 0 && !contains(l, "using ") && !contains(l, "TensorArg<4> q")) {
+    if (contains(l, "tj::dev::") && l.rfind("//", 0) != 0 && !contains(l, "using ") && !contains(l, "TensorArg<4> q") &&
+        !contains(l, "griddep_launch_dependents") && !contains(l, "return; }")) {
       CAPTURE(l);
       CHECK(contains(l, "  // @ "));
     }
@@ -684,6 +687,57 @@ TEST_CASE("codegen: SIMT loads ask L2 for 256-byte blocks only where a tile row 
     CHECK(std::regex_search(ptx, std::regex(R"(ld\.global\.L2::256B\.u16)")));
     CHECK(!contains(tj_test::nvrtc(narrow, arch, false).ptx, "L2::256B"));
   }
+}
+
+TEST_CASE("codegen: SIMT kernels on sm_90 may start early: they read their In tensors, then wait for the previous kernel") {
+  // vector_add: both loads, then the wait, then the store.
+  const ir::Function add = kernels::vector_add().trace({T(DType::f32, {-1}), T(DType::f32, {-1}), T(DType::f32, {-1})});
+  const Config cfg = config(R"({"blocks":{"n":256},"num_warps":4})");
+  for (const char* arch : {"sm_90a", "sm_90"}) {
+    CAPTURE(arch);
+    const Compiled c = compile(add, cfg, arch);
+    INFO(c.gen.source);
+    CHECK(c.gen.starts_early);
+    const std::string& src = c.gen.source;
+    const size_t trigger = src.find("tj::dev::griddep_launch_dependents();");
+    const size_t wait = src.find("tj::dev::griddep_wait();  //");
+    REQUIRE(trigger != std::string::npos);
+    REQUIRE(wait != std::string::npos);
+    CHECK(trigger < src.find("const long long tj_pid"));
+    CHECK(src.rfind("(x.data", wait) != std::string::npos);
+    CHECK(src.rfind("(y.data", wait) != std::string::npos);
+    CHECK(wait < src.find("tj::dev::store<"));
+    CHECK(count(src, "tj::dev::griddep_wait();") == 2);   // and in the blocks past the last program
+    CHECK(contains(src, "{ tj::dev::griddep_wait(); return; }"));
+    CHECK(contains(c.ptx, "griddepcontrol.wait"));
+    CHECK(contains(c.ptx, "griddepcontrol.launch_dependents"));
+  }
+  const Compiled old = compile(add, cfg, "sm_80");
+  CHECK_FALSE(old.gen.starts_early);
+  CHECK_FALSE(contains(old.gen.source, "griddep"));
+  CHECK_FALSE(contains(old.ptx, "griddepcontrol"));
+
+  // chunk_amax: its whole loop over x, then the wait before the store of the chunk's amax.
+  const std::vector<ArgSpec> specs = {contiguous_spec(DType::bf16, {2, 3, 256, 128}), contiguous_spec(DType::f32, {2, 3, 2})};
+  const GeneratedKernel amax = codegen::generate_cuda(kernels::chunk_amax().trace(specs), kernels::chunk_amax_config(), Target{});
+  INFO(amax.source);
+  const size_t loop = amax.source.find("for (long long");
+  const size_t wait = amax.source.find("tj::dev::griddep_wait();  //");
+  REQUIRE(loop != std::string::npos);
+  REQUIRE(wait != std::string::npos);
+  CHECK(loop < wait);
+  CHECK(wait < amax.source.find("store_scalar<"));
+
+  // A tensor the kernel writes is read only after the wait, even when that read comes first.
+  static const Kernel accumulate = kernel("accumulate", {"x", "acc"}, [](In x, InOut acc) {
+    for (auto i : tile(x.dim(0), block("n"))) acc.store(i, acc.load(i) + x.load(i));
+  });
+  const GeneratedKernel acc =
+      codegen::generate_cuda(accumulate.trace({T(DType::f32, {-1}), T(DType::f32, {-1})}), cfg, Target{});
+  INFO(acc.source);
+  const size_t acc_wait = acc.source.find("tj::dev::griddep_wait();  //");
+  REQUIRE(acc_wait != std::string::npos);
+  CHECK(acc_wait < acc.source.find("(acc.data"));
 }
 
 TEST_CASE("codegen: knob simt_min_blocks has ptxas keep the registers for that many blocks per SM") {

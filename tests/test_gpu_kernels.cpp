@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gpu.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/library.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
@@ -223,4 +224,52 @@ TEST_CASE("gpu: softmax on contiguous rows and on every other column, launched i
       CHECK(nans == 0);
       CHECK(worst <= 1e-5);
     }
+}
+
+// Programmatic dependent launch of SIMT kernels (LaunchOptions::start_early, sm_90): a kernel that
+// starts beside the one before it reads its In tensors at once but writes only after that one has
+// finished, and it finishes only after it, so a third kernel that starts early behind it still
+// writes after the first. The first kernel here reads x for long (four blocks stream 4 MB each);
+// the third overwrites x with values 10^4 times larger: any write before the first is done would
+// show in its amaxes.
+TEST_CASE("gpu: SIMT kernels started early write only after the kernels before them, through a chain of early starts") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(40);
+  const int64_t S = 65536, D = 128, C = 4, n = S * D, small = 4096;
+  HostTensor x = random_tensor(DType::bf16, {1, 1, S, D}, rng, 0.01);
+  HostTensor big_a = random_tensor(DType::bf16, {n}, rng, 100.0), big_b = random_tensor(DType::bf16, {n}, rng, 100.0);
+  HostTensor za = random_tensor(DType::f32, {small}, rng), zb = random_tensor(DType::f32, {small}, rng);
+  std::vector<double> want(C, 0.0);   // each chunk's max |x|, S / C rows each
+  for (int64_t i = 0; i < n; ++i) want[i / (n / C)] = std::max(want[i / (n / C)], std::abs(x.at(i)));
+
+  DeviceTensor da = DeviceTensor::from_host(big_a), db = DeviceTensor::from_host(big_b);
+  DeviceTensor dza = DeviceTensor::from_host(za), dzb = DeviceTensor::from_host(zb);
+  LaunchOptions first, beside;
+  first.config = kernels::chunk_amax_config();
+  beside.config = Config::from_json(R"({"blocks":{"n":1024},"num_warps":8})");
+  beside.start_early = true;
+  for (int round = 0; round < 3; ++round) {   // a race would show in some rounds, not all
+    CAPTURE(round);
+    DeviceTensor dx = DeviceTensor::from_host(x), partial(DType::f32, {1, 1, C}), z(DType::f32, {small});
+    partial.fill_bytes(0xFF);
+    z.fill_bytes(0xFF);
+    TensorView x_flat = dx.view();
+    x_flat.shape = {n};
+    x_flat.strides = {};
+    launch(kernels::chunk_amax(), {dx.view(), partial.view()}, first);
+    launch(kernels::vector_add(), {dza.view(), dzb.view(), z.view()}, beside);    // in between, unrelated
+    launch(kernels::vector_add(), {da.view(), db.view(), x_flat}, beside);        // overwrites what the first reads
+    runtime::synchronize();
+    const HostTensor got = partial.to_host();
+    for (int64_t c = 0; c < C; ++c) CHECK(got.at(c) == want[c]);
+    const HostTensor got_z = z.to_host(), got_x = dx.to_host();
+    int64_t z_wrong = 0, x_wrong = 0;
+    for (int64_t i = 0; i < small; ++i) z_wrong += got_z.at(i) != static_cast<double>(static_cast<float>(za.at(i) + zb.at(i)));
+    for (int64_t i = 0; i < n; i += 97) {
+      const double sum = big_a.at(i) + big_b.at(i);
+      x_wrong += std::abs(got_x.at(i) - sum) > 1.6e-2 * std::max(1.0, std::abs(sum));
+    }
+    CHECK(z_wrong == 0);
+    CHECK(x_wrong == 0);
+  }
 }

@@ -60,7 +60,7 @@ static bool compile(const char* what, const std::string& src, const char* arch,
 int main(int argc, char** argv) {
   std::string dir = argc > 1 ? argv[1] : "codegen/device";
   std::string out = argc > 2 ? argv[2] : "";
-  std::vector<std::string> names = {"fp8.cuh", "hopper.cuh", "hopper_wgmma.cuh", "gemm_common.cuh", "hopper_gemm.cuh"};
+  std::vector<std::string> names = {"fp8.cuh", "tile.cuh", "hopper.cuh", "hopper_wgmma.cuh", "gemm_common.cuh", "hopper_gemm.cuh"};
   std::vector<std::string> bodies;
   for (auto& n : names) {
     bodies.push_back(slurp(dir + "/" + n));

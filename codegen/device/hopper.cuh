@@ -29,6 +29,7 @@
 //   W-byte column blocks follow as separate [R][W] blocks (what a TMA box of W bytes gives).
 
 #include "fp8.cuh"
+#include "tile.cuh"   // griddep_wait / griddep_launch_dependents
 #include "hopper_wgmma.cuh"
 
 #if !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ >= 900)
@@ -425,17 +426,6 @@ template <int R>
 __device__ __forceinline__ void fence_acc(float* d) {
 #pragma unroll
   for (int i = 0; i < R; ++i) fence_operand(d[i]);
-}
-
-// Programmatic dependent launch (sm_90): a kernel launched with the programmatic stream
-// serialization attribute may start before the previous kernel on its stream has finished.
-// griddep_wait() returns once that kernel has finished and its writes are visible (at once
-// in a launch without the attribute); every thread that reads or writes what the previous kernel
-// may touch calls it first. griddep_launch_dependents(), by every thread of a CTA, lets the next
-// kernel on the stream start (if launched so) once every CTA of this one has called it or exited.
-__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void griddep_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // Per-warpgroup register budget (all 128 threads call it with the same value, multiple of 8,

@@ -42,6 +42,26 @@
 namespace tj {
 namespace dev {
 
+// ---------------------------------------------------------------- programmatic dependent launch
+// A kernel launched with the programmatic stream serialization attribute (sm_90+;
+// LaunchOptions::start_early) may start before the previous kernel on its stream has finished.
+// griddep_wait() returns once that kernel has finished and its writes are visible (at once in a
+// launch without the attribute); every thread that reads or writes what the previous kernel may
+// touch calls it first, and every CTA calls it before it exits, so that no kernel finishes before
+// the one it started beside. griddep_launch_dependents(), by every thread of a CTA, lets the next
+// kernel on the stream start (if launched so) once every CTA of this one has called it or exited.
+// No-ops before sm_90.
+TJ_DEV void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+TJ_DEV void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- kernel arguments
 // A tensor parameter, passed by value: base pointer, sizes and strides (in elements).
 template <int R>
