@@ -84,7 +84,8 @@ int64_t floordiv64(int64_t a, int64_t b) {
 
 class Emitter {
  public:
-  Emitter(const ir::Function& f, const Config& cfg, const Target& t) : f_(f), cfg_(cfg), target_(t) {}
+  Emitter(const ir::Function& f, const Config& cfg, const Target& t, bool start_early)
+      : f_(f), cfg_(cfg), target_(t), start_early_(start_early) {}
 
   GeneratedKernel run();
 
@@ -92,11 +93,13 @@ class Emitter {
   const ir::Function& f_;
   const Config& cfg_;
   const Target& target_;
+  const bool start_early_;   // asked for (generate_simt)
   LayoutPlan plan_;
   bool fast_math_ = false;
-  // Programmatic dependent launch (sm_90+): the kernel lets the next one start at once and waits
-  // for the previous one (griddep_wait) before the first op that touches memory another kernel
-  // may write: a store, or a load of an Out / InOut tensor. Its In tensors are read before that.
+  // Programmatic dependent launch (start_early_ on sm_90+): the kernel lets the next one start at
+  // once and waits for the previous one (griddep_wait) before the first op that touches memory
+  // another kernel may write: a store, or a load of an Out / InOut tensor. Its In tensors are read
+  // before that.
   bool starts_early_ = false;
   bool waited_ = false;
 
@@ -887,7 +890,7 @@ GeneratedKernel Emitter::run() {
     names_param_.push_back(n);
   }
   analyze();
-  starts_early_ = target_.sm() >= 90;
+  starts_early_ = start_early_ && target_.sm() >= 90;
   emit_launch();
   if (starts_early_ && !waited_) line("tj::dev::griddep_wait();");
 
@@ -914,14 +917,14 @@ GeneratedKernel Emitter::run() {
 
 }  // namespace
 
-GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t) {
+GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t, bool start_early) {
   // The SIMT layouts split tiles over lanes and warps by halving: powers of two only.
   for (const auto& [name, size] : cfg.blocks)
     if ((size & (size - 1)) != 0)
       throw Error(fmt::format("kernel '{}': block '{}' = {} needs a tensor-core lowering (sizes that are not powers of "
                               "two), and none applies here (target {}); the SIMT path takes powers of two",
                               f.name, name, size, t.arch));
-  return Emitter(f, cfg, t).run();
+  return Emitter(f, cfg, t, start_early).run();
 }
 
 namespace {
@@ -966,7 +969,7 @@ const bool simt_knobs_registered = [] {
 }();
 }  // namespace
 
-GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t) {
+GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t, bool start_early) {
   if (cfg.knob("lowering", 1) != 0) {
     for (const PatternLowering& l : lowerings()) {
       if (auto g = l.try_lower(f, cfg, t)) {
@@ -975,7 +978,7 @@ GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Ta
       }
     }
   }
-  return generate_simt(f, cfg, t);
+  return generate_simt(f, cfg, t, start_early);
 }
 
 }  // namespace tj::codegen

@@ -60,7 +60,8 @@ struct GeneratedKernel {
   std::vector<int> aligned16_params;
   // The kernel may start before the previous kernel on its stream has finished (programmatic
   // dependent launch, sm_90; LaunchOptions::start_early asks for it): it reads its In tensors at
-  // once and waits for the previous kernel before it reads or writes anything else.
+  // once and waits for the previous kernel before it reads or writes anything else. (SIMT kernels
+  // generated with start_early; the sm_90a attention kernels.)
   bool starts_early = false;
   std::string lowering = "simt";           // which lowering produced it (for `tilejit show`)
 };
@@ -78,15 +79,20 @@ struct PatternLowering {
 bool register_lowering(PatternLowering l);
 const std::vector<PatternLowering>& lowerings();
 
-// The SIMT path alone (what generate_cuda falls back to).
-GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t);
+// The SIMT path alone (what generate_cuda falls back to). `start_early` (sm_90+): the kernel lets
+// the next one on its stream start at once and waits for the previous one before its first write
+// or read of a tensor it writes (GeneratedKernel::starts_early), for launches that ask for it
+// (LaunchOptions::start_early). Off, the kernel has neither: both cost every block a few cycles,
+// which kernels of many short blocks feel (vector_add of 2^26 floats in blocks of 64: 2x slower).
+GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t, bool start_early = false);
 
 // Generates the CUDA source of `f` (launch loops marked) for `cfg` on `t`: the first pattern
 // lowering that accepts it, else the SIMT path. Config knob "lowering" = 0 forces SIMT.
 // Throws tj::DslError at the op for IR the backend does not support (tiles of rank > 2), and
 // tj::Error naming the kernel and the sizes for configs that cannot work (a register tile of
 // more than 256 elements per thread, shared memory beyond the target's limit).
-GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t);
+// `start_early` as for generate_simt (the sm_90a attention lowering always starts early).
+GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t, bool start_early = false);
 
 // The most elements of one register tile a thread may hold in the SIMT path.
 inline constexpr int kMaxTileElementsPerThread = 256;

@@ -120,8 +120,8 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
   }
   const bool load_ptx = request.load && loads_as_ptx(k.name(), arch, runtime::current_device());
   const bool need_ptx = request.want_ptx || load_ptx;
-  std::string memory_key = fmt::format("{}@{}|{}|{}|{}", k.name(), static_cast<const void*>(&k), spec_key(specs),
-                                       config.to_json(), arch);
+  std::string memory_key = fmt::format("{}@{}|{}|{}|{}{}", k.name(), static_cast<const void*>(&k), spec_key(specs),
+                                       config.to_json(), arch, request.start_early ? "|early" : "");
   Caches& c = caches();
   CompiledKernel* found = nullptr;
   {
@@ -136,7 +136,7 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
     check_config(ck->ir, config);
     ck->config = config;
     ck->arch = arch;
-    ck->generated = codegen::generate_cuda(ck->ir, config, codegen::Target::parse(arch));
+    ck->generated = codegen::generate_cuda(ck->ir, config, codegen::Target::parse(arch), request.start_early);
     std::string key = compile_key(ck->generated.source, arch);
     // The PTX a load on a newer GPU needs is cached beside the CUBIN, under its own key.
     std::string ptx_key = compile_key(ck->generated.source, arch + "+ptx");
@@ -378,12 +378,19 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
     if (plan.programs == 0) return;
     ck = plan.kernel;
     g = plan.geometry;
+    if ((options.start_early || options.next_starts_early) && !ck->generated.starts_early) {
+      // The same config, compiled for early starts (a SIMT kernel compiles it apart).
+      CompileRequest request;
+      request.start_early = true;
+      ck = &compile(k, specs_for(k, args, options.dynamic_shapes), ck->config, request);
+    }
   } else {
     auto specs = specs_for(k, args, options.dynamic_shapes);
     // (without a config, options.arch is set: the other case took the launch plan above)
     const Config config = options.config ? *options.config : autotune::untuned_config(k.trace(specs), options.arch);
     CompileRequest request;
     request.arch = options.arch;
+    request.start_early = options.start_early || options.next_starts_early;
     ck = &compile(k, specs, config, request);
     // Host values are not parameters: keep only tensors and runtime scalars.
     std::vector<ArgValue> param_args;

@@ -33,13 +33,17 @@ struct LaunchOptions {
   // Without `config` it uses the default config (tuned configs belong to the GPU's own arch).
   std::string arch;
   // Let the kernel start before the previous kernel on `stream` has finished, where it can
-  // (GeneratedKernel::starts_early: sm_90 / sm_90a kernels, SIMT and attention): it computes from
+  // (sm_90 / sm_90a: SIMT kernels, compiled for it apart, and the attention kernels): it computes from
   // its In tensors at once and waits for the previous kernel before it reads or writes its
   // outputs, so one launch's start overlaps the other's end. Only where no kernel that may still
   // be running writes this one's In tensors: the previous kernel, and, if that one started early
   // too, the kernels it started beside. Ignored for kernels that cannot (they run after the
   // previous one, as without it).
   bool start_early = false;
+  // Let the next kernel on `stream`, if launched with start_early, start once every block of this
+  // one has started, not only once this one has finished (start_early implies it). A SIMT kernel
+  // is compiled apart for either (sm_90+); its blocks then cost a few cycles more each.
+  bool next_starts_early = false;
 };
 
 // The specialization a set of arguments selects: tensors give dtype and shape (shape
@@ -65,6 +69,7 @@ struct CompileRequest {
   std::string arch;                 // empty: the current GPU's
   bool want_ptx = false;
   bool load = true;                 // load the module (needs a GPU)
+  bool start_early = false;         // a SIMT kernel for launches that start early (codegen::generate_simt)
 };
 
 // Traces, generates and compiles (memory and disk caches), optionally loads. Loading takes the

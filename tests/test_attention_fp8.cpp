@@ -597,11 +597,14 @@ TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering 
   simt.knobs["lowering"] = 0;
   const CompiledKernel& simt_kernel = compile(kernels::attention_fp8(), specs, simt, req);
   CHECK(simt_kernel.generated.lowering == "simt");
-  // Both kernels wait for the previous kernel before they touch their outputs (sm_90+), so both
-  // may start early (LaunchOptions::start_early); the sm_80 kernel may not.
-  CHECK(simt_kernel.generated.starts_early);
+  // The tensor-core kernel always waits for the previous kernel before it touches its outputs; a
+  // SIMT kernel does where compiled for launches that start early (sm_90+), not the sm_80 one.
+  CHECK_FALSE(simt_kernel.generated.starts_early);
+  CompileRequest early = req;
+  early.start_early = true;
+  CHECK(compile(kernels::attention_fp8(), specs, simt, early).generated.starts_early);
   CHECK(compile(kernels::attention_fp8(), specs, blocks(64, 64), req).generated.starts_early);
-  const CompiledKernel& sm80 = compile(kernels::attention_fp8(), specs, blocks(64, 64), CompileRequest{"sm_80", false, false});
+  const CompiledKernel& sm80 = compile(kernels::attention_fp8(), specs, blocks(64, 64), CompileRequest{"sm_80", false, false, true});
   CHECK(sm80.generated.lowering == "simt");
   CHECK_FALSE(sm80.generated.starts_early);
 }

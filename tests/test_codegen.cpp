@@ -479,15 +479,12 @@ TEST_CASE("codegen: generated attention is readable and every op statement point
   const size_t lines = count(g.source, "\n");
   CHECK(lines < 90);
   CHECK(lines > 40);
-  // Every statement that calls into the device library carries a marker into the DSL source (but
-  // the launch's own: the start that lets the next kernel start, and the exit of blocks past the
-  // last program; the wait for the previous kernel carries the line that needs it).
+  // Every statement that calls into the device library carries a marker into the DSL source.
   std::vector<Marker> ms = markers(g.source);
   REQUIRE(ms.size() > 30);
   std::istringstream in(g.source);
   for (std::string l; std::getline(in, l);)
-    if (contains(l, "tj::dev::") && l.rfind("//", 0) != 0 && !contains(l, "using ") && !contains(l, "TensorArg<4> q") &&
-        !contains(l, "griddep_launch_dependents") && !contains(l, "return; }")) {
+    if (contains(l, "tj::dev::") && l.rfind("//", 0) != 0 && !contains(l, "using ") && !contains(l, "TensorArg<4> q")) {
       CAPTURE(l);
       CHECK(contains(l, "  // @ "));
     }
@@ -689,16 +686,16 @@ TEST_CASE("codegen: SIMT loads ask L2 for 256-byte blocks only where a tile row 
   }
 }
 
-TEST_CASE("codegen: SIMT kernels on sm_90 may start early: they read their In tensors, then wait for the previous kernel") {
+TEST_CASE("codegen: SIMT kernels generated to start early read their In tensors, then wait for the previous kernel") {
   // vector_add: both loads, then the wait, then the store.
   const ir::Function add = kernels::vector_add().trace({T(DType::f32, {-1}), T(DType::f32, {-1}), T(DType::f32, {-1})});
   const Config cfg = config(R"({"blocks":{"n":256},"num_warps":4})");
   for (const char* arch : {"sm_90a", "sm_90"}) {
     CAPTURE(arch);
-    const Compiled c = compile(add, cfg, arch);
-    INFO(c.gen.source);
-    CHECK(c.gen.starts_early);
-    const std::string& src = c.gen.source;
+    const GeneratedKernel g = codegen::generate_cuda(add, cfg, Target::parse(arch), /*start_early=*/true);
+    const std::string& src = g.source;
+    INFO(src);
+    CHECK(g.starts_early);
     const size_t trigger = src.find("tj::dev::griddep_launch_dependents();");
     const size_t wait = src.find("tj::dev::griddep_wait();  //");
     REQUIRE(trigger != std::string::npos);
@@ -709,17 +706,22 @@ TEST_CASE("codegen: SIMT kernels on sm_90 may start early: they read their In te
     CHECK(wait < src.find("tj::dev::store<"));
     CHECK(count(src, "tj::dev::griddep_wait();") == 2);   // and in the blocks past the last program
     CHECK(contains(src, "{ tj::dev::griddep_wait(); return; }"));
-    CHECK(contains(c.ptx, "griddepcontrol.wait"));
-    CHECK(contains(c.ptx, "griddepcontrol.launch_dependents"));
+    const std::string ptx = tj_test::nvrtc(g, arch, false).ptx;
+    CHECK(contains(ptx, "griddepcontrol.wait"));
+    CHECK(contains(ptx, "griddepcontrol.launch_dependents"));
+    // Not asked for: neither (each costs every block a few cycles).
+    const GeneratedKernel plain = codegen::generate_cuda(add, cfg, Target::parse(arch));
+    CHECK_FALSE(plain.starts_early);
+    CHECK_FALSE(contains(plain.source, "griddep"));
   }
-  const Compiled old = compile(add, cfg, "sm_80");
-  CHECK_FALSE(old.gen.starts_early);
-  CHECK_FALSE(contains(old.gen.source, "griddep"));
-  CHECK_FALSE(contains(old.ptx, "griddepcontrol"));
+  const GeneratedKernel old = codegen::generate_cuda(add, cfg, Target::parse("sm_80"), /*start_early=*/true);
+  CHECK_FALSE(old.starts_early);
+  CHECK_FALSE(contains(old.source, "griddep"));
 
   // chunk_amax: its whole loop over x, then the wait before the store of the chunk's amax.
   const std::vector<ArgSpec> specs = {contiguous_spec(DType::bf16, {2, 3, 256, 128}), contiguous_spec(DType::f32, {2, 3, 2})};
-  const GeneratedKernel amax = codegen::generate_cuda(kernels::chunk_amax().trace(specs), kernels::chunk_amax_config(), Target{});
+  const GeneratedKernel amax =
+      codegen::generate_cuda(kernels::chunk_amax().trace(specs), kernels::chunk_amax_config(), Target{}, true);
   INFO(amax.source);
   const size_t loop = amax.source.find("for (long long");
   const size_t wait = amax.source.find("tj::dev::griddep_wait();  //");
@@ -733,7 +735,7 @@ TEST_CASE("codegen: SIMT kernels on sm_90 may start early: they read their In te
     for (auto i : tile(x.dim(0), block("n"))) acc.store(i, acc.load(i) + x.load(i));
   });
   const GeneratedKernel acc =
-      codegen::generate_cuda(accumulate.trace({T(DType::f32, {-1}), T(DType::f32, {-1})}), cfg, Target{});
+      codegen::generate_cuda(accumulate.trace({T(DType::f32, {-1}), T(DType::f32, {-1})}), cfg, Target{}, true);
   INFO(acc.source);
   const size_t acc_wait = acc.source.find("tj::dev::griddep_wait();  //");
   REQUIRE(acc_wait != std::string::npos);

@@ -246,6 +246,7 @@ TEST_CASE("gpu: SIMT kernels started early write only after the kernels before t
   DeviceTensor dza = DeviceTensor::from_host(za), dzb = DeviceTensor::from_host(zb);
   LaunchOptions first, beside;
   first.config = kernels::chunk_amax_config();
+  first.next_starts_early = true;   // the next kernel starts once its four blocks have started
   beside.config = Config::from_json(R"({"blocks":{"n":1024},"num_warps":8})");
   beside.start_early = true;
   for (int round = 0; round < 3; ++round) {   // a race would show in some rounds, not all
