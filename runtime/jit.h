@@ -32,13 +32,13 @@ struct LaunchOptions {
   // architecture's kernel loads as PTX, which the driver compiles for the GPU (see compile()).
   // Without `config` it uses the default config (tuned configs belong to the GPU's own arch).
   std::string arch;
-  // Let the kernel start before the previous kernel on `stream` has finished, where it can
-  // (sm_90 / sm_90a: SIMT kernels, compiled for it apart, and the attention kernels): it computes from
-  // its In tensors at once and waits for the previous kernel before it reads or writes its
-  // outputs, so one launch's start overlaps the other's end. Only where no kernel that may still
-  // be running writes this one's In tensors: the previous kernel, and, if that one started early
-  // too, the kernels it started beside. Ignored for kernels that cannot (they run after the
-  // previous one, as without it).
+  // Let the kernel start before the previous kernel on `stream` has finished, where it can (sm_90
+  // / sm_90a: SIMT kernels, compiled for it apart, and the attention kernels): it computes from its
+  // In tensors at once and waits for the previous kernel before it reads or writes its outputs, so
+  // one launch's start overlaps the other's end. Only where no kernel that may still be running
+  // writes this one's In tensors: the previous kernel, and, if that one started early too, the
+  // kernels it started beside. Ignored for kernels that cannot (they run after the previous one,
+  // as without it).
   bool start_early = false;
   // Let the next kernel on `stream`, if launched with start_early, start once every block of this
   // one has started, not only once this one has finished (start_early implies it). A SIMT kernel
