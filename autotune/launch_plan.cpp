@@ -100,8 +100,10 @@ std::vector<ArgValue> param_values(const Kernel& k, const std::vector<Arg>& args
   return out;
 }
 
-LaunchPlan build(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes) {
+LaunchPlan build(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes, bool start_early) {
   std::vector<ArgSpec> specs = specs_for(k, args, dynamic_shapes);
+  CompileRequest request;
+  request.start_early = start_early;
   std::optional<Config> tuned;
   try {
     tuned = tuned_config(k, dynamic_shapes ? specs_for(k, args, false) : specs, dynamic_shapes);
@@ -111,7 +113,7 @@ LaunchPlan build(const Kernel& k, const std::vector<Arg>& args, bool dynamic_sha
   LaunchPlan plan;
   if (tuned) {
     try {
-      plan.kernel = &compile(k, specs, *tuned, CompileRequest{});
+      plan.kernel = &compile(k, specs, *tuned, request);
       plan.tuned = true;
     } catch (const Error& e) {
       warn_once(fmt::format("the tuned config {} of kernel '{}' does not compile or load any more ({}); using the default "
@@ -119,7 +121,7 @@ LaunchPlan build(const Kernel& k, const std::vector<Arg>& args, bool dynamic_sha
                             tuned->to_json(), k.name(), e.what()));
     }
   }
-  if (!plan.kernel) plan.kernel = &compile(k, specs, untuned_config(k.trace(specs), runtime::current_device().arch()), CompileRequest{});
+  if (!plan.kernel) plan.kernel = &compile(k, specs, untuned_config(k.trace(specs), runtime::current_device().arch()), request);
   plan.programs = launch_shape(plan.kernel->ir, plan.kernel->config, param_values(k, args)).programs;
   if (plan.programs > 0) plan.geometry = launch_geometry(*plan.kernel, plan.programs, runtime::current_device().sm_count);
   return plan;
@@ -145,10 +147,11 @@ LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int s
   return g;
 }
 
-LaunchPlan plan_launch(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes) {
+LaunchPlan plan_launch(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes, bool start_early) {
   std::string key;
   key.reserve(96);
-  if (!fast_key(k, args, dynamic_shapes, key)) return build(k, args, dynamic_shapes);   // throws the argument error
+  if (!fast_key(k, args, dynamic_shapes, key)) return build(k, args, dynamic_shapes, start_early);   // throws the argument error
+  key.push_back(start_early ? 'e' : 'l');
   Plans& p = plans();
   const uint64_t generation = tuning_generation();
   {
@@ -161,7 +164,7 @@ LaunchPlan plan_launch(const Kernel& k, const std::vector<Arg>& args, bool dynam
     if (it != p.map.end()) return it->second;
   }
   g_misses.fetch_add(1, std::memory_order_relaxed);
-  LaunchPlan plan = build(k, args, dynamic_shapes);
+  LaunchPlan plan = build(k, args, dynamic_shapes, start_early);
   std::lock_guard lock(p.mutex);
   if (p.generation == generation) p.map.emplace(std::move(key), plan);
   return plan;

@@ -37,8 +37,9 @@ struct LaunchPlan {
 };
 
 // The plan for launching `k` with `args` (device tensors) on the current GPU without an
-// explicit config. Throws like specs_for/compile for bad arguments.
-LaunchPlan plan_launch(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes);
+// explicit config; `start_early`: its kernel compiled for early starts (CompileRequest::start_early),
+// a plan of its own. Throws like specs_for/compile for bad arguments.
+LaunchPlan plan_launch(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes, bool start_early = false);
 
 // Forgets every plan (the next launch of each specialization looks up the tuning cache
 // again). Storing a tuning result in this process does this automatically.

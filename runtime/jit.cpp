@@ -374,16 +374,11 @@ void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& 
   if (!options.config && options.arch.empty()) {
     // The tuned config from the tuning cache, else the default; after the first launch of a
     // specialization this is one hash-map lookup (autotune/launch_plan.h).
-    autotune::LaunchPlan plan = autotune::plan_launch(k, args, options.dynamic_shapes);
+    autotune::LaunchPlan plan =
+        autotune::plan_launch(k, args, options.dynamic_shapes, options.start_early || options.next_starts_early);
     if (plan.programs == 0) return;
     ck = plan.kernel;
     g = plan.geometry;
-    if ((options.start_early || options.next_starts_early) && !ck->generated.starts_early) {
-      // The same config, compiled for early starts (a SIMT kernel compiles it apart).
-      CompileRequest request;
-      request.start_early = true;
-      ck = &compile(k, specs_for(k, args, options.dynamic_shapes), ck->config, request);
-    }
   } else {
     auto specs = specs_for(k, args, options.dynamic_shapes);
     // (without a config, options.arch is set: the other case took the launch plan above)

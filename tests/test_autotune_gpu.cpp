@@ -116,6 +116,25 @@ TEST_CASE("autotune gpu: tune vector_add and launch with the tuned config") {
   int64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) bad += got.at(i) != static_cast<double>(static_cast<float>(x.at(i) + y.at(i)));
   CHECK(bad == 0);
+
+  // Launched to start early it takes the tuned config too, compiled apart for it (sm_90+), in a
+  // plan of its own.
+  LaunchPlan early = plan_launch(k, args, false, true);
+  CHECK(early.tuned);
+  CHECK(early.kernel->config == r.best);
+  CHECK(early.kernel != plan.kernel);
+  CHECK(early.kernel->generated.starts_early == (runtime::current_device().arch().rfind("sm_9", 0) == 0));
+  CHECK_FALSE(plan.kernel->generated.starts_early);
+  CHECK(plan_launch(k, args, false).kernel == plan.kernel);
+  dout.fill_bytes(0xFF);
+  LaunchOptions lo;
+  lo.start_early = true;
+  launch(k, args, lo);
+  runtime::synchronize();
+  got = dout.to_host();
+  bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += got.at(i) != static_cast<double>(static_cast<float>(x.at(i) + y.at(i)));
+  CHECK(bad == 0);
 }
 
 TEST_CASE("autotune gpu: tune softmax for real, every candidate checked against the default") {
