@@ -339,11 +339,18 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   }
   // Persistent (hopper_attention.cuh's AttnPersistentTiles): as many CTAs as fit the GPU at once,
   // each looping over query tiles in the natural order; a CTA loads its next tile's Q and first
-  // key blocks while it finishes the last one and starts once. O's stores go from registers.
+  // key blocks while it finishes the last one and starts once. O goes out through staging rows of
+  // its own in shared memory (the rest holds the next tile's loads by then).
   const bool persistent = cfg.knob("attn_persistent", 0) != 0;
   if (persistent && hooks_src)
     throw fail("knob attn_persistent = 1 takes a kernel without mask or score hooks (the hooks are set up per "
                "tile of the launch)");
+  // and its O staging rows (Cfg::kOStageBytes: 16 of alignment, a row of O and 16 bytes a query)
+  const int64_t o_stage = persistent ? 16 + bm * (D * (o.dtype == DType::e4m3 ? 1 : 2) + 16) : 0;
+  if (smem + o_stage > t.max_smem_per_block())
+    throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V + O's staging rows) exceed the {} "
+                           "a block can use",
+                           smem + o_stage, stages, t.max_smem_per_block()));
 
   // ---- source
   const std::string entry = identifier_of(f.name);
@@ -382,9 +389,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                      m->merging ? "true" : "false", m->with_lse ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
-  src += fmt::format("static_assert(tj_cfg::kSmemBytes == {}, \"lower_attention_sm90.cpp's shared-memory size must "
-                     "match hopper_attention.cuh's Cfg::kSmemBytes\");\n\n",
-                     smem);
+  src += fmt::format("static_assert(tj_cfg::kSmemBytes{} == {}, \"lower_attention_sm90.cpp's shared-memory size must "
+                     "match hopper_attention.cuh's Cfg::kSmemBytes{}\");\n\n",
+                     persistent ? " + tj_cfg::kOStageBytes" : "", smem + o_stage, persistent ? " + kOStageBytes" : "");
   if (hooks_src) src += "// The variant's hooks (codegen/attention_hooks.cpp), from the ops tagged in its trace.\n" + hooks_src->decl + "\n";
   std::vector<std::string> params;
   for (size_t i = 0; i < f.params.size(); ++i) {
@@ -402,8 +409,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // Three with a producer warp (160 threads, 128 registers each) where the shared memory fits and
   // the consumer's accumulators (S: BN / 2 registers, O: D / 2) leave room in 128 registers.
   const int ctas_per_sm = consumers != 1 ? 1
-                          : lean && 3 * (smem + 1024) <= 233472 && bn / 2 + D / 2 <= 96 ? 3
-                          : 2 * (smem + 1024) <= 233472 ? 2 : 1;
+                          : lean && 3 * (smem + o_stage + 1024) <= 233472 && bn / 2 + D / 2 <= 96 ? 3
+                          : 2 * (smem + o_stage + 1024) <= 233472 ? 2 : 1;
   src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, {}) {}({}) {{\n", threads, ctas_per_sm, entry,
                      fmt::join(params, ",\n    "));
   auto line = [&](const std::string& s) { src += "  " + s + "\n"; };
@@ -479,7 +486,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.entry = entry;
   g.source = std::move(src);
   g.threads = threads;
-  g.dynamic_smem_bytes = static_cast<size_t>(smem);
+  g.dynamic_smem_bytes = static_cast<size_t>(smem + o_stage);
   g.starts_early = true;   // it waits (griddep_wait) before it touches O or the LSE
   g.persistent = persistent;
   g.blocks_per_sm = persistent ? ctas_per_sm : 1;
@@ -507,6 +514,7 @@ const bool registered = [] {
     if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});   // ALiBi on 192 rows defaults to 0 (above)
     if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
+    if (!hooks) knobs.push_back({"attn_persistent", {0, 1}, 0});   // the default for short plain rows (kernels/attention_fp8.cpp)
     // exp2s off the MUFU: f16x2 pairs where P goes to e4m3 straight (no LSE), else exp2_fma (f32)
     if (fp8 && (!m->with_lse || m->merging)) knobs.push_back({"attn_exp2_fma", {0, 2, 3, 4}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});

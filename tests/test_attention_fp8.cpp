@@ -208,7 +208,8 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
     bool causal;
   };
   for (const Case& c : {Case{DType::e4m3, 8192, true}, Case{DType::e4m3, 2048, true}, Case{DType::e4m3, 8192, false},
-                        Case{DType::bf16, 8192, true}, Case{DType::e4m3, 2048, false}}) {
+                        Case{DType::bf16, 8192, true}, Case{DType::e4m3, 2048, false}, Case{DType::bf16, 2048, false},
+                        Case{DType::bf16, 8192, false}}) {
     INFO(fmt::format("{} S {} causal {}", name(c.in), c.S, c.causal));
     ir::Function f = kernels::attention_fp8().trace(attention_specs(c.in, DType::bf16, 2, 16, c.S, c.S, 128, c.causal, false));
     // attention_fp8_default_config, and for fp8 without an LSE the exp2s it moves off the MUFU
@@ -216,6 +217,8 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
     CHECK(expected.blocks == kernels::attention_fp8_default_config(c.in, 128, c.causal, 128, 0, c.S).blocks);
     const Config got = autotune::untuned_config(f, "sm_90a");
     CHECK(got == expected);
+    // persistent for short plain rows, not causal (bf16 up to 4096 keys, fp8's 64 x 128 tiles)
+    CHECK(got.knob("attn_persistent", 0) == (!c.causal && c.S <= 2048 ? 1 : 0));
     // Its block sizes are in the tuner's space even where they are not powers of two (96, 192).
     autotune::SpaceOptions so;
     so.arch = "sm_90a";
@@ -228,6 +231,13 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
   CHECK(autotune::untuned_config(f, "sm_80") == default_config(f));
   ir::Function f32d = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 64, 64, 32, true, false));
   CHECK(autotune::untuned_config(f32d, "sm_90a") == default_config(f32d));
+  // Not with an LSE (dilated attention's pairs, which ran slower persistent), nor for a variant,
+  // nor past 4096 keys in bf16 or on fp8's long-row tiles.
+  CHECK(kernels::attention_variant_default_config("", DType::e4m3, 128, false, 128, 2048, true).knob("attn_persistent", 0) == 0);
+  CHECK(kernels::attention_variant_default_config("attention_fp8", DType::bf16, 128, false, 128, 4096, false).knob("attn_persistent", 0) == 1);
+  CHECK(kernels::attention_variant_default_config("attention_fp8", DType::bf16, 128, false, 128, 8192, false).knob("attn_persistent", 0) == 0);
+  CHECK(kernels::attention_variant_default_config("attention_fp8", DType::e4m3, 128, false, 128, 4096, false).knob("attn_persistent", 0) == 0);
+  CHECK(kernels::attention_variant_default_config("attention_fp8_merging", DType::bf16, 128, false, 128, 2048, false).knob("attn_persistent", 0) == 0);
   // A variant's key block and score mod: softcap's fp8 tiles are 64 x 64 up to 4096 keys, the
   // long-row 192 x 96 beyond; a mask's key block (segment: 128) holds at every length.
   const Kernel softcap = kernels::attention_variant(kernels::softcap_variant(30.0, true));
@@ -547,6 +557,9 @@ TEST_CASE("attention_fp8: knob attn_persistent = 1 loops each CTA over query til
   const CompiledKernel& ck = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", true, false});
   CHECK(ck.generated.persistent);
   CHECK(ck.generated.blocks_per_sm == 2);   // __launch_bounds__(160, 2)
+  // O's staging rows of its own past the one-tile layout: 16 + 64 rows x (256 + 16) bytes
+  CHECK(ck.generated.dynamic_smem_bytes == 76696 + 16 + 64 * 272);
+  CHECK(ck.generated.source.find("tj_cfg::kSmemBytes + tj_cfg::kOStageBytes == 94120") != std::string::npos);
   CHECK(ck.generated.source.find("long long tj_programs") != std::string::npos);
   CHECK(ck.generated.source.find("tj::dev::attn_fwd_persistent<tj_cfg>") != std::string::npos);
   CHECK(ck.ptx.find("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") != std::string::npos);
@@ -559,6 +572,7 @@ TEST_CASE("attention_fp8: knob attn_persistent = 1 loops each CTA over query til
   cfg.knobs.erase("attn_persistent");
   const CompiledKernel& one = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", false, false});
   CHECK_FALSE(one.generated.persistent);
+  CHECK(one.generated.dynamic_smem_bytes == 76696);
   CHECK(autotune::launch_geometry(one, 2048, 132).grid.x == 2048);
   // the hooks of a variant are set up per tile of the launch
   Config hooked = blocks(64, 128);

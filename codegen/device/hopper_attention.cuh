@@ -75,8 +75,11 @@
 // O and the LSE. attn_fwd_persistent() is the body of a persistent launch (knob attn_persistent):
 // gridDim.x CTAs, each looping over tiles (AttnPersistentTiles), the stage ring and the barriers'
 // phases carried from tile to tile, the next tile's Q loaded once the consumers are done with the
-// last one's (q_empty), O stored from registers (H100, session 24: as fast as a CTA per tile or
-// slower; what a tile costs beyond its key blocks is mostly its epilogue, which this does not hide).
+// last one's (q_empty), O staged in shared memory rows of its own (Cfg::kOStageBytes past the rest)
+// and stored in 16-byte pieces while the next tile's loads run. (H100, session 24: stored from
+// registers, the stores stalled on the store queue and it ran as fast as a CTA per tile or slower;
+// H200, session 31, staged: faster over rows of up to 4096 keys, bf16 by 4-8%, fp8 64 x 128 by 1%,
+// the default there for plain attention: kernels/attention_fp8.cpp.)
 
 #include "hopper.cuh"
 #include "exp2_fma.cuh"
@@ -217,6 +220,14 @@ struct AttnCfg {
   static constexpr int kSmemBytes =
       1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + 3 * kClassTable +
       4 * kClassWords + kOldLseBytes;
+  // O is staged in shared memory so that the epilogue stores whole 16-byte pieces of contiguous rows:
+  // kOPitch bytes a row (16 of padding: no bank conflicts; kMergeOut keeps the old O's weight there).
+  // A CTA per tile stages in the Q tile and K/V stages (free by then); a persistent launch, whose
+  // next tile's Q and blocks are loading by then, in kOStageBytes of its own after kSmemBytes (the
+  // launch asks for both; 16-byte aligned).
+  static constexpr int kOBytes = kOut == ATTN_OUT_E4M3 ? 1 : 2;
+  static constexpr int kOPitch = kDv * kOBytes + 16;
+  static constexpr int kOStageBytes = 16 + kBM * kOPitch;
 
   static_assert(kD == 64 || kD == 128 || kD == 256, "Q/K head dim must be 64, 128 or 256");
   static_assert(kDv == 64 || kDv == 128 || kDv == 256, "V head dim must be 64, 128 or 256");
@@ -488,7 +499,7 @@ struct AttnPersistentTiles {
 // The CTA body over the tiles `tiles` gives: query tile m_tile (rows m_tile*BM ...) of head
 // bh = b*H + h. A persistent schedule needs a kernel without a mask or score hook (the generated
 // kernel sets the hooks up for its one tile, and the block table would need the whole CTA at every
-// tile), and it stores O from registers (shared memory holds the next tile's Q and blocks by then).
+// tile), and it stages O in rows of its own (the rest holds the next tile's Q and blocks by then).
 template <class Cfg, class Hooks, class Tiles>
 __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
                                                const TmaDescriptor* tma_k,
@@ -508,6 +519,8 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
   const unsigned raw_addr = smem_u32(smem_raw);
   unsigned char* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
   unsigned char* sQ = smem;                                     // [kQkBlocks][BM][WQ]
+  // persistent: O's staging rows (Cfg::kOStageBytes), past the rest of the layout
+  unsigned char* sOStage = smem + ((Cfg::kSmemBytes - 1024 + 15) & ~15);
   unsigned char* sK = sQ + Cfg::kQBytes;                        // [S][kQkBlocks][BN][WQ]
   unsigned char* sV = sK + S * Cfg::kKBytes;                    // [S][...]
   unsigned char* sOnes = sV + S * Cfg::kVBytes;                 // kRowSumMma: [8][32 bytes] of ones
@@ -1291,14 +1304,14 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
   acc_scale_rows<D>(o, inv);
   // O through shared memory: the accumulator layout gives each thread 4-byte (16-bit O) or 2-byte
   // (e4m3) pieces of 8 rows per store (half / a quarter of every 32-byte sector), so each warp
-  // stages its 16 rows and writes them back as whole 16-byte pieces of contiguous rows. Shared
-  // memory is free once every consumer has left the main loop (their last wgmmas read Q and the
-  // last K/V stage).
-  constexpr int kOBytes = Cfg::kOut == ATTN_OUT_E4M3 ? 1 : 2;
-  // bytes per staged row (16 of padding: no bank conflicts; kMergeOut keeps the old O's weight there)
-  constexpr int kOPitch = D * kOBytes + 16;
+  // stages its 16 rows and writes them back as whole 16-byte pieces of contiguous rows. A CTA per
+  // tile stages in the Q tile and K/V stages, free once every consumer has left the main loop
+  // (their last wgmmas read Q and the last K/V stage); a persistent CTA in its own rows (sOStage),
+  // each warp in its 16 (the next tile's loads fill the others).
+  constexpr int kOBytes = Cfg::kOBytes;
+  constexpr int kOPitch = Cfg::kOPitch;
   constexpr bool kStageO =
-      !Tiles::kPersistent && Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
+      Tiles::kPersistent || Cfg::kBM * kOPitch <= Cfg::kQBytes + S * (Cfg::kKBytes + Cfg::kVBytes);
   const bool stage_o = kStageO && p.o_sd == 1 && (((p.o_ss | p.o_sh | p.o_sb) * kOBytes) & 15) == 0 &&
                        (reinterpret_cast<unsigned long long>(p.O) & 15ull) == 0;   // 16-byte rows
   float amax = 0.0f;
@@ -1333,8 +1346,10 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
         if (row0 + r < p.Sq && has) old_o[i] = *reinterpret_cast<const uint4*>(piece_of(row0 + r));
       }
     }
-    attn_detail::named_bar_sync(attn_detail::kConsumersBar, 128 * Cfg::kConsumers);
-    unsigned char* stage = sQ + (64 * c + 16 * warp) * kOPitch;   // this warp's 16 rows
+    if constexpr (!Tiles::kPersistent) attn_detail::named_bar_sync(attn_detail::kConsumersBar, 128 * Cfg::kConsumers);
+    else __syncwarp();   // every lane has read back the last tile's rows
+    // this warp's 16 rows (persistent: written back before this warp stages its next tile's)
+    unsigned char* stage = (Tiles::kPersistent ? sOStage : sQ) + (64 * c + 16 * warp) * kOPitch;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       unsigned char* srow = stage + ((lane >> 2) + 8 * hh) * kOPitch;
