@@ -238,6 +238,8 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
   CHECK(kernels::attention_variant_default_config("attention_fp8", DType::bf16, 128, false, 128, 8192, false).knob("attn_persistent", 0) == 0);
   CHECK(kernels::attention_variant_default_config("attention_fp8", DType::e4m3, 128, false, 128, 4096, false).knob("attn_persistent", 0) == 0);
   CHECK(kernels::attention_variant_default_config("attention_fp8_merging", DType::bf16, 128, false, 128, 2048, false).knob("attn_persistent", 0) == 0);
+  const std::string segment_name = kernels::attention_variant(kernels::segment_variant(2048)).name();
+  CHECK(kernels::attention_variant_default_config(segment_name, DType::bf16, 128, false, 128, 2048, false).knob("attn_persistent", 0) == 0);
   // A variant's key block and score mod: softcap's fp8 tiles are 64 x 64 up to 4096 keys, the
   // long-row 192 x 96 beyond; a mask's key block (segment: 128) holds at every length.
   const Kernel softcap = kernels::attention_variant(kernels::softcap_variant(30.0, true));
