@@ -274,9 +274,13 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const bool rowsum_mma = fp8 && !f32_row_sums && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
   const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) +
                        (1 + 5 * stages) * 8 + 3 * 512 + 64 + (m->merging ? 4 * bm : 0);
-  if (smem > t.max_smem_per_block())
-    throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V) exceed the {} a block can use",
-                           smem, stages, t.max_smem_per_block()));
+  // Persistent (knob attn_persistent, below): O's staging rows too (Cfg::kOStageBytes: 16 of
+  // alignment, a row of O and 16 bytes a query)
+  const bool persistent = cfg.knob("attn_persistent", 0) != 0;
+  const int64_t o_stage = persistent ? 16 + bm * (D * (o.dtype == DType::e4m3 ? 1 : 2) + 16) : 0;
+  if (smem + o_stage > t.max_smem_per_block())
+    throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V{}) exceed the {} a block can use",
+                           smem + o_stage, stages, persistent ? " + O's staging rows" : "", t.max_smem_per_block()));
   if (lean && fp8 && vperm && cfg.knobs.count("attn_vperm"))
     throw fail("knob attn_lean_producer = 1 has no warps to permute V with (attn_vperm = 1)");
   const int threads = lean ? 128 * consumers + 32 : 128 * (1 + consumers);
@@ -341,16 +345,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // each looping over query tiles in the natural order; a CTA loads its next tile's Q and first
   // key blocks while it finishes the last one and starts once. O goes out through staging rows of
   // its own in shared memory (the rest holds the next tile's loads by then).
-  const bool persistent = cfg.knob("attn_persistent", 0) != 0;
   if (persistent && hooks_src)
     throw fail("knob attn_persistent = 1 takes a kernel without mask or score hooks (the hooks are set up per "
                "tile of the launch)");
-  // and its O staging rows (Cfg::kOStageBytes: 16 of alignment, a row of O and 16 bytes a query)
-  const int64_t o_stage = persistent ? 16 + bm * (D * (o.dtype == DType::e4m3 ? 1 : 2) + 16) : 0;
-  if (smem + o_stage > t.max_smem_per_block())
-    throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V + O's staging rows) exceed the {} "
-                           "a block can use",
-                           smem + o_stage, stages, t.max_smem_per_block()));
 
   // ---- source
   const std::string entry = identifier_of(f.name);
