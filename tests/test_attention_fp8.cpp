@@ -582,6 +582,21 @@ TEST_CASE("attention_fp8: knob attn_persistent = 1 loops each CTA over query til
   CHECK_THROWS_WITH_AS(compile(kernels::attention_variant(kernels::sliding_window_variant(256)), specs, hooked,
                                CompileRequest{"sm_90a", false, false}),
                        doctest::Contains("knob attn_persistent = 1 takes a kernel without mask or score hooks"), Error);
+  // O's staging rows count against the shared memory: bf16 192 x 64 with 4 stages fits one CTA per
+  // tile, not a persistent one (its 192 rows of 272 bytes more)
+  auto bf16_specs = attention_specs(DType::bf16, DType::bf16, 4, 16, 2048, 2048, 128, false, false);
+  Config tall = blocks(192, 64);
+  tall.num_stages = 4;
+  const size_t one_tile = compile(kernels::attention_fp8(), bf16_specs, tall, CompileRequest{"sm_90a", false, false})
+                              .generated.dynamic_smem_bytes;
+  CHECK(one_tile + 16 + 192 * 272 > 232448);
+  Config tall_persistent = tall;
+  tall_persistent.knobs["attn_persistent"] = 1;
+  const std::string too_big = fmt::format("{} bytes of shared memory (Q tile + 4 stages of K and V + O's staging rows) "
+                                          "exceed the 232448",
+                                          one_tile + 16 + 192 * 272);
+  CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), bf16_specs, tall_persistent, CompileRequest{"sm_90a", false, false}),
+                       doctest::Contains(too_big.c_str()), Error);
 }
 
 TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering = 0 and sm_80 take the SIMT path") {
