@@ -268,12 +268,17 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   const int64_t dbytes = Dqk * es;   // a Q / K row
   // A producer warp instead of a producer warpgroup (hopper_attention.cuh's kLeanProducer): with one
   // consumer and room for three CTAs' shared memory, three CTAs share an SM.
-  const bool lean = cfg.knob("attn_lean_producer", 0) != 0;
+  // No producer warp either (hopper_attention.cuh's kSelfLoad): the consumer warpgroup issues its own
+  // K / V loads; 128 threads a CTA, three CTAs an SM where their shared memory fits.
+  const bool self_load = cfg.knob("attn_self_load", 0) != 0;
+  const bool lean = cfg.knob("attn_lean_producer", 0) != 0 || self_load;
   // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, the row sums' tile of ones (fp8 without an
-  // LSE: kRowSumMma), barriers, block table, bits, list, the running LSE (merging)
+  // LSE: kRowSumMma), barriers, block table, bits, list (Cfg::kBlockTable: all but self-loading kernels without a
+  // mask hook), the running LSE (merging)
   const bool rowsum_mma = fp8 && !f32_row_sums && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
+  const bool block_table = !self_load || m->mask_mod;
   const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) +
-                       (1 + 5 * stages) * 8 + 3 * 512 + 64 + (m->merging ? 4 * bm : 0);
+                       (1 + 5 * stages) * 8 + (block_table ? 3 * 512 + 64 : 0) + (m->merging ? 4 * bm : 0);
   // Persistent (knob attn_persistent, below): O's staging rows too (Cfg::kOStageBytes: 16 of
   // alignment, a row of O and 16 bytes a query)
   const bool persistent = cfg.knob("attn_persistent", 0) != 0;
@@ -283,7 +288,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                            smem + o_stage, stages, persistent ? " + O's staging rows" : "", t.max_smem_per_block()));
   if (lean && fp8 && vperm && cfg.knobs.count("attn_vperm"))
     throw fail("knob attn_lean_producer = 1 has no warps to permute V with (attn_vperm = 1)");
-  const int threads = lean ? 128 * consumers + 32 : 128 * (1 + consumers);
+  const int threads = self_load ? 128 : lean ? 128 * consumers + 32 : 128 * (1 + consumers);
   const int wq = static_cast<int>(dbytes >= 128 ? 128 : dbytes);
   const int wv = fp8 ? ((bn % 128 == 0) ? 128 : (bn % 64 == 0) ? 64 : 32) : 128;   // Cfg::kWv
 
@@ -348,6 +353,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (persistent && hooks_src)
     throw fail("knob attn_persistent = 1 takes a kernel without mask or score hooks (the hooks are set up per "
                "tile of the launch)");
+  if (self_load && (consumers != 1 || overlap || persistent))
+    throw fail("knob attn_self_load = 1 takes block m = 64, attn_overlap = 0 and one tile a CTA (attn_persistent = 0)");
 
   // ---- source
   const std::string entry = identifier_of(f.name);
@@ -378,12 +385,13 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (bn == 224) src += "TJ_WGMMA_DEFINE(224)   // S = Q.K^T; hopper_wgmma.cuh predefines the other widths\n";
   if (hooks_src) src += "#include \"interval.cuh\"\n";
   src += "\n";
-  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
+  src += fmt::format("using tj_cfg = tj::dev::AttnCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", Dqk,
                      bn, stages, consumers, wg_type(in), out_type(o.dtype), m->causal ? "true" : "false",
                      overlap ? "true" : "false", wgsync ? "true" : "false", fp8 && vperm && !lean ? "true" : "false", D,
                      exp2_fma, rescale_vote ? "true" : "false", lean ? "true" : "false",
                      keys_by_parity ? "true" : "false", f32_row_sums ? "true" : "false", exp2_f16 ? "true" : "false",
-                     m->merging ? "true" : "false", m->with_lse ? "true" : "false");
+                     m->merging ? "true" : "false", m->with_lse ? "true" : "false", self_load ? "true" : "false",
+                     block_table ? "true" : "false");
   // The launch's dynamic shared memory comes from the formula above; the kernel lays it out by
   // its Cfg. NVRTC checks that the two agree.
   src += fmt::format("static_assert(tj_cfg::kSmemBytes{} == {}, \"lower_attention_sm90.cpp's shared-memory size must "
@@ -405,7 +413,15 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // end overlap the other's main loop.
   // Three with a producer warp (160 threads, 128 registers each) where the shared memory fits and
   // the consumer's accumulators (S: BN / 2 registers, O: D / 2) leave room in 128 registers.
+  // Without a producer warp (128 threads), three CTAs' 12 warps take up to 168 registers each, four
+  // CTAs' 16 warps 128 (where S and O's accumulators leave room in them, as above). An fp8 kernel with
+  // the tensor cores' row sums and an LSE holds its row maxima in 1 KB of static shared memory too
+  // (Cfg::kRowMaxInSmem).
+  const int64_t static_smem = rowsum_mma && m->with_lse ? 1024 : 0;
+  auto fit = [&](int ctas) { return ctas * (smem + static_smem + o_stage + 1024) <= 233472; };
   const int ctas_per_sm = consumers != 1 ? 1
+                          : self_load && fit(4) && bn / 2 + D / 2 <= 96 ? 4
+                          : self_load && fit(3) ? 3
                           : lean && 3 * (smem + o_stage + 1024) <= 233472 && bn / 2 + D / 2 <= 96 ? 3
                           : 2 * (smem + o_stage + 1024) <= 233472 ? 2 : 1;
   src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, {}) {}({}) {{\n", threads, ctas_per_sm, entry,
@@ -511,7 +527,8 @@ const bool registered = [] {
     if (fp8) knobs.push_back({"attn_keys_by_parity", {1, 0}, 1});   // ALiBi on 192 rows defaults to 0 (above)
     if (fp8) knobs.push_back({"attn_vperm", {0, 1}, 0});   // with attn_keys_by_parity = 0 only
     knobs.push_back({"attn_lean_producer", {0, 1}, 0});
-    if (!hooks) knobs.push_back({"attn_persistent", {0, 1}, 0});   // the default for short plain rows (kernels/attention_fp8.cpp)
+    if (!hooks) knobs.push_back({"attn_persistent", {0, 1}, 0});   // the default for short plain 16-bit rows (kernels/attention_fp8.cpp)
+    knobs.push_back({"attn_self_load", {0, 1}, 0});   // fp8's default for short dense rows (64 x 128, no overlap)
     // exp2s off the MUFU: f16x2 pairs where P goes to e4m3 straight (no LSE), else exp2_fma (f32)
     if (fp8 && (!m->with_lse || m->merging)) knobs.push_back({"attn_exp2_fma", {0, 2, 3, 4}, 0});
     if (hooks && hooks->score_mod) knobs.push_back({"attn_rescale_vote", {1, 0}, 1});

@@ -83,6 +83,13 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
     c.knobs["attn_lean_producer"] = 1;
     c.knobs["attn_overlap"] = 0;
   }
+  // short_dense's 64 x 128 tiles without the producer warp (knob attn_self_load: the consumers load
+  // K and V themselves), so that three CTAs share an SM (H200, session 32, ms, two or three
+  // alternations against the producer warp: S 2048 0.3143-0.3148 vs 0.3353-0.3371; against the
+  // persistent producer-warp kernel, S 1024 / 2048 / 4096: 0.1752-0.1753 / 0.3164-0.3167 /
+  // 0.6006-0.6007 vs 0.1892-0.1897 / 0.3349 / 0.6280-0.6459; at 4096 keys against the 192 x 96 default
+  // 0.607-0.633 vs 0.625-0.628, at 8192 and 16384 it falls behind: 2.64-2.66 vs 2.39-2.41 ms).
+  if (short_dense && head_dim == 128) c.knobs["attn_self_load"] = 1;
   return c;
 }
 

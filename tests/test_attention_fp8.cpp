@@ -217,8 +217,11 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
     CHECK(expected.blocks == kernels::attention_fp8_default_config(c.in, 128, c.causal, 128, 0, c.S).blocks);
     const Config got = autotune::untuned_config(f, "sm_90a");
     CHECK(got == expected);
-    // persistent for short plain rows, not causal (bf16 up to 4096 keys, fp8's 64 x 128 tiles)
-    CHECK(got.knob("attn_persistent", 0) == (!c.causal && c.S <= 2048 ? 1 : 0));
+    // persistent for short plain rows, not causal (bf16 up to 4096 keys); fp8's 64 x 128 tiles there
+    // load their own K and V instead, a tile a CTA
+    const bool short_plain = !c.causal && c.S <= 2048;
+    CHECK(got.knob("attn_persistent", 0) == (short_plain && !is_fp8(c.in) ? 1 : 0));
+    CHECK(got.knob("attn_self_load", 0) == (short_plain && is_fp8(c.in) ? 1 : 0));
     // Its block sizes are in the tuner's space even where they are not powers of two (96, 192).
     autotune::SpaceOptions so;
     so.arch = "sm_90a";
@@ -233,7 +236,11 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
   CHECK(autotune::untuned_config(f32d, "sm_90a") == default_config(f32d));
   // Not with an LSE (dilated attention's pairs, which ran slower persistent), nor for a variant,
   // nor past 4096 keys in bf16 or on fp8's long-row tiles.
-  CHECK(kernels::attention_variant_default_config("", DType::e4m3, 128, false, 128, 2048, true).knob("attn_persistent", 0) == 0);
+  CHECK(kernels::attention_variant_default_config("", DType::bf16, 128, false, 128, 2048, true).knob("attn_persistent", 0) == 0);
+  // fp8 self-loading tiles with an LSE too (dilated attention's first pair), and merging (its others)
+  CHECK(kernels::attention_variant_default_config("", DType::e4m3, 128, false, 128, 2048, true).knob("attn_self_load", 0) == 1);
+  CHECK(kernels::attention_variant_default_config("attention_fp8_merging", DType::e4m3, 128, false, 128, 1024, false).knob("attn_self_load", 0) == 1);
+  CHECK(kernels::attention_variant_default_config("", DType::e4m3, 128, false, 128, 4096, false).knob("attn_self_load", 0) == 0);
   CHECK(kernels::attention_variant_default_config("attention_fp8", DType::bf16, 128, false, 128, 4096, false).knob("attn_persistent", 0) == 1);
   CHECK(kernels::attention_variant_default_config("attention_fp8", DType::bf16, 128, false, 128, 8192, false).knob("attn_persistent", 0) == 0);
   CHECK(kernels::attention_variant_default_config("attention_fp8", DType::e4m3, 128, false, 128, 4096, false).knob("attn_persistent", 0) == 0);
@@ -452,9 +459,9 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
       const CompiledKernel& ck = compile(*k, specs, c, CompileRequest{"sm_90a", true, false});
       const bool voted = vote != 0;
       // the Cfg's last arguments: vote, lean producer, keys by parity (fp8's default), f32 row sums,
-      // f16x2 exp2s, merging, LSE written
-      CHECK(ck.generated.source.find(voted ? ", true, false, true, false, false, false, false>;"
-                                           : ", false, false, true, false, false, false, false>;") != std::string::npos);
+      // f16x2 exp2s, merging, LSE written, self-loading, block-class table
+      CHECK(ck.generated.source.find(voted ? ", true, false, true, false, false, false, false, false, true>;"
+                                           : ", false, false, true, false, false, false, false, false, true>;") != std::string::npos);
       CHECK((ck.ptx.find("vote.sync.any.pred") != std::string::npos) == voted);
     }
   }
@@ -550,6 +557,58 @@ TEST_CASE("attention_fp8: knob attn_lean_producer = 1 takes a producer warp (no 
   CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, both, CompileRequest{"sm_90a", true, false}),
                        doctest::Contains("knob attn_lean_producer = 1 has no warps to permute V with (attn_vperm = 1)"),
                        Error);
+}
+
+TEST_CASE("attention_fp8: knob attn_self_load = 1 drops the producer warp (the consumers load K and V), three or four CTAs per SM where they fit") {
+  struct Case {
+    DType in;
+    int64_t bm, bn;
+    bool with_lse;
+    std::string bounds;
+    size_t smem;   // no block-class table (no mask hook)
+  };
+  // fp8 64 x 128: 75096 bytes (76696 with the table); with an LSE (f32 row sums, no tile of ones) 74840
+  // bytes; 64 x 64: four CTAs (S and O's accumulators fit 128 registers); bf16 64 x 128: one CTA
+  for (const Case& c : {Case{DType::e4m3, 64, 128, false, "__launch_bounds__(128, 3)", 75096},
+                        Case{DType::e4m3, 64, 128, true, "__launch_bounds__(128, 3)", 74840},
+                        Case{DType::e4m3, 64, 64, false, "__launch_bounds__(128, 4)", 75096 - 2 * 64 * 256},
+                        Case{DType::bf16, 64, 128, false, "__launch_bounds__(128, 1)", 1024 + 16384 + 2 * 65536 + 88}}) {
+    CAPTURE(name(c.in));
+    CAPTURE(c.bn);
+    CAPTURE(c.with_lse);
+    auto specs = attention_specs(c.in, DType::bf16, 1, 2, 1024, 1024, 128, false, c.with_lse);
+    Config cfg = blocks(c.bm, c.bn);
+    cfg.knobs = {{"attn_self_load", 1}, {"attn_overlap", 0}};
+    const CompiledKernel& ck = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", true, false});
+    CHECK(ck.generated.source.find(c.bounds) != std::string::npos);
+    CHECK(ck.generated.dynamic_smem_bytes == c.smem);
+    CHECK(ck.generated.threads == 128);
+    CHECK(ck.ptx.find("setmaxnreg") == std::string::npos);
+    if (is_fp8(c.in))
+      CHECK(ck.ptx.find(fmt::format("wgmma.mma_async.sync.aligned.m64n{}k32.f32.e4m3.e4m3", c.bn)) != std::string::npos);
+  }
+  // A mask hook keeps the block-class table (a segment variant: 76696 bytes)
+  auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 1024, 1024, 128, false, false);
+  Config cfg = blocks(64, 128);
+  cfg.knobs = {{"attn_self_load", 1}, {"attn_overlap", 0}};
+  const CompiledKernel& seg = compile(kernels::attention_variant(kernels::segment_variant(256)), specs, cfg,
+                                      CompileRequest{"sm_90a", false, false});
+  CHECK(seg.generated.dynamic_smem_bytes == 76696);
+  CHECK(seg.generated.source.find("__launch_bounds__(128, 3)") != std::string::npos);
+  // what it takes: one consumer warpgroup, the simple schedule, a tile a CTA
+  const std::string takes =
+      "knob attn_self_load = 1 takes block m = 64, attn_overlap = 0 and one tile a CTA (attn_persistent = 0)";
+  Config tall = blocks(128, 128);
+  tall.knobs = {{"attn_self_load", 1}, {"attn_overlap", 0}};
+  Config overlapped = blocks(64, 128);
+  overlapped.knobs = {{"attn_self_load", 1}};   // the overlap is the default schedule
+  Config persistent = cfg;
+  persistent.knobs["attn_persistent"] = 1;
+  for (const Config& bad : {tall, overlapped, persistent}) {
+    CAPTURE(bad.to_json());
+    CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, bad, CompileRequest{"sm_90a", false, false}),
+                         doctest::Contains(takes.c_str()), Error);
+  }
 }
 
 TEST_CASE("attention_fp8: knob attn_persistent = 1 loops each CTA over query tiles (a program count, the grid capped at the CTAs that fit), not with hooks") {
@@ -784,7 +843,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
    // keys first (attn_keys_by_parity, the default: a strided TMA map; S's columns then come out
    // permuted), with a producer warpgroup or warp
    struct Knobs {
-     int vperm, exp2_fma, lean, overlap, wgsync = 0, parity = 0;
+     int vperm, exp2_fma, lean, overlap, wgsync = 0, parity = 0, self_load = 0;
    };
    std::vector<Knobs> knob_sets =
        c.group_mb >= 0 ? std::vector<Knobs>{{0, 0, 0, 1, 0, is_fp8(c.in) ? 1 : 0}}
@@ -795,14 +854,20 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
                                            {0, 2, 0, 1, 0, 1}, {0, 4, 1, 0, 0, 1}}
                        : std::vector<Knobs>{{0, 0, 0, 1}, {0, 8, 0, 1}, {0, 0, 1, 0}};
    if (c.group_mb < 0 && c.bm >= 128) knob_sets.push_back({0, 0, 0, 1, 1, is_fp8(c.in) ? 1 : 0});
+   // 64-row tiles without the producer warp (attn_self_load: the consumers load K and V), with and
+   // without the LSE (the sets' parity)
+   if (c.group_mb < 0 && c.bm == 64) {
+     knob_sets.push_back({0, is_fp8(c.in) ? 2 : 0, 1, 0, 0, is_fp8(c.in) ? 1 : 0, 1});
+     knob_sets.push_back({0, 0, 1, 0, 0, is_fp8(c.in) ? 1 : 0, 1});
+   }
    // every other knob set without the LSE (fp8: O divided by the tensor cores' sums of the e4m3 P)
    for (size_t ks = 0; ks < knob_sets.size(); ++ks) {
-    const auto [vperm, exp2_fma, lean, overlap, wgsync, parity] = knob_sets[ks];
+    const auto [vperm, exp2_fma, lean, overlap, wgsync, parity, self_load] = knob_sets[ks];
     const bool with_lse = ks % 2 == 0;
     INFO(fmt::format("{} [{},{},{},{},{}] causal={} m={} n={} attn_vperm={} attn_exp2_fma={} attn_lean_producer={} "
-                     "attn_overlap={} attn_wgsync={} attn_keys_by_parity={} attn_group_mb={} with_lse={}",
+                     "attn_overlap={} attn_wgsync={} attn_keys_by_parity={} attn_self_load={} attn_group_mb={} with_lse={}",
                      name(c.in), c.B, c.H, c.Sq, c.Skv, c.D, c.causal, c.bm, c.bn, vperm, exp2_fma, lean, overlap, wgsync,
-                     parity, c.group_mb, with_lse));
+                     parity, self_load, c.group_mb, with_lse));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
     HostTensor ones = filled(DType::f32, {c.B, c.H}, 1.0);
@@ -837,6 +902,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     lo.config->knobs["attn_overlap"] = overlap;
     lo.config->knobs["attn_wgsync"] = wgsync;
     lo.config->knobs["attn_keys_by_parity"] = parity;
+    lo.config->knobs["attn_self_load"] = self_load;
     if (c.group_mb >= 0) lo.config->knobs["attn_group_mb"] = c.group_mb;
     if (c.bm == 192) lo.config->num_stages = 4;   // the long-row default's ring
     launch(kernels::attention_fp8(),

@@ -607,18 +607,18 @@ TEST_CASE("attention variants: exp2s off the MUFU by default: softcap's fp8 192-
   const codegen::Target t = codegen::Target::parse("sm_90a");
   std::vector<ArgSpec> specs = fp8_variant_specs(S, D);
   const ir::Function f = kernels::attention_variant(v).trace(specs);
-  // (..., f32 row sums, f16 pairs, merging, LSE written>)
-  CHECK(codegen::generate_cuda(f, no_lse, t).source.find(", false, true, false, false>;") != std::string::npos);
+  // (..., f32 row sums, f16 pairs, merging, LSE written, self-loading, block-class table>)
+  CHECK(codegen::generate_cuda(f, no_lse, t).source.find(", false, true, false, false, false, true>;") != std::string::npos);
   Config f32_path = no_lse;
   f32_path.knobs["attn_exp2_f16"] = 0;
-  CHECK(codegen::generate_cuda(f, f32_path, t).source.find(", false, false, false, false>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f, f32_path, t).source.find(", false, false, false, false, false, true>;") != std::string::npos);
   specs.back() = true;   // with_lse
   const ir::Function f_lse = kernels::attention_variant(v).trace(specs);
-  CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false, false, true>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f_lse, lse, t).source.find(", true, false, false, true, false, true>;") != std::string::npos);
   // knob attn_lse_e4m3_sums: the LSE from the e4m3 P's sums, the main loop without f32 row sums
   Config e4m3_sums = no_lse;
   e4m3_sums.knobs["attn_lse_e4m3_sums"] = 1;
-  CHECK(codegen::generate_cuda(f_lse, e4m3_sums, t).source.find(", false, true, false, true>;") != std::string::npos);
+  CHECK(codegen::generate_cuda(f_lse, e4m3_sums, t).source.find(", false, true, false, true, false, true>;") != std::string::npos);
   // fp8 64 x 128 tiles with a producer warp (dense rows of up to 2048 keys, segments) without an
   // LSE: 2 of 8 (segments 3); with one, or on other tiles, none
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
@@ -817,12 +817,13 @@ TEST_CASE("attention variants that merge into their output: bad launches are err
     CHECK(g.lowering == "sm90_attention");
     CHECK(g.starts_early);
     CHECK(g.source.find("with_lse: yes, merged into o and lse") != std::string::npos);
-    // The Cfg's last two flags: f32 row sums (no: the e4m3 P's, on the tensor cores) and the merge
+    // The Cfg's last flags: f32 row sums (no: the e4m3 P's, on the tensor cores), the merge, the
+    // producer warp (a mask: not self-loading) and the block-class table
     if (is_fp8(dt)) {
-      CHECK(g.source.find(", false, true, true, true>;") != std::string::npos);   // kF32RowSums, kExp2F16, kMergeOut, kLseOut
+      CHECK(g.source.find(", false, true, true, true, false, true>;") != std::string::npos);   // kF32RowSums, kExp2F16, kMergeOut, kLseOut, kSelfLoad, kBlockTable
       CHECK(cfg.knob("attn_exp2_fma", 0) == 3);   // as without an LSE (uniform work: 3 of 8)
     } else {
-      CHECK(g.source.find(", false, true, true>;") != std::string::npos);
+      CHECK(g.source.find(", false, true, true, false, true>;") != std::string::npos);
     }
     const CompiledKernel& ck = compile(merging, specs, cfg, CompileRequest{"sm_90a", true, false});
     CHECK(ck.generated.lowering == "sm90_attention");
@@ -889,11 +890,16 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
       // 128 x 128 with and without block skipping (and a linear score hook's per-column terms);
       // 64 x 64 with a producer warp and no softmax / P.V overlap (fp8: three CTAs per SM, the
       // default for rows that see few keys) and fast math; fp8 192 x 96 in 4 stages with fast math
-      // (the default for long rows, score hooks' too); fp8 both of those again without the LSE
-      for (int run = 0; run < (fp8 ? 6 : 3); ++run) {
-        const bool skip = run != 1, lean = run == 2 || run == 4, long_rows = run == 3 || run == 5, with_lse = run < 4;
+      // (the default for long rows, score hooks' too); fp8 both of those again without the LSE; 64 x 64
+      // without the producer warp (attn_self_load: the consumers load K and V, walking the mask's list
+      // of blocks ahead), with the LSE and (fp8) without
+      const int first_self_load = fp8 ? 6 : 3;
+      for (int run = 0; run < first_self_load + (fp8 ? 2 : 1); ++run) {
+        const bool self_load = run >= first_self_load, skip = run != 1;
+        const bool lean = self_load || run == 2 || run == 4, long_rows = !self_load && (run == 3 || run == 5);
+        const bool with_lse = self_load ? run == first_self_load : run < 4;
         INFO(nv.variant.name << " " << name(dt) << " block skipping " << skip << " producer warp " << lean
-                             << " 192 x 96 " << long_rows << " with_lse " << with_lse);
+                             << " 192 x 96 " << long_rows << " with_lse " << with_lse << " self_load " << self_load);
         DeviceTensor o(DType::bf16, o_ref.shape()), lse(DType::f32, lse_ref.shape());
         o.fill_bytes(0xFF);
         lse.fill_bytes(0xFF);
@@ -910,6 +916,7 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
           lo.config->knobs["attn_overlap"] = 0;
           lo.config->knobs["fast_math"] = 1;   // softcap's tanh as tanh.approx.f32 (its default config's)
         }
+        if (self_load) lo.config->knobs["attn_self_load"] = 1;
         TensorView xv = extra_d.view();
         launch(k, variant_args(dv, o.view(), lse.view(), nv.input ? &xv : nullptr, p.D, with_lse), lo);
         runtime::synchronize();
@@ -918,7 +925,7 @@ TEST_CASE("gpu: attention variants lowered to sm_90a match the CPU reference exe
         Metrics mo = compare(o.to_host().values(), o_want.values());
         LseDiff ml = compare_lse(lse.to_host().values(), lse_want.values());
         MESSAGE(nv.variant.name << " " << name(dt) << " skip=" << skip << " lean=" << lean << " 192x96=" << long_rows
-                                << " GPU vs CPU reference: O " << str(mo) << "; LSE max abs " << ml.max_abs);
+                                << " self_load=" << self_load << " GPU vs CPU reference: O " << str(mo) << "; LSE max abs " << ml.max_abs);
         CHECK(mo.nan == 0);
         CHECK(mo.rel_rmse <= 1e-2);
         if (!with_lse) continue;
@@ -950,12 +957,17 @@ TEST_CASE("gpu: attention variants that merge into their output match the CPU re
     KernelInputs in = kernel_inputs(dt, q, kk, v);
     const OnDevice dev = on_device(in.t);
     // bf16 128 x 128; fp8 64 x 128 with a producer warp and 3 of 8 exp2s in f16x2 pairs (dilated
-    // attention's default), and 192 x 96
-    std::vector<Config> configs = {variant_config(128, 128)};
+    // attention's masked pairs' default), and 192 x 96; 64 x 128 (bf16 64 x 64) without the producer
+    // warp, whose consumers read the running LSE themselves (attn_self_load: dilated attention's
+    // default for its pairs without a mask)
+    Config self_load = variant_config(64, fp8 ? 128 : 64);
+    self_load.knobs = {{"attn_self_load", 1}, {"attn_overlap", 0}};
+    if (fp8) self_load.knobs["attn_exp2_fma"] = 2;
+    std::vector<Config> configs = {variant_config(128, 128), self_load};
     if (fp8) {
       Config lean = variant_config(64, 128);
       lean.knobs = {{"attn_lean_producer", 1}, {"attn_overlap", 0}, {"attn_exp2_fma", 3}};
-      configs = {lean, variant_config(192, 96)};
+      configs = {lean, variant_config(192, 96), self_load};
     }
     for (const Config& cfg : configs) {
       HostTensor o_ref(out, {p.B, p.H, p.Sq, p.D}), lse_ref(DType::f32, {p.B, p.H, p.Sq});

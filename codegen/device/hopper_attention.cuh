@@ -111,7 +111,8 @@ struct AttnParams {
 template <int kD_, int kBN_, int kStages_, int kConsumers_, int kIn_, int kOut_, bool kCausal_,
           bool kOverlap_ = true, bool kWgSync_ = false, bool kVPerm_ = false, int kDv_ = kD_, int kExp2Fma_ = 0,
           bool kRescaleVote_ = true, bool kLeanProducer_ = false, bool kKeysByParity_ = false,
-          bool kF32RowSums_ = true, bool kExp2F16_ = false, bool kMergeOut_ = false, bool kLseOut_ = false>
+          bool kF32RowSums_ = true, bool kExp2F16_ = false, bool kMergeOut_ = false, bool kLseOut_ = false,
+          bool kSelfLoad_ = false, bool kBlockTable_ = true>
 struct AttnCfg {
   static constexpr int kD = kD_;     // head dim of Q and K (the first dot's K dim)
   static constexpr int kDv = kDv_;   // head dim of V and O
@@ -155,6 +156,15 @@ struct AttnCfg {
   // 160 threads of 128 registers let three CTAs share an SM (with a producer warpgroup, ptxas
   // sized the consumers' wgmmas by the 80 registers of three 256-thread CTAs: C7602).
   static constexpr bool kLeanProducer = kLeanProducer_;
+  // No producer warp at all (with kLeanProducer, one consumer): the consumer warpgroup's first
+  // thread issues the K and V loads itself, each where its warp would wait on a wgmma anyway (K
+  // after the P.V issue, V after the next S = Q.K^T issue). 128 threads a CTA: three CTAs' 12
+  // warps are three a scheduler at up to 168 registers (with the producer warp, two CTAs' 10
+  // warps are already three on two of the four schedulers).
+  static constexpr bool kSelfLoad = kSelfLoad_;
+  // The block-class table below is in shared memory (kernels with a mask hook need it; a
+  // self-loading kernel without one leaves it out, so that three CTAs fit with an LSE or a merge).
+  static constexpr bool kBlockTable = kBlockTable_ || !kSelfLoad_;
   // fp8 without an LSE: O is divided by the sums of the e4m3 P the P.V multiplies
   // (kernels/attention_fp8.cpp), each block's from the tensor cores: P.1 as m64n8 wgmmas beside
   // its P.V (B a tile of ones in shared memory), added in f32 once the P.V is done; the softmax
@@ -169,7 +179,7 @@ struct AttnCfg {
 
   static constexpr int kEs = kFp8 ? 1 : 2;                  // bytes per element
   static constexpr int kBM = 64 * kConsumers;
-  static constexpr int kThreads = kLeanProducer ? 128 * kConsumers + 32 : 128 * (kConsumers + 1);
+  static constexpr int kThreads = kSelfLoad ? 128 * kConsumers : kLeanProducer ? 128 * kConsumers + 32 : 128 * (kConsumers + 1);
   static constexpr int kProducerWg = kLeanProducer ? kConsumers : 0;   // the producer's warpgroup index
   static constexpr int kDBytes = kD * kEs;
   static constexpr int kWq = kDBytes >= 128 ? 128 : kDBytes;   // Q/K swizzle width (bytes)
@@ -217,9 +227,10 @@ struct AttnCfg {
   static constexpr bool kRowMaxInSmem = kRowSumMma && kLseOut;
   // 1024 alignment slack + Q + stages + the ones tile + barriers (q, 5 per stage) + the
   // block-class table and its bits (visited) and the list of visited blocks + the running LSE
+  static constexpr int kBlockTableBytes = kBlockTable ? 3 * kClassTable + 4 * kClassWords : 0;
   static constexpr int kSmemBytes =
-      1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + 3 * kClassTable +
-      4 * kClassWords + kOldLseBytes;
+      1024 + kQBytes + kStages * (kKBytes + kVBytes) + kOnesBytes + (1 + 5 * kStages) * 8 + kBlockTableBytes +
+      kOldLseBytes;
   // O is staged in shared memory so that the epilogue stores whole 16-byte pieces of contiguous rows:
   // kOPitch bytes a row (16 of padding: no bank conflicts; kMergeOut keeps the old O's weight there).
   // A CTA per tile stages in the Q tile and K/V stages (free by then); a persistent launch, whose
@@ -239,6 +250,8 @@ struct AttnCfg {
   static_assert(kSmemBytes <= 232448, "shared memory exceeds 227 KB");
   static_assert(kStages >= 1 && kStages <= 8, "stages");
   static_assert(!kMergeOut || kOut != ATTN_OUT_E4M3, "merging into O: a 16-bit O");
+  static_assert(!kSelfLoad || (kLeanProducer && kConsumers == 1 && !kOverlap),
+                "kSelfLoad: one consumer warpgroup, no setmaxnreg, the simple schedule");
 };
 
 // User code spliced into the main loop (attention variants: kernels/attention_variant.h). The
@@ -508,6 +521,8 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
                                                const Hooks& hooks) {
   static_assert(!Tiles::kPersistent || (!Hooks::kMask && !Hooks::kScoreMod),
                 "a persistent attention kernel takes no mask or score hook");
+  static_assert(!Cfg::kSelfLoad || !Tiles::kPersistent, "a self-loading attention kernel takes one tile a CTA");
+  static_assert(Cfg::kBlockTable || !Hooks::kMask, "a mask hook needs the block-class table");
   constexpr int S = Cfg::kStages;
   constexpr int BN = Cfg::kBN;
   constexpr int BM = Cfg::kBM;
@@ -580,8 +595,8 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
   // e and its class, as e * 4 + class.
   unsigned* visit_bits = reinterpret_cast<unsigned*>(class_table + Cfg::kClassTable);
   unsigned short* visit_list = reinterpret_cast<unsigned short*>(visit_bits + Cfg::kClassWords);
-  // kMergeOut: the running LSE of rows m0..
-  float* old_lse_rows = reinterpret_cast<float*>(visit_list + Cfg::kClassTable);
+  // kMergeOut: the running LSE of rows m0.. (from the producer warp)
+  float* old_lse_rows = reinterpret_cast<float*>(class_table + Cfg::kBlockTableBytes);
   int n_listed = 0;   // entries in visit_list
 
   // The blocks to compute, in ascending order: a walk over visit_list (each thread that walks them
@@ -592,6 +607,49 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
     w.j = -1;
     w.next(cls);
     return w;
+  };
+
+  // Key block j's K / V into stage s, once the stage is free (the producer's loads; kSelfLoad: the
+  // consumer warpgroup's first thread's).
+  auto load_k = [&](int j, int s) {
+    const int n0 = j * BN;
+    mbar_arrive_expect_tx(&full_k[s], (unsigned)Cfg::kKBytes);
+    unsigned char* k_dst = sK + s * Cfg::kKBytes;
+#pragma unroll
+    for (int blk = 0; blk < Cfg::kQkBlocks; ++blk) {
+      tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+      if constexpr (Cfg::kKeysByParity)   // the map steps 2 keys: the even ones above, the odd ones here
+        tma_load_3d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, bhk);
+    }
+  };
+  auto load_v = [&](int j, int s) {
+    const int n0 = j * BN;
+    mbar_arrive_expect_tx(&full_v[s], (unsigned)Cfg::kVBytes);
+    unsigned char* v_dst = sV + s * Cfg::kVBytes;
+    if constexpr (Cfg::kFp8) {
+#pragma unroll
+      for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
+        tma_load_3d(v_dst + blk * D * Cfg::kWv, tma_v, &full_v[s], n0 + blk * Cfg::kWv, 0, bhk);
+    } else {
+#pragma unroll
+      for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
+        tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
+    }
+  };
+
+  // kSelfLoad: thread 0's walk over the blocks to load, S blocks ahead of the consumers' (the next
+  // K to load), and the block whose V loads next (n_blocks: none).
+  int ahead_cls = 0;
+  auto ahead = first_block(ahead_cls);
+  int v_next = n_blocks;
+  // The first S blocks into the empty stages (thread 0; the main loop loads the rest).
+  auto load_first_blocks = [&]() {
+    ahead = first_block(ahead_cls);
+#pragma unroll 1
+    for (int st = 0; st < S && ahead.j < n_blocks; ++st, ahead.next(ahead_cls)) {
+      load_k(ahead.j, st);
+      load_v(ahead.j, st);
+    }
   };
 
   // The next kernel on the stream may start once every CTA is here (if launched to start early):
@@ -617,6 +675,11 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
 #pragma unroll
     for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
       tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
+    if constexpr (Cfg::kSelfLoad) {
+      prefetch_tma_descriptor(tma_k);
+      prefetch_tma_descriptor(tma_v);
+      if constexpr (!Hooks::kMask) load_first_blocks();
+    }
   }
   if constexpr (Hooks::kMask && Hooks::kSkipBlocks) {
     // Whole warps per pass (kThreads is a multiple of 32), so every lane takes part in the ballot.
@@ -657,6 +720,9 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
 #pragma unroll 1
     for (int w = 0; w < (entries + 31) >> 5; ++w) n_listed += __popc(visit_bits[w]);
   }
+  if constexpr (Cfg::kSelfLoad && Hooks::kMask) {
+    if (threadIdx.x == 0) load_first_blocks();   // once the list of blocks is known
+  }
 
   if (wg == Cfg::kProducerWg) {
     // ---------------------------------------------------------------- producer
@@ -684,29 +750,10 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
       for (int j = walk.j; j < n_blocks; j = walk.next(cls), ring.advance()) {
         const int s = ring.stage;
         const unsigned ph = ring.phase;
-        const int n0 = j * BN;
         mbar_wait(&empty_k[s], ph ^ 1u);
-        mbar_arrive_expect_tx(&full_k[s], (unsigned)Cfg::kKBytes);
-        unsigned char* k_dst = sK + s * Cfg::kKBytes;
-#pragma unroll
-        for (int blk = 0; blk < Cfg::kQkBlocks; ++blk) {
-          tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
-          if constexpr (Cfg::kKeysByParity)   // the map steps 2 keys: the even ones above, the odd ones here
-            tma_load_3d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, bhk);
-        }
+        load_k(j, s);
         mbar_wait(&empty_v[s], ph ^ 1u);
-        mbar_arrive_expect_tx(&full_v[s], (unsigned)Cfg::kVBytes);
-        unsigned char* v_dst = sV + s * Cfg::kVBytes;
-        if constexpr (Cfg::kFp8) {
-#pragma unroll
-          for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
-            tma_load_3d(v_dst + blk * D * Cfg::kWv, tma_v, &full_v[s], n0 + blk * Cfg::kWv, 0,
-                        bhk);
-        } else {
-#pragma unroll
-          for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
-            tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
-        }
+        load_v(j, s);
       }
       if (!next_tile()) break;
       }
@@ -1196,9 +1243,9 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
       }
     } else {
       // ---- simple schedule: S_t, softmax, P_t.V_t, one after the other
-      attn_detail::RingCursor<S> cur = ring_base;
+      attn_detail::RingCursor<S> cur = ring_base, prev = ring_base;
 #pragma unroll 1
-      for (int j = j0, cls = cls0; j < n_blocks; cur.advance()) {
+      for (int j = j0, cls = cls0; j < n_blocks; prev = cur, cur.advance()) {
         const int st = cur.stage;
         const unsigned ph = cur.phase;
         mbar_wait(&full_k[st], ph);
@@ -1207,6 +1254,14 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
         wgmma_fence();
         issue_qk(st);
         wgmma_commit();
+        // kSelfLoad: the V of the block whose K went into the last block's stage, once every warp
+        // has released that stage after its P.V (the S wgmma runs meanwhile).
+        if constexpr (Cfg::kSelfLoad) {
+          if (threadIdx.x == 0u && v_next < n_blocks) {
+            mbar_wait(&empty_v[prev.stage], prev.phase);
+            load_v(v_next, prev.stage);
+          }
+        }
         // The next block is looked up while the S wgmma runs. At the top of the iteration the list
         // walk (a shared-memory read and the branches on it) sat on every block's critical path:
         // one consumer warpgroup here is bound by the latency of its chain of steps, not by the
@@ -1232,6 +1287,18 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
         wgmma_fence();
         issue_pv(st);
         wgmma_commit();
+        // kSelfLoad: the K of the block S ahead into this stage, released by every warp after its S
+        // wait (the P.V runs meanwhile); its V follows in the next step.
+        if constexpr (Cfg::kSelfLoad) {
+          if (threadIdx.x == 0u) {
+            v_next = ahead.j;
+            if (ahead.j < n_blocks) {
+              mbar_wait(&empty_k[st], ph);
+              load_k(ahead.j, st);
+              ahead.next(ahead_cls);
+            }
+          }
+        }
         wgmma_wait<0>();
         pv_done();
         fence_pa();
@@ -1253,8 +1320,8 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
   // kMergeOut: the rows' running LSE (from the producer; -inf past Sq). The quad's first thread
   // writes the new one at the end.
   float old_lse[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
-  if constexpr (Cfg::kMergeOut && Tiles::kPersistent) {
-    if (tile_it == 0u) {
+  if constexpr (Cfg::kMergeOut && (Tiles::kPersistent || Cfg::kSelfLoad)) {
+    if (tile_it == 0u) {   // (kSelfLoad: no producer warp to read it)
       load_old_lse(old_lse);
     } else {
       old_lse[0] = old_lse_ahead[0];
