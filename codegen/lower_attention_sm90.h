@@ -46,15 +46,17 @@
 // ALiBi's, is formed from a term per key column and one per row, one FFMA per score element; 0
 // calls the hook per element) and "attn_persistent" (kernels without hooks; default 0; 1: at most
 // SMs x CTAs-per-SM CTAs, each looping over query tiles in the natural order, the program count a
-// kernel parameter -- GeneratedKernel::persistent); "fast_math" (default 0) as for the SIMT
+// kernel parameter -- GeneratedKernel::persistent) and "attn_self_load" (block m 64 with attn_overlap =
+// 0, a CTA per tile; default 0; 1: no producer warp, the consumer warpgroup issues its own K / V
+// loads: 128 threads, three or four CTAs per SM where they fit); "fast_math" (default 0) as for the SIMT
 // path: the hooks' per-element transcendentals as the GPU's approximations. Configs that match but cannot work throw tj::Error
 // naming the limit.
 //
 // Launch: one CTA per program (persistent: one per resident CTA slot of every SM) of the DSL's
 // launch nest [B*H][ceil(Sq/BM)] (program id =
 // bh * m_tiles + m_tile, or for causal-like masks longest first over groups of heads:
-// codegen/device/attn_tile_order.cuh), 128*(1 + consumers)
-// threads, TMA maps for q, k and v (dims [B,H] folded into one so sequence tails zero-fill per
+// codegen/device/attn_tile_order.cuh), 128*(1 + consumers) threads (a producer warp: 128*consumers
+// + 32; self-loading: 128), TMA maps for q, k and v (dims [B,H] folded into one so sequence tails zero-fill per
 // head). Preconditions beyond the DSL's (documented in hopper_attention.cuh): 16-byte aligned
 // rows (TMA; encode_tma reports violations), and for fp8 a finite pad in vt's columns
 // [Skv, Skv_pad) (quantize_transpose_fp8 writes zeros).

@@ -37,8 +37,11 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // S 1024 / 2048 / 4096 vs 64 x 192: causal 540-545 / 666-671 / 748-754 vs 479-482 / 649-654 / 778-788
   // TFLOP/s, GQA 551-553 / 676 / 761-763 vs 493-496 / 660-665 / 793-794, prefix-LM 535 / 654 / 732-736
   // vs 446-449 / 620-624 / 757-760: past 2048 keys 64 x 192 stays ahead).
-  if (is_fp8(in) && head_dim == 128 && qk_head_dim <= 128 && causal && key_block <= 0 && seq_kv > 0 && seq_kv <= 2048)
-    key_block = 64;
+  // Since session 32, causal rows of up to 4096 keys without a key block of their own (causal, GQA,
+  // prefix-LM) take self-loading 64 x 128 tiles instead (short_causal, below).
+  const bool short_causal =
+      is_fp8(in) && head_dim == 128 && qk_head_dim <= 128 && causal && key_block <= 0 && seq_kv > 0 && seq_kv <= 4096;
+  if (short_causal) key_block = 128;
   // fp8 D 128 dense rows of up to 2048 keys: 64 x 128 tiles with a producer warp (below) instead of
   // 64 x 192 (H200, session 17, row sums on the tensor cores, S 2048: 810.5 vs 782.8 TFLOP/s; 64 x 64
   // with a producer warp 805.4, 64 x 128 with a producer warpgroup 796.9).
@@ -79,7 +82,7 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // overlap's live S, P and O made ptxas serialize the wgmmas (C7512) and spill 48 bytes; the
   // simple schedule has neither, and the three CTAs overlap each other instead (session 12, S 2048:
   // documents 252.7 -> 274.3, block mask 387.7 -> 429.7).
-  if (is_fp8(in) && bm == 64 && (bn == 64 || short_dense) && head_dim <= 128 && qk_head_dim <= 128) {
+  if (is_fp8(in) && bm == 64 && (bn == 64 || short_dense || short_causal) && head_dim <= 128 && qk_head_dim <= 128) {
     c.knobs["attn_lean_producer"] = 1;
     c.knobs["attn_overlap"] = 0;
   }
@@ -89,7 +92,13 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // persistent producer-warp kernel, S 1024 / 2048 / 4096: 0.1752-0.1753 / 0.3164-0.3167 /
   // 0.6006-0.6007 vs 0.1892-0.1897 / 0.3349 / 0.6280-0.6459; at 4096 keys against the 192 x 96 default
   // 0.607-0.633 vs 0.625-0.628, at 8192 and 16384 it falls behind: 2.64-2.66 vs 2.39-2.41 ms).
-  if (short_dense && head_dim == 128) c.knobs["attn_self_load"] = 1;
+  // Causal rows of up to 4096 keys too, on 64 x 128 tiles (same session, plain causal attention, ms,
+  // two alternations against the 64 x 64 producer-warp tiles up to 2048 keys and 64 x 192 beyond:
+  // S 1024 / 2048 / 4096 0.1219, 0.1221 / 0.1912, 0.1906 / 0.3313, 0.3317 vs 0.1234, 0.1231 /
+  // 0.1989, 0.1984 / 0.3588, 0.3583; self-loading 64 x 64 tiles, four CTAs an SM: 0.1205, 0.1200 /
+  // 0.1988, 0.1991 / 0.3592, 0.3599. The variants at S 2048, fp8 ms: causal 0.192, 0.191 vs 0.199,
+  // 0.198, GQA 0.189, 0.188 vs 0.196, 0.196, prefix-LM 0.200, 0.201 vs 0.209, 0.209.)
+  if ((short_dense || short_causal) && head_dim == 128) c.knobs["attn_self_load"] = 1;
   return c;
 }
 

@@ -272,26 +272,33 @@ TEST_CASE("attention_fp8_default_config: the harness's fastest blocks per head d
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 256).blocks.at("m") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::e4m3, 256, false).blocks.at("n") == 128);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 256, false).blocks.at("n") == 64);
-  // fp8 D 128 with little work per query tile: 64 rows (two CTAs per SM; causal rows of up to 2048
-  // keys: 64 x 64 tiles, three CTAs per SM with a producer warp); long dense tiles: 192 rows (three
-  // consumer warpgroups) by key blocks of 96, 4 stages.
-  for (int64_t keys : {1024, 2048}) {
-    const Config c = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, keys);
-    CHECK(c.blocks.at("m") == 64);
-    CHECK(c.blocks.at("n") == 64);
-    CHECK(c.knob("attn_lean_producer", 0) == 1);
+  // fp8 D 128 with little work per query tile: 64 rows (two CTAs per SM; causal rows of up to 4096
+  // keys and dense rows of up to 2048: 64 x 128 tiles without the producer warp, no softmax / P.V
+  // overlap, three CTAs per SM); long dense tiles: 192 rows (three consumer warpgroups) by key blocks
+  // of 96, 4 stages.
+  for (bool causal : {true, false}) {
+    for (int64_t keys : {1024, 2048, 4096}) {
+      CAPTURE(causal);
+      CAPTURE(keys);
+      const Config c = kernels::attention_fp8_default_config(DType::e4m3, 128, causal, 0, 0, keys);
+      if (!causal && keys == 4096) {
+        CHECK(c.blocks.at("m") == 192);
+        CHECK(c.blocks.at("n") == 96);
+        CHECK(c.knob("attn_self_load", 0) == 0);
+        continue;
+      }
+      CHECK(c.blocks.at("m") == 64);
+      CHECK(c.blocks.at("n") == 128);
+      CHECK(c.knob("attn_lean_producer", 0) == 1);
+      CHECK(c.knob("attn_overlap", 1) == 0);
+      CHECK(c.knob("attn_self_load", 0) == 1);
+    }
   }
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 4096).blocks.at("m") == 64);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 4096).blocks.at("n") == 192);
-  CHECK(kernels::attention_fp8_default_config(DType::e4m3, 128, false, 0, 0, 4096).blocks.at("n") == 96);
-  // dense rows of up to 2048 keys: 64 x 128 tiles with a producer warp, no softmax / P.V overlap
-  for (int64_t keys : {1024, 2048}) {
-    const Config c = kernels::attention_fp8_default_config(DType::e4m3, 128, false, 0, 0, keys);
-    CHECK(c.blocks.at("m") == 64);
-    CHECK(c.blocks.at("n") == 128);
-    CHECK(c.knob("attn_lean_producer", 0) == 1);
-    CHECK(c.knob("attn_overlap", 1) == 0);
-  }
+  // a variant's mask key block (64) keeps 64 x 64 tiles with the producer warp
+  const Config masked = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 64, 2048);
+  CHECK(masked.blocks.at("n") == 64);
+  CHECK(masked.knob("attn_lean_producer", 0) == 1);
+  CHECK(masked.knob("attn_self_load", 0) == 0);
   CHECK(kernels::attention_fp8_default_config(DType::bf16, 128, true, 0, 0, 2048).blocks.at("n") == 128);
   const Config long_rows = kernels::attention_fp8_default_config(DType::e4m3, 128, true, 0, 0, 8192);
   CHECK(long_rows.blocks.at("m") == 192);
