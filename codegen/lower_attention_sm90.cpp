@@ -353,8 +353,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   if (persistent && hooks_src)
     throw fail("knob attn_persistent = 1 takes a kernel without mask or score hooks (the hooks are set up per "
                "tile of the launch)");
-  if (self_load && (consumers != 1 || overlap || persistent))
-    throw fail("knob attn_self_load = 1 takes block m = 64, attn_overlap = 0 and one tile a CTA (attn_persistent = 0)");
+  if (self_load && (consumers != 1 || overlap || persistent || stages < 2))
+    throw fail("knob attn_self_load = 1 takes block m = 64, attn_overlap = 0, one tile a CTA (attn_persistent = 0) and "
+               "num_stages >= 2 (a block's V loads while the block before it runs its P.V)");
 
   // ---- source
   const std::string entry = identifier_of(f.name);

@@ -595,16 +595,18 @@ TEST_CASE("attention_fp8: knob attn_self_load = 1 drops the producer warp (the c
                                       CompileRequest{"sm_90a", false, false});
   CHECK(seg.generated.dynamic_smem_bytes == 76696);
   CHECK(seg.generated.source.find("__launch_bounds__(128, 3)") != std::string::npos);
-  // what it takes: one consumer warpgroup, the simple schedule, a tile a CTA
-  const std::string takes =
-      "knob attn_self_load = 1 takes block m = 64, attn_overlap = 0 and one tile a CTA (attn_persistent = 0)";
+  // what it takes: one consumer warpgroup, the simple schedule, a tile a CTA, a ring of two stages
+  const std::string takes = "knob attn_self_load = 1 takes block m = 64, attn_overlap = 0, one tile a CTA "
+                            "(attn_persistent = 0) and num_stages >= 2";
   Config tall = blocks(128, 128);
   tall.knobs = {{"attn_self_load", 1}, {"attn_overlap", 0}};
   Config overlapped = blocks(64, 128);
   overlapped.knobs = {{"attn_self_load", 1}};   // the overlap is the default schedule
   Config persistent = cfg;
   persistent.knobs["attn_persistent"] = 1;
-  for (const Config& bad : {tall, overlapped, persistent}) {
+  Config one_stage = cfg;
+  one_stage.num_stages = 1;
+  for (const Config& bad : {tall, overlapped, persistent, one_stage}) {
     CAPTURE(bad.to_json());
     CHECK_THROWS_WITH_AS(compile(kernels::attention_fp8(), specs, bad, CompileRequest{"sm_90a", false, false}),
                          doctest::Contains(takes.c_str()), Error);

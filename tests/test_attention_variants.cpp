@@ -548,7 +548,7 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
   }
 }
 
-TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tiles' natural order, and fp8 64 x 128 takes a producer warp") {
+TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tiles' natural order, and fp8 64 x 128 loads its own K and V (a producer warp where it merges)") {
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
   const std::string seg_causal = kernels::attention_variant(kernels::segment_variant(2048, true)).name();
   kernels::AttentionVariant user{"attention_user_uniform"};
@@ -570,6 +570,15 @@ TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tile
     CHECK(f8.blocks.at("n") == 128);
     CHECK(f8.knob("attn_lean_producer", 0) == 1);
     CHECK(f8.knob("attn_overlap", 1) == 0);
+    CHECK(f8.knob("attn_self_load", 0) == 1);
+    // merging into o (dilated attention's masked pairs): a producer warp, two CTAs an SM
+    kernels::AttentionVariant merging = kernels::segment_variant(2048);
+    merging.name += "_merging_test";
+    merging.merge_into_output = true;
+    const Config m8 = kernels::attention_variant_default_config(kernels::attention_variant(merging).name(), DType::e4m3,
+                                                                128, true, 128, S);
+    CHECK(m8.knob("attn_lean_producer", 0) == 1);
+    CHECK(m8.knob("attn_self_load", 0) == 0);
     // causal segments: later rows see more keys, so longest first, and the overlapped schedule
     const Config c8 = kernels::attention_variant_default_config(seg_causal, DType::e4m3, 128, true, 128, S);
     CHECK(c8.knob("attn_reverse_tiles", 1) == 1);
@@ -588,8 +597,9 @@ TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tile
     REQUIRE(g.lowering == "sm90_attention");
     CHECK((g.source.find("attn_tile_natural(") != std::string::npos) == !causal);
     CHECK((g.source.find("attn_tile_longest_first(") != std::string::npos) == causal);
-    // a producer warp beside one consumer warpgroup: 160 threads; a producer warpgroup: 256
-    CHECK(g.source.find(causal ? "__launch_bounds__(256," : "__launch_bounds__(160,") != std::string::npos);
+    // one consumer warpgroup loading its own K and V: 128 threads, three CTAs an SM; a producer
+    // warpgroup: 256
+    CHECK(g.source.find(causal ? "__launch_bounds__(256," : "__launch_bounds__(128, 3)") != std::string::npos);
   }
 }
 
