@@ -277,8 +277,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // mask hook), the running LSE (merging)
   const bool rowsum_mma = fp8 && !f32_row_sums && !(lean && consumers > 1);   // hopper_attention.cuh's kRowSumMma
   const bool block_table = !self_load || m->mask_mod;
+  const int64_t table_entries = self_load ? 128 : 512;   // Cfg::kClassTable
   const int64_t smem = 1024 + bm * dbytes + stages * bn * (dbytes + D * es) + (rowsum_mma ? 256 : 0) +
-                       (1 + 5 * stages) * 8 + (block_table ? 3 * 512 + 64 : 0) + (m->merging ? 4 * bm : 0);
+                       (1 + 5 * stages) * 8 + (block_table ? 3 * table_entries + table_entries / 8 : 0) +
+                       (m->merging ? 4 * bm : 0);
   // Persistent (knob attn_persistent, below): O's staging rows too (Cfg::kOStageBytes: 16 of
   // alignment, a row of O and 16 bytes a query)
   const bool persistent = cfg.knob("attn_persistent", 0) != 0;

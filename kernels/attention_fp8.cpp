@@ -240,9 +240,11 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
       c.knobs["attn_overlap"] = 0;
       // Without the producer warp (attn_self_load), three CTAs an SM (H100, session 32, segments of
       // 2048 keys at S 2048 / 8192, fp8 ms, three alternations: 0.338-0.339 / 0.338-0.340 vs 0.342-0.344 /
-      // 0.342-0.343 with the producer warp). Not for a merging one (dilated attention's masked
-      // pairs), whose LSE slots and running LSE leave room for two.
-      if (!kb.merging) c.knobs["attn_self_load"] = 1;
+      // 0.342-0.343 with the producer warp). Merging ones too (dilated attention's masked pairs:
+      // H200, same session, dilated S 8192 0.574-0.575 vs 0.584-0.585 ms; before their block table
+      // shrank to 128 blocks only two fit an SM, and they ran slower than with the producer warp:
+      // 0.609 ms).
+      c.knobs["attn_self_load"] = 1;
     }
   }
   // fp8 64 x 128 tiles with a producer warp and no overlap (dense rows of up to 2048 keys, uniform

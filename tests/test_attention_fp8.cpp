@@ -587,13 +587,13 @@ TEST_CASE("attention_fp8: knob attn_self_load = 1 drops the producer warp (the c
     if (is_fp8(c.in))
       CHECK(ck.ptx.find(fmt::format("wgmma.mma_async.sync.aligned.m64n{}k32.f32.e4m3.e4m3", c.bn)) != std::string::npos);
   }
-  // A mask hook keeps the block-class table (a segment variant: 76696 bytes)
+  // A mask hook keeps a block-class table, of 128 blocks (400 bytes; 1600 for 512 with a producer)
   auto specs = attention_specs(DType::e4m3, DType::bf16, 1, 2, 1024, 1024, 128, false, false);
   Config cfg = blocks(64, 128);
   cfg.knobs = {{"attn_self_load", 1}, {"attn_overlap", 0}};
   const CompiledKernel& seg = compile(kernels::attention_variant(kernels::segment_variant(256)), specs, cfg,
                                       CompileRequest{"sm_90a", false, false});
-  CHECK(seg.generated.dynamic_smem_bytes == 76696);
+  CHECK(seg.generated.dynamic_smem_bytes == 75096 + 400);
   CHECK(seg.generated.source.find("__launch_bounds__(128, 3)") != std::string::npos);
   // what it takes: one consumer warpgroup, the simple schedule, a tile a CTA, a ring of two stages
   const std::string takes = "knob attn_self_load = 1 takes block m = 64, attn_overlap = 0, one tile a CTA "

@@ -548,7 +548,7 @@ TEST_CASE("attention variants: score hooks linear in the score and the positions
   }
 }
 
-TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tiles' natural order, and fp8 64 x 128 loads its own K and V (a producer warp where it merges)") {
+TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tiles' natural order, and fp8 64 x 128 loads its own K and V") {
   const std::string seg = kernels::attention_variant(kernels::segment_variant(2048)).name();
   const std::string seg_causal = kernels::attention_variant(kernels::segment_variant(2048, true)).name();
   kernels::AttentionVariant user{"attention_user_uniform"};
@@ -571,14 +571,20 @@ TEST_CASE("attention variants: uniform work (non-causal segments) keeps the tile
     CHECK(f8.knob("attn_lean_producer", 0) == 1);
     CHECK(f8.knob("attn_overlap", 1) == 0);
     CHECK(f8.knob("attn_self_load", 0) == 1);
-    // merging into o (dilated attention's masked pairs): a producer warp, two CTAs an SM
+    // merging into o too (dilated attention's masked pairs: three CTAs an SM with a block table of 128)
     kernels::AttentionVariant merging = kernels::segment_variant(2048);
     merging.name += "_merging_test";
     merging.merge_into_output = true;
-    const Config m8 = kernels::attention_variant_default_config(kernels::attention_variant(merging).name(), DType::e4m3,
-                                                                128, true, 128, S);
-    CHECK(m8.knob("attn_lean_producer", 0) == 1);
-    CHECK(m8.knob("attn_self_load", 0) == 0);
+    const Kernel merging_kernel = kernels::attention_variant(merging);
+    const Config m8 = kernels::attention_variant_default_config(merging_kernel.name(), DType::e4m3, 128, true, 128, S);
+    CHECK(m8.knob("attn_self_load", 0) == 1);
+    if (S == 2048) {
+      std::vector<ArgSpec> specs = fp8_variant_specs(S, 128);
+      specs.back() = true;   // with_lse: the running logsumexp
+      const codegen::GeneratedKernel g =
+          codegen::generate_cuda(merging_kernel.trace(specs), m8, codegen::Target::parse("sm_90a"));
+      CHECK(g.source.find("__launch_bounds__(128, 3)") != std::string::npos);
+    }
     // causal segments: later rows see more keys, so longest first, and the overlapped schedule
     const Config c8 = kernels::attention_variant_default_config(seg_causal, DType::e4m3, 128, true, 128, S);
     CHECK(c8.knob("attn_reverse_tiles", 1) == 1);

@@ -210,7 +210,9 @@ struct AttnCfg {
   // is classified after the roles split: with classify() in the loops (blocks past the table, as
   // they came), the producer's 24 registers could not hold a block mask's gather and ptxas
   // spilled at every block (H100, session 10).
-  static constexpr int kClassTable = 512;
+  // (A self-loading kernel's table holds 128, so that three CTAs with a mask hook fit an SM with an
+  // LSE and a merge too: rows of up to 128 key blocks still go block by block.)
+  static constexpr int kClassTable = kSelfLoad ? 128 : 512;
   static constexpr int kClassWords = kClassTable / 32;
   static constexpr int kProducerRegs = 24;
   // One consumer: 232 + 24 registers per thread pair = 128 per thread at launch, so that two
