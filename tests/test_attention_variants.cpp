@@ -833,10 +833,10 @@ TEST_CASE("attention variants that merge into their output: bad launches are err
     CHECK(g.lowering == "sm90_attention");
     CHECK(g.starts_early);
     CHECK(g.source.find("with_lse: yes, merged into o and lse") != std::string::npos);
-    // The Cfg's last flags: f32 row sums (no: the e4m3 P's, on the tensor cores), the merge, the
-    // producer warp (a mask: not self-loading) and the block-class table
+    // The Cfg's last flags: f32 row sums (no: the e4m3 P's, on the tensor cores), the merge, fp8's
+    // self-loading tiles (uniform work) and the block-class table (a mask hook)
     if (is_fp8(dt)) {
-      CHECK(g.source.find(", false, true, true, true, false, true>;") != std::string::npos);   // kF32RowSums, kExp2F16, kMergeOut, kLseOut, kSelfLoad, kBlockTable
+      CHECK(g.source.find(", false, true, true, true, true, true>;") != std::string::npos);   // kF32RowSums, kExp2F16, kMergeOut, kLseOut, kSelfLoad, kBlockTable
       CHECK(cfg.knob("attn_exp2_fma", 0) == 3);   // as without an LSE (uniform work: 3 of 8)
     } else {
       CHECK(g.source.find(", false, true, true, false, true>;") != std::string::npos);
