@@ -417,14 +417,15 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // Three with a producer warp (160 threads, 128 registers each) where the shared memory fits and
   // the consumer's accumulators (S: BN / 2 registers, O: D / 2) leave room in 128 registers.
   // Without a producer warp (128 threads), three CTAs' 12 warps take up to 168 registers each, four
-  // CTAs' 16 warps 128 (where S and O's accumulators leave room in them, as above). An fp8 kernel with
+  // CTAs' 16 warps 128, where S and O's accumulators leave room in them (BN / 2 + D / 2 up to 128
+  // and 96: fp8 64 x 128 and 64 x 64 at head dim 128). An fp8 kernel with
   // the tensor cores' row sums and an LSE holds its row maxima in 1 KB of static shared memory too
   // (Cfg::kRowMaxInSmem).
   const int64_t static_smem = rowsum_mma && m->with_lse ? 1024 : 0;
   auto fit = [&](int ctas) { return ctas * (smem + static_smem + o_stage + 1024) <= 233472; };
   const int ctas_per_sm = consumers != 1 ? 1
                           : self_load && fit(4) && bn / 2 + D / 2 <= 96 ? 4
-                          : self_load && fit(3) ? 3
+                          : self_load && fit(3) && bn / 2 + D / 2 <= 128 ? 3
                           : lean && 3 * (smem + o_stage + 1024) <= 233472 && bn / 2 + D / 2 <= 96 ? 3
                           : 2 * (smem + o_stage + 1024) <= 233472 ? 2 : 1;
   src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}, {}) {}({}) {{\n", threads, ctas_per_sm, entry,

@@ -90,8 +90,9 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // K and V themselves), so that three CTAs share an SM (H200, session 32, ms, two or three
   // alternations against the producer warp: S 2048 0.3143-0.3148 vs 0.3353-0.3371; against the
   // persistent producer-warp kernel, S 1024 / 2048 / 4096: 0.1752-0.1753 / 0.3164-0.3167 /
-  // 0.6006-0.6007 vs 0.1892-0.1897 / 0.3349 / 0.6280-0.6459; at 4096 keys against the 192 x 96 default
-  // 0.607-0.633 vs 0.625-0.628, at 8192 and 16384 it falls behind: 2.64-2.66 vs 2.39-2.41 ms).
+  // 0.6006-0.6007 vs 0.1892-0.1897 / 0.3349 / 0.6280-0.6459. Against the 192 x 96 tiles of longer
+  // rows: S 4096 0.607-0.633 vs 0.625-0.628, within noise; S 8192 1.19-1.35 vs 1.20-1.21, S 16384
+  // 2.64-2.66 vs 2.39-2.41: behind, so dense rows past 2048 keys keep them.)
   // Causal rows of up to 4096 keys too, on 64 x 128 tiles (same session, plain causal attention, ms,
   // two alternations against the 64 x 64 producer-warp tiles up to 2048 keys and 64 x 192 beyond:
   // S 1024 / 2048 / 4096 0.1219, 0.1221 / 0.1912, 0.1906 / 0.3313, 0.3317 vs 0.1234, 0.1231 /

@@ -562,21 +562,24 @@ TEST_CASE("attention_fp8: knob attn_lean_producer = 1 takes a producer warp (no 
 TEST_CASE("attention_fp8: knob attn_self_load = 1 drops the producer warp (the consumers load K and V), three or four CTAs per SM where they fit") {
   struct Case {
     DType in;
-    int64_t bm, bn;
+    int64_t D, bm, bn;
     bool with_lse;
     std::string bounds;
     size_t smem;   // no block-class table (no mask hook)
   };
   // fp8 64 x 128: 75096 bytes (76696 with the table); with an LSE (f32 row sums, no tile of ones) 74840
-  // bytes; 64 x 64: four CTAs (S and O's accumulators fit 128 registers); bf16 64 x 128: one CTA
-  for (const Case& c : {Case{DType::e4m3, 64, 128, false, "__launch_bounds__(128, 3)", 75096},
-                        Case{DType::e4m3, 64, 128, true, "__launch_bounds__(128, 3)", 74840},
-                        Case{DType::e4m3, 64, 64, false, "__launch_bounds__(128, 4)", 75096 - 2 * 64 * 256},
-                        Case{DType::bf16, 64, 128, false, "__launch_bounds__(128, 1)", 1024 + 16384 + 2 * 65536 + 88}}) {
+  // bytes; 64 x 64: four CTAs (S and O's accumulators fit 128 registers); bf16 64 x 128: one CTA; fp8
+  // 64 x 256 at head dim 64: three fit the shared memory, but S and O's 160 accumulators leave two
+  for (const Case& c : {Case{DType::e4m3, 128, 64, 128, false, "__launch_bounds__(128, 3)", 75096},
+                        Case{DType::e4m3, 128, 64, 128, true, "__launch_bounds__(128, 3)", 74840},
+                        Case{DType::e4m3, 128, 64, 64, false, "__launch_bounds__(128, 4)", 75096 - 2 * 64 * 256},
+                        Case{DType::bf16, 128, 64, 128, false, "__launch_bounds__(128, 1)", 1024 + 16384 + 2 * 65536 + 88},
+                        Case{DType::e4m3, 64, 64, 256, false, "__launch_bounds__(128, 2)", 1024 + 4096 + 2 * 256 * 128 + 256 + 88}}) {
     CAPTURE(name(c.in));
+    CAPTURE(c.D);
     CAPTURE(c.bn);
     CAPTURE(c.with_lse);
-    auto specs = attention_specs(c.in, DType::bf16, 1, 2, 1024, 1024, 128, false, c.with_lse);
+    auto specs = attention_specs(c.in, DType::bf16, 1, 2, 1024, 1024, c.D, false, c.with_lse);
     Config cfg = blocks(c.bm, c.bn);
     cfg.knobs = {{"attn_self_load", 1}, {"attn_overlap", 0}};
     const CompiledKernel& ck = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", true, false});

@@ -1069,7 +1069,7 @@ TEST_CASE("gpu: prefix-LM as the built-in causal mask with a prefix matches floa
   }
 }
 
-TEST_CASE("gpu: attention variants with more key blocks than the block table (entries of two blocks) match float64") {
+TEST_CASE("gpu: attention variants with more key blocks than the block table (entries of two blocks; self-loading: five) match float64") {
   TJ_REQUIRE_HOPPER();
   // 625 key blocks of 64 (the last one partial) for a table of 512 entries: each entry spans two
   // blocks and is classified as a whole. Cells of 96 keys straddle the entries' 128, so entries of
@@ -1098,12 +1098,15 @@ TEST_CASE("gpu: attention variants with more key blocks than the block table (en
              v = randn(DType::bf16, {p.B, p.Hkv, p.Skv, p.D}, rng);
   DeviceTensor cells_d = DeviceTensor::from_host(cells);
   // Both main-loop schedules walk the list: the overlapped one, and the simple one of a producer warp
-  // (which looks up the next block while the S wgmma runs).
+  // (which looks up the next block while the S wgmma runs); and a self-loading kernel (attn_self_load),
+  // whose table holds 128 entries (entries of five blocks here) and whose first thread walks it
+  // kStages blocks ahead to load them.
   for (const Case& c : cases) {
     Kernel k = kernels::attention_variant(c.variant);
-    for (const bool lean : {false, true}) {
+    for (const int schedule : {0, 1, 2}) {
+      const bool lean = schedule >= 1, self_load = schedule == 2;
       for (DType dt : {DType::bf16, DType::e4m3}) {
-        INFO(c.variant.name << " " << name(dt) << " producer warp, no overlap " << lean);
+        INFO(c.variant.name << " " << name(dt) << " producer warp, no overlap " << lean << " self-loading " << self_load);
         KernelInputs in = kernel_inputs(dt, q, kk, v);
         const OnDevice dev = on_device(in.t);
         const std::vector<TensorView>& dv = dev.views;
@@ -1116,11 +1119,13 @@ TEST_CASE("gpu: attention variants with more key blocks than the block table (en
           lo.config->knobs["attn_lean_producer"] = 1;
           lo.config->knobs["attn_overlap"] = 0;
         }
+        if (self_load) lo.config->knobs["attn_self_load"] = 1;
         const TensorView cv = cells_d.view();
         launch(k, variant_args(dv, o.view(), lse.view(), c.block_mask ? &cv : nullptr, p.D), lo);
         runtime::synchronize();
         Metrics m = compare(o.to_host().values(), variant_f64(in.q64, in.k64, in.v64, c.meaning));
-        MESSAGE(c.variant.name << " " << name(dt) << std::string(lean ? " (producer warp)" : "") << " Skv " << p.Skv
+        MESSAGE(c.variant.name << " " << name(dt) << std::string(self_load ? " (self-loading)" : lean ? " (producer warp)" : "")
+                               << " Skv " << p.Skv
                                << " GPU vs float64: " << str(m));
         CHECK(m.nan == 0);
         CHECK(m.rel_rmse <= (is_fp8(dt) ? 4e-2 : 1e-2));

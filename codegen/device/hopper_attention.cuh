@@ -44,6 +44,9 @@
 //   accumulator registers (quad shuffles), P -> A fragment in registers, O += P.V (RS wgmma).
 //   kOverlap: FA3's intra-warpgroup pipelining -- S_{j} = Q.K_j^T and O += P_{j-1}.V_{j-1}
 //   are issued together and the softmax of S_j runs while the P.V wgmma is in flight.
+//   kSelfLoad (one consumer, the simple schedule): no producer; the consumer warpgroup's first
+//   thread loads the first kStages blocks with Q and each later block's K and V while a P.V runs
+//   (its own walk over the blocks, kStages ahead), so that three CTAs of 128 threads share an SM.
 //   kWgSync: FA3's inter-warpgroup schedule -- named barriers make the consumers take turns
 //   (round robin, 2 or 3 consumers) issuing their GEMMs so one's softmax overlaps the others'
 //   tensor-core work.
@@ -157,10 +160,10 @@ struct AttnCfg {
   // sized the consumers' wgmmas by the 80 registers of three 256-thread CTAs: C7602).
   static constexpr bool kLeanProducer = kLeanProducer_;
   // No producer warp at all (with kLeanProducer, one consumer): the consumer warpgroup's first
-  // thread issues the K and V loads itself, each where its warp would wait on a wgmma anyway (K
-  // after the P.V issue, V after the next S = Q.K^T issue). 128 threads a CTA: three CTAs' 12
-  // warps are three a scheduler at up to 168 registers (with the producer warp, two CTAs' 10
-  // warps are already three on two of the four schedulers).
+  // thread issues the K and V loads itself while each block's P.V runs, where its warp would wait
+  // on the wgmma anyway. 128 threads a CTA: three CTAs' 12 warps are three a scheduler at up to
+  // 168 registers (with the producer warp, two CTAs' 10 warps are already three on two of the four
+  // schedulers, and ptxas caps them at 168 too). Not with a persistent schedule.
   static constexpr bool kSelfLoad = kSelfLoad_;
   // The block-class table below is in shared memory (kernels with a mask hook need it; a
   // self-loading kernel without one leaves it out, so that three CTAs fit with an LSE or a merge).
@@ -1320,8 +1323,8 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
   // O and the LSE may still be the previous kernel's on the stream (a launch that starts early):
   // nothing before this point touches them.
   griddep_wait();
-  // kMergeOut: the rows' running LSE (from the producer; -inf past Sq). The quad's first thread
-  // writes the new one at the end.
+  // kMergeOut: the rows' running LSE (from the producer warp; persistent or self-loading kernels'
+  // threads read their rows' own; -inf past Sq). The quad's first thread writes the new one at the end.
   float old_lse[2] = {attn_detail::neg_inf(), attn_detail::neg_inf()};
   if constexpr (Cfg::kMergeOut && (Tiles::kPersistent || Cfg::kSelfLoad)) {
     if (tile_it == 0u) {   // (kSelfLoad: no producer warp to read it)
