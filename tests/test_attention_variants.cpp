@@ -1069,7 +1069,7 @@ TEST_CASE("gpu: prefix-LM as the built-in causal mask with a prefix matches floa
   }
 }
 
-TEST_CASE("gpu: attention variants with more key blocks than the block table (entries of two blocks; self-loading: five) match float64") {
+TEST_CASE("gpu: attention variants with more key blocks than the block table (entries of two blocks, self-loading kernels' of five) match float64") {
   TJ_REQUIRE_HOPPER();
   // 625 key blocks of 64 (the last one partial) for a table of 512 entries: each entry spans two
   // blocks and is classified as a whole. Cells of 96 keys straddle the entries' 128, so entries of
