@@ -156,9 +156,6 @@ Config fp8_pair_config(const std::optional<Config>& given, const Kernel& kernel,
                        bool masked) {
   Config c = given ? *given : attention_variant_default_config(kernel.name(), DType::e4m3, D, masked, D, keys, false);
   if (!merging) c.knobs["attn_lse_e4m3_sums"] = 1;
-  // A CTA per tile: every pair persistent ran 7.7% slower at S 2048 (H200, session 31; 0.507 vs
-  // 0.471 ms), the default there being for plain attention without an LSE.
-  if (!given) c.knobs.erase("attn_persistent");
   return c;
 }
 
