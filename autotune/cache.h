@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "dsl/kernel.h"
 
 namespace tj::autotune {

@@ -129,24 +129,6 @@ LaunchPlan build(const Kernel& k, const std::vector<Arg>& args, bool dynamic_sha
 
 }  // namespace
 
-LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int sm_count) {
-  const codegen::GeneratedKernel& gk = ck.generated;
-  LaunchGeometry g;
-  g.programs = std::max<int64_t>(programs, 0);
-  g.persistent = gk.persistent;
-  int64_t blocks = g.programs;
-  if (gk.persistent) blocks = std::min<int64_t>(blocks, static_cast<int64_t>(std::max(sm_count, 1)) * std::max(gk.blocks_per_sm, 1));
-  const int64_t cluster = std::max(gk.cluster_x, 1);
-  blocks = (blocks + cluster - 1) / cluster * cluster;   // blocks past the last program return at once
-  if (blocks > 0x7fffffffLL)
-    throw Error(fmt::format("kernel '{}' needs {} programs; at most 2^31-1 fit one launch", ck.ir.name, programs));
-  g.grid = runtime::Dim3(static_cast<unsigned>(blocks));
-  g.block = runtime::Dim3(static_cast<unsigned>(gk.threads));
-  g.cluster = runtime::Dim3(static_cast<unsigned>(cluster));
-  g.dynamic_smem = gk.dynamic_smem_bytes;
-  return g;
-}
-
 LaunchPlan plan_launch(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes, bool start_early) {
   std::string key;
   key.reserve(96);

@@ -13,22 +13,6 @@
 
 namespace tj::autotune {
 
-// How a compiled kernel is launched (the one place tj::launch and the tuner's benchmarks
-// agree on): one block per program on gridDim.x (persistent kernels: at most
-// sm_count * blocks_per_sm blocks, and the program count is passed as a last `long long`
-// argument), rounded up to a multiple of the cluster size; num_warps * 32 threads; the
-// generated kernel's dynamic shared memory; its cluster shape.
-struct LaunchGeometry {
-  runtime::Dim3 grid;
-  runtime::Dim3 block;
-  runtime::Dim3 cluster;
-  size_t dynamic_smem = 0;
-  int64_t programs = 0;
-  bool persistent = false;                  // pass `programs` after the TMA descriptors
-};
-// Throws tj::Error when `programs` does not fit one launch.
-LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int sm_count);
-
 struct LaunchPlan {
   const CompiledKernel* kernel = nullptr;   // loaded
   int64_t programs = 0;                     // 0: nothing to launch

@@ -1,6 +1,6 @@
 #include "autotune/space.h"
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 #include <fmt/format.h>
 
@@ -15,16 +15,6 @@
 namespace tj::autotune {
 
 namespace {
-
-struct Registry {
-  std::mutex mutex;
-  std::vector<std::pair<std::string, KnobProvider>> providers;
-  std::vector<std::pair<std::string, DefaultConfigProvider>> defaults;
-};
-Registry& registry() {
-  static Registry r;
-  return r;
-}
 
 int64_t next_pow2(int64_t v) {
   int64_t p = 1;
@@ -59,68 +49,6 @@ std::optional<int64_t> fold_binary(ir::BinaryFn fn, int64_t a, int64_t b) {
 }
 
 }  // namespace
-
-void register_knob_provider(const std::string& name, KnobProvider provider) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  for (auto& [n, p] : r.providers) {
-    if (n == name) {
-      p = std::move(provider);
-      return;
-    }
-  }
-  r.providers.emplace_back(name, std::move(provider));
-}
-
-void unregister_knob_provider(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  std::erase_if(r.providers, [&](const auto& e) { return e.first == name; });
-}
-
-std::vector<Knob> registered_knobs(const ir::Function& f, const std::string& arch) {
-  std::vector<std::pair<std::string, KnobProvider>> providers;
-  {
-    Registry& r = registry();
-    std::lock_guard lock(r.mutex);
-    providers = r.providers;
-  }
-  std::vector<Knob> out;
-  std::set<std::string> seen;
-  for (const auto& [name, provider] : providers) {
-    if (!provider) continue;
-    for (Knob& k : provider(f, arch)) {
-      if (k.name.empty() || k.values.empty() || !seen.insert(k.name).second) continue;
-      out.push_back(std::move(k));
-    }
-  }
-  return out;
-}
-
-void register_default_config_provider(const std::string& name, DefaultConfigProvider provider) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  for (auto& [n, p] : r.defaults) {
-    if (n == name) {
-      p = std::move(provider);
-      return;
-    }
-  }
-  r.defaults.emplace_back(name, std::move(provider));
-}
-
-Config untuned_config(const ir::Function& f, const std::string& arch) {
-  std::vector<std::pair<std::string, DefaultConfigProvider>> providers;
-  {
-    Registry& r = registry();
-    std::lock_guard lock(r.mutex);
-    providers = r.defaults;
-  }
-  for (const auto& [name, provider] : providers)
-    if (provider)
-      if (std::optional<Config> c = provider(f, arch)) return *c;
-  return tj::default_config(f);
-}
 
 std::vector<int64_t> constant_block_extents(const ir::Function& f) {
   std::vector<int64_t> extents(f.blocks.size(), -1);

@@ -11,7 +11,7 @@
 //   - num_warps: {2, 4, 8};
 //   - num_stages: {1, 2, 3, 4} when the kernel has a loop inside a program that loads from
 //     memory (something to pipeline), else fixed at the default;
-//   - every knob a registered KnobProvider declares for the kernel and target (a lowering
+//   - every knob a lowering declares (codegen/lowering.h) for the kernel and target (a lowering
 //     registers e.g. "warp_specialize" {0, 1}, "cluster" {1, 2}, "raster_group" {1, 4, 8}).
 // Config stays the single carrier: knobs land in Config::knobs, and a knob at its fallback
 // value is left out of the Config, so the default point prints as the default config.
@@ -22,47 +22,17 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "codegen/lowering.h"
+#include "dsl/config.h"
 #include "dsl/ir.h"
 
 namespace tj::autotune {
 
-// A tunable a lowering exposes: its name in Config::knobs, its legal values (in an order
-// where neighbours are similar: the search steps between adjacent values) and the value
-// the lowering uses when the config does not set it.
-struct Knob {
-  std::string name;
-  std::vector<int64_t> values;
-  int64_t fallback = 0;
-};
-
-// Declares the knobs that apply to `f` on `arch` ("sm_90a", ...). Called when a space is
-// derived; may return nothing for kernels it does not lower.
-using KnobProvider = std::function<std::vector<Knob>(const ir::Function& f, const std::string& arch)>;
-
-// Registers (or, with the same name, replaces) a provider. Thread-safe. The code generator
-// calls this once, e.g. from a static initializer next to the lowering that reads the knobs.
-void register_knob_provider(const std::string& name, KnobProvider provider);
-// Removes a provider (tests). Unknown names are ignored.
-void unregister_knob_provider(const std::string& name);
-// The knobs of every registered provider for `f` on `arch`, in registration order. A knob
-// declared twice keeps its first declaration.
-std::vector<Knob> registered_knobs(const ir::Function& f, const std::string& arch);
-
-// The config a lowering would pick for `f` on `arch` without tuning (a tile shape that is fast
-// for its pattern), or nothing for kernels it does not lower.
-using DefaultConfigProvider = std::function<std::optional<Config>(const ir::Function& f, const std::string& arch)>;
-// Registers (or, with the same name, replaces) one. Thread-safe; called like
-// register_knob_provider.
-void register_default_config_provider(const std::string& name, DefaultConfigProvider provider);
-
-// Well-known knob names a lowering may register (nothing reads them until it does).
-namespace knob_names {
-inline constexpr const char* warp_specialize = "warp_specialize";   // 0/1: producer warp + consumers
-inline constexpr const char* cluster = "cluster";                   // thread-block cluster size
-inline constexpr const char* raster_group = "raster_group";         // program-id swizzle / L2 grouping
-inline constexpr const char* fault = "__fault";                     // tests: 1 illegal address, 2 hang, 3 crash
-}  // namespace knob_names
+// Knobs and untuned configs come from the lowerings (codegen/lowering.h).
+using codegen::Knob;
+using codegen::registered_knobs;
+using codegen::untuned_config;
+namespace knob_names = codegen::knob_names;
 
 // One axis of the space.
 struct Dimension {
@@ -126,10 +96,5 @@ ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& options = {}
 // The loop extent of each block symbol when it is a compile-time constant (end - begin of
 // every tile loop that steps by it, the largest if several), else -1. Index: block id.
 std::vector<int64_t> constant_block_extents(const ir::Function& f);
-
-// The config of `f` on `arch` when nothing was tuned: the first registered default-config
-// provider's (in registration order) that answers, else default_config(f) (64 for every
-// tunable block).
-Config untuned_config(const ir::Function& f, const std::string& arch);
 
 }  // namespace tj::autotune

@@ -27,7 +27,7 @@
 #include "runtime/device.h"
 #include "runtime/disk_cache.h"
 #include "runtime/driver.h"
-#include "runtime/error.h"
+#include "core/error.h"
 #include "runtime/hash.h"
 #include "runtime/jit.h"
 #include "runtime/nvrtc.h"

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "autotune/cache.h"
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "autotune/search.h"
 #include "autotune/space.h"
 #include "dsl/kernel.h"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "autotune/session.h"
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::autotune {
 namespace fs = std::filesystem;

@@ -10,12 +10,12 @@
 #include <optional>
 #include <set>
 
-#include "autotune/space.h"
+#include "codegen/lowering.h"
 #include "codegen/layout.h"
 #include "dsl/error.h"
 #include "dsl/passes.h"
 #include "dsl/rules.h"
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 
 namespace tj::codegen {
 
@@ -928,33 +928,19 @@ GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Ta
 }
 
 namespace {
-std::vector<PatternLowering>& lowering_registry() {
-  static std::vector<PatternLowering> registry;
-  return registry;
-}
-}  // namespace
-
-bool register_lowering(PatternLowering l) {
-  lowering_registry().push_back(std::move(l));
-  return true;
-}
-
-const std::vector<PatternLowering>& lowerings() { return lowering_registry(); }
-
-namespace {
 // The SIMT path's tunable: simt_vec (codegen/layout.h), for kernels that no pattern lowering
 // takes with their untuned config. Its other knobs have shape-dependent defaults that a knob's
 // single fallback value cannot express, so the tuner leaves them alone.
 const bool simt_knobs_registered = [] {
-  autotune::register_knob_provider("simt", [](const ir::Function& f, const std::string& arch) {
-    std::vector<autotune::Knob> knobs;
+  codegen::register_knob_provider("simt", [](const ir::Function& f, const std::string& arch) {
+    std::vector<codegen::Knob> knobs;
     Target t;
     try {
       t = Target::parse(arch);
     } catch (const Error&) {
       return knobs;
     }
-    const Config base = autotune::untuned_config(f, arch);
+    const Config base = untuned_config(f, arch);
     for (const PatternLowering& l : lowerings()) {
       try {
         if (l.try_lower(f, base, t)) return knobs;

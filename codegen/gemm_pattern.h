@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "dsl/ir.h"
 
 namespace tj::codegen::gemm {

@@ -53,7 +53,7 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::codegen {
 
@@ -1229,7 +1229,7 @@ class Emitter {
     B_.CreateRet(c32(0));
     B_.SetInsertPoint(some);
 
-    // Grid (as autotune::launch_geometry): one block per program; persistent kernels at most
+    // Grid (as launch_geometry): one block per program; persistent kernels at most
     // SMs * blocks_per_sm blocks; rounded up to a multiple of the cluster size.
     llvm::Value* grid = programs;
     if (g.persistent) {

@@ -67,7 +67,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "dsl/ir.h"
 #include "dsl/kernel.h"

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "codegen/target.h"
 #include "dsl/ir.h"
 

@@ -9,11 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "autotune/space.h"
+#include "codegen/lowering.h"
 #include "codegen/attention_hooks.h"
 #include "dsl/ir.h"
-#include "kernels/library.h"
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::codegen {
 
@@ -86,8 +85,18 @@ bool params_fit(const ir::Function& f) {
   return true;
 }
 
+struct Reference {
+  const Kernel& (*plain)() = nullptr;
+  const Kernel& (*merging)() = nullptr;
+};
+Reference& reference() {
+  static Reference r;
+  return r;
+}
+
 std::optional<AttentionMatch> match_library(const ir::Function& f) {
-  if (!params_fit(f)) return std::nullopt;
+  const Reference& ref = reference();
+  if (!ref.plain || !ref.merging || !params_fit(f)) return std::nullopt;
   std::vector<ArgSpec> specs;
   for (const auto& p : f.params) {
     if (p.is_tensor()) specs.push_back(TensorSpec{p.dtype, p.static_shape});
@@ -97,7 +106,7 @@ std::optional<AttentionMatch> match_library(const ir::Function& f) {
   specs.push_back(false);   // with_lse
   // A merging kernel reads o and lse: its canonical form is attention_fp8_merging, with an LSE.
   const bool merging = f.params[6].kind == ir::ParamKind::tensor_inout;
-  const Kernel& library = merging ? kernels::attention_fp8_merging() : kernels::attention_fp8();
+  const Kernel& library = merging ? ref.merging() : ref.plain();
   for (int variant = merging ? 2 : 0; variant < 4; ++variant) {
     const bool causal = variant & 1, with_lse = variant & 2;
     specs[specs.size() - 2] = causal;
@@ -520,8 +529,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
 
 const bool registered = [] {
   register_lowering(PatternLowering{"sm90_attention", &try_lower});
-  autotune::register_knob_provider("sm90_attention", [](const ir::Function& f, const std::string& arch) {
-    std::vector<autotune::Knob> knobs;
+  codegen::register_knob_provider("sm90_attention", [](const ir::Function& f, const std::string& arch) {
+    std::vector<codegen::Knob> knobs;
     std::optional<AttentionHooks> hooks;
     const std::optional<AttentionMatch> m = arch == "sm_90a" ? match_uncached(f, &hooks) : std::nullopt;
     if (!m) return knobs;
@@ -554,6 +563,10 @@ const bool registered = [] {
 }();
 
 }  // namespace
+
+void register_attention_reference(const Kernel& (*plain)(), const Kernel& (*merging)()) {
+  reference() = Reference{plain, merging};
+}
 
 std::optional<AttentionMatch> match_attention_fp8(const ir::Function& f) {
   // Four traces of the library kernel (~1 ms) per call; only kernels with the library kernel's

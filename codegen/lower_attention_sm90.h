@@ -63,6 +63,7 @@
 #include <optional>
 
 #include "codegen/cuda_emitter.h"
+#include "dsl/kernel.h"
 
 namespace tj::codegen {
 
@@ -77,6 +78,11 @@ struct AttentionMatch {
   bool merging = false;
 };
 std::optional<AttentionMatch> match_attention_fp8(const ir::Function& f);
+
+// The library kernels whose traced IR this lowering recognizes (attention_fp8 and its merging
+// form): kernels/attention_fp8.cpp registers them at static initialization, so that the
+// compiler does not depend on the library written in its language. Until then nothing matches.
+void register_attention_reference(const Kernel& (*plain)(), const Kernel& (*merging)());
 
 // The lowering itself (what the registry calls): empty when `f`, `cfg` or `t` do not fit.
 std::optional<GeneratedKernel> lower_attention_sm90(const ir::Function& f, const Config& cfg, const Target& t);

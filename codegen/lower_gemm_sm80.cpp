@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "autotune/space.h"
+#include "codegen/lowering.h"
 #include "codegen/gemm_pattern.h"
 #include "dsl/ir.h"
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::codegen {
 
@@ -71,7 +71,7 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   p.bk_bytes = p.bk_elems * esize;
   p.stages = cfg.num_stages;
   p.warps = cfg.num_warps;
-  p.group = static_cast<int>(cfg.knob(autotune::knob_names::raster_group, 8));
+  p.group = static_cast<int>(cfg.knob(codegen::knob_names::raster_group, 8));
   const std::string& mname = f.blocks.at(g.m_block).name;
   const std::string& nname = f.blocks.at(g.n_block).name;
   const std::string& kname = f.blocks.at(g.k_block).name;
@@ -214,18 +214,18 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
 
 const bool registered = [] {
   register_lowering(PatternLowering{"sm80_gemm", &try_lower});
-  autotune::register_knob_provider("sm80_gemm", [](const ir::Function& f, const std::string& arch) {
-    std::vector<autotune::Knob> knobs;
+  codegen::register_knob_provider("sm80_gemm", [](const ir::Function& f, const std::string& arch) {
+    std::vector<codegen::Knob> knobs;
     const auto& archs = supported_archs();
     if (std::find(archs.begin(), archs.end(), arch) == archs.end()) return knobs;
     const Target t{arch};
     gemm::Match g;
     if (!serves(t) || !gemm::match(f, g) || !target_has_mma_for(g, t)) return knobs;
-    knobs.push_back({autotune::knob_names::raster_group, {1, 4, 8, 16}, 8});
+    knobs.push_back({codegen::knob_names::raster_group, {1, 4, 8, 16}, 8});
     return knobs;
   });
   // Untuned: 128 x 128 tiles, 4 warps, a 4-stage cp.async ring (fits sm_89's 99 KB for fp8).
-  autotune::register_default_config_provider("sm80_gemm", [](const ir::Function& f, const std::string& arch) {
+  codegen::register_default_config_provider("sm80_gemm", [](const ir::Function& f, const std::string& arch) {
     std::optional<Config> c;
     const auto& archs = supported_archs();
     if (std::find(archs.begin(), archs.end(), arch) == archs.end()) return c;

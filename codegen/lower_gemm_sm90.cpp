@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "autotune/space.h"
+#include "codegen/lowering.h"
 #include "codegen/gemm_pattern.h"
 #include "dsl/ir.h"
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::codegen {
 
@@ -53,10 +53,10 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   const int esize = size_bytes(g.ta);
   p.bk_bytes = p.bk_elems * esize;
   p.stages = cfg.num_stages;
-  p.cluster = static_cast<int>(cfg.knob(autotune::knob_names::cluster, 1));
-  p.group = static_cast<int>(cfg.knob(autotune::knob_names::raster_group, 8));
+  p.cluster = static_cast<int>(cfg.knob(codegen::knob_names::cluster, 1));
+  p.group = static_cast<int>(cfg.knob(codegen::knob_names::raster_group, 8));
   p.promote = static_cast<int>(cfg.knob("promote", promote_fallback(g)));
-  const int64_t ws = cfg.knob(autotune::knob_names::warp_specialize, 0);
+  const int64_t ws = cfg.knob(codegen::knob_names::warp_specialize, 0);
   const std::string& mname = f.blocks.at(g.m_block).name;
   const std::string& nname = f.blocks.at(g.n_block).name;
   const std::string& kname = f.blocks.at(g.k_block).name;
@@ -217,27 +217,27 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
 
 const bool registered = [] {
   register_lowering(PatternLowering{"sm90_gemm", &try_lower});
-  autotune::register_knob_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
-    std::vector<autotune::Knob> knobs;
+  codegen::register_knob_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
+    std::vector<codegen::Knob> knobs;
     gemm::Match g;
     if (arch != "sm_90a" || !gemm::match(f, g)) return knobs;
-    knobs.push_back({autotune::knob_names::warp_specialize, {0, 1, 2}, 0});
-    knobs.push_back({autotune::knob_names::cluster, {1, 2}, 1});
-    knobs.push_back({autotune::knob_names::raster_group, {1, 4, 8, 16}, 8});
+    knobs.push_back({codegen::knob_names::warp_specialize, {0, 1, 2}, 0});
+    knobs.push_back({codegen::knob_names::cluster, {1, 2}, 1});
+    knobs.push_back({codegen::knob_names::raster_group, {1, 4, 8, 16}, 8});
     if (is_fp8(g.ta)) knobs.push_back({"promote", {0, 1, 2, 4}, promote_fallback(g)});
     return knobs;
   });
   // Untuned: the tiles that measured best across bench_gemm's shapes (bench/RESULTS.md: fp8
   // promoted on the H100, bf16 on the H200). fp8: 4 stages of 128x192 beat 5 once the staged
   // epilogue takes its 10 KB (H100, session 5: 8192^3 +1.4%, 16384^3 +9%, 4096^3 equal).
-  autotune::register_default_config_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
+  codegen::register_default_config_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
     std::optional<Config> c;
     gemm::Match g;
     if (arch != "sm_90a" || !gemm::match(f, g)) return c;
     const bool fp8 = is_fp8(g.ta);
     c = gemm::tile_config(g, 128, fp8 ? 192 : 256, fp8 ? 128 : 64);
     c->num_stages = 4;
-    c->knobs[autotune::knob_names::cluster] = 2;
+    c->knobs[codegen::knob_names::cluster] = 2;
     return c;
   });
   return true;

@@ -7,7 +7,7 @@
 #include <set>
 #include <limits>
 
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 
 namespace tj::codegen::scalar {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::codegen {
 

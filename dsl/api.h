@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dsl/builder.h"
-#include "dsl/types.h"
+#include "core/types.h"
 
 namespace tj {
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 
 namespace tj::dsl {
 

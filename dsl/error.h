@@ -3,7 +3,7 @@
 #include <string>
 
 #include "dsl/ir.h"
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dsl/types.h"
+#include "core/types.h"
 
 namespace tj::ir {
 

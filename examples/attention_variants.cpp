@@ -15,6 +15,7 @@
 
 #include "kernels/attention_variants.h"
 #include "runtime/driver.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"

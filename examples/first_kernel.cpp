@@ -13,6 +13,7 @@
 
 #include "dsl/kernel.h"
 #include "runtime/driver.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"

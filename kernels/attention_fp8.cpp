@@ -42,12 +42,13 @@
 
 #include <cmath>
 
-#include "autotune/space.h"
+#include "codegen/lowering.h"
 #include "codegen/lower_attention_sm90.h"
 #include "codegen/target.h"
 #include "kernels/attention_variant.h"
 #include "kernels/library.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 
 namespace tj::kernels {
@@ -289,7 +290,8 @@ bool is_attention_kernel(const std::string& name) {
 // [B,Hkv,Skv,Dqk], o [B,H,Sq,D]), as attention_fp8_forward and tilejit run attention pick it.
 // Without it they took the generic 64 x 64 tiles.
 const bool default_config_registered = [] {
-  autotune::register_default_config_provider("attention_fp8", [](const ir::Function& f, const std::string& arch) {
+  codegen::register_attention_reference(&attention_fp8, &attention_fp8_merging);
+  codegen::register_default_config_provider("attention_fp8", [](const ir::Function& f, const std::string& arch) {
     std::optional<Config> c;
     if (arch != "sm_90a" || f.params.size() < 7 || !is_attention_kernel(f.name)) return c;
     const std::optional<codegen::AttentionMatch> m = codegen::match_attention_fp8(f);

@@ -37,8 +37,9 @@
 #include <optional>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "dsl/kernel.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/tensor.h"

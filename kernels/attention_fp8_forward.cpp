@@ -7,7 +7,8 @@
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
 #include "kernels/library.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 
 namespace tj::kernels {

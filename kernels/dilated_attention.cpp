@@ -11,7 +11,8 @@
 
 #include "kernels/attention_variants.h"
 #include "kernels/library.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 
 namespace tj::kernels {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::kernels {
 

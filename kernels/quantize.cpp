@@ -38,7 +38,7 @@
 #include <fmt/format.h>
 
 #include "kernels/library.h"
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj::kernels {
 

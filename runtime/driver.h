@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
 #error "tilejit's driver table assumes the legacy default stream ABI; do not define CUDA_API_PER_THREAD_DEFAULT_STREAM before including runtime/driver.h"

@@ -6,8 +6,7 @@
 #include <map>
 #include <mutex>
 
-#include "autotune/launch_plan.h"
-#include "autotune/space.h"
+#include "codegen/lowering.h"
 #include "codegen/device_library.h"
 #include "codegen/target.h"
 #include "runtime/device.h"
@@ -368,48 +367,49 @@ void check_aligned_operands(const Kernel& k, const CompiledKernel& ck, const std
 
 }  // namespace
 
-void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& options) {
-  const CompiledKernel* ck = nullptr;
-  autotune::LaunchGeometry g;
-  if (!options.config && options.arch.empty()) {
-    // The tuned config from the tuning cache, else the default; after the first launch of a
-    // specialization this is one hash-map lookup (autotune/launch_plan.h).
-    autotune::LaunchPlan plan =
-        autotune::plan_launch(k, args, options.dynamic_shapes, options.start_early || options.next_starts_early);
-    if (plan.programs == 0) return;
-    ck = plan.kernel;
-    g = plan.geometry;
-  } else {
-    auto specs = specs_for(k, args, options.dynamic_shapes);
-    // (without a config, options.arch is set: the other case took the launch plan above)
-    const Config config = options.config ? *options.config : autotune::untuned_config(k.trace(specs), options.arch);
-    CompileRequest request;
-    request.arch = options.arch;
-    request.start_early = options.start_early || options.next_starts_early;
-    ck = &compile(k, specs, config, request);
-    // Host values are not parameters: keep only tensors and runtime scalars.
-    std::vector<ArgValue> param_args;
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (k.slots()[i].is_host()) continue;
-      const Arg& a = args[i];
-      if (const auto* t = std::get_if<TensorView>(&a)) param_args.emplace_back(*t);
-      else if (const auto* d = std::get_if<double>(&a)) param_args.emplace_back(static_cast<float>(*d));
-      else if (const auto* n = std::get_if<int64_t>(&a)) param_args.emplace_back(static_cast<float>(*n));
-      else param_args.emplace_back(0.0f);
-    }
-    int64_t programs = launch_shape(ck->ir, ck->config, param_args).programs;
-    if (programs == 0) return;
-    g = autotune::launch_geometry(*ck, programs, runtime::current_device().sm_count);
+LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int sm_count) {
+  const codegen::GeneratedKernel& gk = ck.generated;
+  LaunchGeometry g;
+  g.programs = std::max<int64_t>(programs, 0);
+  g.persistent = gk.persistent;
+  int64_t blocks = g.programs;
+  if (gk.persistent) blocks = std::min<int64_t>(blocks, static_cast<int64_t>(std::max(sm_count, 1)) * std::max(gk.blocks_per_sm, 1));
+  const int64_t cluster = std::max(gk.cluster_x, 1);
+  blocks = (blocks + cluster - 1) / cluster * cluster;   // blocks past the last program return at once
+  if (blocks > 0x7fffffffLL)
+    throw Error(fmt::format("kernel '{}' needs {} programs; at most 2^31-1 fit one launch", ck.ir.name, programs));
+  g.grid = runtime::Dim3(static_cast<unsigned>(blocks));
+  g.block = runtime::Dim3(static_cast<unsigned>(gk.threads));
+  g.cluster = runtime::Dim3(static_cast<unsigned>(cluster));
+  g.dynamic_smem = gk.dynamic_smem_bytes;
+  return g;
+}
+
+int64_t count_programs(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args) {
+  // Host values are not parameters: keep only tensors and runtime scalars.
+  std::vector<ArgValue> param_args;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (k.slots()[i].is_host()) continue;
+    const Arg& a = args[i];
+    if (const auto* t = std::get_if<TensorView>(&a)) param_args.emplace_back(*t);
+    else if (const auto* d = std::get_if<double>(&a)) param_args.emplace_back(static_cast<float>(*d));
+    else if (const auto* n = std::get_if<int64_t>(&a)) param_args.emplace_back(static_cast<float>(*n));
+    else param_args.emplace_back(0.0f);
   }
-  PackedArgs packed = pack(k, ck->ir, args);
-  check_aligned_operands(k, *ck, args);
-  pack_tma(k, *ck, args, packed);
+  return launch_shape(ck.ir, ck.config, param_args).programs;
+}
+
+void launch_compiled(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args, const LaunchGeometry& g,
+                     const LaunchOptions& options) {
+  PackedArgs packed = pack(k, ck.ir, args);
+  check_aligned_operands(k, ck, args);
+  pack_tma(k, ck, args, packed);
   if (g.persistent) {
     packed.programs = g.programs;
     packed.pointers.push_back(&packed.programs);
   }
-  runtime::launch(ck->function, g.grid, g.block, g.dynamic_smem, options.stream, packed.pointers.data(), g.cluster,
-                  options.start_early && ck->generated.starts_early);
+  runtime::launch(ck.function, g.grid, g.block, g.dynamic_smem, options.stream, packed.pointers.data(), g.cluster,
+                  options.start_early && ck.generated.starts_early);
 }
 
 }  // namespace tj

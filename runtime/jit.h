@@ -11,9 +11,10 @@
 #include <variant>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "dsl/kernel.h"
+#include "runtime/driver.h"
 #include "runtime/memory.h"
 #include "runtime/tensor.h"
 
@@ -84,11 +85,30 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
 // cache do not count): a second process that finds everything on disk reports 0.
 uint64_t nvrtc_compile_count();
 
-// Traces and launches `k` on the current GPU with `args` (device tensors). Without
-// options.config: the config `tilejit tune` / autotune::tune() stored for this kernel, GPU
-// and shape bucket (autotune/cache.h), else the default; repeated launches of the same
-// specialization cost a hash-map lookup and argument packing (autotune/launch_plan.h).
-void launch(const Kernel& k, const std::vector<Arg>& args, const LaunchOptions& options = {});
+// How a compiled kernel is launched (the one place tj::launch, the tuner's benchmarks and the
+// exported launchers agree on): one block per program on gridDim.x (persistent kernels: at most
+// sm_count * blocks_per_sm blocks, and the program count is passed as a last `long long`
+// argument), rounded up to a multiple of the cluster size; the generated kernel's threads,
+// dynamic shared memory and cluster shape.
+struct LaunchGeometry {
+  runtime::Dim3 grid;
+  runtime::Dim3 block;
+  runtime::Dim3 cluster;
+  size_t dynamic_smem = 0;
+  int64_t programs = 0;
+  bool persistent = false;                  // pass `programs` after the TMA descriptors
+};
+// Throws tj::Error when `programs` does not fit one launch.
+LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int sm_count);
+
+// The number of programs `ck` runs for `args` (the product of its launch-loop extents).
+int64_t count_programs(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args);
+
+// Packs `args` (and the TMA descriptors `ck` asks for), checks the operands it reads in 16-byte
+// pieces and launches `ck` with geometry `g` on options.stream. tj::launch (autotune/launch.h)
+// chooses the kernel and the geometry.
+void launch_compiled(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args, const LaunchGeometry& g,
+                     const LaunchOptions& options);
 
 // The tensor map a lowering's TmaOperand describes, for `t`; throws tj::Error naming the
 // kernel and parameter when the layout forbids TMA (alignment, strides, contiguity).

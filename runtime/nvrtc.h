@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj {
 

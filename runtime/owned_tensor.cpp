@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "runtime/error.h"
-#include "runtime/numerics.h"
+#include "core/error.h"
+#include "core/numerics.h"
 
 namespace tj {
 

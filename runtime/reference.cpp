@@ -9,8 +9,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "runtime/error.h"
-#include "runtime/numerics.h"
+#include "core/error.h"
+#include "core/numerics.h"
 
 namespace tj {
 

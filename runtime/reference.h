@@ -26,7 +26,7 @@
 #include <variant>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "dsl/ir.h"
 #include "runtime/tensor.h"
 

@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "autotune/launch.h"
 #include "runtime/jit.h"
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"
 

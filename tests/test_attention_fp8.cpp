@@ -25,8 +25,9 @@
 #include "kernels/attention_variants.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"
 
@@ -630,7 +631,7 @@ TEST_CASE("attention_fp8: knob attn_persistent = 1 loops each CTA over query til
   CHECK(ck.generated.source.find("tj::dev::attn_fwd_persistent<tj_cfg>") != std::string::npos);
   CHECK(ck.ptx.find("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") != std::string::npos);
   // 4 x 16 heads x 32 tiles over 132 SMs: 264 CTAs, each given the program count
-  const autotune::LaunchGeometry g = autotune::launch_geometry(ck, 2048, 132);
+  const LaunchGeometry g = launch_geometry(ck, 2048, 132);
   CHECK(g.persistent);
   CHECK(g.grid.x == 264);
   CHECK(g.programs == 2048);
@@ -639,7 +640,7 @@ TEST_CASE("attention_fp8: knob attn_persistent = 1 loops each CTA over query til
   const CompiledKernel& one = compile(kernels::attention_fp8(), specs, cfg, CompileRequest{"sm_90a", false, false});
   CHECK_FALSE(one.generated.persistent);
   CHECK(one.generated.dynamic_smem_bytes == 76696);
-  CHECK(autotune::launch_geometry(one, 2048, 132).grid.x == 2048);
+  CHECK(launch_geometry(one, 2048, 132).grid.x == 2048);
   // the hooks of a variant are set up per tile of the launch
   Config hooked = blocks(64, 128);
   hooked.knobs["attn_persistent"] = 1;

@@ -22,8 +22,9 @@
 #include "kernels/attention_variants.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 #include "runtime/owned_tensor.h"
 
 using namespace tj;

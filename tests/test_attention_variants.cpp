@@ -24,6 +24,7 @@
 #include "kernels/attention_variants.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 

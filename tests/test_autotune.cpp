@@ -224,7 +224,7 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
 TEST_CASE("autotune space: knobs registered by a lowering") {
   const auto& e = kernels::find("attention");
   ir::Function f = e.get().trace(e.arguments({DType::e4m3, {}, {1, 2, 256, 64}, false}));
-  register_knob_provider("test-lowering", [](const ir::Function& fn, const std::string& arch) {
+  codegen::register_knob_provider("test-lowering", [](const ir::Function& fn, const std::string& arch) {
     std::vector<Knob> out;
     if (arch == "sm_90a" && fn.name == "attention") {
       out.push_back(Knob{knob_names::warp_specialize, {0, 1}, 0});
@@ -237,7 +237,7 @@ TEST_CASE("autotune space: knobs registered by a lowering") {
   o80.arch = "sm_80";
   ConfigSpace s = derive_space(f, o90);
   ConfigSpace s80 = derive_space(f, o80);
-  unregister_knob_provider("test-lowering");
+  codegen::unregister_knob_provider("test-lowering");
   ConfigSpace after = derive_space(f, o90);
 
   REQUIRE(find_dim(s, "warp_specialize"));

@@ -22,6 +22,7 @@
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"

@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "gpu.h"
-#include "runtime/error.h"
+#include "core/error.h"
 #include "tools/attention.h"
 
 using namespace tj;

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "gpu.h"
-#include "runtime/error.h"
+#include "core/error.h"
 #include "tools/variants.h"
 
 using namespace tj;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/device_library.h"
 #include "codegen/layout.h"
@@ -24,7 +24,8 @@
 #include "dsl/kernel.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/nvrtc.h"
 

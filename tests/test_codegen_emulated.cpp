@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/device_library.h"
 #include "dsl/kernel.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 #include "runtime/reference.h"
 
 namespace tj_codegen_test {   // tests/test_codegen.cpp

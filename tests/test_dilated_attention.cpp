@@ -16,6 +16,7 @@
 #include "gpu.h"
 #include "kernels/dilated_attention.h"
 #include "runtime/device.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 
 using namespace tj;

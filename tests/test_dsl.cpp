@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "dsl/kernel.h"
 #include "dsl/passes.h"

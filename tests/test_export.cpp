@@ -30,6 +30,7 @@
 #include "autotune/cache.h"
 #include "codegen/host_launcher.h"
 #include "kernels/library.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/reference.h"
 #include "tools/commands.h"

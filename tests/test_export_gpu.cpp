@@ -19,6 +19,7 @@
 #include "gpu.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/memory.h"
 #include "runtime/owned_tensor.h"

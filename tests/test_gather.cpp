@@ -8,13 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/target.h"
 #include "dsl/kernel.h"
 #include "gpu.h"
 #include "nvrtc_testing.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/memory.h"
 #include "runtime/nvrtc.h"

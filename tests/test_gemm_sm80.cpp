@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "autotune/space.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/device_library.h"
@@ -29,7 +29,8 @@
 #include "nvrtc_testing.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/memory.h"
 #include "runtime/nvrtc.h"

@@ -9,6 +9,7 @@
 #include "gpu.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"

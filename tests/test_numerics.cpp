@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "codegen/device/exp2_fma.cuh"   // host-compilable device math
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 
 using namespace tj;
 using namespace tj::numerics;

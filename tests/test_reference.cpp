@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "dsl/kernel.h"
-#include "runtime/error.h"
-#include "runtime/numerics.h"
+#include "core/error.h"
+#include "core/numerics.h"
 #include "runtime/reference.h"
 
 using namespace tj;

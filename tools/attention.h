@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "dsl/kernel.h"
 #include "runtime/memory.h"
 #include "runtime/owned_tensor.h"

@@ -17,8 +17,8 @@
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
-#include "runtime/error.h"
-#include "runtime/numerics.h"
+#include "core/error.h"
+#include "core/numerics.h"
 #include "tools/attention.h"
 #include "tools/problem.h"
 

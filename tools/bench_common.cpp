@@ -15,7 +15,8 @@
 #include <thread>
 
 #include "runtime/driver.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "tools/attention.h"
 

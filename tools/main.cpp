@@ -10,7 +10,7 @@
 
 #include "autotune/worker.h"
 #include "kernels/library.h"
-#include "runtime/error.h"
+#include "core/error.h"
 #include "tools/commands.h"
 
 namespace {

@@ -3,8 +3,9 @@
 #include <random>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "kernels/library.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"

@@ -43,14 +43,15 @@
 #include <thread>
 #include <vector>
 
-#include "autotune/config.h"
+#include "dsl/config.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
-#include "runtime/error.h"
+#include "core/error.h"
+#include "autotune/launch.h"
 #include "runtime/jit.h"
 #include "runtime/memory.h"
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 #include "runtime/nvrtc.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"

@@ -18,7 +18,7 @@ file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
-foreach(f include/tilejit/runtime/nvrtc.h include/tilejit/runtime/error.h
+foreach(f include/tilejit/runtime/nvrtc.h include/tilejit/core/error.h
           lib/cmake/tilejit/tilejitConfig.cmake lib/cmake/tilejit/tilejitConfigVersion.cmake
           lib/cmake/tilejit/tilejitTargets.cmake)
   if(NOT EXISTS ${prefix}/${f})

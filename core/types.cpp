@@ -1,4 +1,4 @@
-#include "dsl/types.h"
+#include "core/types.h"
 
 namespace tj {
 

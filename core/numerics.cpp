@@ -1,4 +1,4 @@
-#include "runtime/numerics.h"
+#include "core/numerics.h"
 
 #include <algorithm>
 #include <bit>

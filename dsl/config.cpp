@@ -1,10 +1,10 @@
-#include "autotune/config.h"
+#include "dsl/config.h"
 
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tj {
 

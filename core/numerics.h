@@ -19,7 +19,7 @@
 // (inf = S.11111.00, NaN = S.11111.{01,10,11}), max 57344, min subnormal 2^-16.
 #include <cstdint>
 
-#include "dsl/types.h"
+#include "core/types.h"
 
 namespace tj::numerics {
 
