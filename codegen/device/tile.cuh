@@ -229,6 +229,8 @@ struct Blocked {
   static TJ_DEV int coord_c(int j) { return wrap<EC, A::cols>(raw_c(j)); }
   static TJ_DEV bool primary_r(int i) { return (ER % A::rows == 0) || raw_r(i) < (int)ER; }
   static TJ_DEV bool primary_c(int j) { return (EC % A::cols == 0) || raw_c(j) < (int)EC; }
+  static TJ_DEV constexpr int idx(int i, int j) { return i * sc + j; }   // register of slot (i, j)
+  template <long long R, long long C> using with_extents = Blocked<A, R, C>;
 };
 
 template <class T, class L>
@@ -238,7 +240,7 @@ struct Tile {
 
 // The layout of a reduction's result: the reduced axis (0 rows, 1 columns) becomes extent 1.
 template <class L, int AXIS>
-using reduced_t = Blocked<typename L::arr, AXIS == 0 ? 1 : L::er, AXIS == 1 ? 1 : L::ec>;
+using reduced_t = typename L::template with_extents<AXIS == 0 ? 1 : L::er, AXIS == 1 ? 1 : L::ec>;
 
 // ---------------------------------------------------------------- construction
 template <class L, class T>
@@ -257,7 +259,7 @@ TJ_DEV Tile<int, L> arange(long long start) {
   for (int i = 0; i < L::sr; ++i)
 #pragma unroll
     for (int j = 0; j < L::sc; ++j)
-      out.v[i * L::sc + j] = (int)(start + (AXIS == 0 ? L::coord_r(i) : L::coord_c(j)));
+      out.v[L::idx(i, j)] = (int)(start + (AXIS == 0 ? L::coord_r(i) : L::coord_c(j)));
   return out;
 }
 
@@ -356,7 +358,7 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
           alignas(16) M group[L::vec];
           G::template load<wide_rows>(group, p);
 #pragma unroll
-          for (int v = 0; v < L::vec; ++v) out.v[i * L::sc + j0 + v] = E::ld(&group[v]);
+          for (int v = 0; v < L::vec; ++v) out.v[L::idx(i, j0 + v)] = E::ld(&group[v]);
           continue;
         }
       }
@@ -365,12 +367,12 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
         const long long pc = c.start + L::coord_c(j);
         const bool okc = okr && (!CC || in_range(pc, c.limit));
         if (!okc) {
-          out.v[i * L::sc + j] = typename E::reg(0);
+          out.v[L::idx(i, j)] = typename E::reg(0);
           continue;
         }
         const M* p = base + pr * r.stride + pc * c.stride;
         const M m = c.stride == 1 ? detail::ld_global<wide_rows>(p) : *p;
-        out.v[i * L::sc + j] = E::ld(&m);
+        out.v[L::idx(i, j)] = E::ld(&m);
       }
     }
   }
@@ -398,7 +400,7 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
         if (unit && okr && L::primary_c(j0) && (!CC || (pc >= 0 && pc + L::vec <= c.limit)) && G::aligned(p)) {
           alignas(16) M group[L::vec];
 #pragma unroll
-          for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[i * L::sc + j0 + v]);
+          for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[L::idx(i, j0 + v)]);
           G::copy(p, group);
           continue;
         }
@@ -407,7 +409,7 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
       for (int j = j0; j < j0 + step; ++j) {
         const long long pc = c.start + L::coord_c(j);
         const bool okc = okr && L::primary_c(j) && (!CC || in_range(pc, c.limit));
-        if (okc) E::st(base + pr * r.stride + pc * c.stride, x.v[i * L::sc + j]);
+        if (okc) E::st(base + pr * r.stride + pc * c.stride, x.v[L::idx(i, j)]);
       }
     }
   }
@@ -467,7 +469,7 @@ TJ_DEV Tile<T, LD> broadcast(const Tile<T, LS>& x) {
   for (int i = 0; i < LD::sr; ++i)
 #pragma unroll
     for (int j = 0; j < LD::sc; ++j)
-      out.v[i * LD::sc + j] = x.v[(LS::er == 1 ? 0 : i) * LS::sc + (LS::ec == 1 ? 0 : j)];
+      out.v[LD::idx(i, j)] = x.v[LS::idx(LS::er == 1 ? 0 : i, LS::ec == 1 ? 0 : j)];
   return out;
 }
 
@@ -482,13 +484,13 @@ TJ_DEV Tile<T, LD> exchange(const Tile<T, LS>& x, void* smem) {
   for (int i = 0; i < LS::sr; ++i)
 #pragma unroll
     for (int j = 0; j < LS::sc; ++j)
-      if (LS::primary_r(i) && LS::primary_c(j)) s[LS::coord_r(i) * SR + LS::coord_c(j) * SC] = x.v[i * LS::sc + j];
+      if (LS::primary_r(i) && LS::primary_c(j)) s[LS::coord_r(i) * SR + LS::coord_c(j) * SC] = x.v[LS::idx(i, j)];
   __syncthreads();
   Tile<T, LD> out;
 #pragma unroll
   for (int i = 0; i < LD::sr; ++i)
 #pragma unroll
-    for (int j = 0; j < LD::sc; ++j) out.v[i * LD::sc + j] = s[LD::coord_r(i) * DR + LD::coord_c(j) * DC];
+    for (int j = 0; j < LD::sc; ++j) out.v[LD::idx(i, j)] = s[LD::coord_r(i) * DR + LD::coord_c(j) * DC];
   return out;
 }
 
@@ -527,7 +529,7 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       float acc = Op::identity();
 #pragma unroll
       for (int j = 0; j < L::sc; ++j)
-        if (L::primary_c(j) && (!MASKED || vb + L::coord_c(j) < ve)) acc = Op::f(acc, x.v[i * L::sc + j]);
+        if (L::primary_c(j) && (!MASKED || vb + L::coord_c(j) < ve)) acc = Op::f(acc, x.v[L::idx(i, j)]);
 #pragma unroll
       for (int off = A::lanes_c / 2; off > 0; off >>= 1) acc = Op::f(acc, __shfl_xor_sync(0xffffffffu, acc, off));
       out.v[i] = acc;
@@ -537,12 +539,12 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       __syncthreads();
       if (A::lane() % A::lanes_c == 0)
 #pragma unroll
-        for (int i = 0; i < L::sr; ++i) s[(i * A::rows + A::row()) * A::warps_c + A::warp() % A::warps_c] = out.v[i];
+        for (int i = 0; i < L::sr; ++i) s[L::raw_r(i) * A::warps_c + A::warp() % A::warps_c] = out.v[i];
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < L::sr; ++i) {
         float acc = Op::identity();
-        for (int w = 0; w < A::warps_c; ++w) acc = Op::f(acc, s[(i * A::rows + A::row()) * A::warps_c + w]);
+        for (int w = 0; w < A::warps_c; ++w) acc = Op::f(acc, s[L::raw_r(i) * A::warps_c + w]);
         out.v[i] = acc;
       }
     }
@@ -552,7 +554,7 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       float acc = Op::identity();
 #pragma unroll
       for (int i = 0; i < L::sr; ++i)
-        if (L::primary_r(i) && (!MASKED || vb + L::coord_r(i) < ve)) acc = Op::f(acc, x.v[i * L::sc + j]);
+        if (L::primary_r(i) && (!MASKED || vb + L::coord_r(i) < ve)) acc = Op::f(acc, x.v[L::idx(i, j)]);
 #pragma unroll
       for (int off = A::lanes_r / 2; off > 0; off >>= 1)
         acc = Op::f(acc, __shfl_xor_sync(0xffffffffu, acc, off * A::lanes_c));
@@ -591,7 +593,7 @@ TJ_DEV void stage(const Tile<float, L>& x, float* s, long long kb, long long ke)
       if (!(L::primary_r(i) && L::primary_c(j))) continue;
       const int r = L::coord_r(i), c = L::coord_c(j);
       const bool keep = !KMASK || kb + (KAXIS == 0 ? r : c) < ke;
-      s[r * SR + c * SC] = keep ? x.v[i * L::sc + j] : 0.0f;
+      s[r * SR + c * SC] = keep ? x.v[L::idx(i, j)] : 0.0f;
     }
 }
 }  // namespace detail
@@ -640,7 +642,7 @@ TJ_DEV Tile<float, LO> dot(const Tile<float, LA>& a, const Tile<float, LB>& b, c
 #pragma unroll
     for (int i = 0; i < LO::sr; ++i)
 #pragma unroll
-      for (int j = 0; j < LO::sc; ++j) out.v[i * LO::sc + j] = fmaf(av[i], bv[j], out.v[i * LO::sc + j]);
+      for (int j = 0; j < LO::sc; ++j) out.v[LO::idx(i, j)] = fmaf(av[i], bv[j], out.v[LO::idx(i, j)]);
   }
   return out;
 }
