@@ -1,5 +1,6 @@
+// The CUDA emitter: the kernel, its launch decode, scalar and SIMT ops (emit_mma.cpp: the
+// tensor-core ops).
 #include "codegen/cuda_emitter.h"
-#include "codegen/scalar_expr.h"
 
 #include <fmt/format.h>
 
@@ -10,170 +11,14 @@
 #include <optional>
 #include <set>
 
+#include "codegen/emitter.h"
 #include "codegen/lowering.h"
-#include "codegen/layout.h"
+#include "core/numerics.h"
 #include "dsl/error.h"
 #include "dsl/passes.h"
 #include "dsl/rules.h"
-#include "core/numerics.h"
 
-namespace tj::codegen {
-
-using ir::BinaryFn;
-using ir::Op;
-using ir::OpKind;
-using ir::UnaryFn;
-using scalar::cast_expr;
-using scalar::dtag;
-using scalar::literal;
-using scalar::reg_type;
-using scalar::rounding;
-using scalar::float_literal;
-using scalar::int_literal;
-using scalar::round_host;
-using scalar::identifier;
-using scalar::reserved_name;
-
-namespace {
-
-// ---- dtypes ----------------------------------------------------------------------------------
-
-
-int reg_bytes(DType t) {
-  switch (t) {
-    case DType::i64: return 8;
-    case DType::i1: return 1;
-    default: return 4;
-  }
-}
-
-
-
-
-
-
-
-// ---- integer ranges (to drop masks that are provably always true) ----------------------------
-
-struct Range {
-  int64_t lo = std::numeric_limits<int64_t>::min();
-  int64_t hi = std::numeric_limits<int64_t>::max();
-  bool known_lo() const { return lo != std::numeric_limits<int64_t>::min(); }
-  bool known_hi() const { return hi != std::numeric_limits<int64_t>::max(); }
-  bool constant() const { return known_lo() && lo == hi; }
-  static Range exactly(int64_t v) { return {v, v}; }
-};
-
-constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
-constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-
-int64_t sat_add(int64_t a, int64_t b) {
-  if (a == kMin || b == kMin) return kMin;
-  if (a == kMax || b == kMax) return kMax;
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) return a > 0 ? kMax : kMin;
-  return r;
-}
-
-int64_t floordiv64(int64_t a, int64_t b) {
-  int64_t q = a / b;
-  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-
-// ---- the emitter -------------------------------------------------------------------------------
-
-class Emitter {
- public:
-  Emitter(const ir::Function& f, const Config& cfg, const Target& t, bool start_early)
-      : f_(f), cfg_(cfg), target_(t), start_early_(start_early) {}
-
-  GeneratedKernel run();
-
- private:
-  const ir::Function& f_;
-  const Config& cfg_;
-  const Target& target_;
-  const bool start_early_;   // asked for (generate_simt)
-  LayoutPlan plan_;
-  bool fast_math_ = false;
-  // Programmatic dependent launch (start_early_ on sm_90+): the kernel lets the next one start at
-  // once and waits for the previous one (griddep_wait) before the first op that touches memory
-  // another kernel may write: a store, or a load of an Out / InOut tensor. Its In tensors are read
-  // before that.
-  bool starts_early_ = false;
-  bool waited_ = false;
-
-  std::vector<const Op*> def_;           // defining op per value
-  std::vector<int> uses_;                // effective uses per value
-  std::set<int> folded_;                 // transpose results folded into the dots that use them
-  std::vector<Range> range_;             // integer scalars
-  std::vector<std::string> names_;       // C++ expression per value
-  std::vector<std::string> names_param_; // C++ name per parameter
-  std::set<const Op*> hoisted_;          // launch-bound ops emitted before the program decode
-
-  std::string body_;
-  int indent_ = 1;
-  int64_t smem_ = 0;
-  std::string smem_what_;
-  std::map<std::string, std::string> layout_alias_;   // device type -> alias
-  std::vector<std::string> alias_lines_;
-  std::map<std::string, std::string> arr_alias_;
-  int temp_ = 0;
-
-  // -- analysis
-  void analyze();
-  void compute_range(const Op& op);
-  Range range(int v) const { return v >= 0 && v < (int)range_.size() ? range_[v] : Range{}; }
-  std::vector<int64_t> shape(int v) const { return bind_shape(f_, cfg_, f_.type(v)); }
-
-  // -- output helpers
-  void line(const std::string& code, const ir::SourceLoc* loc = nullptr);
-  std::string marker(const ir::SourceLoc& loc) const;
-  std::string alias(const Layout& l);
-  std::string tile_type(DType t, const Layout& l) { return fmt::format("tj::dev::Tile<{}, {}>", reg_type(t), alias(l)); }
-  std::string fresh(int v, const char* what) { return fmt::format("v{}_{}{}", v, what, temp_++); }
-  void need_smem(int64_t bytes, const std::string& what);
-  std::string ref(int v) const { return names_.at(v); }
-  // `v` in layout `want`, emitting a conversion statement when data must move.
-  std::string operand(int v, const Layout& want, const ir::SourceLoc& loc);
-  std::string convert(const std::string& expr, const Layout& have, const Layout& want, DType t, const ir::SourceLoc& loc,
-                      int v);
-  // Is the valid range [vb, ve) provably covering every position of an extent?
-  bool provably_full(int vb, int ve, int64_t extent) const;
-  void check_tile(int v, const Layout& l, const ir::SourceLoc& loc);
-  void check_slots(const Layout& l, const std::string& what, const ir::SourceLoc& loc);
-
-  // -- emission
-  void emit_header(std::string& out, const std::string& entry);
-  void emit_launch();
-  void emit_region(const ir::Region& r);
-  void emit_op(const Op& op);
-  void emit_scalar_leaf(const Op& op);
-  void emit_loop(const Op& op);
-  void emit_memory(const Op& op);
-  void emit_gather(const Op& op);
-  void emit_elementwise(const Op& op);
-  // Defines op's result as `expr` (a scalar result) or as tj::dev::map of a lambda with `capture`
-  // and `params` returning `expr` over `args` (a tile in layout L).
-  void define_mapped(const Op& op, const Layout& L, const char* capture, const std::vector<std::string>& params,
-                     const std::string& expr, const std::vector<std::string>& args);
-  void emit_shape(const Op& op);
-  void emit_reduce(const Op& op);
-  void emit_dot(const Op& op);
-  void emit_var(const Op& op);
-  bool pure_and_unused(const Op& op) const;
-  // A store, or a load / gather of a tensor the kernel writes, in `op` or in its body.
-  bool touches_written_memory(const Op& op) const;
-  // The wait for the previous kernel, once, before the first op that touches written memory.
-  void wait_before(const Op& op);
-
-  std::string unary_expr(UnaryFn fn, DType t, const std::string& x) const;
-  std::string binary_expr(BinaryFn fn, DType operand, DType result, const std::string& a, const std::string& b) const;
-  std::string cast_expr(DType from, DType to, const std::string& x) const;
-  // Is `start + [0, extent)` provably inside [0, dim) for a static dim?
-  bool provably_inside(int start, int64_t extent, int64_t dim) const;
-  std::string define(int v, const std::string& expr, const ir::SourceLoc& loc);
-};
+namespace tj::codegen::emitter {
 
 // ---- analysis ----------------------------------------------------------------------------------
 
@@ -326,6 +171,20 @@ void Emitter::line(const std::string& code, const ir::SourceLoc* loc) {
 }
 
 std::string Emitter::alias(const Layout& l) {
+  if (l.is_mma()) {
+    if (!arr_alias_.count("ArrMma")) {
+      arr_alias_["ArrMma"] = l.arr.mma_cuda_type();
+      alias_lines_.insert(alias_lines_.begin(), fmt::format("using ArrMma = {};  // the tensor cores' accumulator warps",
+                                                            l.arr.mma_cuda_type()));
+    }
+    std::string type = l.cuda_type("ArrMma");
+    auto it = layout_alias_.find(type);
+    if (it != layout_alias_.end()) return it->second;
+    std::string name = fmt::format("M{}x{}", l.extent_r, l.extent_c);
+    layout_alias_[type] = name;
+    alias_lines_.push_back(fmt::format("using {} = {};  // accumulator layout, {} per thread", name, type, l.slots()));
+    return name;
+  }
   const bool flat = !plan_.has_2d || !(l.arr == plan_.arr2);
   std::string arr = flat ? "Arr1d" : "Arr2d";
   if (!arr_alias_.count(arr)) {
@@ -434,6 +293,20 @@ void Emitter::wait_before(const Op& op) {
 void Emitter::emit_op(const Op& op) {
   if (pure_and_unused(op)) return;
   wait_before(op);
+  if (auto w = async_.before.find(&op); w != async_.before.end()) emit_wait(w->second, &op.loc);
+  if (op.kind == OpKind::loop) emit_ring_prologue(op);
+  if (const StagedLoad* st = mma_.staged_of(&op)) {
+    emit_staged_load(op, *st);
+  } else if (const MmaDot* d = mma_.dot_of(&op)) {
+    emit_mma_dot(op, *d);
+  } else {
+    emit_simt_op(op);
+  }
+  if (auto w = async_.after.find(&op); w != async_.after.end())
+    emit_wait(w->second, &op.loc, op.kind == OpKind::loop ? &op : nullptr);
+}
+
+void Emitter::emit_simt_op(const Op& op) {
   switch (op.kind) {
     case OpKind::const_value:
     case OpKind::scalar_param:
@@ -471,19 +344,20 @@ void Emitter::emit_op(const Op& op) {
 }
 
 // Constants, parameters, tensor dims and block sizes are named inline (no statement).
-void Emitter::emit_scalar_leaf(const Op& op) {
+void Emitter::emit_scalar_leaf(const Op& op) { names_[op.result] = leaf_name(op); }
+
+std::string Emitter::leaf_name(const Op& op) const {
   const TileType& t = f_.type(op.result);
   switch (op.kind) {
-    case OpKind::const_value: names_[op.result] = literal(op.fval, op.ival, t.dtype); break;
-    case OpKind::block_size: names_[op.result] = int_literal(cfg_.block(f_, op.block_id), t.dtype); break;
-    case OpKind::scalar_param: names_[op.result] = names_param_.at(op.param); break;
+    case OpKind::const_value: return literal(op.fval, op.ival, t.dtype);
+    case OpKind::block_size: return int_literal(cfg_.block(f_, op.block_id), t.dtype);
+    case OpKind::scalar_param: return names_param_.at(op.param);
     case OpKind::tensor_dim: {
       const ir::Param& p = f_.params.at(op.param);
-      names_[op.result] = p.static_shape.at(op.axis) >= 0 ? int_literal(p.static_shape[op.axis], DType::i64)
-                                                          : fmt::format("{}.shape[{}]", names_param_.at(op.param), op.axis);
-      break;
+      return p.static_shape.at(op.axis) >= 0 ? int_literal(p.static_shape[op.axis], DType::i64)
+                                             : fmt::format("{}.shape[{}]", names_param_.at(op.param), op.axis);
     }
-    default: break;
+    default: return "";
   }
 }
 
@@ -498,7 +372,9 @@ void Emitter::emit_loop(const Op& op) {
                      int_literal(cfg_.block(f_, op.block_id), DType::i64)),
          &op.loc);
   ++indent_;
+  emit_ring_iteration(op);
   emit_region(*op.body);
+  if (auto w = async_.body_end.find(&op); w != async_.body_end.end()) emit_wait(w->second, nullptr);
   --indent_;
   line("}");
 }
@@ -832,9 +708,15 @@ void Emitter::emit_var(const Op& op) {
     std::string type = L.is_scalar() ? reg_type(f_.type(v).dtype) : tile_type(f_.type(v).dtype, L);
     line(fmt::format("{} {} = {};", type, names_[v], init), &op.loc);
   } else if (op.kind == OpKind::var_read) {
+    if (async_.alias_reads.count(&op)) {   // the accumulator of an in-place tensor-core dot: no copy
+      names_[op.result] = ref(op.operands[0]);
+      return;
+    }
     define(op.result, operand(op.operands[0], plan_.of(op.result), op.loc), op.loc);
   } else {
     const int var = op.operands[0];
+    const Op* d = def_[op.operands[1]];
+    if (d && async_.in_place.count(d)) return;   // the dot accumulated into the variable itself
     line(fmt::format("{} = {};", ref(var), operand(op.operands[1], plan_.of(var), op.loc)), &op.loc);
   }
 }
@@ -844,14 +726,23 @@ void Emitter::emit_var(const Op& op) {
 
 
 void Emitter::emit_header(std::string& out, const std::string& entry) {
-  out += fmt::format("// tilejit: kernel '{}' for {}, generated by the SIMT code generator (codegen/cuda_emitter.cpp).\n",
-                     f_.name, target_.arch);
+  out += fmt::format("// tilejit: kernel '{}' for {}, generated by the CUDA emitter (codegen/cuda_emitter.cpp){}.\n", f_.name,
+                     target_.arch, mma_.wgmma ? fmt::format(", {} dot(s) on the tensor cores (wgmma)", mma_.dots.size()) : "");
   out += fmt::format("// config: {}\n", cfg_.to_json());
   out += fmt::format("// {} threads per block, {} bytes of dynamic shared memory{}.\n", plan_.threads, smem_,
                      fast_math_ ? ", fast math" : "");
   out += "// Register tiles are tj::dev::Tile<type, layout> (codegen/device/tile.cuh); each statement ends with\n"
          "// `// @ file:line`, the DSL line of the IR op it implements.\n";
-  out += "#include \"tile.cuh\"\n\n";
+  for (const std::string& why : mma_.simt_dots) out += fmt::format("// SIMT: {}\n", why);
+  out += mma_.wgmma ? "#include \"mma.cuh\"\n" : "#include \"tile.cuh\"\n";
+  for (const MmaDot& d : mma_.dots) {
+    // hopper_wgmma.cuh defines the common wgmma widths; others get their own.
+    static const int kPredefined[] = {8, 16, 32, 64, 96, 128, 192, 256};
+    if (std::find(std::begin(kPredefined), std::end(kPredefined), d.n_per_instr) == std::end(kPredefined) &&
+        out.find(fmt::format("TJ_WGMMA_DEFINE({})", d.n_per_instr)) == std::string::npos)
+      out += fmt::format("TJ_WGMMA_DEFINE({})\n", d.n_per_instr);
+  }
+  out += "\n";
   std::vector<std::string> params;
   for (size_t i = 0; i < f_.params.size(); ++i) {
     const ir::Param& p = f_.params[i];
@@ -859,6 +750,8 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
     else if (p.kind == ir::ParamKind::scalar_f32) params.push_back(fmt::format("float {}", names_param_[i]));
     else params.push_back(fmt::format("long long {}", names_param_[i]));
   }
+  for (size_t i = 0; i < mma_.tmas.size(); ++i)
+    params.push_back(fmt::format("const __grid_constant__ tj::dev::TmaDescriptor tj_tma{}", i));
   // Knob simt_min_blocks: ptxas keeps the registers low enough for that many blocks per SM
   // (__launch_bounds__'s second argument). A streaming kernel whose loads wait on DRAM may want the
   // blocks more than the registers: chunk_amax at 99 registers ran two blocks of 256 threads per SM
@@ -869,18 +762,47 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
     throw Error(fmt::format("kernel '{}': knob simt_min_blocks must be in [0, {}] ({} threads per block, {} per SM on "
                             "{}), got {}",
                             f_.name, sm_threads / plan_.threads, plan_.threads, sm_threads, target_.arch, min_blocks));
-  const std::string bounds =
-      min_blocks > 0 ? fmt::format("{}, {}", plan_.threads, min_blocks) : fmt::format("{}", plan_.threads);
+  // Tensor-core kernels hold large accumulators: one block per SM may take every register.
+  const int64_t blocks = min_blocks > 0 ? min_blocks : mma_.wgmma ? 1 : 0;
+  const std::string bounds = blocks > 0 ? fmt::format("{}, {}", plan_.threads, blocks) : fmt::format("{}", plan_.threads);
   out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", bounds, entry,
                      fmt::join(params, ", "));
-  out += "  extern __shared__ __align__(16) unsigned char tj_smem[];\n";
+  if (mma_.wgmma) {
+    // The tensor-core region (rings, operand buffers, barriers) at a 1024-byte boundary, the
+    // swizzle's period; the SIMT scratch after it.
+    out += "  extern __shared__ __align__(1024) unsigned char tj_smem_base[];\n";
+    out += "  unsigned char* const tj_tc = tj_smem_base + ((1024u - (tj::dev::smem_u32(tj_smem_base) & 1023u)) & 1023u);\n";
+    out += fmt::format("  unsigned char* const tj_smem = tj_tc + {};\n", mma_.smem_bytes);
+  } else {
+    out += "  extern __shared__ __align__(16) unsigned char tj_smem[];\n";
+  }
   for (const auto& a : alias_lines_) out += "  " + a + "\n";
+}
+
+// The SIMT layouts split tiles over lanes and warps by halving: their blocks are powers of two
+// (the accumulator layout takes any multiple of its warps' rows).
+void Emitter::check_power_of_two_tiles() const {
+  for (size_t v = 0; v < f_.values.size(); ++v) {
+    if (!plan_.of(static_cast<int>(v)).is_distributed()) continue;
+    for (const Dim& d : f_.values[v].type.shape) {
+      if (!d.is_block()) continue;
+      const int64_t size = cfg_.block(f_, static_cast<int>(d.value));
+      if ((size & (size - 1)) != 0)
+        throw Error(fmt::format("kernel '{}': block '{}' = {} sizes a tile the SIMT path holds, which takes powers of two "
+                                "(target {}; tiles in the tensor cores' accumulator layout take any multiple of their warps' "
+                                "rows)",
+                                f_.name, f_.blocks.at(d.value).name, size, target_.arch));
+    }
+  }
 }
 
 GeneratedKernel Emitter::run() {
   target_.validate();
   passes::verify(f_);
-  plan_ = assign_layouts(f_, cfg_, target_);
+  if (cfg_.knob("mma", 1) != 0) mma_ = plan_mma(f_, cfg_, target_);
+  plan_ = assign_layouts(f_, cfg_, target_, &mma_);
+  async_ = plan_async(f_, mma_);
+  check_power_of_two_tiles();
   fast_math_ = cfg_.knob("fast_math", 0) != 0;
   std::set<std::string> taken;
   for (size_t i = 0; i < f_.params.size(); ++i) {
@@ -891,39 +813,47 @@ GeneratedKernel Emitter::run() {
   }
   analyze();
   starts_early_ = start_early_ && target_.sm() >= 90;
+  if (mma_.wgmma) emit_mma_prologue();
   emit_launch();
   if (starts_early_ && !waited_) line("tj::dev::griddep_wait();");
 
-  if (smem_ > target_.max_smem_per_block())
-    throw Error(fmt::format("kernel '{}' with config {} needs {} bytes of shared memory for {}, more than the {} bytes ({} KB) "
-                            "a block can use on {}: use smaller block sizes",
-                            f_.name, cfg_.to_json(), smem_, smem_what_, target_.max_smem_per_block(),
-                            target_.max_smem_per_block() / 1024, target_.arch));
+  const int64_t tc_bytes = mma_.wgmma ? 1024 + mma_.smem_bytes : 0;   // with the alignment slack
+  if (tc_bytes + smem_ > target_.max_smem_per_block())
+    throw Error(fmt::format("kernel '{}' with config {} needs {} bytes of shared memory ({} for {}{}), more than the {} bytes "
+                            "({} KB) a block can use on {}: use smaller block sizes{}",
+                            f_.name, cfg_.to_json(), tc_bytes + smem_, smem_, smem_what_.empty() ? "scratch" : smem_what_,
+                            tc_bytes ? fmt::format(", {} for the tensor cores' operand tiles", tc_bytes) : "",
+                            target_.max_smem_per_block(), target_.max_smem_per_block() / 1024, target_.arch,
+                            tc_bytes ? " or fewer stages" : ""));
 
   GeneratedKernel k;
   k.name = f_.name;
   k.entry = identifier(f_.name);
   if (reserved_name(k.entry)) k.entry = "tj_kernel_" + k.entry;
   k.threads = plan_.threads;
-  k.dynamic_smem_bytes = static_cast<size_t>((smem_ + 15) / 16 * 16);
+  k.dynamic_smem_bytes = static_cast<size_t>(tc_bytes + (smem_ + 15) / 16 * 16);
   k.starts_early = starts_early_;
   smem_ = static_cast<int64_t>(k.dynamic_smem_bytes);
   emit_header(k.source, k.entry);
   k.source += body_;
   k.source += "}\n";
   k.device_headers = {"tile.cuh", "fp8.cuh"};
+  k.notes = mma_.simt_dots;
+  if (mma_.wgmma) {
+    k.device_headers.insert(k.device_headers.end(), {"hopper.cuh", "hopper_wgmma.cuh", "mma.cuh"});
+    for (const MmaPlan::Tma& t : mma_.tmas) k.tma.push_back(TmaOperand{t.param, t.box, t.swizzle, {}, {}});
+    k.lowering = "tensor cores (wgmma)";
+  }
   return k;
 }
 
-}  // namespace
+}  // namespace tj::codegen::emitter
+
+namespace tj::codegen {
+
+using emitter::Emitter;
 
 GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t, bool start_early) {
-  // The SIMT layouts split tiles over lanes and warps by halving: powers of two only.
-  for (const auto& [name, size] : cfg.blocks)
-    if ((size & (size - 1)) != 0)
-      throw Error(fmt::format("kernel '{}': block '{}' = {} needs a tensor-core lowering (sizes that are not powers of "
-                              "two), and none applies here (target {}); the SIMT path takes powers of two",
-                              f.name, name, size, t.arch));
   return Emitter(f, cfg, t, start_early).run();
 }
 

@@ -47,6 +47,8 @@ struct GeneratedKernel {
   // generated with start_early; the sm_90a attention kernels.)
   bool starts_early = false;
   std::string lowering = "simt";           // which lowering produced it (for `tilejit show`)
+  // "dot at file:line: reason" for each dot left on the SIMT path of a target with tensor cores.
+  std::vector<std::string> notes;
 };
 
 }  // namespace tj::codegen

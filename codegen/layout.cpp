@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 #include <tuple>
 
+#include "codegen/mma_plan.h"
 #include "dsl/error.h"
 #include "dsl/rules.h"
 
@@ -18,9 +20,7 @@ std::string_view name(LayoutKind k) {
   switch (k) {
     case LayoutKind::scalar: return "scalar";
     case LayoutKind::distributed: return "distributed";
-    case LayoutKind::mma_accumulator: return "mma_accumulator";
-    case LayoutKind::mma_operand_a: return "mma_operand_a";
-    case LayoutKind::mma_operand_b: return "mma_operand_b";
+    case LayoutKind::mma: return "mma";
     case LayoutKind::shared: return "shared";
   }
   return "?";
@@ -31,7 +31,19 @@ std::string Arrangement::cuda_type() const {
   return fmt::format("tj::dev::Arr<{}, {}, {}, {}, {}>", lanes_r, lanes_c, warps_r, warps_c, vec);
 }
 
+std::string Arrangement::mma_cuda_type() const { return fmt::format("tj::dev::MmaArr<{}, {}>", warps_r, warps_c); }
+
 Layout Layout::scalar() { return Layout{}; }
+
+bool Layout::mma_fits(const Arrangement& a, int64_t rows, int64_t cols) {
+  return (rows == 1 || rows % (16 * a.warps_r) == 0) && (cols == 1 || cols % (8 * a.warps_c) == 0);
+}
+
+Layout Layout::mma2(const Arrangement& a, int64_t rows, int64_t cols) {
+  Layout l = blocked2(a, rows, cols);
+  l.kind = LayoutKind::mma;
+  return l;
+}
 
 Layout Layout::blocked2(const Arrangement& a, int64_t rows, int64_t cols) {
   Layout l;
@@ -57,6 +69,7 @@ Layout Layout::col_slice(const Arrangement& a, int64_t n) {
 }
 
 int Layout::slots_r() const {
+  if (is_mma()) return extent_r == 1 ? 1 : static_cast<int>(2 * extent_r / (16 * arr.warps_r));
   if (!is_distributed()) return 1;
   return static_cast<int>((extent_r + arr.rows() - 1) / arr.rows());
 }
@@ -67,6 +80,7 @@ int Layout::reps_c() const {
 }
 
 int Layout::slots_c() const {
+  if (is_mma()) return extent_c == 1 ? 1 : static_cast<int>(extent_c / arr.warps_c / 4);
   if (!is_distributed()) return 1;
   return extent_c == 1 ? 1 : reps_c() * arr.vec;   // a row slice: one column, whatever the vector width
 }
@@ -78,16 +92,19 @@ int Layout::axis_of_dim(int d) const {
 
 bool Layout::same_registers(const Layout& o) const {
   if (kind != o.kind) return false;
-  if (is_scalar()) return true;
+  if (is_scalar() || kind == LayoutKind::shared) return true;
   if (replicated() && o.replicated()) return true;
   return arr == o.arr && extent_r == o.extent_r && extent_c == o.extent_c;
 }
 
 std::string Layout::cuda_type(const std::string& arr_name) const {
-  return fmt::format("tj::dev::Blocked<{}, {}, {}>", arr_name, extent_r, extent_c);
+  return fmt::format("tj::dev::{}<{}, {}, {}>", is_mma() ? "Mma" : "Blocked", arr_name, extent_r, extent_c);
 }
 
 std::string Layout::str() const {
+  if (is_mma())
+    return fmt::format("{}x{} accumulator tile on {}x{} warps, {} per thread", extent_r, extent_c, arr.warps_r, arr.warps_c,
+                       slots());
   if (!is_distributed()) return std::string(name(kind));
   std::string what = rank == 2 ? fmt::format("{}x{} tile", extent_r, extent_c)
                      : rank == 1 ? fmt::format("{} elements along the thread {}", dim0_on_cols ? extent_c : extent_r,
@@ -133,11 +150,11 @@ Conversion plan_conversion(const Layout& from, const Layout& to, int elem_bytes)
     c.kind = Conversion::Kind::to_scalar;
     return c;
   }
-  if (!from.is_distributed() || !to.is_distributed())
+  if (!from.in_registers() || !to.in_registers())
     throw Error(fmt::format("internal error: no conversion from a {} layout to a {} layout", name(from.kind), name(to.kind)));
   if (from.same_registers(to)) return c;
   if (from.replicated() ||
-      (from.arr == to.arr && (from.extent_r == 1 || from.extent_r == to.extent_r) &&
+      (from.kind == to.kind && from.arr == to.arr && (from.extent_r == 1 || from.extent_r == to.extent_r) &&
        (from.extent_c == 1 || from.extent_c == to.extent_c))) {
     c.kind = Conversion::Kind::broadcast;
     return c;
@@ -254,7 +271,7 @@ void unify_rank1(const ir::Function& f, const Op& op, UnionFind& uf) {
 
 }  // namespace
 
-LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target& target) {
+LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target& target, const MmaPlan* mma) {
   LayoutPlan plan;
   const int warps = cfg.num_warps;
   if (warps < 1 || warps > 32)
@@ -307,6 +324,52 @@ LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target
     class_voted[root] = class_voted[root] || voted[v];
   }
 
+  // The accumulator family (tensor-core dots): rank-2 values tied to a dot result by
+  // elementwise ops, variables, rank-2 broadcasts and the dot's accumulator operand; rank-1
+  // values reduced from the family or broadcast into it are its slices.
+  std::vector<bool> family(f.values.size(), false);
+  if (mma && mma->wgmma) {
+    plan.arr_mma = Arrangement::mma(mma->warps_r, mma->warps_c);
+    UnionFind uf2(f.values.size());
+    auto rank2 = [&](int v) { return f.type(v).rank() == 2; };
+    ir::walk(f.body, [&](const Op& op, int) {
+      switch (op.kind) {
+        case OpKind::unary:
+        case OpKind::binary:
+        case OpKind::where:
+        case OpKind::cast:
+        case OpKind::broadcast:
+        case OpKind::var_decl:
+        case OpKind::var_read:
+          if (op.result >= 0 && rank2(op.result))
+            for (int v : op.operands)
+              if (rank2(v)) uf2.unite(v, op.result);
+          break;
+        case OpKind::var_write:
+          if (rank2(op.operands[0])) uf2.unite(op.operands[1], op.operands[0]);
+          break;
+        case OpKind::dot:
+          if (mma->dot_of(&op) && op.ival == 1) uf2.unite(op.operands[2], op.result);
+          break;
+        default: break;
+      }
+    });
+    std::set<int> roots;
+    for (const MmaDot& d : mma->dots) roots.insert(uf2.find(d.op->result));
+    for (size_t v = 0; v < f.values.size(); ++v) family[v] = rank2(static_cast<int>(v)) && roots.count(uf2.find(static_cast<int>(v)));
+    // Rank-1 classes that meet the family.
+    std::set<int> rank1_roots;
+    ir::walk(f.body, [&](const Op& op, int) {
+      if (op.kind == OpKind::reduce && family[op.operands[0]] && f.type(op.result).rank() == 1)
+        rank1_roots.insert(uf.find(op.result));
+      if ((op.kind == OpKind::expand_dims || op.kind == OpKind::broadcast) && family[op.result] &&
+          f.type(op.operands[0]).rank() == 1)
+        rank1_roots.insert(uf.find(op.operands[0]));
+    });
+    for (size_t v = 0; v < f.values.size(); ++v)
+      if (f.type(static_cast<int>(v)).rank() == 1 && rank1_roots.count(uf.find(static_cast<int>(v)))) family[v] = true;
+  }
+
   plan.values.resize(f.values.size());
   for (size_t v = 0; v < f.values.size(); ++v) {
     const TileType& t = f.values[v].type;
@@ -315,14 +378,33 @@ LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target
     if (t.rank() == 0) {
       l = Layout::scalar();
     } else if (t.rank() == 2) {
-      l = Layout::blocked2(plan.arr2, s[0], s[1]);
+      l = family[v] && Layout::mma_fits(plan.arr_mma, s[0], s[1]) ? Layout::mma2(plan.arr_mma, s[0], s[1])
+                                                                   : Layout::blocked2(plan.arr2, s[0], s[1]);
     } else {
       int root = uf.find(static_cast<int>(v));
-      if (!class_voted[root] || !plan.has_2d) l = Layout::col_slice(plan.arr1, s[0]);
-      else if (class_votes[root] >= 0) l = Layout::row_slice(plan.arr2, s[0]);
-      else l = Layout::col_slice(plan.arr2, s[0]);
+      const bool rows = class_votes[root] >= 0;
+      if (family[v] && Layout::mma_fits(plan.arr_mma, rows ? s[0] : 1, rows ? 1 : s[0])) {
+        l = Layout::mma2(plan.arr_mma, rows ? s[0] : 1, rows ? 1 : s[0]);
+        l.rank = 1;
+        l.dim0_on_cols = !rows;
+      } else if (!class_voted[root] || !plan.has_2d) {
+        l = Layout::col_slice(plan.arr1, s[0]);
+      } else if (rows) {
+        l = Layout::row_slice(plan.arr2, s[0]);
+      } else {
+        l = Layout::col_slice(plan.arr2, s[0]);
+      }
     }
+    plan.has_mma = plan.has_mma || l.is_mma();
   }
+  // Staged loads (and transposes of them, which their dots fold) live in shared memory.
+  if (mma)
+    for (const StagedLoad& st : mma->staged) {
+      plan.values[st.op->result] = Layout{LayoutKind::shared};
+      ir::walk(f.body, [&](const Op& op, int) {
+        if (op.kind == OpKind::transpose && op.operands[0] == st.op->result) plan.values[op.result] = Layout{LayoutKind::shared};
+      });
+    }
   return plan;
 }
 

@@ -12,9 +12,15 @@
 //                the broadcast to [R, C] are free) or the columns (column slice), or, in a
 //                kernel without rank-2 tiles, along the columns of the flat arrangement
 //                (thread t holds elements t, t + T, ... — coalesced 1-D access).
-//   mma_accumulator, mma_operand_a, mma_operand_b, shared
-//                placeholders for tensor-core lowering (wgmma on sm_90a, mma.sync on sm_80):
-//                not produced yet.
+//   mma          the tensor cores' accumulator fragment (codegen/device/mma.cuh, Mma): dot
+//                results on the tensor cores and every rank-2 value tied to them by elementwise
+//                ops, variables and broadcasts, on the MmaArr of the block's warps (wgmma: every
+//                warp along the rows). Rank-1 values reduced from them or broadcast into them
+//                are its row slices ([R] as [R, 1]) or column slices ([C] as [1, C]). Extents:
+//                rows 1 or a multiple of 16 per warp row, columns 1 or a multiple of 8 per warp
+//                column; a value tied to the family that does not fit keeps the SIMT layout.
+//   shared       a tile that TMA copies into shared memory for the tensor cores (MmaPlan's
+//                staged loads): it has no registers; its value is the slot's address.
 //
 // Choice of the 2-D arrangement (one per kernel, so that every rank-2 tile shares it and
 // broadcasts along rows or columns never move data): lanes along the columns = the largest
@@ -37,7 +43,7 @@
 
 namespace tj::codegen {
 
-enum class LayoutKind : uint8_t { scalar, distributed, mma_accumulator, mma_operand_a, mma_operand_b, shared };
+enum class LayoutKind : uint8_t { scalar, distributed, mma, shared };
 std::string_view name(LayoutKind k);
 
 // The block's threads as lanes_r x lanes_c lanes per warp and warps_r x warps_c warps.
@@ -49,6 +55,8 @@ struct Arrangement {
   int col_cover() const { return cols() * vec; }   // columns one repetition covers
   int threads() const { return 32 * warps_r * warps_c; }
   std::string cuda_type() const;                   // "tj::dev::Arr<4, 8, 4, 1>" ("..., 1, 8>" with vec 8)
+  std::string mma_cuda_type() const;               // "tj::dev::MmaArr<8, 1>" (warps only)
+  static Arrangement mma(int warps_r, int warps_c) { return Arrangement{8, 4, warps_r, warps_c, 2}; }
   bool operator==(const Arrangement&) const = default;
 };
 
@@ -66,9 +74,15 @@ struct Layout {
   static Layout blocked2(const Arrangement& a, int64_t rows, int64_t cols);
   static Layout row_slice(const Arrangement& a, int64_t n);
   static Layout col_slice(const Arrangement& a, int64_t n);
+  // The accumulator layout on `a` (Arrangement::mma): [rows, cols] with either extent 1 for a slice.
+  static Layout mma2(const Arrangement& a, int64_t rows, int64_t cols);
+  // Whether a [rows, cols] tile fits the accumulator layout on `a`.
+  static bool mma_fits(const Arrangement& a, int64_t rows, int64_t cols);
 
   bool is_scalar() const { return kind == LayoutKind::scalar; }
   bool is_distributed() const { return kind == LayoutKind::distributed; }
+  bool is_mma() const { return kind == LayoutKind::mma; }
+  bool in_registers() const { return is_distributed() || is_mma(); }   // a register tile
   int slots_r() const;              // registers per thread along the rows
   int slots_c() const;
   int reps_c() const;               // repetitions of the column cover (slots_c without the vectors)
@@ -76,10 +90,10 @@ struct Layout {
   // Arrangement axis (0 rows, 1 columns) that holds tile dim `d`.
   int axis_of_dim(int d) const;
   // Every thread holds the tile's only element.
-  bool replicated() const { return is_distributed() && extent_r == 1 && extent_c == 1; }
+  bool replicated() const { return in_registers() && extent_r == 1 && extent_c == 1; }
   // Same register contents and device type (rank and tile-dim mapping aside).
   bool same_registers(const Layout& o) const;
-  std::string cuda_type(const std::string& arr_name) const;   // "tj::dev::Blocked<A0, 64, 64>"
+  std::string cuda_type(const std::string& arr_name) const;   // "tj::dev::Blocked<A0, 64, 64>", "tj::dev::Mma<A1, 128, 64>"
   std::string str() const;          // for comments and errors
 };
 
@@ -115,6 +129,8 @@ struct LayoutPlan {
   Arrangement arr2;                 // the arrangement of rank-2 tiles and their slices
   Arrangement arr1;                 // the flat arrangement of stand-alone rank-1 tiles
   int threads = 128;
+  bool has_mma = false;             // any value in the accumulator layout: `arr_mma` is in use
+  Arrangement arr_mma;
 
   const Layout& of(int value) const { return values.at(value); }
   // The layout a tile of the given rank-1 or rank-2 extents gets on arr2 (rank 2) /
@@ -122,8 +138,11 @@ struct LayoutPlan {
   Layout natural2(int64_t rows, int64_t cols) const { return Layout::blocked2(arr2, rows, cols); }
 };
 
-// Assigns a layout to every value of `f`. Throws DslError ("tiles of rank 3 are not
-// supported by the CUDA backend yet") at an op with a tile of rank > 2.
-LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target& target);
+// Assigns a layout to every value of `f`; `mma` (codegen/mma_plan.h), when given, places its
+// tensor-core dots' results in the accumulator layout and its staged loads in shared memory.
+// Throws DslError ("tiles of rank 3 are not supported by the CUDA backend yet") at an op with a
+// tile of rank > 2.
+struct MmaPlan;
+LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target& target, const MmaPlan* mma = nullptr);
 
 }  // namespace tj::codegen

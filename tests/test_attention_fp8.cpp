@@ -691,6 +691,7 @@ TEST_CASE("attention_fp8: configs the lowering cannot take are errors, lowering 
       Error);
   Config simt = blocks(64, 64);
   simt.knobs["lowering"] = 0;
+  simt.knobs["mma"] = 0;
   const CompiledKernel& simt_kernel = compile(kernels::attention_fp8(), specs, simt, req);
   CHECK(simt_kernel.generated.lowering == "simt");
   // The tensor-core kernel always waits for the previous kernel before it touches its outputs; a

@@ -78,7 +78,7 @@ void compile_and_check(const ir::Function& f, const Config& cfg, bool fp8_conver
     Compiled c = compile(f, cfg, arch);
     INFO("generated source:\n", c.gen.source);
     CHECK(c.gen.threads == cfg.num_warps * 32);
-    CHECK(contains(c.gen.source, fmt::format("__launch_bounds__({})", c.gen.threads)));
+    CHECK(contains(c.gen.source, fmt::format("__launch_bounds__({}", c.gen.threads)));
     CHECK(contains(c.ptx, ".entry " + c.gen.entry));
     CHECK(contains(c.ptx, fmt::format(".target {}", arch)));
     if (fp8_conversions && std::string(arch) == "sm_90a") {
@@ -276,7 +276,7 @@ TEST_CASE("codegen: targets parse the supported architectures and reject others"
 
 TEST_CASE("codegen: layout assignment puts row statistics on the rows and needs no exchange in attention") {
   ir::Function f = trace_attention(DType::bf16, DType::bf16, {1, 2, 128, 64}, true);
-  Config cfg = config(R"({"blocks":{"m":64,"n":32},"num_warps":4})");
+  Config cfg = config(R"({"blocks":{"m":64,"n":32},"num_warps":4,"knobs":{"mma":0}})");   // the SIMT path
   codegen::LayoutPlan plan = codegen::assign_layouts(f, cfg, Target{});
   REQUIRE(plan.has_2d);
   CHECK(plan.threads == 128);
@@ -462,7 +462,7 @@ TEST_CASE("codegen: kernels using every op compile for sm_90a and sm_80") {
 
 TEST_CASE("codegen: generated attention is readable and every op statement points at kernels/attention.cpp") {
   ir::Function f = trace_attention(DType::bf16, DType::bf16, {2, 4, 100, 64}, true);
-  GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64},"num_warps":4})"), Target{});
+  GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64},"num_warps":4,"knobs":{"mma":0}})"), Target{});
   INFO("generated source:\n", g.source);
   CHECK(g.name == "attention");
   CHECK(g.entry == "attention");
@@ -510,7 +510,7 @@ TEST_CASE("codegen: generated attention is readable and every op statement point
 
 TEST_CASE("codegen: an NVRTC error in generated code is reported at the DSL line") {
   ir::Function f = trace_attention(DType::f16, DType::f16, {1, 2, 64, 64}, false);
-  GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64}})"), Target{});
+  GeneratedKernel g = codegen::generate_cuda(f, config(R"({"blocks":{"m":64,"n":64},"knobs":{"mma":0}})"), Target{});
   // Break the first dot statement (as a device-library bug would) and compile.
   size_t dot = g.source.find("tj::dev::dot<");
   REQUIRE(dot != std::string::npos);
@@ -613,7 +613,7 @@ TEST_CASE("codegen: configs whose register tiles cannot fit are rejected with th
 
 TEST_CASE("codegen: configs that need more shared memory than the target has are rejected") {
   ir::Function f = trace_attention(DType::bf16, DType::bf16, {1, 1, 512, 256}, false);
-  Config cfg = config(R"({"blocks":{"m":128,"n":128},"num_warps":8})");
+  Config cfg = config(R"({"blocks":{"m":128,"n":128},"num_warps":8,"knobs":{"mma":0}})");
   try {
     codegen::generate_cuda(f, cfg, Target{});
     FAIL("a config needing more than 227 KB of shared memory was accepted");

@@ -333,5 +333,5 @@ TEST_CASE("config: JSON round trip and errors") {
   tensor_core_only.blocks = {{"n", 96}};
   CHECK_NOTHROW(check_config(f, tensor_core_only));
   CHECK_THROWS_WITH_AS(codegen::generate_cuda(f, tensor_core_only, codegen::Target{"sm_90a"}),
-                       doctest::Contains("block 'n' = 96 needs a tensor-core lowering"), Error);
+                       doctest::Contains("block 'n' = 96 sizes a tile the SIMT path holds, which takes powers of two"), Error);
 }

@@ -763,8 +763,9 @@ struct TmaProbe {
 TmaProbe export_attention_with_tma(const std::string& tag, const codegen::TmaOperand& op) {
   mock::st().reset();
   TmaProbe p;
-  p.e = export_kernel(kernels::attention(), {{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}}, tag,
-                      [&](codegen::GeneratedKernel& g) { g.tma.push_back(op); });
+  VariantSpec simt{attention_specs({-1, -1, -1, 64}, false, DType::bf16)};
+  simt.config = Config::from_json(R"({"knobs":{"mma":0}})");   // the SIMT kernel: no TMA of its own
+  p.e = export_kernel(kernels::attention(), {simt}, tag, [&](codegen::GeneratedKernel& g) { g.tma.push_back(op); });
   p.launch = p.e->fn<AttentionLaunch>("attention_launch");
   mock::st().param_sizes = {72, 72, 72, 72, 4, sizeof(CUtensorMap)};
   p.q = tj_tensor(0x10000, DType::bf16, p.shape);

@@ -184,7 +184,7 @@ TEST_CASE("gemm: fp8_gemm traces to a plain GEMM loop nest that the sm_90a lower
                                                           T(DType::f32, {64, 48}), T(DType::f16, {64, 48}), RuntimeScalar{0.5f}})));
 }
 
-TEST_CASE("gemm: kernels that are not this GEMM are left to the SIMT path, quickly") {
+TEST_CASE("gemm: kernels that are not this GEMM pattern are left to the generic lowering, quickly") {
   const Target t90a = codegen::Target::parse("sm_90a");
   const Config c = cfg(R"({"blocks":{"m":64,"n":64,"k":64}})");
   auto lowering_of = [&](const ir::Function& f) { return codegen::generate_cuda(f, c, t90a).lowering; };
@@ -192,20 +192,26 @@ TEST_CASE("gemm: kernels that are not this GEMM are left to the SIMT path, quick
   const ir::Function att = kernels::attention().trace({T(DType::bf16, {1, 2, 128, 64}), T(DType::bf16, {1, 2, 128, 64}),
                                                        T(DType::bf16, {1, 2, 128, 64}), T(DType::bf16, {1, 2, 128, 64}),
                                                        RuntimeScalar{0.1f}, false});
-  CHECK(lowering_of(att) == "simt");
+  CHECK(lowering_of(att) == "tensor cores (wgmma)");   // the generic lowering, not this pattern
   CHECK(lowering_of(kernels::softmax().trace({T(DType::f32, {8, 100}), T(DType::f32, {8, 100})})) == "simt");
   CHECK(lowering_of(kernels::vector_add().trace({T(DType::f32, {100}), T(DType::f32, {100}), T(DType::f32, {100})})) == "simt");
   // GEMMs it does not take (yet)
-  CHECK(lowering_of(gemm_kn().trace({T(DType::bf16, {64, 64}), T(DType::bf16, {64, 64}), T(DType::f32, {64, 64})})) == "simt");
+  CHECK(lowering_of(gemm_kn().trace({T(DType::bf16, {64, 64}), T(DType::bf16, {64, 64}), T(DType::f32, {64, 64})})) ==
+        "tensor cores (wgmma)");
   CHECK(lowering_of(kernels::gemm().trace({T(DType::f32, {64, 64}), T(DType::f32, {64, 64}), T(DType::f32, {64, 64})})) == "simt");
   CHECK(lowering_of(gemm_rowsum().trace({T(DType::bf16, {64, 64}), T(DType::bf16, {64, 64}), T(DType::f32, {64, 64}),
-                                         T(DType::f32, {64})})) == "simt");
-  CHECK(lowering_of(gemm_offset().trace({T(DType::bf16, {64, 64}), T(DType::bf16, {64, 64}), T(DType::f32, {64, 64})})) == "simt");
-  // fp8 rows of K = 100 bytes cannot be read by TMA in a contiguous tensor: SIMT
-  CHECK(lowering_of(kernels::fp8_gemm().trace(fp8_specs({64, 64, 100}))) == "simt");
-  // the "lowering" knob forces SIMT
+                                         T(DType::f32, {64})})) == "tensor cores (wgmma)");
+  CHECK(lowering_of(gemm_offset().trace({T(DType::bf16, {64, 64}), T(DType::bf16, {64, 64}), T(DType::f32, {64, 64})})) ==
+        "tensor cores (wgmma)");
+  // fp8 rows of K = 100 bytes cannot be read by TMA in a contiguous tensor: not this pattern; the
+  // generic lowering stages its operands from registers
+  CHECK(lowering_of(kernels::fp8_gemm().trace(fp8_specs({64, 64, 100}))) == "tensor cores (wgmma)");
+  // the "lowering" knob skips the pattern lowerings; "mma" = 0 keeps the dots off the tensor cores
   CHECK(codegen::generate_cuda(kernels::fp8_gemm().trace(fp8_specs({64, 64, 64})),
                                cfg(R"({"blocks":{"m":64,"n":64,"k":64},"knobs":{"lowering":0}})"), t90a)
+            .lowering == "tensor cores (wgmma)");
+  CHECK(codegen::generate_cuda(kernels::fp8_gemm().trace(fp8_specs({64, 64, 64})),
+                               cfg(R"({"blocks":{"m":64,"n":64,"k":64},"knobs":{"lowering":0,"mma":0}})"), t90a)
             .lowering == "simt");
   // A non-matching kernel costs the lowering next to nothing.
   auto t0 = std::chrono::steady_clock::now();

@@ -1,0 +1,220 @@
+#pragma once
+// tilejit device library: the tensor-core building blocks of the generic lowering
+// (codegen/mma_plan.h decides which dots use them; codegen/cuda_emitter.cpp calls them).
+//
+//   MmaArr<WR, WC>    a block's warps for tensor-core tiles: WR warp rows x WC warp columns
+//                     (warp = wr * WC + wc). wgmma stacks every warp along the rows (WC = 1):
+//                     warps 4g..4g+3 are warpgroup g.
+//   Mma<A, ER, EC>    the accumulator fragment of wgmma (sm_90a) and mma.sync (sm_80 on) as a
+//                     register-tile layout, with the interface of tile.cuh's Blocked, so that
+//                     every generic tile function (map, load, store, reduce, broadcast,
+//                     exchange) works on it. Per warp, 16-row groups: thread (lane l) of warp
+//                     (wr, wc) holds rows 16 * (wr + WR * b) + l / 4 + 8 * h (row block b, half
+//                     h) and columns wc * EC / WC + 8 * j + 2 * (l % 4) + e (octet j, element e).
+//                     Registers are in wgmma's order: block b's EC / WC / 2 registers, within it
+//                     4 * j + 2 * h + e; so block b of a tile is the `float* d` of a wgmma
+//                     m64nN (N = EC) of the warpgroup, and the same holds per warp for mma.sync
+//                     m16n8 tiles. Rank-1 slices: ER = 1 (a row of columns, replicated over the
+//                     rows) or EC = 1 (a column of rows, replicated over a quad's 4 lanes).
+//   SmemOperand<...>  a dot operand tile in shared memory, swizzled as TMA writes it, and the
+//                     wgmma descriptors of its pieces.
+//   Ring<S>           the barriers of a ring of S shared-memory slots that TMA fills and warps
+//                     release.
+//   wgmma_dot<...>    a warpgroup's share of acc += A . B on sm_90a.
+//   stage_operand<..> writes a register tile into a swizzled operand tile (operands that TMA
+//                     cannot load).
+#include "tile.cuh"
+#include "hopper.cuh"
+
+namespace tj {
+namespace dev {
+
+// ---------------------------------------------------------------- the accumulator layout
+template <int WR, int WC>
+struct MmaArr {
+  static constexpr int lanes_r = 8, lanes_c = 4, warps_r = WR, warps_c = WC;
+  static constexpr int threads = 32 * WR * WC;
+  static TJ_DEV int lane() { return (int)threadIdx.x & 31; }
+  static TJ_DEV int warp() { return (int)threadIdx.x >> 5; }
+  static TJ_DEV int wr() { return warp() / WC; }
+  static TJ_DEV int wc() { return warp() % WC; }
+};
+
+template <class A, long long ER, long long EC>
+struct Mma {
+  using arr = A;
+  static constexpr long long er = ER, ec = EC;
+  static_assert(ER == 1 || ER % (16 * A::warps_r) == 0, "Mma: the rows must be 16 per warp row, or a multiple");
+  static_assert(EC == 1 || EC % (8 * A::warps_c) == 0, "Mma: the columns must be 8 per warp column, or a multiple");
+  static constexpr int row_blocks = ER == 1 ? 1 : (int)(ER / (16 * A::warps_r));
+  static constexpr int warp_cols = EC == 1 ? 1 : (int)(EC / A::warps_c);
+  static constexpr int sr = ER == 1 ? 1 : 2 * row_blocks;
+  static constexpr int sc = EC == 1 ? 1 : warp_cols / 4;
+  static constexpr int slots = sr * sc;
+  static constexpr int vec = EC == 1 ? 1 : 2;   // a thread's columns come in adjacent pairs
+  // Raw coordinates are unique per (thread, slot) over the block; a slice (extent 1) keeps the
+  // raw coordinate of its replicas, and only the replica at raw 0 is primary.
+  static TJ_DEV int raw_r(int i) { return 16 * (A::wr() + A::warps_r * (i >> 1)) + 8 * (i & 1) + (A::lane() >> 2); }
+  static TJ_DEV int raw_c(int j) {
+    return A::wc() * (EC == 1 ? 8 : warp_cols) + 8 * (j >> 1) + 2 * (A::lane() & 3) + (j & 1);
+  }
+  static TJ_DEV int coord_r(int i) { return ER == 1 ? 0 : raw_r(i); }
+  static TJ_DEV int coord_c(int j) { return EC == 1 ? 0 : raw_c(j); }
+  static TJ_DEV bool primary_r(int i) { return ER != 1 || raw_r(i) == 0; }
+  static TJ_DEV bool primary_c(int j) { return EC != 1 || raw_c(j) == 0; }
+  static TJ_DEV constexpr int idx(int i, int j) {
+    return ER == 1 ? j : EC == 1 ? i : (i >> 1) * (warp_cols / 2) + 4 * (j >> 1) + 2 * (i & 1) + (j & 1);
+  }
+  template <long long R, long long C> using with_extents = Mma<A, R, C>;
+};
+
+// ---------------------------------------------------------------- shared-memory operands
+// A dot operand tile in shared memory with swizzle SW bytes (128, 64 or 32), as a TMA box of SW
+// bytes along the contiguous dim writes it (hopper.cuh's conventions), its base 8 * SW aligned:
+//   K-major  (MN = false): R rows (M or N) of KB bytes of K, in KB / SW column blocks of [R][SW];
+//   MN-major (MN = true):  R rows of K of KB bytes of M or N, in KB / SW column blocks of [R][SW]
+//                          (16-bit types only).
+// desc(base, mn0, kb0): the wgmma descriptor of the piece starting at M/N index mn0 (a multiple
+// of 8; MN-major: of SW / element bytes) and byte kb0 of K (a multiple of 32; MN-major: the
+// piece starts at K row kb0 / element bytes, a multiple of 8).
+template <int R, int KB, int SW, bool MN, int ES>
+struct SmemOperand {
+  static_assert(SW == 128 || SW == 64 || SW == 32, "swizzle of 32, 64 or 128 bytes");
+  static_assert(KB % SW == 0, "whole column blocks");
+  static constexpr int bytes = R * KB;
+  static constexpr int rows = R, row_bytes = KB, elem_bytes = ES;
+  static constexpr int mode = SW == 128 ? SWIZZLE_128B : SW == 64 ? SWIZZLE_64B : SWIZZLE_32B;
+  static constexpr bool mn_major = MN;
+  static TJ_DEV unsigned long long desc(unsigned base, int mn0, int kb0) {
+    if constexpr (!MN) {
+      const unsigned a = base + (unsigned)((kb0 / SW) * R * SW + mn0 * SW + kb0 % SW);
+      return make_smem_desc(a, mode, 16u, 8u * SW);
+    } else {
+      const unsigned a = base + (unsigned)(((mn0 * ES) / SW) * R * SW + (kb0 / ES) * SW);
+      return make_smem_desc(a, mode, (unsigned)(R * SW), 8u * SW);
+    }
+  }
+  // Byte offset of element (row r, byte b of the row's KB) from the tile base, swizzled.
+  static TJ_DEV unsigned offset(int r, int b) {
+    return swizzle_offset((unsigned)((b / SW) * R * SW + r * SW + b % SW), mode);
+  }
+};
+
+#if TJ_SM90_ENABLED
+// ---------------------------------------------------------------- TMA rings
+// The barriers of S slots that a producer fills (TMA) and consumer warps release: full[s] takes
+// one producer arrival plus the bytes; empty[s] one arrival per consumer warp. Fill n (counted
+// from 0 over the kernel's life) goes to slot n % S.
+template <int S>
+struct Ring {
+  unsigned long long* bar;   // full[0..S), then empty[0..S)
+  TJ_DEV unsigned long long* full(unsigned n) const { return bar + n % S; }
+  TJ_DEV unsigned long long* empty(unsigned n) const { return bar + S + n % S; }
+  // One thread, before the block's first use (then fence_mbarrier_init and a block barrier).
+  TJ_DEV void init(unsigned consumer_warps) const {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar + s, 1);
+      mbar_init(bar + S + s, consumer_warps);
+    }
+  }
+  // Producer: wait until fill n - S has been released, then expect `bytes` on fill n.
+  TJ_DEV void acquire(unsigned n, unsigned bytes) const {
+    if (n >= (unsigned)S) mbar_wait(empty(n), ((n / S) - 1) & 1);
+    mbar_arrive_expect_tx(full(n), bytes);
+  }
+  // Consumers: wait until fill n has landed.
+  TJ_DEV void wait(unsigned n) const { mbar_wait(full(n), (n / S) & 1); }
+  // Every thread of each consumer warp, once no thread of the warp reads fill n any more.
+  TJ_DEV void release(unsigned n) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(empty(n));
+  }
+};
+#endif
+
+#if TJ_SM90A_ENABLED
+// ---------------------------------------------------------------- wgmma
+// The calling warpgroup's share of acc += A [M x K] . B [K x N], where acc holds the registers
+// of an Mma<MmaArr<4 * G, 1>, M, N> tile (RB = M / (64 * G) row blocks per warpgroup; warpgroup
+// g's block b is rows 64 * (g + G * b) ..) and both operands are SmemOperands in shared memory
+// (OA: rows M, OB: rows N) at a_base / b_base; KS k steps of 32 bytes; wgmma instructions of NC
+// columns. accumulate = 0 overwrites acc with A . B. Issues only: wgmma_fence before, commit and
+// wait after are the caller's.
+template <int G, int RB, int N, int NC, int KS, int TA, int TB, class OA, class OB>
+TJ_DEV void wgmma_ss(float* acc, unsigned a_base, unsigned b_base, int accumulate) {
+  const int g = warpgroup_idx();
+#pragma unroll
+  for (int s = 0; s < KS; ++s)
+#pragma unroll
+    for (int b = 0; b < RB; ++b)
+#pragma unroll
+      for (int c = 0; c < N / NC; ++c)
+        mma_async_ss<NC, TA, TB, 1, 1, OA::mn_major ? 1 : 0, OB::mn_major ? 1 : 0>(
+            acc + b * (N / 2) + c * (NC / 2), OA::desc(a_base, 64 * (g + G * b), 32 * s), OB::desc(b_base, NC * c, 32 * s),
+            (accumulate || s > 0) ? 1 : 0);
+}
+
+// The same with A from registers: a[RB][KS][4], the A fragments of this thread (acc_to_a_*).
+template <int RB, int N, int NC, int KS, int TA, int TB, class OB>
+TJ_DEV void wgmma_rs(float* acc, const unsigned* a, unsigned b_base, int accumulate) {
+#pragma unroll
+  for (int s = 0; s < KS; ++s)
+#pragma unroll
+    for (int b = 0; b < RB; ++b)
+#pragma unroll
+      for (int c = 0; c < N / NC; ++c)
+        mma_async_rs<NC, TA, TB, 1, 1, OB::mn_major ? 1 : 0>(acc + b * (N / 2) + c * (NC / 2), a + (b * KS + s) * 4,
+                                                               OB::desc(b_base, NC * c, 32 * s), (accumulate || s > 0) ? 1 : 0);
+}
+
+// Keeps the compiler from moving reads or writes of an in-flight accumulator across the wgmma
+// issue and wait (every register of the tile).
+template <class T, class L>
+TJ_DEV void fence_tile(Tile<T, L>& t) {
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) fence_operand(t.v[i]);
+}
+#endif
+
+// ---------------------------------------------------------------- operands from registers
+// Writes a register tile [D0, D1] (any layout; E the element type) into the operand tile O at
+// `base` (a generic pointer to shared memory): ROWS_DIM names the tile dim that indexes O's rows
+// (K-major: M or N; MN-major: K), the other one its bytes. With KMASK, elements whose k
+// position (along the other dim of a K-major tile) is at or past ke - kb are written as 0.
+// Every thread writes its primary elements; the caller orders the writes before the tensor
+// cores read them (fence the async proxy, then a block barrier).
+template <class E, class O, int ROWS_DIM, bool KMASK, class L>
+TJ_DEV void stage_operand(const Tile<typename E::reg, L>& x, unsigned char* base, long long kb, long long ke) {
+  using M = typename E::mem;
+  static_assert(!O::mn_major, "register operands are staged K-major");
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      if (!(L::primary_r(i) && L::primary_c(j))) continue;
+      const int r = ROWS_DIM == 0 ? L::coord_r(i) : L::coord_c(j);
+      const int c = ROWS_DIM == 0 ? L::coord_c(j) : L::coord_r(i);
+      const bool keep = !KMASK || kb + c < ke;
+      E::st(reinterpret_cast<M*>(base + O::offset(r, c * (int)sizeof(M))), keep ? x.v[L::idx(i, j)] : typename E::reg(0));
+    }
+}
+
+// Zeroes the K positions from `from` on of a staged operand tile (a tile that runs past its
+// dot's k range): K-major, the bytes of every row from position `from`; MN-major, the rows from
+// `from`. Every thread of the block calls it.
+template <class O, bool MN>
+TJ_DEV void zero_k_tail(unsigned tile, int from) {
+  constexpr int R = O::rows, KB = O::row_bytes;
+  const int nthreads = (int)(blockDim.x);
+  if (from < 0) from = 0;
+  const int first = MN ? from * KB : from * O::elem_bytes;   // MN: first byte of row `from`
+  for (int b = (int)threadIdx.x; b < R * KB; b += nthreads) {
+    const int r = b / KB, c = b % KB;
+    const bool zero = MN ? r * KB + c >= first : c >= first;
+    if (zero) asm volatile("st.shared.u8 [%0], %1;" ::"r"(tile + O::offset(r, c)), "r"(0u) : "memory");
+  }
+}
+
+}  // namespace dev
+}  // namespace tj

@@ -1,0 +1,272 @@
+// The CUDA emitter's tensor-core ops (see emitter.h): TMA rings for staged loads, wgmma dots,
+// and the waits and slot releases of the async plan.
+#include <fmt/format.h>
+
+#include "codegen/emitter.h"
+#include "core/error.h"
+
+namespace tj::codegen::emitter {
+
+namespace {
+
+const char* wg_type(DType t) {
+  switch (t) {
+    case DType::e4m3: return "tj::dev::WG_E4M3";
+    case DType::e5m2: return "tj::dev::WG_E5M2";
+    case DType::bf16: return "tj::dev::WG_BF16";
+    default: return "tj::dev::WG_F16";
+  }
+}
+
+std::string operand_type(const SmemTile& t) {
+  return fmt::format("tj::dev::SmemOperand<{}, {}, {}, {}, {}>", t.rows, t.row_bytes, t.swizzle, t.mn_major, t.elem_bytes);
+}
+
+std::string describe(const MmaOperand& o, const ir::Function& f, const MmaPlan& plan) {
+  const std::string major = o.tile.mn_major ? "MN-major" : "K-major";
+  if (o.source == MmaOperand::Source::staged) {
+    const StagedLoad& s = plan.staged[o.staged];
+    return fmt::format("'{}' by TMA ({}, {} stage{})", f.params.at(s.op->param).name, major, s.stages,
+                       s.stages == 1 ? "" : "s");
+  }
+  return fmt::format("registers through shared memory ({})", major);
+}
+
+}  // namespace
+
+std::string Emitter::dot_dest(const Op& dot) const {
+  auto ip = async_.in_place.find(&dot);
+  return ip != async_.in_place.end() ? ref(ip->second) : fmt::format("v{}", dot.result);
+}
+
+void Emitter::emit_mma_prologue() {
+  line(fmt::format("// Tensor cores: {} staged operand ring(s) filled by TMA, {} register operand buffer(s), in tj_tc.",
+                   mma_.staged.size(), mma_.buffers.size()));
+  for (const StagedLoad& s : mma_.staged) {
+    const int i = staged_index(s);
+    line(fmt::format("const tj::dev::Ring<{}> tj_r{}{{reinterpret_cast<unsigned long long*>(tj_tc + {})}};", s.stages, i,
+                     s.barriers),
+         &s.op->loc);
+    line(fmt::format("unsigned tj_use{} = 0;   // uses of ring {} so far (fill n goes to slot n % {})", i, i, s.stages));
+  }
+  line("if (threadIdx.x == 0) {");
+  for (const StagedLoad& s : mma_.staged) line(fmt::format("  tj_r{}.init({});", staged_index(s), plan_.threads / 32));
+  for (size_t t = 0; t < mma_.tmas.size(); ++t) line(fmt::format("  tj::dev::prefetch_tma_descriptor(&tj_tma{});", t));
+  line("  tj::dev::fence_mbarrier_init();");
+  line("}");
+  line("__syncthreads();");
+}
+
+std::string Emitter::ahead_expr(int v, const Op& loop, const std::string& iteration) const {
+  if (v == loop.body_index) return iteration;
+  const Op* d = def_[v];
+  bool inside = false;
+  ir::walk(*loop.body, [&](const Op& op, int) { inside |= &op == d; });
+  if (!inside) return ref(v);
+  const TileType& t = f_.type(v);
+  switch (d->kind) {
+    case OpKind::const_value:
+    case OpKind::scalar_param:
+    case OpKind::tensor_dim:
+    case OpKind::block_size:
+      return leaf_name(*d);
+    case OpKind::unary: return scalar::unary_expr(d->unary, t.dtype, ahead_expr(d->operands[0], loop, iteration), fast_math_);
+    case OpKind::binary:
+      return fmt::format("({})", scalar::binary_expr(d->binary, f_.type(d->operands[0]).dtype, t.dtype,
+                                                     ahead_expr(d->operands[0], loop, iteration),
+                                                     ahead_expr(d->operands[1], loop, iteration)));
+    case OpKind::cast:
+      return scalar::cast_expr(f_.type(d->operands[0]).dtype, t.dtype, ahead_expr(d->operands[0], loop, iteration));
+    case OpKind::where:
+      return fmt::format("({} ? {} : {})", ahead_expr(d->operands[0], loop, iteration),
+                         ahead_expr(d->operands[1], loop, iteration), ahead_expr(d->operands[2], loop, iteration));
+    default:
+      throw Error(fmt::format("internal error: kernel '{}': the index at {} cannot be computed ahead", f_.name, d->loc.str()));
+  }
+}
+
+void Emitter::emit_fill(const StagedLoad& s, const std::string& fill, const std::string& iteration) {
+  const int i = staged_index(s);
+  const ir::Param& p = f_.params.at(s.op->param);
+  const int rank = p.rank();
+  const int pieces = static_cast<int>(s.tile.row_bytes / s.tile.swizzle);
+  const int piece_elems = s.tile.swizzle / s.tile.elem_bytes;
+  line(fmt::format("tj_r{}.acquire({}, {}u);", i, fill, s.tile.bytes()));
+  line(fmt::format("unsigned char* const tj_dst = tj_tc + {} + (({}) % {}u) * {};", s.smem_offset, fill, s.stages, s.slot_stride));
+  for (int piece = 0; piece < pieces; ++piece) {
+    std::vector<std::string> coords;   // innermost first
+    for (int d = rank - 1; d >= 0; --d) {
+      std::string c = "0";
+      if (s.op->indices[d].kind != ir::Index::Kind::all) {
+        const int v = s.op->operands[d];
+        c = iteration.empty() ? ref(v) : ahead_expr(v, *s.home, iteration);
+      }
+      if (d == s.inner_dim && piece > 0) c = fmt::format("{} + {}", c, piece * piece_elems);
+      coords.push_back(fmt::format("(int)({})", c));
+    }
+    line(fmt::format("tj::dev::tma_load_{}d(tj_dst + {}, &tj_tma{}, tj_r{}.full({}), {});", rank,
+                     static_cast<int64_t>(piece) * s.tile.rows * s.tile.swizzle, s.tma, i, fill, fmt::join(coords, ", ")),
+         &s.op->loc);
+  }
+}
+
+void Emitter::emit_ring_prologue(const Op& loop) {
+  for (const StagedLoad& s : mma_.staged) {
+    if (s.home != &loop) continue;
+    const int i = staged_index(s);
+    line(fmt::format("const unsigned tj_first{} = tj_use{};   // ring {}: this run of the loop's first use", i, i, i));
+    if (!s.prefetch) continue;
+    const std::string step =
+        loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
+    line(fmt::format("if (threadIdx.x == 0) {{   // ring {}: fills for the loop's first {} iterations", i, s.stages), &loop.loc);
+    ++indent_;
+    line(fmt::format("long long tj_it = {};", ref(loop.operands[0])));
+    line(fmt::format("for (unsigned tj_p = 0; tj_p < {}u && tj_it < {}; ++tj_p, tj_it += {}) {{", s.stages,
+                     ref(loop.operands[1]), step));
+    ++indent_;
+    emit_fill(s, fmt::format("tj_use{} + tj_p", i), "tj_it");
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
+  }
+}
+
+void Emitter::emit_ring_iteration(const Op& loop) {
+  for (const StagedLoad& s : mma_.staged)
+    if (s.home == &loop) {
+      const int i = staged_index(s);
+      line(fmt::format("const unsigned tj_u{} = tj_use{}++;   // this iteration's use of ring {}", i, i, i));
+    }
+}
+
+void Emitter::emit_staged_load(const Op& op, const StagedLoad& s) {
+  const int i = staged_index(s);
+  if (!s.home) line(fmt::format("const unsigned tj_u{} = tj_use{}++;", i, i));
+  if (!s.prefetch) {
+    line("if (threadIdx.x == 0) {", &op.loc);
+    ++indent_;
+    emit_fill(s, fmt::format("tj_u{}", i), "");
+    --indent_;
+    line("}");
+  }
+  line(fmt::format("tj_r{}.wait(tj_u{});   // '{}' [{} x {} bytes] has landed", i, i, f_.params.at(op.param).name, s.tile.rows,
+                   s.tile.row_bytes),
+       &op.loc);
+  names_[op.result] = fmt::format("v{}", op.result);
+  line(fmt::format("const unsigned v{} = tj::dev::smem_u32(tj_tc + {}) + (tj_u{} % {}u) * {}u;", op.result, s.smem_offset, i,
+                   s.stages, s.slot_stride),
+       &op.loc);
+}
+
+void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, const Op* exited_loop) {
+  if (w.pending >= 0) {
+    line(fmt::format("tj::dev::wgmma_wait<{}>();", w.pending), loc);
+    for (const Op* d : w.completed) line(fmt::format("tj::dev::fence_tile({});", dot_dest(*d)));
+  }
+  for (const AsyncPlan::Release& r : w.releases) {
+    const StagedLoad& s = mma_.staged[r.staged];
+    const int i = staged_index(s);
+    const Op& home = *s.home;
+    const std::string step =
+        home.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, home.block_id), DType::i64) : "1LL";
+    if (exited_loop == &home) {   // after its home loop: the last iteration's use, if the loop ran
+      line(fmt::format("if (tj_use{0} != tj_first{0}) tj_r{0}.release(tj_use{0} - 1u);   // ring {0}: the last iteration's use",
+                       i));
+      continue;
+    }
+    const std::string idx = ref(home.body_index), begin = ref(home.operands[0]), end = ref(home.operands[1]);
+    const std::string use = r.previous ? fmt::format("tj_u{} - 1u", i) : fmt::format("tj_u{}", i);
+    const std::string it = r.previous ? fmt::format("{} - {}", idx, step) : idx;
+    line(r.previous ? fmt::format("if ({} != {}) {{   // ring {}: the previous iteration's use", idx, begin, i)
+                    : fmt::format("{{   // ring {}: this iteration's use", i));
+    ++indent_;
+    line(fmt::format("tj_r{}.release({});", i, use));
+    if (s.prefetch) {
+      line(fmt::format("const long long tj_next = {} + {} * {};", it, s.stages, step));
+      line(fmt::format("if (threadIdx.x == 0 && tj_next < {}) {{", end));
+      ++indent_;
+      emit_fill(s, fmt::format("({}) + {}u", use, s.stages), "tj_next");
+      --indent_;
+      line("}");
+    }
+    --indent_;
+    line("}");
+  }
+}
+
+void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
+  const Layout& L = plan_.of(op.result);
+  if (!L.is_mma())
+    throw Error(fmt::format("internal error: kernel '{}': the tensor-core dot at {} has no accumulator layout", f_.name,
+                            op.loc.str()));
+  const int es = size_bytes(d.ta);
+  const int k_step = 32 / es;
+  line(fmt::format("// {} x {} += {} x {} . {} x {} on the tensor cores: wgmma m64n{}k{} {} x {}; a: {}; b: {}", d.m, d.n,
+                   d.m, d.k, d.k, d.n, d.n_per_instr, k_step, name(d.ta), name(d.tb), describe(d.a, f_, mma_),
+                   describe(d.b, f_, mma_)),
+       &op.loc);
+  const bool has_acc = op.ival == 1;
+  const size_t kpos = has_acc ? 3 : 2;
+  const bool has_krange = op.operands.size() >= kpos + 2;
+  // 1. The registers it accumulates in: its variable's (in place), or its own.
+  const std::string dest = dot_dest(op);
+  auto ip = async_.in_place.find(&op);
+  if (ip != async_.in_place.end()) {
+    if (has_acc) {
+      const Op* acc = def_[op.operands[2]];
+      auto alias = acc ? async_.alias_reads.find(acc) : async_.alias_reads.end();
+      if (alias == async_.alias_reads.end() || alias->second != ip->second)
+        line(fmt::format("{} = {};", dest, operand(op.operands[2], plan_.of(ip->second), op.loc)), &op.loc);
+    }
+  } else {
+    line(fmt::format("{} {}{};", tile_type(DType::f32, L), dest,
+                     has_acc ? fmt::format(" = {}", operand(op.operands[2], L, op.loc)) : std::string()),
+         &op.loc);
+    names_[op.result] = dest;
+  }
+  // 2. The operands' shared-memory tiles.
+  std::string addr[2];
+  for (int which = 0; which < 2; ++which) {
+    const MmaOperand& o = which == 0 ? d.a : d.b;
+    // Which dim of the operand's tile holds K.
+    const int k_dim = which == 0 ? (o.transposed ? 0 : 1) : (o.transposed ? 1 : 0);
+    if (o.source == MmaOperand::Source::staged) {
+      addr[which] = ref(o.value);
+      if (d.k_masked) {
+        // Past k_end the rows of K contribute nothing: zero them where the tile runs past it.
+        const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
+        line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
+        line(fmt::format("  tj::dev::zero_k_tail<{}, {}>({}, (int)({} - {}));", operand_type(o.tile), o.tile.mn_major,
+                         addr[which], ke, kb));
+        line("  tj::dev::fence_proxy_async_shared();");
+        line("  __syncthreads();");
+        line("}");
+      }
+      continue;
+    }
+    const OperandBuffer& b = mma_.buffers.at(o.buffer);
+    const int rows_dim = 1 - k_dim;
+    const bool kmask = d.k_masked && has_krange;
+    line("__syncthreads();   // every warp is done with the buffer's last contents", &op.loc);
+    line(fmt::format("tj::dev::stage_operand<{}, {}, {}, {}>({}, tj_tc + {}, {}, {});", dtag(f_.type(o.value).dtype),
+                     operand_type(b.tile), rows_dim, kmask, ref(o.value), b.smem_offset,
+                     kmask ? ref(op.operands[kpos]) : "0", kmask ? ref(op.operands[kpos + 1]) : "0"),
+         &op.loc);
+    line("tj::dev::fence_proxy_async_shared();");
+    line("__syncthreads();");
+    addr[which] = fmt::format("tj::dev::smem_u32(tj_tc + {})", b.smem_offset);
+  }
+  // 3. Issue: one commit group per dot.
+  const int G = mma_.warpgroups;
+  const int64_t rb = d.m / (64 * G);
+  line("tj::dev::wgmma_fence();");
+  line(fmt::format("tj::dev::wgmma_ss<{}, {}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", G, rb, d.n, d.n_per_instr,
+                   d.k * es / 32, wg_type(d.ta), wg_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0],
+                   addr[1], has_acc ? 1 : 0),
+       &op.loc);
+  line("tj::dev::wgmma_commit();");
+  line(fmt::format("tj::dev::fence_tile({});", dest));
+}
+
+}  // namespace tj::codegen::emitter

@@ -1,0 +1,195 @@
+#pragma once
+// The CUDA emitter's internals, shared by its files: cuda_emitter.cpp (the kernel, scalar and
+// SIMT ops) and emit_mma.cpp (the tensor-core ops). Not an interface: codegen/cuda_emitter.h is.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/async_plan.h"
+#include "codegen/cuda_emitter.h"
+#include "codegen/layout.h"
+#include "codegen/mma_plan.h"
+#include "codegen/scalar_expr.h"
+
+namespace tj::codegen::emitter {
+
+using ir::BinaryFn;
+using ir::Op;
+using ir::OpKind;
+using ir::UnaryFn;
+using scalar::cast_expr;
+using scalar::dtag;
+using scalar::literal;
+using scalar::reg_type;
+using scalar::rounding;
+using scalar::float_literal;
+using scalar::int_literal;
+using scalar::round_host;
+using scalar::identifier;
+using scalar::reserved_name;
+
+// Bytes of a register holding one element of dtype `t`.
+inline int reg_bytes(DType t) {
+  switch (t) {
+    case DType::i64: return 8;
+    case DType::i1: return 1;
+    default: return 4;
+  }
+}
+
+// ---- integer ranges (to drop masks that are provably always true) ----------------------------
+
+struct Range {
+  int64_t lo = std::numeric_limits<int64_t>::min();
+  int64_t hi = std::numeric_limits<int64_t>::max();
+  bool known_lo() const { return lo != std::numeric_limits<int64_t>::min(); }
+  bool known_hi() const { return hi != std::numeric_limits<int64_t>::max(); }
+  bool constant() const { return known_lo() && lo == hi; }
+  static Range exactly(int64_t v) { return {v, v}; }
+};
+
+inline constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+inline constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+inline int64_t sat_add(int64_t a, int64_t b) {
+  if (a == kMin || b == kMin) return kMin;
+  if (a == kMax || b == kMax) return kMax;
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) return a > 0 ? kMax : kMin;
+  return r;
+}
+
+inline int64_t floordiv64(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+// ---- the emitter -------------------------------------------------------------------------------
+
+class Emitter {
+ public:
+  Emitter(const ir::Function& f, const Config& cfg, const Target& t, bool start_early)
+      : f_(f), cfg_(cfg), target_(t), start_early_(start_early) {}
+
+  GeneratedKernel run();
+
+ private:
+  const ir::Function& f_;
+  const Config& cfg_;
+  const Target& target_;
+  const bool start_early_;   // asked for (generate_simt)
+  LayoutPlan plan_;
+  MmaPlan mma_;                          // the dots on the tensor cores (empty: a SIMT kernel)
+  AsyncPlan async_;                      // their waits and slot releases
+  bool fast_math_ = false;
+  // Programmatic dependent launch (start_early_ on sm_90+): the kernel lets the next one start at
+  // once and waits for the previous one (griddep_wait) before the first op that touches memory
+  // another kernel may write: a store, or a load of an Out / InOut tensor. Its In tensors are read
+  // before that.
+  bool starts_early_ = false;
+  bool waited_ = false;
+
+  std::vector<const Op*> def_;           // defining op per value
+  std::vector<int> uses_;                // effective uses per value
+  std::set<int> folded_;                 // transpose results folded into the dots that use them
+  std::vector<Range> range_;             // integer scalars
+  std::vector<std::string> names_;       // C++ expression per value
+  std::vector<std::string> names_param_; // C++ name per parameter
+  std::set<const Op*> hoisted_;          // launch-bound ops emitted before the program decode
+
+  std::string body_;
+  int indent_ = 1;
+  int64_t smem_ = 0;
+  std::string smem_what_;
+  std::map<std::string, std::string> layout_alias_;   // device type -> alias
+  std::vector<std::string> alias_lines_;
+  std::map<std::string, std::string> arr_alias_;
+  int temp_ = 0;
+
+  // -- analysis
+  void analyze();
+  void compute_range(const Op& op);
+  Range range(int v) const { return v >= 0 && v < (int)range_.size() ? range_[v] : Range{}; }
+  std::vector<int64_t> shape(int v) const { return bind_shape(f_, cfg_, f_.type(v)); }
+
+  // -- output helpers
+  void line(const std::string& code, const ir::SourceLoc* loc = nullptr);
+  std::string marker(const ir::SourceLoc& loc) const;
+  std::string alias(const Layout& l);
+  std::string tile_type(DType t, const Layout& l) { return fmt::format("tj::dev::Tile<{}, {}>", reg_type(t), alias(l)); }
+  std::string fresh(int v, const char* what) { return fmt::format("v{}_{}{}", v, what, temp_++); }
+  void need_smem(int64_t bytes, const std::string& what);
+  std::string ref(int v) const { return names_.at(v); }
+  // `v` in layout `want`, emitting a conversion statement when data must move.
+  std::string operand(int v, const Layout& want, const ir::SourceLoc& loc);
+  std::string convert(const std::string& expr, const Layout& have, const Layout& want, DType t, const ir::SourceLoc& loc,
+                      int v);
+  // Is the valid range [vb, ve) provably covering every position of an extent?
+  bool provably_full(int vb, int ve, int64_t extent) const;
+  void check_tile(int v, const Layout& l, const ir::SourceLoc& loc);
+  void check_slots(const Layout& l, const std::string& what, const ir::SourceLoc& loc);
+
+  // -- emission
+  void emit_header(std::string& out, const std::string& entry);
+  void emit_launch();
+  void emit_region(const ir::Region& r);
+  void emit_op(const Op& op);
+  void emit_simt_op(const Op& op);
+  void check_power_of_two_tiles() const;
+  void emit_scalar_leaf(const Op& op);
+  void emit_loop(const Op& op);
+  void emit_memory(const Op& op);
+  void emit_gather(const Op& op);
+  void emit_elementwise(const Op& op);
+  // Defines op's result as `expr` (a scalar result) or as tj::dev::map of a lambda with `capture`
+  // and `params` returning `expr` over `args` (a tile in layout L).
+  void define_mapped(const Op& op, const Layout& L, const char* capture, const std::vector<std::string>& params,
+                     const std::string& expr, const std::vector<std::string>& args);
+  void emit_shape(const Op& op);
+  void emit_reduce(const Op& op);
+  void emit_dot(const Op& op);
+  void emit_var(const Op& op);
+  bool pure_and_unused(const Op& op) const;
+  // A store, or a load / gather of a tensor the kernel writes, in `op` or in its body.
+  bool touches_written_memory(const Op& op) const;
+  // The wait for the previous kernel, once, before the first op that touches written memory.
+  void wait_before(const Op& op);
+
+  std::string unary_expr(UnaryFn fn, DType t, const std::string& x) const;
+  std::string binary_expr(BinaryFn fn, DType operand, DType result, const std::string& a, const std::string& b) const;
+  std::string cast_expr(DType from, DType to, const std::string& x) const;
+  // Is `start + [0, extent)` provably inside [0, dim) for a static dim?
+  bool provably_inside(int start, int64_t extent, int64_t dim) const;
+  std::string define(int v, const std::string& expr, const ir::SourceLoc& loc);
+  // The C++ expression of a scalar leaf op (constant, parameter, tensor dim, block size).
+  std::string leaf_name(const Op& op) const;
+
+  // -- tensor cores (emit_mma.cpp)
+  // The kernel's tensor-core setup: shared-memory regions, ring barriers, use counters.
+  void emit_mma_prologue();
+  // A staged load: its slot's address, once TMA has filled it (issuing the fill where the load
+  // does not run ahead).
+  void emit_staged_load(const Op& op, const StagedLoad& s);
+  void emit_mma_dot(const Op& op, const MmaDot& d);
+  // The async plan's wait and releases at one point.
+  // `exited_loop`: the wait stands right after that loop (its last iteration's uses).
+  void emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, const Op* exited_loop = nullptr);
+  // Before / at the top of / after a loop: the rings it drives.
+  void emit_ring_prologue(const Op& loop);
+  void emit_ring_iteration(const Op& loop);
+  // One thread issues TMA fill `fill` of staged load `s` for the iteration whose loop index is
+  // `iteration` (empty: the load's own indices, where it stands).
+  void emit_fill(const StagedLoad& s, const std::string& fill, const std::string& iteration);
+  // The expression of scalar `v` for another iteration of `loop` (index `iteration`).
+  std::string ahead_expr(int v, const Op& loop, const std::string& iteration) const;
+  int staged_index(const StagedLoad& s) const { return static_cast<int>(&s - mma_.staged.data()); }
+  std::string dot_dest(const Op& dot) const;   // the registers a tensor-core dot accumulates in
+  std::map<int, std::string> pending_dest_;    // dot result value -> its registers' name
+};
+
+}  // namespace tj::codegen::emitter

@@ -1,0 +1,386 @@
+// Tensor-core planning (see mma_plan.h).
+#include "codegen/mma_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "codegen/layout.h"
+#include "core/error.h"
+
+namespace tj::codegen {
+
+using ir::Op;
+using ir::OpKind;
+
+const MmaDot* MmaPlan::dot_of(const Op* op) const {
+  for (const MmaDot& d : dots)
+    if (d.op == op) return &d;
+  return nullptr;
+}
+
+const StagedLoad* MmaPlan::staged_of(const Op* op) const {
+  for (const StagedLoad& s : staged)
+    if (s.op == op) return &s;
+  return nullptr;
+}
+
+namespace {
+
+constexpr int64_t kMaxAccRegisters = 192;   // f32 accumulator registers a thread may hold
+
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// The largest swizzle (128, 64 or 32 bytes) whose column blocks tile `bytes`, or 0.
+int swizzle_for(int64_t bytes) {
+  for (int sw : {128, 64, 32})
+    if (bytes % sw == 0) return sw;
+  return 0;
+}
+
+bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// What the planner knows about the IR: the defining op, the uses and the enclosing loops of
+// every value and op.
+struct Facts {
+  const ir::Function& f;
+  const Config& cfg;
+  std::vector<const Op*> def;
+  std::vector<std::vector<std::pair<const Op*, int>>> uses;   // (op, operand index)
+  std::map<const Op*, std::vector<const Op*>> loops;         // enclosing loops, outermost first
+  std::map<const Op*, const ir::Region*> region_of;
+  std::map<int, const Op*> index_of;                         // loop index value -> its loop
+
+  Facts(const ir::Function& fn, const Config& c) : f(fn), cfg(c), def(fn.values.size(), nullptr), uses(fn.values.size()) {
+    std::vector<const Op*> stack;
+    std::function<void(const ir::Region&)> visit = [&](const ir::Region& r) {
+      for (const Op& op : r.ops) {
+        if (op.result >= 0) def[op.result] = &op;
+        for (size_t i = 0; i < op.operands.size(); ++i) uses[op.operands[i]].push_back({&op, static_cast<int>(i)});
+        loops[&op] = stack;
+        region_of[&op] = &r;
+        if (op.body) {
+          index_of[op.body_index] = &op;
+          stack.push_back(&op);
+          visit(*op.body);
+          stack.pop_back();
+        }
+      }
+    };
+    visit(f.body);
+  }
+  std::vector<int64_t> shape(int v) const { return bind_shape(f, cfg, f.type(v)); }
+  // The innermost enclosing loop of `op` that runs inside a program (not a launch loop).
+  const Op* home(const Op* op) const {
+    const auto& ls = loops.at(op);
+    for (auto it = ls.rbegin(); it != ls.rend(); ++it)
+      if (!(*it)->launch) return *it;
+    return nullptr;
+  }
+  bool inside(const Op* op, const Op* loop) const {
+    const auto& ls = loops.at(op);
+    return std::find(ls.begin(), ls.end(), loop) != ls.end();
+  }
+};
+
+std::string at(const Op& op) { return fmt::format("dot at {}", op.loc.str()); }
+
+// Whether value `v` can be recomputed for another iteration of `loop` from the loop index, from
+// values defined before the loop and from scalar arithmetic in the loop's body.
+bool computable_ahead(const Facts& fx, int v, const Op* loop, std::set<int>& seen) {
+  if (v == loop->body_index) return true;
+  if (!seen.insert(v).second) return true;
+  if (auto l = fx.index_of.find(v); l != fx.index_of.end()) return !fx.inside(l->second, loop) && l->second != loop;
+  const Op* d = fx.def.at(v);
+  if (!d) return false;
+  if (!fx.inside(d, loop)) return true;   // defined before the loop: in scope at its start
+  if (!fx.f.type(v).is_scalar()) return false;
+  switch (d->kind) {
+    case OpKind::const_value:
+    case OpKind::scalar_param:
+    case OpKind::tensor_dim:
+    case OpKind::block_size:
+      return true;
+    case OpKind::unary:
+    case OpKind::binary:
+    case OpKind::cast:
+    case OpKind::where:
+      for (int o : d->operands)
+        if (!computable_ahead(fx, o, loop, seen)) return false;
+      return true;
+    default: return false;   // variables, loads: the value depends on the iteration's state
+  }
+}
+
+// Is value `v` the size of dim `axis` of tensor `param`?
+bool is_dim_of(const Facts& fx, int v, int param, int axis) {
+  const Op* d = fx.def.at(v);
+  if (!d) return false;
+  if (d->kind == OpKind::tensor_dim) return d->param == param && d->axis == axis;
+  const int64_t s = fx.f.params.at(param).static_shape.at(axis);
+  return d->kind == OpKind::const_value && s >= 0 && d->ival == s;
+}
+
+// The tensor dims of a load's two tile dims, or nullopt for other loads.
+std::optional<std::pair<int, int>> tile_dims(const Op& ld) {
+  std::vector<int> dims;
+  for (size_t d = 0; d < ld.indices.size(); ++d)
+    if (ld.indices[d].kind != ir::Index::Kind::scalar) dims.push_back(static_cast<int>(d));
+  if (dims.size() != 2) return std::nullopt;
+  return std::pair{dims[0], dims[1]};
+}
+
+// Whether TMA can copy the tile of load `ld` (its rows along tensor dim `d0`, its contiguous
+// bytes along the last dim `d1`); else why not.
+std::optional<std::string> tma_refusal(const Facts& fx, const Op& ld) {
+  const ir::Param& p = fx.f.params.at(ld.param);
+  auto td = tile_dims(ld);
+  if (!td) return "not a 2-D tile";
+  const auto [d0, d1] = *td;
+  if (p.rank() > 5) return fmt::format("'{}' has {} dims (TMA takes at most 5)", p.name, p.rank());
+  if (d1 != p.rank() - 1) return fmt::format("the tile of '{}' does not span its last dim", p.name);
+  if (!p.static_strides.empty() && p.static_stride(d1) != 1)
+    return fmt::format("the last dim of '{}' is not known to be contiguous", p.name);
+  const auto s = fx.shape(ld.result);
+  const int es = size_bytes(p.dtype);
+  if (s[0] > 256 || s[0] % 8 != 0) return fmt::format("{} rows (TMA boxes take multiples of 8 up to 256)", s[0]);
+  if (swizzle_for(s[1] * es) == 0) return fmt::format("rows of {} bytes (not a multiple of 32)", s[1] * es);
+  // A static row pitch that is not a multiple of 16 bytes cannot be a tensor map's stride.
+  int64_t pitch = 1;
+  for (int d = p.rank() - 1; d > 0; --d) {
+    const int64_t stride = p.static_stride(d - 1) > 0 ? p.static_stride(d - 1)
+                           : p.static_shape.at(d) >= 0 && pitch > 0 ? pitch * p.static_shape.at(d) : -1;
+    if (stride > 0 && p.static_shape.at(d - 1) != 1 && (stride * es) % 16 != 0)
+      return fmt::format("dim {} of '{}' has a stride of {} bytes (TMA needs multiples of 16)", d - 1, p.name, stride * es);
+    pitch = stride;
+  }
+  return std::nullopt;
+}
+
+// The operand value with transposes folded, and whether it was transposed.
+std::pair<int, bool> underlying(const Facts& fx, int v) {
+  const Op* d = fx.def.at(v);
+  if (d && d->kind == OpKind::transpose) return {d->operands[0], true};
+  return {v, false};
+}
+
+// Why dot `op` cannot run on wgmma, or nullopt.
+std::optional<std::string> wgmma_refusal(const Facts& fx, const Op& op, const Config& cfg, MmaDot& d) {
+  const ir::Function& f = fx.f;
+  d.op = &op;
+  d.ta = f.type(op.operands[0]).dtype;
+  d.tb = f.type(op.operands[1]).dtype;
+  const auto rs = fx.shape(op.result);
+  const auto as = fx.shape(op.operands[0]);
+  d.m = rs[0];
+  d.n = rs[1];
+  d.k = as[1];
+  const bool fp8 = is_fp8(d.ta) && is_fp8(d.tb);
+  if (!fp8 && !(is_16bit(d.ta) && d.ta == d.tb))
+    return fmt::format("operands {} x {} (the tensor cores take bf16 x bf16, f16 x f16 or fp8 x fp8)", name(d.ta),
+                       name(d.tb));
+  if (cfg.num_warps % 4 != 0)
+    return fmt::format("num_warps = {} (wgmma runs on warpgroups of 4 warps)", cfg.num_warps);
+  const int64_t rows = 16 * cfg.num_warps;
+  if (d.m % rows != 0)
+    return fmt::format("its {} rows are not a multiple of {} (64 per warpgroup with num_warps = {})", d.m, rows,
+                       cfg.num_warps);
+  if (d.n % 8 != 0) return fmt::format("its {} columns are not a multiple of 8", d.n);
+  const int es = size_bytes(d.ta);
+  if ((d.k * es) % 32 != 0) return fmt::format("K = {} is not a multiple of {} (32 bytes)", d.k, 32 / es);
+  if (swizzle_for(d.k * es) == 0) return fmt::format("K = {} elements of {} bytes", d.k, es);
+  const int64_t regs = d.m * d.n / (32 * cfg.num_warps);
+  if (regs > kMaxAccRegisters)
+    return fmt::format("its {} x {} f32 result needs {} registers per thread with {} warps (at most {})", d.m, d.n, regs,
+                       cfg.num_warps, kMaxAccRegisters);
+  return std::nullopt;
+}
+
+// The widest wgmma n (a multiple of `unit`, at most 256) whose instructions tile n.
+int n_per_instruction(int64_t n, int unit) {
+  for (int64_t c = std::min<int64_t>(256, n) / unit * unit; c >= unit; c -= unit)
+    if (n % c == 0) return static_cast<int>(c);
+  return 0;
+}
+
+}  // namespace
+
+MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
+  MmaPlan plan;
+  Facts fx(f, cfg);
+  std::vector<const Op*> dot_ops;
+  ir::walk(f.body, [&](const Op& op, int) {
+    if (op.kind == OpKind::dot) dot_ops.push_back(&op);
+  });
+  if (dot_ops.empty()) return plan;
+  if (!t.has_wgmma()) {
+    for (const Op* op : dot_ops)
+      plan.simt_dots.push_back(fmt::format("{}: the generic tensor-core lowering covers sm_90a (wgmma) only; {} has "
+                                           "mma.sync, which it does not emit yet",
+                                           at(*op), t.arch));
+    return plan;
+  }
+
+  // 1. The dots that fit wgmma.
+  std::vector<MmaDot> dots;
+  for (const Op* op : dot_ops) {
+    MmaDot d;
+    if (auto why = wgmma_refusal(fx, *op, cfg, d)) {
+      plan.simt_dots.push_back(fmt::format("{}: {}", at(*op), *why));
+      continue;
+    }
+    dots.push_back(d);
+  }
+  if (dots.empty()) return plan;
+  std::set<const Op*> tc;
+  for (const MmaDot& d : dots) tc.insert(d.op);
+
+  // 2. Operands. A load is staged when every use is an operand (a or b) of a tensor-core dot,
+  // directly or through transposes used only so.
+  auto only_dot_operand_uses = [&](int load_value) {
+    std::vector<int> values{load_value};
+    for (size_t i = 0; i < values.size(); ++i) {
+      for (auto [user, slot] : fx.uses[values[i]]) {
+        if (user->kind == OpKind::transpose && values[i] == load_value) {
+          values.push_back(user->result);
+          continue;
+        }
+        if (!tc.count(user) || slot > 1) return false;
+      }
+    }
+    return true;
+  };
+  // The shared-memory tile each dot operand needs if staged; a load is staged when every
+  // reader needs the same one and TMA can copy it.
+  auto staged_tile = [&](const MmaDot& d, int which, const MmaOperand& o) -> std::optional<SmemTile> {
+    const int es = size_bytes(d.ta);
+    const Op* ld = fx.def.at(o.value);
+    if (!ld || ld->kind != OpKind::load || !only_dot_operand_uses(o.value) || tma_refusal(fx, *ld)) return std::nullopt;
+    // K-major: a not transposed ([M, K] with K contiguous), b transposed ([N, K]).
+    const bool k_major = which == 0 ? !o.transposed : o.transposed;
+    const auto vs = fx.shape(o.value);
+    SmemTile tile{vs[0], vs[1] * es, swizzle_for(vs[1] * es), !k_major, es};
+    // wgmma reads MN-major tiles of 16-bit types only, a's 64 rows per instruction in whole
+    // column blocks.
+    if (tile.mn_major && (!is_16bit(d.ta) || (which == 0 && (64 * es) % tile.swizzle != 0))) return std::nullopt;
+    return tile;
+  };
+  std::map<const Op*, std::vector<SmemTile>> wanted;   // load -> the tiles its readers need
+  std::set<const Op*> unstageable;
+  for (MmaDot& d : dots)
+    for (int which = 0; which < 2; ++which) {
+      MmaOperand& o = which == 0 ? d.a : d.b;
+      std::tie(o.value, o.transposed) = underlying(fx, d.op->operands[which]);
+      const Op* ld = fx.def.at(o.value);
+      if (auto tile = staged_tile(d, which, o)) wanted[ld].push_back(*tile);
+      else if (ld) unstageable.insert(ld);
+    }
+  std::map<const Op*, int> staged_index;
+  for (auto& [ld, tiles] : wanted) {
+    const bool agree = std::all_of(tiles.begin(), tiles.end(), [&](const SmemTile& t) {
+      return t.rows == tiles[0].rows && t.row_bytes == tiles[0].row_bytes && t.mn_major == tiles[0].mn_major;
+    });
+    if (!agree || unstageable.count(ld)) continue;
+    StagedLoad s;
+    s.op = ld;
+    s.home = fx.home(ld);
+    s.tile = tiles[0];
+    std::tie(s.row_dim, s.inner_dim) = *tile_dims(*ld);
+    staged_index[ld] = static_cast<int>(plan.staged.size());
+    plan.staged.push_back(s);
+  }
+  for (MmaDot& d : dots) {
+    const int es = size_bytes(d.ta);
+    for (int which = 0; which < 2; ++which) {
+      MmaOperand& o = which == 0 ? d.a : d.b;
+      auto it = staged_index.find(fx.def.at(o.value));
+      if (it != staged_index.end()) {
+        o.source = MmaOperand::Source::staged;
+        o.staged = it->second;
+        o.tile = plan.staged[o.staged].tile;
+        plan.staged[o.staged].readers.push_back(d.op);
+      } else {
+        // A register tile, written K-major into a buffer of its own.
+        o.source = MmaOperand::Source::registers;
+        o.tile = SmemTile{which == 0 ? d.m : d.n, d.k * es, swizzle_for(d.k * es), false, es};
+        o.buffer = static_cast<int>(plan.buffers.size());
+        plan.buffers.push_back(OperandBuffer{d.op, which, o.tile, 0});
+      }
+    }
+    // wgmma n per instruction: an MN-major b takes whole column blocks per instruction (n is a
+    // multiple of the block's columns, since its rows are).
+    const int unit = d.b.tile.mn_major ? std::max<int>(8, d.b.tile.swizzle / es) : 8;
+    d.n_per_instr = n_per_instruction(d.n, unit);
+    if (d.n_per_instr == 0) throw Error(fmt::format("internal error: no wgmma width tiles the {} columns of the {}", d.n, at(*d.op)));
+    // k range: positions past k_end contribute nothing. Staged operands read zeros past the
+    // tensor's dims; where k_end is not that dim, the tail of the last tile must be zeroed.
+    const size_t kpos = d.op->ival == 1 ? 3 : 2;
+    if (d.op->operands.size() >= kpos + 2) {
+      const int ke = d.op->operands[kpos + 1];
+      for (int which = 0; which < 2; ++which) {
+        const MmaOperand& o = which == 0 ? d.a : d.b;
+        if (o.source != MmaOperand::Source::staged) {
+          d.k_masked = true;
+          continue;
+        }
+        const StagedLoad& s = plan.staged[o.staged];
+        const bool k_on_rows = which == 0 ? o.transposed : !o.transposed;
+        if (!is_dim_of(fx, ke, s.op->param, k_on_rows ? s.row_dim : s.inner_dim)) d.k_masked = true;
+      }
+    }
+    plan.dots.push_back(d);
+  }
+
+  // 3. Rings: a staged load in a loop inside the program advances with it; it runs ahead when
+  // its indices can be computed for later iterations.
+  for (StagedLoad& s : plan.staged) {
+    if (s.home) {
+      std::set<int> seen;
+      s.prefetch = true;
+      for (size_t i = 0; i < s.op->indices.size(); ++i)
+        if (!computable_ahead(fx, s.op->operands[i], s.home, seen)) s.prefetch = false;
+      s.stages = s.prefetch ? std::max(1, cfg.num_stages) : 1;
+    }
+    const ir::Param& p = f.params.at(s.op->param);
+    s.box.assign(p.rank(), 1);
+    s.box[s.row_dim] = static_cast<int>(s.tile.rows);
+    s.box[s.inner_dim] = s.tile.swizzle / s.tile.elem_bytes;
+    auto it = std::find_if(plan.tmas.begin(), plan.tmas.end(), [&](const MmaPlan::Tma& m) {
+      return m.param == s.op->param && m.box == s.box && m.swizzle == s.tile.swizzle;
+    });
+    if (it == plan.tmas.end()) {
+      plan.tmas.push_back(MmaPlan::Tma{s.op->param, s.box, s.tile.swizzle});
+      it = plan.tmas.end() - 1;
+    }
+    s.tma = static_cast<int>(it - plan.tmas.begin());
+  }
+
+  // 4. Shared memory: rings and buffers at 1024-byte boundaries (the 128-byte swizzle's
+  // period), then the barriers.
+  int64_t off = 0;
+  for (StagedLoad& s : plan.staged) {
+    s.slot_stride = round_up(s.tile.bytes(), 1024);
+    s.smem_offset = off;
+    off += s.slot_stride * s.stages;
+  }
+  for (OperandBuffer& b : plan.buffers) {
+    b.smem_offset = off;
+    off += round_up(b.tile.bytes(), 1024);
+  }
+  for (StagedLoad& s : plan.staged) {
+    s.barriers = off;
+    off += 16 * s.stages;
+  }
+  plan.smem_bytes = round_up(off, 16);
+  plan.wgmma = !plan.dots.empty();
+  plan.warps_r = cfg.num_warps;
+  plan.warps_c = 1;
+  plan.warpgroups = cfg.num_warps / 4;
+  return plan;
+}
+
+}  // namespace tj::codegen

@@ -1,0 +1,117 @@
+#pragma once
+// Tensor-core planning: which dots of a kernel run on the tensor cores, and how their operands
+// get there. The first pass of the generic tensor-core lowering; layout assignment
+// (codegen/layout.h), the async schedule (codegen/async_plan.h) and the CUDA emitter read it.
+//
+// A dot runs on the tensor cores (wgmma on sm_90a) when its operands are 16-bit (bf16 or f16,
+// the same for both) or fp8 (e4m3 / e5m2, any pair), its result tile fits the accumulator
+// layout of the block's warps (rows a multiple of 16 per warp: 64 per warpgroup; columns a
+// multiple of 8) and K is a whole number of 32-byte steps. Each operand then reaches the
+// tensor cores one of two ways:
+//   - staged: a load whose every use is a tensor-core dot operand (directly or transposed) is
+//     copied by TMA into shared memory, swizzled, in a ring of slots that advances with its
+//     innermost enclosing loop (its home loop): while a slot is read the next ones fill, as
+//     many as num_stages, where the load's indices can be computed for later iterations;
+//   - registers: any other tile is written by the block's threads into a swizzled
+//     shared-memory buffer of its own before the dot (slower, for operands TMA cannot load:
+//     computed tiles, tensors without a contiguous last dim, fp8 operands that are not K-major).
+// A dot that cannot run on the tensor cores stays on the SIMT path; the plan says why, with the
+// dot's source line (MmaPlan::simt_dots), so that nothing falls back silently.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "codegen/target.h"
+#include "dsl/config.h"
+#include "dsl/ir.h"
+
+namespace tj::codegen {
+
+// A tile in shared memory as a dot operand: `rows` rows of `row_bytes` bytes, in column blocks
+// of `swizzle` bytes (device SmemOperand<rows, row_bytes, swizzle, mn_major, element bytes>).
+// K-major: the rows are M (operand a) or N (operand b) and the bytes K; MN-major: the rows are
+// K and the bytes M or N (16-bit types only).
+struct SmemTile {
+  int64_t rows = 0;
+  int64_t row_bytes = 0;
+  int swizzle = 128;
+  bool mn_major = false;
+  int elem_bytes = 2;
+  int64_t bytes() const { return rows * row_bytes; }
+};
+
+// How one operand of a tensor-core dot reaches the tensor cores.
+struct MmaOperand {
+  enum class Source : uint8_t { staged, registers };
+  Source source = Source::registers;
+  int value = -1;        // the dot's operand with transposes folded: a load (staged) or a register tile
+  bool transposed = false;   // the dot's operand is the transpose of `value`
+  int staged = -1;       // index into MmaPlan::staged
+  int buffer = -1;       // registers: index into MmaPlan::buffers
+  SmemTile tile;         // the operand as the tensor cores read it
+};
+
+struct MmaDot {
+  const ir::Op* op = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  DType ta{}, tb{};
+  int n_per_instr = 0;   // wgmma n of one instruction (n is a multiple)
+  MmaOperand a, b;
+  // k positions past the dot's k range would contribute: the staged operands' rows there must
+  // be zeroed when a tile ends past it (TMA fills zeros only past the tensor's dims).
+  bool k_masked = false;
+};
+
+// A load that TMA copies into a ring of shared-memory slots.
+struct StagedLoad {
+  const ir::Op* op = nullptr;
+  const ir::Op* home = nullptr;   // the innermost enclosing loop that is not a launch loop, or null
+  bool prefetch = false;          // later iterations' indices are computable: fills run ahead
+  int stages = 1;                 // slots in the ring
+  SmemTile tile;                  // one slot
+  int row_dim = -1, inner_dim = -1;   // tensor dims of the tile's rows and of its contiguous bytes
+  std::vector<int> box;           // TMA box per tensor dim (outermost first)
+  int tma = -1;                   // index of its tensor map (GeneratedKernel::tma)
+  int64_t smem_offset = 0;        // slot 0, from the tensor-core region's base (1024-aligned)
+  int64_t slot_stride = 0;        // bytes between slots
+  int64_t barriers = 0;           // offset of its 2 * stages mbarriers
+  std::vector<const ir::Op*> readers;   // the tensor-core dots that read it
+};
+
+// A register operand's shared-memory buffer.
+struct OperandBuffer {
+  const ir::Op* dot = nullptr;
+  int operand = 0;                // 0: a, 1: b
+  SmemTile tile;
+  int64_t smem_offset = 0;
+};
+
+struct MmaPlan {
+  bool wgmma = false;             // any dot on the tensor cores (sm_90a)
+  int warps_r = 1, warps_c = 1;   // the accumulator layout's warps (MmaArr)
+  int warpgroups = 0;
+  std::vector<MmaDot> dots;
+  std::vector<StagedLoad> staged;
+  std::vector<OperandBuffer> buffers;
+  // One tensor map per (tensor, box, swizzle): staged loads of the same box share it.
+  struct Tma {
+    int param = -1;
+    std::vector<int> box;
+    int swizzle = 128;
+  };
+  std::vector<Tma> tmas;
+  int64_t smem_bytes = 0;         // the tensor-core region (rings, buffers, barriers)
+  // "dot at file:line: reason" for every dot left on the SIMT path of a tensor-core target.
+  std::vector<std::string> simt_dots;
+
+  const MmaDot* dot_of(const ir::Op* op) const;
+  const StagedLoad* staged_of(const ir::Op* op) const;
+  bool empty() const { return dots.empty(); }
+};
+
+// Plans `f` (launch loops marked) for `cfg` on `t`. Never throws for a dot it cannot place: it
+// leaves it on the SIMT path with a reason.
+MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t);
+
+}  // namespace tj::codegen

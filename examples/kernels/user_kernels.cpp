@@ -1,0 +1,109 @@
+#include "examples/kernels/user_kernels.h"
+
+#include <cmath>
+
+namespace tj::examples {
+
+namespace {
+
+// gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
+Tile gelu(const Tile& x) {
+  const double c = std::sqrt(2.0 / M_PI);
+  return x * 0.5 * (tanh((x + x * x * x * 0.044715) * c) + 1.0);
+}
+
+}  // namespace
+
+const Kernel& gemm_bias_gelu(bool b_kn) {
+  static const Kernel kn = kernel("gemm_bias_gelu_kn", {"a", "b", "bias", "c"}, [](In a, In b, In bias, Out c) {
+    auto [M, K] = a.shape<2>();
+    auto N = b.dim(1);
+    for (auto m : tile(M, block("m"))) {
+      for (auto n : tile(N, block("n"))) {
+        Var acc = zeros({m, n}, DType::f32);
+        for (auto k : tile(K, block("k"))) acc = dot(a.load(m, k), b.load(k, n), acc);
+        c.store(m, n, gelu(acc + bias.load(n).to(DType::f32).row()).to(c.dtype()));
+      }
+    }
+  });
+  static const Kernel nk = kernel("gemm_bias_gelu_nk", {"a", "b", "bias", "c"}, [](In a, In b, In bias, Out c) {
+    auto [M, K] = a.shape<2>();
+    auto N = b.dim(0);
+    for (auto m : tile(M, block("m"))) {
+      for (auto n : tile(N, block("n"))) {
+        Var acc = zeros({m, n}, DType::f32);
+        for (auto k : tile(K, block("k"))) acc = dot(a.load(m, k), b.load(n, k).T(), acc);
+        c.store(m, n, gelu(acc + bias.load(n).to(DType::f32).row()).to(c.dtype()));
+      }
+    }
+  });
+  return b_kn ? kn : nk;
+}
+
+const Kernel& batched_gemm() {
+  static const Kernel k = kernel("batched_gemm", {"a", "b", "c"}, [](In a, In b, Out c) {
+    auto [Z, M, K] = a.shape<3>();
+    auto N = b.dim(1);
+    for (auto z : grid(Z)) {
+      for (auto m : tile(M, block("m"))) {
+        for (auto n : tile(N, block("n"))) {
+          Var acc = zeros({m, n}, DType::f32);
+          for (auto kk : tile(K, block("k"))) acc = dot(a.load(z, m, kk), b.load(z, n, kk).T(), acc);
+          c.store(z, m, n, acc.to(c.dtype()));
+        }
+      }
+    }
+  });
+  return k;
+}
+
+const Kernel& swiglu() {
+  static const Kernel k = kernel("swiglu", {"x", "wg", "wu", "y"}, [](In x, In wg, In wu, Out y) {
+    auto [M, K] = x.shape<2>();
+    auto N = wg.dim(0);
+    for (auto m : tile(M, block("m"))) {
+      for (auto n : tile(N, block("n"))) {
+        Var gate = zeros({m, n}, DType::f32);
+        Var up = zeros({m, n}, DType::f32);
+        for (auto kk : tile(K, block("k"))) {
+          auto xt = x.load(m, kk);
+          gate = dot(xt, wg.load(n, kk).T(), gate);
+          up = dot(xt, wu.load(n, kk).T(), up);
+        }
+        Tile g = gate;
+        y.store(m, n, (g / (exp(-g) + 1.0) * up).to(y.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
+const Kernel& readme_attention() {
+  static const Kernel k = kernel("readme_attention", {"q", "k", "v", "o", "scale", "causal"},
+                                 [](In q, In k, In v, Out o, Scalar scale, bool causal) {
+    auto [B, H, S, D] = q.shape<4>();
+    for (auto bh : grid(B * H)) {                       // outer loops: the launch grid
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) {              // block size: a tunable
+        Var m_i = full({m}, -INFINITY, DType::f32);     // state a loop updates: tj::Var
+        Var l_i = zeros({m}, DType::f32);
+        Var acc = zeros({m, D}, DType::f32);
+        auto qt = q.load(b, h, m, all);                 // masked at the edges automatically
+        for (auto n : tile(causal ? m.end() : S, block("n"))) {
+          auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
+          if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
+          auto m_new = maximum(m_i, amax(s, 1));
+          auto p = exp2(s - m_new.col());
+          auto alpha = exp2(m_i - m_new);
+          l_i = l_i * alpha + sum(p, 1);
+          acc = dot(p.to(v.dtype()), v.load(b, h, n, all), acc * alpha.col());
+          m_i = m_new;
+        }
+        o.store(b, h, m, all, (acc / l_i.col()).to(o.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
+}  // namespace tj::examples

@@ -1,0 +1,24 @@
+#pragma once
+// Kernels written as a user would write them: plain DSL loop nests in files of their own, with
+// no recognition by the compiler (the library's attention_fp8 and gemm are recognized whole;
+// these are not). `bench/dsl` times them against the library's fast paths and torch, and the
+// tests check them against the CPU reference executor.
+#include "dsl/kernel.h"
+
+namespace tj::examples {
+
+// c = gelu(a . b + bias) with a [M, K], bias [N] and b stored [K, N] (b_kn) or [N, K] (loaded
+// and transposed). GELU in its tanh form.
+const Kernel& gemm_bias_gelu(bool b_kn);
+
+// c[z] = a[z] . b[z]^T for z over a batch: a [Z, M, K], b [Z, N, K], c [Z, M, N].
+const Kernel& batched_gemm();
+
+// y = silu(x . wg^T) * (x . wu^T): x [M, K], wg and wu [N, K]; two accumulators in one loop.
+const Kernel& swiglu();
+
+// The attention kernel of README.md, as printed there: q, k, v [B, H, S, D], online softmax in
+// exp2 (scale has log2(e) folded in), causal or not.
+const Kernel& readme_attention();
+
+}  // namespace tj::examples

@@ -1,0 +1,231 @@
+// The generic tensor-core lowering without a GPU: which dots the plan puts on wgmma and why the
+// others stay on the SIMT path, how operands reach shared memory, the async schedule, and the
+// user kernels of examples/kernels compiled by NVRTC and ptxas for sm_90a (wgmma and TMA in the
+// PTX, no spills), with a golden file of one kernel's generated source.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "codegen/async_plan.h"
+#include "codegen/cuda_emitter.h"
+#include "codegen/layout.h"
+#include "codegen/mma_plan.h"
+#include "dsl/config.h"
+#include "examples/kernels/user_kernels.h"
+#include "kernels/library.h"
+#include "nvrtc_testing.h"
+
+using namespace tj;
+using codegen::MmaOperand;
+using codegen::MmaPlan;
+using codegen::Target;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+TensorSpec T(DType t, std::vector<int64_t> shape) { return TensorSpec{t, std::move(shape)}; }
+
+Config cfg(const char* json) { return Config::from_json(json); }
+
+// "lowering": 0 skips the GEMM pattern lowering (which would take the [N, K] GEMM whole).
+const char* kGemmConfig = R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0}})";
+
+ir::Function gemm_nk(DType t, int64_t m, int64_t n, int64_t k) {
+  return examples::gemm_bias_gelu(false).trace({T(t, {m, k}), T(t, {n, k}), T(DType::f32, {n}), T(DType::bf16, {m, n})});
+}
+ir::Function gemm_kn(DType t, int64_t m, int64_t n, int64_t k) {
+  return examples::gemm_bias_gelu(true).trace({T(t, {m, k}), T(t, {k, n}), T(DType::f32, {n}), T(DType::bf16, {m, n})});
+}
+ir::Function attention(DType t, std::vector<int64_t> shape, bool causal) {
+  return examples::readme_attention().trace({T(t, shape), T(t, shape), T(t, shape), T(DType::bf16, shape), RuntimeScalar{0.125f},
+                                             causal});
+}
+
+}  // namespace
+
+TEST_CASE("mma plan: a GEMM nest's dot runs on wgmma with both operands staged by TMA in num_stages rings") {
+  const ir::Function f = gemm_nk(DType::bf16, 512, 256, 1024);
+  const MmaPlan p = codegen::plan_mma(f, cfg(kGemmConfig), Target{});
+  REQUIRE(p.dots.size() == 1);
+  CHECK(p.simt_dots.empty());
+  CHECK(p.warpgroups == 2);
+  const codegen::MmaDot& d = p.dots[0];
+  CHECK(d.m == 128);
+  CHECK(d.n == 128);
+  CHECK(d.k == 64);
+  CHECK(d.n_per_instr == 128);
+  CHECK_FALSE(d.k_masked);   // k ends at K, where TMA fills zeros
+  for (const MmaOperand* o : {&d.a, &d.b}) {
+    CHECK(o->source == MmaOperand::Source::staged);
+    CHECK_FALSE(o->tile.mn_major);   // a [m, k] and b [n, k]: K-major
+    CHECK(o->tile.rows == 128);
+    CHECK(o->tile.row_bytes == 128);
+    CHECK(o->tile.swizzle == 128);
+  }
+  REQUIRE(p.staged.size() == 2);
+  for (const codegen::StagedLoad& s : p.staged) {
+    CHECK(s.prefetch);
+    CHECK(s.stages == 4);
+    CHECK(s.home != nullptr);
+    CHECK(s.smem_offset % 1024 == 0);
+  }
+  CHECK(p.tmas.size() == 2);
+}
+
+TEST_CASE("mma plan: b stored [K, N] is an MN-major tile for 16-bit types, fp8 takes it through registers") {
+  const MmaPlan bf = codegen::plan_mma(gemm_kn(DType::bf16, 256, 256, 256), cfg(kGemmConfig), Target{});
+  REQUIRE(bf.dots.size() == 1);
+  CHECK(bf.dots[0].b.source == MmaOperand::Source::staged);
+  CHECK(bf.dots[0].b.tile.mn_major);
+  CHECK(bf.dots[0].b.tile.rows == 64);          // K rows
+  CHECK(bf.dots[0].b.tile.row_bytes == 256);    // N = 128 bf16
+  const MmaPlan f8 = codegen::plan_mma(gemm_kn(DType::e4m3, 256, 256, 256),
+                                       cfg(R"({"blocks":{"m":128,"n":128,"k":128},"num_warps":8})"), Target{});
+  REQUIRE(f8.dots.size() == 1);
+  CHECK(f8.dots[0].a.source == MmaOperand::Source::staged);
+  CHECK(f8.dots[0].b.source == MmaOperand::Source::registers);   // wgmma's fp8 operands are K-major only
+  CHECK_FALSE(f8.dots[0].b.tile.mn_major);
+  CHECK(f8.buffers.size() == 1);
+}
+
+TEST_CASE("mma plan: dots that cannot run on wgmma stay on the SIMT path, and the plan says why at the dot's line") {
+  const ir::Function f = gemm_nk(DType::bf16, 512, 256, 1024);
+  auto reason = [&](const ir::Function& fn, const Config& c, const Target& t) {
+    const MmaPlan p = codegen::plan_mma(fn, c, t);
+    CHECK(p.dots.empty());
+    REQUIRE(p.simt_dots.size() == 1);
+    CHECK(contains(p.simt_dots[0], "dot at "));
+    CHECK(contains(p.simt_dots[0], "user_kernels.cpp:"));
+    return p.simt_dots[0];
+  };
+  CHECK(contains(reason(f, cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":2})"), Target{}),
+                 "num_warps = 2 (wgmma runs on warpgroups of 4 warps)"));
+  CHECK(contains(reason(f, cfg(R"({"blocks":{"m":64,"n":128,"k":64},"num_warps":8})"), Target{}),
+                 "its 64 rows are not a multiple of 128 (64 per warpgroup with num_warps = 8)"));
+  CHECK(contains(reason(f, cfg(R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":4})"), Target{}),
+                 "needs 256 registers per thread with 4 warps (at most 192)"));
+  CHECK(contains(reason(gemm_nk(DType::f32, 256, 256, 256), cfg(kGemmConfig), Target{}),
+                 "operands f32 x f32 (the tensor cores take bf16 x bf16, f16 x f16 or fp8 x fp8)"));
+  CHECK(contains(reason(f, cfg(kGemmConfig), Target{"sm_80"}),
+                 "the generic tensor-core lowering covers sm_90a (wgmma) only; sm_80 has mma.sync"));
+  // The knob keeps every dot on the SIMT path.
+  const auto g = codegen::generate_cuda(f, cfg(R"({"blocks":{"m":64,"n":64,"k":32},"knobs":{"mma":0,"lowering":0}})"), Target{});
+  CHECK(g.lowering == "simt");
+  // No dots, no plan.
+  const MmaPlan none = codegen::plan_mma(kernels::softmax().trace({T(DType::f32, {8, 64}), T(DType::f32, {8, 64})}),
+                                         cfg(R"({"blocks":{"m":8}})"), Target{});
+  CHECK(none.dots.empty());
+  CHECK(none.simt_dots.empty());
+}
+
+TEST_CASE("mma layouts: a dot's result, its elementwise epilogue and its row statistics share the accumulator layout") {
+  const ir::Function f = attention(DType::bf16, {1, 2, 256, 64}, true);
+  const Config c = cfg(R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":2})");
+  const MmaPlan p = codegen::plan_mma(f, c, Target{});
+  REQUIRE(p.dots.size() == 2);
+  const codegen::LayoutPlan lp = codegen::assign_layouts(f, c, Target{}, &p);
+  CHECK(lp.has_mma);
+  int mma2 = 0, rows = 0, cols = 0, shared = 0;
+  for (size_t v = 0; v < f.values.size(); ++v) {
+    const codegen::Layout& l = lp.of(static_cast<int>(v));
+    if (l.kind == codegen::LayoutKind::shared) ++shared;
+    if (!l.is_mma()) continue;
+    if (l.rank == 2) ++mma2;
+    else (l.dim0_on_cols ? cols : rows)++;
+    CHECK(l.arr.warps_r == 8);
+  }
+  CHECK(mma2 > 5);    // s, the mask, p, acc, the rescale ...
+  CHECK(rows > 3);    // m_i, l_i, the row max and sum, alpha
+  CHECK(cols >= 1);   // n.index()
+  CHECK(shared >= 3);   // q, k and v tiles (and k's transpose) live in shared memory
+  // No layout conversion anywhere: the row statistics broadcast for free.
+  const auto g = codegen::generate_cuda(f, c, Target{});
+  CHECK_FALSE(contains(g.source, "tj::dev::exchange"));
+  CHECK_FALSE(contains(g.source, "tj::dev::dot<"));
+}
+
+TEST_CASE("async plan: a K loop's dot accumulates in place and keeps one iteration in flight") {
+  const ir::Function f = gemm_nk(DType::bf16, 512, 256, 1024);
+  const MmaPlan p = codegen::plan_mma(f, cfg(kGemmConfig), Target{});
+  const codegen::AsyncPlan a = codegen::plan_async(f, p);
+  REQUIRE(a.in_place.size() == 1);
+  CHECK(a.alias_reads.size() == 1);
+  const ir::Op* loop = p.staged[0].home;
+  REQUIRE(a.body_end.count(loop));
+  CHECK(a.body_end.at(loop).pending == 1);        // the previous iteration's group completes
+  CHECK(a.body_end.at(loop).releases.size() == 2);   // and its two slots are released
+  for (const auto& r : a.body_end.at(loop).releases) CHECK(r.previous);
+  REQUIRE(a.after.count(loop));
+  CHECK(a.after.at(loop).pending == 0);           // the loop's exit waits for everything
+  CHECK(a.after.at(loop).releases.size() == 2);
+  CHECK(a.before.empty());                        // nothing waits inside the loop
+}
+
+TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a with wgmma and TMA, without spills") {
+  struct Case {
+    const char* what;
+    std::function<ir::Function()> f;
+    const char* config;
+    const char* wgmma;
+  };
+  const std::vector<Case> cases = {
+      {"gemm + bias + gelu, b [N, K]", [] { return gemm_nk(DType::bf16, 512, 256, 1024); }, kGemmConfig,
+       R"(m64n128k16\.f32\.bf16\.bf16)"},
+      {"gemm + bias + gelu, b [K, N]", [] { return gemm_kn(DType::bf16, 512, 256, 1024); }, kGemmConfig,
+       R"(m64n128k16\.f32\.bf16\.bf16)"},
+      {"batched gemm",
+       [] {
+         return examples::batched_gemm().trace(
+             {T(DType::f16, {3, 256, 512}), T(DType::f16, {3, 256, 512}), T(DType::f16, {3, 256, 256})});
+       },
+       kGemmConfig, R"(m64n128k16\.f32\.f16\.f16)"},
+      {"swiglu",
+       [] {
+         return examples::swiglu().trace(
+             {T(DType::bf16, {256, 512}), T(DType::bf16, {256, 512}), T(DType::bf16, {256, 512}), T(DType::bf16, {256, 256})});
+       },
+       kGemmConfig, R"(m64n128k16\.f32\.bf16\.bf16)"},
+      {"README attention, bf16, causal", [] { return attention(DType::bf16, {2, 4, 256, 128}, true); },
+       R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})", R"(m64n128k16\.f32\.bf16\.bf16)"},
+      {"README attention, e4m3", [] { return attention(DType::e4m3, {2, 4, 256, 64}, false); },
+       R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":2})", R"(m64n64k32\.f32\.e4m3\.e4m3)"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const auto g = codegen::generate_cuda(c.f(), cfg(c.config), Target{});
+    INFO(g.source);
+    CHECK(g.lowering == "tensor cores (wgmma)");
+    CHECK(g.notes.empty());
+    const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+    CHECK(std::regex_search(r.ptx, std::regex(c.wgmma)));
+    CHECK(contains(r.ptx, "cp.async.bulk.tensor"));
+    CHECK(contains(r.ptx, "wgmma.wait_group.sync.aligned"));
+    const tj_test::PtxasInfo info = tj_test::ptxas_info(r.log);
+    CHECK(info.spill_stores == 0);
+    CHECK_FALSE(contains(r.log, "serialized"));   // ptxas did not serialize the wgmmas
+  }
+}
+
+TEST_CASE("mma codegen: the generated GEMM matches its golden file (TILEJIT_UPDATE_GOLDEN=1 rewrites it)") {
+  const auto g = codegen::generate_cuda(gemm_nk(DType::bf16, 512, 256, 1024), cfg(kGemmConfig), Target{});
+  // Source locations name this machine's checkout: keep the file name only.
+  std::string source = std::regex_replace(g.source, std::regex(R"(// @ [^ \n]*/([^/ \n]+:\d+))"), "// @ $1");
+  const std::string path = std::string(TJ_TESTS_DIR) + "/golden/gemm_bias_gelu_wgmma.cu";
+  if (std::getenv("TILEJIT_UPDATE_GOLDEN")) {
+    std::ofstream(path) << source;
+    MESSAGE("rewrote " << path);
+  }
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "missing golden file " << path << " (run with TILEJIT_UPDATE_GOLDEN=1)");
+  std::stringstream golden;
+  golden << in.rdbuf();
+  CHECK_MESSAGE(source == golden.str(), "the generated source differs from " << path
+                                                                              << " (review the diff, then rerun with "
+                                                                                 "TILEJIT_UPDATE_GOLDEN=1)");
+}

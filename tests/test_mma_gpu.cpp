@@ -1,0 +1,153 @@
+// The generic tensor-core lowering on the GPU: the user kernels of examples/kernels, lowered to
+// wgmma and TMA, against the CPU reference executor on random inputs (outputs poisoned first),
+// at ragged shapes and for several configs.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "autotune/launch.h"
+#include "examples/kernels/user_kernels.h"
+#include "gpu.h"
+#include "runtime/driver.h"
+#include "runtime/jit.h"
+#include "runtime/owned_tensor.h"
+#include "runtime/reference.h"
+
+using namespace tj;
+
+namespace {
+
+HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double scale = 1.0) {
+  HostTensor t(dt, std::move(shape));
+  std::normal_distribution<double> n(0.0, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, n(rng));
+  return t;
+}
+
+struct Outcome {
+  double rel_rmse = 0;   // ||gpu - ref|| / ||ref||
+  int64_t nan_count = 0;
+  std::string lowering;
+};
+
+// Runs `k` on the CPU reference and on the GPU (config `config`) with the same inputs; compares
+// tensor `out`.
+Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, std::vector<Arg> tail, size_t out, const Config& config) {
+  std::vector<Arg> host_args, dev_args;
+  std::vector<DeviceTensor> dev;
+  dev.reserve(tensors.size());
+  for (auto& t : tensors) {
+    host_args.push_back(t.view());
+    dev.push_back(DeviceTensor::from_host(t));
+  }
+  for (auto& d : dev) dev_args.push_back(d.view());
+  for (const auto& a : tail) {
+    host_args.push_back(a);
+    dev_args.push_back(a);
+  }
+  tensors[out].fill_bytes(0xFF);
+  dev[out].fill_bytes(0xFF);
+  const auto specs = specs_for(k, host_args, false);
+  const ir::Function f = k.trace(specs);
+  std::vector<ArgValue> ref_args;
+  for (size_t i = 0; i < host_args.size(); ++i) {
+    if (k.slots()[i].is_host()) continue;
+    if (auto* t = std::get_if<TensorView>(&host_args[i])) ref_args.emplace_back(*t);
+    else ref_args.emplace_back(static_cast<float>(std::get<double>(host_args[i])));
+  }
+  run_reference(f, config, ref_args);
+  LaunchOptions opts;
+  opts.config = config;
+  launch(k, dev_args, opts);
+  runtime::synchronize();
+  CompileRequest req;
+  req.load = false;
+  Outcome o;
+  o.lowering = compile(k, specs, config, req).generated.lowering;
+  const HostTensor got = dev[out].to_host();
+  double err = 0, ref = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double r = tensors[out].at(i), g = got.at(i);
+    if (std::isnan(g) || std::isnan(r)) {
+      ++o.nan_count;
+      continue;
+    }
+    err += (g - r) * (g - r);
+    ref += r * r;
+  }
+  o.rel_rmse = std::sqrt(err / std::max(ref, 1e-30));
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, SwiGLU) match the reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(7);
+  // "lowering": 0 skips the GEMM pattern lowering, which would take the [N, K] GEMM whole.
+  const std::vector<const char*> configs = {
+      R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0}})",
+      R"({"blocks":{"m":64,"n":64,"k":32},"num_warps":4,"num_stages":2,"knobs":{"lowering":0}})",
+      R"({"blocks":{"m":128,"n":64,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0}})"};
+  for (const char* json : configs) {
+    const Config c = Config::from_json(json);
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{256, 256, 512}, {200, 136, 328}}) {
+      for (bool kn : {false, true}) {
+        CAPTURE(json);
+        CAPTURE(fmt::format("gemm_bias_gelu {} x {} x {}, b {}", m, n, k, kn ? "[K, N]" : "[N, K]"));
+        std::vector<HostTensor> t = {random_tensor(DType::bf16, {m, k}, rng, 0.5),
+                                     random_tensor(DType::bf16, kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k}, rng, 0.5),
+                                     random_tensor(DType::f32, {n}, rng), HostTensor(DType::bf16, {m, n})};
+        const Outcome o = run_both(examples::gemm_bias_gelu(kn), t, {}, 3, c);
+        CHECK(o.lowering == "tensor cores (wgmma)");
+        CHECK(o.nan_count == 0);
+        CHECK(o.rel_rmse < 1e-2);
+      }
+      CAPTURE(fmt::format("batched / swiglu {} x {} x {}", m, n, k));
+      std::vector<HostTensor> b = {random_tensor(DType::f16, {3, m, k}, rng), random_tensor(DType::f16, {3, n, k}, rng),
+                                   HostTensor(DType::f16, {3, m, n})};
+      Outcome o = run_both(examples::batched_gemm(), b, {}, 2, c);
+      CHECK(o.lowering == "tensor cores (wgmma)");
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse < 2e-3);
+      std::vector<HostTensor> s = {random_tensor(DType::bf16, {m, k}, rng, 0.3), random_tensor(DType::bf16, {n, k}, rng, 0.3),
+                                   random_tensor(DType::bf16, {n, k}, rng, 0.3), HostTensor(DType::bf16, {m, n})};
+      o = run_both(examples::swiglu(), s, {}, 3, c);
+      CHECK(o.lowering == "tensor cores (wgmma)");
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse < 1e-2);
+    }
+  }
+}
+
+TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal and not, ragged) matches the reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(11);
+  struct Case {
+    DType t;
+    std::vector<int64_t> shape;
+    bool causal;
+    const char* config;
+    double tol;
+  };
+  const std::vector<Case> cases = {
+      {DType::bf16, {2, 3, 256, 128}, false, R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})", 1e-2},
+      {DType::bf16, {2, 3, 300, 128}, true, R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})", 1e-2},
+      {DType::f16, {1, 2, 200, 64}, true, R"({"blocks":{"m":64,"n":64},"num_warps":4,"num_stages":3})", 2e-3},
+      {DType::bf16, {1, 2, 333, 64}, false, R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":3})", 1e-2},
+      {DType::e4m3, {1, 2, 256, 128}, false, R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})", 6e-2},
+      {DType::e4m3, {1, 2, 190, 64}, true, R"({"blocks":{"m":64,"n":64},"num_warps":4,"num_stages":2})", 6e-2},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(fmt::format("{} {} causal={} {}", name(c.t), fmt::join(c.shape, "x"), c.causal, c.config));
+    std::vector<HostTensor> t = {random_tensor(c.t, c.shape, rng), random_tensor(c.t, c.shape, rng),
+                                 random_tensor(c.t, c.shape, rng), HostTensor(DType::bf16, c.shape)};
+    const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(c.shape[3]));
+    const Outcome o = run_both(examples::readme_attention(), t, {scale, c.causal}, 3, Config::from_json(c.config));
+    CHECK(o.lowering == "tensor cores (wgmma)");
+    CHECK(o.nan_count == 0);
+    CHECK(o.rel_rmse < c.tol);
+  }
+}
