@@ -55,8 +55,11 @@
 #include "runtime/nvrtc.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"
+#include "bench/common/timing.h"
 
 using namespace tj;
+using tj::bench::median;
+using tj::bench::Spinner;
 
 namespace {
 
@@ -207,32 +210,6 @@ HostTensor random_matrix(DType t, int64_t rows, int64_t cols, uint64_t seed) {
 
 // ---- timing helpers -------------------------------------------------------------------------
 
-// A kernel that spins for `ns` nanoseconds: queued first, it keeps the GPU busy while the host
-// queues the timed launches behind it.
-struct Spinner {
-  std::unique_ptr<runtime::Module> module;
-  CUfunction fn = nullptr;
-  void init(const std::string& arch) {
-    const char* src =
-        "extern \"C\" __global__ void tj_spin(unsigned long long ns) {\n"
-        "  unsigned long long t0, t;\n"
-        "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t0));\n"
-        "  do { __nanosleep(2000); asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); } while (t - t0 < ns);\n"
-        "}\n";
-    runtime::CompileOptions o;
-    o.arch = arch;
-    o.want_ptx = false;
-    auto r = runtime::compile_cuda(src, "spin.cu", o);
-    module = std::make_unique<runtime::Module>(r.cubin);
-    fn = module->function("tj_spin");
-  }
-  void spin(CUstream s, double ms) {
-    unsigned long long ns = static_cast<unsigned long long>(ms * 1e6);
-    void* args[] = {&ns};
-    runtime::launch(fn, runtime::Dim3(1), runtime::Dim3(32), 0, s, args);
-  }
-};
-
 using OccupancyClusters = CUresult (*)(int*, CUfunction, const CUlaunchConfig*);
 OccupancyClusters occupancy_clusters() {
   static OccupancyClusters f = [] {
@@ -241,11 +218,6 @@ OccupancyClusters occupancy_clusters() {
     return h ? reinterpret_cast<OccupancyClusters>(dlsym(h, "cuOccupancyMaxActiveClusters")) : nullptr;
   }();
   return f;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // ---- one GEMM problem on the device ---------------------------------------------------------
@@ -377,20 +349,9 @@ struct Timing {
 };
 
 Timing time_runner(Runner& r, Spinner& spin, const runtime::Stream& s, int copies, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) r.launch(i % copies, s);
-  s.synchronize();
-  std::vector<runtime::Event> ev;
-  ev.reserve(2 * reps);
-  for (int i = 0; i < 2 * reps; ++i) ev.emplace_back();
-  spin.spin(s, std::clamp(reps * 0.05, 2.0, 50.0));
-  for (int i = 0; i < reps; ++i) {
-    ev[2 * i].record(s);
-    r.launch(i % copies, s);
-    ev[2 * i + 1].record(s);
-  }
-  s.synchronize();
   Timing t;
-  for (int i = 0; i < reps; ++i) t.samples.push_back(runtime::Event::elapsed_ms(ev[2 * i], ev[2 * i + 1]));
+  t.samples = bench::time_samples([&](int i, CUstream st) { r.launch(i % copies, st); }, spin, s,
+                                  warmup, reps, std::clamp(reps * 0.05, 2.0, 50.0));
   t.ms = median(t.samples);
   return t;
 }

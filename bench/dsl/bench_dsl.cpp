@@ -1,0 +1,323 @@
+// bench_dsl: times kernels written as user code (examples/kernels) on the GPU through the generic
+// tensor-core lowering, next to the library's hand-tuned paths for the same problems where there
+// is one, and writes one JSON line per measurement; bench/dsl/peers.py times torch on the same
+// problems and merges both into one table (bench/dsl/run.sh).
+//
+//   bench_dsl [--out FILE.jsonl] [--cases NAME,...] [--reps 20] [--warmup 3] [--quick]
+//
+// Method: inputs ~ N(0, 1) (attention: q, k, v; GEMMs: scaled by 1/sqrt(K) where the output
+// feeds a nonlinearity), rounded to the input type; each sample is one launch between two CUDA
+// events, after a 256 MB write that flushes the L2 cache, queued behind a spin kernel; the median
+// of --reps samples. Accuracy: relative RMS error against float64 on the rounded inputs, at
+// sampled output entries (GEMMs: 256 entries; attention: 4 whole query rows).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "autotune/launch.h"
+#include "codegen/lowering.h"
+#include "bench/common/timing.h"
+#include "core/error.h"
+#include "examples/kernels/user_kernels.h"
+#include "kernels/library.h"
+#include "runtime/device.h"
+#include "runtime/driver.h"
+#include "runtime/jit.h"
+#include "runtime/owned_tensor.h"
+
+using namespace tj;
+
+namespace {
+
+// Fills `t` with N(0, scale) values rounded to its type, in parallel.
+HostTensor random_tensor(DType dt, std::vector<int64_t> shape, uint64_t seed, double scale = 1.0) {
+  HostTensor t(dt, std::move(shape));
+  const int64_t n = t.numel();
+  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w)
+    pool.emplace_back([&, w] {
+      std::mt19937_64 rng(seed * 1315423911ull + static_cast<uint64_t>(w));
+      std::normal_distribution<double> nd(0.0, scale);
+      for (int64_t i = w; i < n; i += threads) t.set(i, nd(rng));
+    });
+  for (auto& th : pool) th.join();
+  return t;
+}
+
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+// One problem: its kernel, arguments and configs, the flops, and a float64 check.
+struct Case {
+  std::string name;      // e.g. "gemm_bias_gelu_nk bf16 4096x4096x4096"
+  std::string problem;   // the key peers.py matches: "gemm 4096 4096 4096", "attention 4 16 4096 128 causal", ...
+  const Kernel* kernel = nullptr;
+  std::vector<HostTensor> host;
+  std::vector<DeviceTensor> dev;
+  std::vector<Arg> tail;       // scalars and host values after the tensors
+  size_t out = 0;
+  double flops = 0;
+  // (path, config JSON or "" for the library's default): "generic" is the user kernel through
+  // the generic lowering; "template" a library fast path for the same problem, run by `fast`.
+  std::vector<std::pair<std::string, std::string>> paths;
+};
+
+std::vector<Arg> args_of(std::vector<DeviceTensor>& dev, const std::vector<Arg>& tail) {
+  std::vector<Arg> a;
+  for (auto& d : dev) a.push_back(d.view());
+  a.insert(a.end(), tail.begin(), tail.end());
+  return a;
+}
+
+// Relative RMS error over sampled entries: ref(i) against got.at(i).
+double rel_rms(const std::vector<std::pair<double, double>>& pairs) {
+  double e = 0, r = 0;
+  for (auto [ref, got] : pairs) {
+    if (std::isnan(got)) return NAN;
+    e += (got - ref) * (got - ref);
+    r += ref * ref;
+  }
+  return std::sqrt(e / std::max(r, 1e-300));
+}
+
+Case gemm_case(bool kn, int64_t M, int64_t N, int64_t K, uint64_t seed) {
+  Case c;
+  c.name = fmt::format("gemm_bias_gelu_{} bf16 {}x{}x{}", kn ? "kn" : "nk", M, N, K);
+  c.problem = fmt::format("gemm {} {} {} {}", kn ? "kn" : "nk", M, N, K);
+  c.kernel = &examples::gemm_bias_gelu(kn);
+  const double s = 1.0 / std::sqrt(static_cast<double>(K));
+  c.host.push_back(random_tensor(DType::bf16, {M, K}, seed));
+  c.host.push_back(random_tensor(DType::bf16, kn ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K}, seed + 1, s));
+  c.host.push_back(random_tensor(DType::f32, {N}, seed + 2));
+  c.host.emplace_back(DType::bf16, std::vector<int64_t>{M, N});
+  c.out = 3;
+  c.flops = 2.0 * M * N * K;
+  c.paths = {{"generic", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0}})"},
+             {"generic", R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":5,"knobs":{"lowering":0}})"}};
+  if (!kn) c.paths.push_back({"template", ""});   // the GEMM pattern lowering takes this nest whole
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "bench_dsl.jsonl";
+  std::set<std::string> only;
+  int reps = 20, warmup = 3;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--out") out_path = next();
+    else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--warmup") warmup = std::stoi(next());
+    else if (a == "--quick") quick = true;
+    else if (a == "--cases") {
+      std::string list = next();
+      for (size_t p = 0; p <= list.size();) {
+        size_t q = list.find(',', p);
+        if (q == std::string::npos) q = list.size();
+        only.insert(list.substr(p, q - p));
+        p = q + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention] [--reps N] "
+                           "[--warmup N] [--quick]\n");
+      return 2;
+    }
+  }
+  auto want = [&](const std::string& what) { return only.empty() || only.count(what); };
+  try {
+    const runtime::DeviceInfo& dev = runtime::current_device();
+    std::printf("device: %s (%s), %d SMs\n", dev.name.c_str(), dev.arch().c_str(), dev.sm_count);
+    std::ofstream jsonl(out_path);
+    bench::Spinner spinner;
+    spinner.init(dev.arch());
+    runtime::Stream stream;
+    runtime::DeviceBuffer flush(256u << 20);
+
+    std::vector<Case> cases;
+    const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 8192};
+    uint64_t seed = 1;
+    if (want("gemm"))
+      for (int64_t n : sizes)
+        for (bool kn : {false, true}) cases.push_back(gemm_case(kn, n, n, n, seed += 10));
+    if (want("batched")) {
+      Case c;
+      const int64_t Z = 16, n = 2048;
+      c.name = fmt::format("batched_gemm bf16 {}x{}x{}x{}", Z, n, n, n);
+      c.problem = fmt::format("bmm {} {} {} {}", Z, n, n, n);
+      c.kernel = &examples::batched_gemm();
+      c.host = {random_tensor(DType::bf16, {Z, n, n}, seed += 10), random_tensor(DType::bf16, {Z, n, n}, seed + 1),
+                HostTensor(DType::bf16, {Z, n, n})};
+      c.out = 2;
+      c.flops = 2.0 * Z * n * n * n;
+      c.paths = {{"generic", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4})"},
+                 {"generic", R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":5})"}};
+      cases.push_back(std::move(c));
+    }
+    if (want("swiglu")) {
+      Case c;
+      const int64_t M = 8192, N = 8192, K = 4096;
+      c.name = fmt::format("swiglu bf16 {}x{}x{}", M, N, K);
+      c.problem = fmt::format("swiglu {} {} {}", M, N, K);
+      c.kernel = &examples::swiglu();
+      const double s = 1.0 / std::sqrt(static_cast<double>(K));
+      c.host = {random_tensor(DType::bf16, {M, K}, seed += 10), random_tensor(DType::bf16, {N, K}, seed + 1, s),
+                random_tensor(DType::bf16, {N, K}, seed + 2, s), HostTensor(DType::bf16, {M, N})};
+      c.out = 3;
+      c.flops = 4.0 * M * N * K;
+      c.paths = {{"generic", R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4})"},
+                 {"generic", R"({"blocks":{"m":128,"n":64,"k":64},"num_warps":8,"num_stages":5})"}};
+      cases.push_back(std::move(c));
+    }
+    if (want("attention")) {
+      const std::vector<int64_t> seqs = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 4096, 16384};
+      for (int64_t S : seqs)
+        for (bool causal : {false, true}) {
+          const int64_t D = 128, H = 16, B = 16384 / S;
+          Case c;
+          c.name = fmt::format("readme_attention bf16 {}x{}x{}x{}{}", B, H, S, D, causal ? " causal" : "");
+          c.problem = fmt::format("attention {} {} {} {}{}", B, H, S, D, causal ? " causal" : "");
+          c.kernel = &examples::readme_attention();
+          for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(DType::bf16, {B, H, S, D}, seed += 10));
+          c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
+          c.out = 3;
+          c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D)), causal};
+          c.flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+          c.paths = {{"generic", R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})"},
+                     {"generic", R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":3})"},
+                     {"template", ""}};
+          cases.push_back(std::move(c));
+        }
+    }
+
+    std::printf("%-44s %-10s %9s %9s %10s  %s\n", "case", "path", "ms", "TFLOP/s", "rel err", "config");
+    for (Case& c : cases) {
+      for (auto& h : c.host) c.dev.push_back(DeviceTensor::from_host(h));
+      const std::vector<Arg> args = args_of(c.dev, c.tail);
+      for (const auto& [path, json] : c.paths) {
+        std::vector<Arg> run_args = args;
+        const Kernel* k = c.kernel;
+        std::optional<Config> config;
+        if (!json.empty()) config = Config::from_json(json);
+        std::vector<DeviceTensor> fast_dev;
+        if (path == "template") {
+          // The library's fast path for the same problem and inputs.
+          if (c.problem.rfind("attention", 0) == 0) {
+            k = &kernels::attention_fp8();
+            const auto& q = c.host[0].shape();
+            fast_dev.emplace_back(DType::f32, std::vector<int64_t>{q[0], q[1]});   // descales of 1
+            fast_dev.emplace_back(DType::f32, std::vector<int64_t>{q[0], q[1], q[2]});   // lse (unused)
+            std::vector<float> ones(q[0] * q[1], 1.0f);
+            HostTensor hd = HostTensor::from_values(std::vector<double>(ones.begin(), ones.end()), DType::f32, {q[0], q[1]});
+            fast_dev[0] = DeviceTensor::from_host(hd);
+            run_args = {c.dev[0].view(), c.dev[1].view(), c.dev[2].view(), fast_dev[0].view(), fast_dev[0].view(),
+                        fast_dev[0].view(), c.dev[3].view(), fast_dev[1].view(), std::get<double>(c.tail[0]), 1.0,
+                        std::get<bool>(c.tail[1]), false};
+          }
+        }
+        // Compile once (a tuned or default config without `config`), then launch the compiled kernel.
+        const auto specs = specs_for(*k, run_args, false);
+        const Config cfg = config ? *config : codegen::untuned_config(k->trace(specs), dev.arch());
+        CompileRequest req;
+        const CompiledKernel& ck = compile(*k, specs, cfg, req);
+        const LaunchGeometry g = launch_geometry(ck, count_programs(*k, ck, run_args), dev.sm_count);
+        LaunchOptions lo;
+        auto launch_once = [&](int, CUstream s) {
+          lo.stream = s;
+          launch_compiled(*k, ck, run_args, g, lo);
+        };
+        c.dev[c.out].fill_bytes(0xFF);
+        launch_once(0, stream);
+        stream.synchronize();
+        const HostTensor got = c.dev[c.out].to_host();
+        // float64 reference at sampled entries.
+        std::vector<std::pair<double, double>> pairs;
+        std::mt19937_64 rng(99);
+        const auto& hs = c.host;
+        if (c.problem.rfind("gemm", 0) == 0) {
+          const bool kn = c.problem.find(" kn ") != std::string::npos;
+          const int64_t M = hs[0].shape()[0], K = hs[0].shape()[1], N = hs[3].shape()[1];
+          for (int s = 0; s < 256; ++s) {
+            const int64_t i = rng() % M, j = rng() % N;
+            double acc = 0;
+            for (int64_t kk = 0; kk < K; ++kk) acc += hs[0].at(i * K + kk) * (kn ? hs[1].at(kk * N + j) : hs[1].at(j * K + kk));
+            pairs.push_back({gelu(acc + hs[2].at(j)), got.at(i * N + j)});
+          }
+        } else if (c.problem.rfind("bmm", 0) == 0) {
+          const int64_t Z = hs[0].shape()[0], M = hs[0].shape()[1], K = hs[0].shape()[2], N = hs[1].shape()[1];
+          for (int s = 0; s < 256; ++s) {
+            const int64_t z = rng() % Z, i = rng() % M, j = rng() % N;
+            double acc = 0;
+            for (int64_t kk = 0; kk < K; ++kk) acc += hs[0].at((z * M + i) * K + kk) * hs[1].at((z * N + j) * K + kk);
+            pairs.push_back({acc, got.at((z * M + i) * N + j)});
+          }
+        } else if (c.problem.rfind("swiglu", 0) == 0) {
+          const int64_t M = hs[0].shape()[0], K = hs[0].shape()[1], N = hs[1].shape()[0];
+          for (int s = 0; s < 256; ++s) {
+            const int64_t i = rng() % M, j = rng() % N;
+            double g = 0, u = 0;
+            for (int64_t kk = 0; kk < K; ++kk) {
+              g += hs[0].at(i * K + kk) * hs[1].at(j * K + kk);
+              u += hs[0].at(i * K + kk) * hs[2].at(j * K + kk);
+            }
+            pairs.push_back({g / (1 + std::exp(-g)) * u, got.at(i * N + j)});
+          }
+        } else {
+          const auto& sh = hs[0].shape();
+          const int64_t B = sh[0], H = sh[1], S = sh[2], D = sh[3];
+          const bool causal = std::get<bool>(c.tail[1]);
+          const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+          for (int s = 0; s < 4; ++s) {
+            const int64_t b = rng() % B, h = rng() % H, i = rng() % S;
+            const int64_t base = (b * H + h) * S * D;
+            const int64_t keys = causal ? i + 1 : S;
+            std::vector<double> p(keys);
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < keys; ++j) {
+              double dotv = 0;
+              for (int64_t d = 0; d < D; ++d) dotv += hs[0].at(base + i * D + d) * hs[1].at(base + j * D + d);
+              p[j] = dotv * scale;
+              mx = std::max(mx, p[j]);
+            }
+            double sum = 0;
+            for (double& x : p) sum += (x = std::exp(x - mx));
+            for (int64_t d = 0; d < D; ++d) {
+              double o = 0;
+              for (int64_t j = 0; j < keys; ++j) o += p[j] * hs[2].at(base + j * D + d);
+              pairs.push_back({o / sum, got.at(base + i * D + d)});
+            }
+          }
+        }
+        const double err = rel_rms(pairs);
+        const auto samples = bench::time_samples(launch_once, spinner, stream, warmup, reps, 5.0,
+                                                 [&](CUstream s) { flush.memset_async(0, s); });
+        const double ms = bench::median(samples);
+        const double tflops = c.flops / (ms * 1e-3) / 1e12;
+        std::printf("%-44s %-10s %9.4f %9.1f %10.2e  %s\n", c.name.c_str(), path.c_str(), ms, tflops, err,
+                    ck.config.to_json().c_str());
+        std::fflush(stdout);
+        jsonl << fmt::format(R"({{"problem":"{}","case":"{}","impl":"tilejit {}","lowering":"{}","ms":{},"tflops":{},"rel_err":{},"config":{}}})",
+                             c.problem, c.name, path, ck.generated.lowering, ms, tflops, err, ck.config.to_json())
+              << "\n";
+        jsonl.flush();
+      }
+      c.dev.clear();
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_dsl: %s\n", e.what());
+    return 1;
+  }
+}

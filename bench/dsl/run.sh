@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The user-kernel benchmark and checks on the GPU machine, from the repository root, with .device/
+# carried (built here by: scripts/device_bundle.sh build bench/dsl/bench_dsl):
+#
+#   bash bench/dsl/run.sh [PHASE...]     PHASE: check, sanitize, bench (default: check bench)
+#     check     the generic lowering's GPU tests (tilejit_tests "gpu: *tensor cores*")
+#     sanitize  compute-sanitizer memcheck and racecheck on those tests' smaller cases
+#     bench     bench_dsl (user kernels, generic lowering and the library's fast paths), then
+#               peers.py (torch) on the same problems, merged into one table
+#
+# Output under $OUT (default /tmp/out): summary.txt, table.md, dsl_logs.tgz. BENCH_ARGS: extra
+# bench_dsl arguments (e.g. "--cases gemm --quick").
+set -u
+PHASES="${*:-check bench}"
+has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+OUT=${OUT:-/tmp/out}
+LOGS=/tmp/dsl_logs
+mkdir -p "$OUT" "$LOGS"
+export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
+export TILEJIT_CACHE_DIR=${TILEJIT_CACHE_DIR:-/tmp/tilejit_cache}
+export PATH="/usr/local/cuda/bin:$PATH"
+B=.device/bin
+SUMMARY=$LOGS/summary.txt
+say() { echo "$*" | tee -a "$SUMMARY"; }
+step() {  # name, timeout seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$LOGS/$name.txt" 2>&1
+  local rc=$?
+  say "$name: rc=$rc ($(( $(date +%s) - t0 )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases:' "$LOGS/$name.txt" | tail -2 | tr '\n' ' ')"
+  return $rc
+}
+say "== tilejit user kernels, phases: $PHASES, $(date -u)"
+(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>&1 || true) | tee -a "$SUMMARY"
+TESTS='gpu: user GEMMs on the tensor cores*,gpu: README attention on the tensor cores*'
+if has check; then
+  step tests 300 $B/tilejit_tests -tc="$TESTS"
+fi
+if has sanitize; then
+  step memcheck 400 compute-sanitizer --tool memcheck $B/tilejit_tests -tc="$TESTS"
+  step racecheck 500 compute-sanitizer --tool racecheck $B/tilejit_tests -tc="gpu: README attention on the tensor cores*"
+fi
+if has bench; then
+  step bench_dsl 420 $B/bench_dsl --out "$LOGS/tilejit.jsonl" ${BENCH_ARGS:-}
+  cat "$LOGS/bench_dsl.txt"
+  step peers 300 python3 bench/dsl/peers.py --out "$LOGS/torch.jsonl" --problems "$LOGS/tilejit.jsonl"
+  python3 bench/dsl/peers.py --merge "$LOGS/tilejit.jsonl" "$LOGS/torch.jsonl" --table "$OUT/table.md" | tee -a "$SUMMARY"
+fi
+cp "$SUMMARY" "$OUT/summary.txt"
+tar czf "$OUT/dsl_logs.tgz" -C /tmp dsl_logs
