@@ -29,6 +29,7 @@ std::string describe(const MmaOperand& o, const ir::Function& f, const MmaPlan& 
     return fmt::format("'{}' by TMA ({}, {} stage{})", f.params.at(s.op->param).name, major, s.stages,
                        s.stages == 1 ? "" : "s");
   }
+  if (o.source == MmaOperand::Source::fragment) return "registers (wgmma's register A)";
   return fmt::format("registers through shared memory ({})", major);
 }
 
@@ -115,7 +116,7 @@ void Emitter::emit_ring_prologue(const Op& loop) {
     if (s.home != &loop) continue;
     const int i = staged_index(s);
     line(fmt::format("const unsigned tj_first{} = tj_use{};   // ring {}: this run of the loop's first use", i, i, i));
-    if (!s.prefetch) continue;
+    if (!s.prefetch || s.producer) continue;   // filled where it stands, or by the producer warpgroup
     const std::string step =
         loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
     line(fmt::format("if (threadIdx.x == 0) {{   // ring {}: fills for the loop's first {} iterations", i, s.stages), &loop.loc);
@@ -143,7 +144,7 @@ void Emitter::emit_ring_iteration(const Op& loop) {
 void Emitter::emit_staged_load(const Op& op, const StagedLoad& s) {
   const int i = staged_index(s);
   if (!s.home) line(fmt::format("const unsigned tj_u{} = tj_use{}++;", i, i));
-  if (!s.prefetch) {
+  if (!s.prefetch && !s.producer) {
     line("if (threadIdx.x == 0) {", &op.loc);
     ++indent_;
     emit_fill(s, fmt::format("tj_u{}", i), "");
@@ -182,7 +183,7 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
                     : fmt::format("{{   // ring {}: this iteration's use", i));
     ++indent_;
     line(fmt::format("tj_r{}.release({});", i, use));
-    if (s.prefetch) {
+    if (s.prefetch && !s.producer) {
       line(fmt::format("const long long tj_next = {} + {} * {};", it, s.stages, step));
       line(fmt::format("if (threadIdx.x == 0 && tj_next < {}) {{", end));
       ++indent_;
@@ -193,6 +194,90 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
     --indent_;
     line("}");
   }
+}
+
+// ---- the producer warpgroup ------------------------------------------------------------------------
+
+namespace {
+bool holds_producer_load(const Op& op, const MmaPlan& mma) {
+  bool found = false;
+  ir::walk(*op.body, [&](const Op& o, int) {
+    const StagedLoad* s = mma.staged_of(&o);
+    found |= s && s->producer;
+  });
+  return found;
+}
+}  // namespace
+
+void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain) {
+  // The scalars the fills and the loops around them need.
+  std::vector<int> work;
+  for (const StagedLoad& s : mma_.staged) {
+    if (!s.producer) continue;
+    work.insert(work.end(), s.op->operands.begin(), s.op->operands.end());
+  }
+  ir::walk(f_.body, [&](const Op& op, int) {
+    if (op.kind == OpKind::loop && !op.launch && holds_producer_load(op, mma_))
+      work.insert(work.end(), op.operands.begin(), op.operands.end());
+  });
+  producer_needs_.clear();
+  while (!work.empty()) {
+    const int v = work.back();
+    work.pop_back();
+    const Op* d = def_[v];
+    if (!d || !producer_needs_.insert(v).second) continue;
+    work.insert(work.end(), d->operands.begin(), d->operands.end());
+  }
+  // Registers: a warp scheduler holds 512 per lane, shared by one warp of each warpgroup; the
+  // producer's warpgroup gives up all but a few to the tiles' warpgroups (setmaxnreg).
+  const int G = mma_.warpgroups;
+  const int producer_regs = G >= 3 ? 24 : 40;
+  const int tile_regs = std::min(256, (512 - producer_regs) / G / 8 * 8);
+  line(fmt::format("if (threadIdx.x >= {}) {{   // the producer warpgroup: TMA fills of the staged operands, ahead of use",
+                   plan_.threads));
+  ++indent_;
+  if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_dec<{}>();", producer_regs));
+  line(fmt::format("if (threadIdx.x == {}) {{", plan_.threads));
+  ++indent_;
+  for (size_t k = 0; k < chain.size(); ++k)
+    for (const Op& op : regions[k]->ops)
+      if (&op != chain[k] && !hoisted_.count(&op)) emit_producer_op(op);
+  for (const Op& op : regions[chain.size()]->ops) emit_producer_op(op);
+  --indent_;
+  line("}");
+  line("return;");
+  --indent_;
+  line("}");
+  if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_inc<{}>();   // the tiles' warpgroups take the producer's registers", tile_regs));
+}
+
+void Emitter::emit_producer_op(const Op& op) {
+  if (op.kind == OpKind::loop) {
+    if (!holds_producer_load(op, mma_)) return;
+    names_[op.body_index] = fmt::format("v{}", op.body_index);
+    const std::string step =
+        op.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, op.block_id), DType::i64) : "1LL";
+    line(fmt::format("for (long long v{0} = {1}; v{0} < {2}; v{0} += {3}) {{", op.body_index, ref(op.operands[0]),
+                     ref(op.operands[1]), step),
+         &op.loc);
+    ++indent_;
+    for (const Op& inner : op.body->ops) emit_producer_op(inner);
+    --indent_;
+    line("}");
+    return;
+  }
+  if (const StagedLoad* s = mma_.staged_of(&op)) {
+    if (!s->producer) return;
+    const int i = staged_index(*s);
+    line("{");
+    ++indent_;
+    line(fmt::format("const unsigned tj_f = tj_use{}++;", i));
+    emit_fill(*s, "tj_f", "");
+    --indent_;
+    line("}");
+    return;
+  }
+  if (op.result >= 0 && producer_needs_.count(op.result)) emit_simt_op(op);
 }
 
 void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
@@ -225,10 +310,28 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
          &op.loc);
     names_[op.result] = dest;
   }
-  // 2. The operands' shared-memory tiles.
+  // 2. The operands' shared-memory tiles (a register-A fragment for a in the accumulator layout).
   std::string addr[2];
+  const int G = mma_.warpgroups;
+  const int64_t rb = d.m / (64 * G);
+  const int64_t ks = d.k * es / 32;
   for (int which = 0; which < 2; ++which) {
     const MmaOperand& o = which == 0 ? d.a : d.b;
+    if (o.source == MmaOperand::Source::fragment) {
+      std::string value = ref(o.value);
+      if (d.k_masked && has_krange) {
+        // Where the tile runs past the dot's k range, its columns there contribute nothing.
+        const std::string masked = fresh(o.value, "k"), kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
+        line(fmt::format("{} {} = {};", tile_type(DType::f32, plan_.of(o.value)), masked, value), &op.loc);
+        line(fmt::format("if ({} + {} > {}) {} = tj::dev::mask_k_cols({}, {}, {});", kb, d.k, ke, masked, value, kb, ke),
+             &op.loc);
+        value = masked;
+      }
+      addr[which] = fmt::format("tj_a{}", op.result);
+      line(fmt::format("unsigned {}[{}];   // a as wgmma's register fragments", addr[which], rb * ks * 4), &op.loc);
+      line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wg_type(d.ta), rb, d.k, value, addr[which]), &op.loc);
+      continue;
+    }
     // Which dim of the operand's tile holds K.
     const int k_dim = which == 0 ? (o.transposed ? 0 : 1) : (o.transposed ? 1 : 0);
     if (o.source == MmaOperand::Source::staged) {
@@ -237,10 +340,10 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
         // Past k_end the rows of K contribute nothing: zero them where the tile runs past it.
         const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
         line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
-        line(fmt::format("  tj::dev::zero_k_tail<{}, {}>({}, (int)({} - {}));", operand_type(o.tile), o.tile.mn_major,
-                         addr[which], ke, kb));
+        line(fmt::format("  tj::dev::zero_k_tail<{}, {}, {}>({}, (int)({} - {}));", operand_type(o.tile), o.tile.mn_major,
+                         plan_.threads, addr[which], ke, kb));
         line("  tj::dev::fence_proxy_async_shared();");
-        line("  __syncthreads();");
+        line("  tj::dev::sync_threads();");
         line("}");
       }
       continue;
@@ -248,23 +351,26 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
     const OperandBuffer& b = mma_.buffers.at(o.buffer);
     const int rows_dim = 1 - k_dim;
     const bool kmask = d.k_masked && has_krange;
-    line("__syncthreads();   // every warp is done with the buffer's last contents", &op.loc);
+    line("tj::dev::sync_threads();   // every warp is done with the buffer's last contents", &op.loc);
     line(fmt::format("tj::dev::stage_operand<{}, {}, {}, {}>({}, tj_tc + {}, {}, {});", dtag(f_.type(o.value).dtype),
                      operand_type(b.tile), rows_dim, kmask, ref(o.value), b.smem_offset,
                      kmask ? ref(op.operands[kpos]) : "0", kmask ? ref(op.operands[kpos + 1]) : "0"),
          &op.loc);
     line("tj::dev::fence_proxy_async_shared();");
-    line("__syncthreads();");
+    line("tj::dev::sync_threads();");
     addr[which] = fmt::format("tj::dev::smem_u32(tj_tc + {})", b.smem_offset);
   }
   // 3. Issue: one commit group per dot.
-  const int G = mma_.warpgroups;
-  const int64_t rb = d.m / (64 * G);
   line("tj::dev::wgmma_fence();");
-  line(fmt::format("tj::dev::wgmma_ss<{}, {}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", G, rb, d.n, d.n_per_instr,
-                   d.k * es / 32, wg_type(d.ta), wg_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0],
-                   addr[1], has_acc ? 1 : 0),
-       &op.loc);
+  if (d.a.source == MmaOperand::Source::fragment)
+    line(fmt::format("tj::dev::wgmma_rs<{}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", rb, d.n, d.n_per_instr, ks,
+                     wg_type(d.ta), wg_type(d.tb), operand_type(d.b.tile), dest, addr[0], addr[1], has_acc ? 1 : 0),
+         &op.loc);
+  else
+    line(fmt::format("tj::dev::wgmma_ss<{}, {}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", G, rb, d.n, d.n_per_instr, ks,
+                     wg_type(d.ta), wg_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0], addr[1],
+                     has_acc ? 1 : 0),
+         &op.loc);
   line("tj::dev::wgmma_commit();");
   line(fmt::format("tj::dev::fence_tile({});", dest));
 }

@@ -189,6 +189,11 @@ class Emitter {
   std::string ahead_expr(int v, const Op& loop, const std::string& iteration) const;
   int staged_index(const StagedLoad& s) const { return static_cast<int>(&s - mma_.staged.data()); }
   std::string dot_dest(const Op& dot) const;   // the registers a tensor-core dot accumulates in
+  // The producer warpgroup's branch (MmaPlan::producer_warp), right after the launch decode: the
+  // loop nest's scalars and loops that hold its fills, and the fills (by its first thread).
+  void emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain);
+  void emit_producer_op(const Op& op);
+  std::set<int> producer_needs_;
   std::map<int, std::string> pending_dest_;    // dot result value -> its registers' name
 };
 

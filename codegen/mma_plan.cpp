@@ -116,6 +116,28 @@ bool computable_ahead(const Facts& fx, int v, const Op* loop, std::set<int>& see
   }
 }
 
+// Whether scalar `v` comes from loop indices, parameters, dims and constants by arithmetic alone.
+bool pure_scalar(const Facts& fx, int v, std::set<int>& seen) {
+  if (fx.index_of.count(v) || !seen.insert(v).second) return true;
+  const Op* d = fx.def.at(v);
+  if (!d || !fx.f.type(v).is_scalar() || fx.f.values[v].is_var) return false;
+  switch (d->kind) {
+    case OpKind::const_value:
+    case OpKind::scalar_param:
+    case OpKind::tensor_dim:
+    case OpKind::block_size:
+      return true;
+    case OpKind::unary:
+    case OpKind::binary:
+    case OpKind::cast:
+    case OpKind::where:
+      for (int o : d->operands)
+        if (!pure_scalar(fx, o, seen)) return false;
+      return true;
+    default: return false;
+  }
+}
+
 // Is value `v` the size of dim `axis` of tensor `param`?
 bool is_dim_of(const Facts& fx, int v, int param, int axis) {
   const Op* d = fx.def.at(v);
@@ -345,6 +367,17 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
         if (!computable_ahead(fx, s.op->operands[i], s.home, seen)) s.prefetch = false;
       s.stages = s.prefetch ? std::max(1, cfg.num_stages) : 1;
     }
+    // The producer warpgroup runs the loop nest's scalar arithmetic alone: it issues the fills of loads
+    // whose indices and enclosing loop bounds need nothing else.
+    {
+      std::set<int> seen;
+      s.producer = true;
+      for (size_t i = 0; i < s.op->indices.size(); ++i)
+        if (!pure_scalar(fx, s.op->operands[i], seen)) s.producer = false;
+      for (const Op* l : fx.loops.at(s.op))
+        for (int v : l->operands)
+          if (!pure_scalar(fx, v, seen)) s.producer = false;
+    }
     const ir::Param& p = f.params.at(s.op->param);
     s.box.assign(p.rank(), 1);
     s.box[s.row_dim] = static_cast<int>(s.tile.rows);
@@ -359,8 +392,39 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     s.tma = static_cast<int>(it - plan.tmas.begin());
   }
 
-  // 4. Shared memory: rings and buffers at 1024-byte boundaries (the 128-byte swizzle's
-  // period), then the barriers.
+  plan.wgmma = !plan.dots.empty();
+  plan.warps_r = cfg.num_warps;
+  plan.warps_c = 1;
+  plan.warpgroups = cfg.num_warps / 4;
+  plan.producer_warp = cfg.knob("warp_specialize", 1) != 0 &&
+                       std::any_of(plan.staged.begin(), plan.staged.end(), [](const StagedLoad& s) { return s.producer; });
+  if (!plan.producer_warp)
+    for (StagedLoad& s : plan.staged) s.producer = false;
+  return plan;
+}
+
+void finish_mma_plan(MmaPlan& plan, const std::function<bool(int value)>& in_accumulator_layout) {
+  // An a operand in the accumulator layout is the A fragment of a register-A wgmma: its
+  // registers go in as they are (16-bit) or after a byte shuffle (fp8), without shared memory.
+  for (MmaDot& d : plan.dots) {
+    MmaOperand& a = d.a;
+    if (a.source != MmaOperand::Source::registers || a.transposed || !in_accumulator_layout(a.value)) continue;
+    a.source = MmaOperand::Source::fragment;
+    a.buffer = -1;
+  }
+  std::erase_if(plan.buffers, [&](const OperandBuffer& b) {
+    const MmaDot* d = plan.dot_of(b.dot);
+    return b.operand == 0 && d && d->a.source == MmaOperand::Source::fragment;
+  });
+  for (MmaDot& d : plan.dots)
+    for (MmaOperand* o : {&d.a, &d.b}) {
+      if (o->source != MmaOperand::Source::registers) continue;
+      const int which = o == &d.a ? 0 : 1;
+      for (size_t i = 0; i < plan.buffers.size(); ++i)
+        if (plan.buffers[i].dot == d.op && plan.buffers[i].operand == which) o->buffer = static_cast<int>(i);
+    }
+  // Shared memory: rings and buffers at 1024-byte boundaries (the 128-byte swizzle's period),
+  // then the barriers.
   int64_t off = 0;
   for (StagedLoad& s : plan.staged) {
     s.slot_stride = round_up(s.tile.bytes(), 1024);
@@ -376,11 +440,6 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     off += 16 * s.stages;
   }
   plan.smem_bytes = round_up(off, 16);
-  plan.wgmma = !plan.dots.empty();
-  plan.warps_r = cfg.num_warps;
-  plan.warps_c = 1;
-  plan.warpgroups = cfg.num_warps / 4;
-  return plan;
 }
 
 }  // namespace tj::codegen

@@ -18,6 +18,7 @@
 // A dot that cannot run on the tensor cores stays on the SIMT path; the plan says why, with the
 // dot's source line (MmaPlan::simt_dots), so that nothing falls back silently.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,7 +44,9 @@ struct SmemTile {
 
 // How one operand of a tensor-core dot reaches the tensor cores.
 struct MmaOperand {
-  enum class Source : uint8_t { staged, registers };
+  // staged: TMA fills a ring slot; registers: the threads write a buffer of its own; fragment:
+  // an a operand in the accumulator layout goes in from registers (wgmma's register A).
+  enum class Source : uint8_t { staged, registers, fragment };
   Source source = Source::registers;
   int value = -1;        // the dot's operand with transposes folded: a load (staged) or a register tile
   bool transposed = false;   // the dot's operand is the transpose of `value`
@@ -68,6 +71,9 @@ struct StagedLoad {
   const ir::Op* op = nullptr;
   const ir::Op* home = nullptr;   // the innermost enclosing loop that is not a launch loop, or null
   bool prefetch = false;          // later iterations' indices are computable: fills run ahead
+  // Its indices and every enclosing loop's bounds come from scalar arithmetic alone: the
+  // producer warpgroup (MmaPlan::producer_warp) issues its fills.
+  bool producer = false;
   int stages = 1;                 // slots in the ring
   SmemTile tile;                  // one slot
   int row_dim = -1, inner_dim = -1;   // tensor dims of the tile's rows and of its contiguous bytes
@@ -91,6 +97,11 @@ struct MmaPlan {
   bool wgmma = false;             // any dot on the tensor cores (sm_90a)
   int warps_r = 1, warps_c = 1;   // the accumulator layout's warps (MmaArr)
   int warpgroups = 0;
+  // Knob warp_specialize (default 1): an extra warpgroup whose first thread only issues the TMA
+  // fills of the staged loads it can compute (StagedLoad::producer), running ahead of the tiles'
+  // warps by as many slots as the rings hold; it gives its registers to them (setmaxnreg). 0: a
+  // thread of the tiles' warps issues the fills between its own work.
+  bool producer_warp = false;
   std::vector<MmaDot> dots;
   std::vector<StagedLoad> staged;
   std::vector<OperandBuffer> buffers;
@@ -113,5 +124,9 @@ struct MmaPlan {
 // Plans `f` (launch loops marked) for `cfg` on `t`. Never throws for a dot it cannot place: it
 // leaves it on the SIMT path with a reason.
 MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t);
+
+// Once layouts are assigned (codegen/layout.h): a operands in the accumulator layout become
+// register fragments (no buffer), and the shared memory is laid out (offsets, smem_bytes).
+void finish_mma_plan(MmaPlan& plan, const std::function<bool(int value)>& in_accumulator_layout);
 
 }  // namespace tj::codegen

@@ -19,6 +19,7 @@
 #include "autotune/space.h"
 #include "codegen/device/attn_tile_order.cuh"   // host-compilable
 #include "codegen/lower_attention_sm90.h"
+#include "codegen/mma_config.h"
 #include "attention_accuracy.h"
 #include "gpu.h"
 #include "kernels/attention_fp8.h"
@@ -229,12 +230,12 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
     const autotune::ConfigSpace space = autotune::derive_space(f, so);
     CHECK(space.contains(got));
   }
-  // Other targets, and head dims the tensor-core lowering does not take, keep the generic default
-  // (the SIMT path).
+  // Other targets keep the generic default (the SIMT path); head dims the attention template does not
+  // take get the generic tensor-core lowering's default.
   ir::Function f = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 256, 256, 64, true, false));
   CHECK(autotune::untuned_config(f, "sm_80") == default_config(f));
   ir::Function f32d = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 64, 64, 32, true, false));
-  CHECK(autotune::untuned_config(f32d, "sm_90a") == default_config(f32d));
+  CHECK(autotune::untuned_config(f32d, "sm_90a") == *codegen::mma_default_config(f32d, codegen::Target::parse("sm_90a")));
   // Not with an LSE (dilated attention's pairs, which ran slower persistent), nor for a variant,
   // nor past 4096 keys in bf16 or on fp8's long-row tiles.
   CHECK(kernels::attention_variant_default_config("", DType::bf16, 128, false, 128, 2048, true).knob("attn_persistent", 0) == 0);

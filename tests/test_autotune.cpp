@@ -194,8 +194,9 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
     CHECK(find_dim(s, "n")->values == std::vector<int64_t>{16, 32, 64, 128, 256});
     CHECK(find_dim(s, "num_stages")->values == std::vector<int64_t>{1, 2, 3, 4});
     CHECK(find_dim(s, "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
-    CHECK(s.size() == 5 * 5 * 3 * 4 * 3);
-    CHECK(s.describe().find("= 900 points") != std::string::npos);
+    CHECK(find_dim(s, "warp_specialize")->values == std::vector<int64_t>{0, 1});   // the generic tensor-core lowering's
+    CHECK(s.size() == 5 * 5 * 3 * 4 * 3 * 2);
+    CHECK(s.describe().find("= 1800 points") != std::string::npos);
     // Every point is a config the kernel accepts, and maps back to itself.
     for (const Point& p : all_points(s.sizes())) {
       Config c = s.config_at(p);
@@ -244,7 +245,7 @@ TEST_CASE("autotune space: knobs registered by a lowering") {
   CHECK(find_dim(s, "raster_group")->values == std::vector<int64_t>{1, 4, 8});
   CHECK(s.size() == s80.size() * 6);
   CHECK(find_dim(s80, "warp_specialize") == nullptr);
-  CHECK(after.size() == s80.size());
+  CHECK(after.size() == s80.size() * 2);   // the generic tensor-core lowering's warp_specialize stays
   // Knobs at their fallback stay out of the config: the default point prints as the default.
   Config base = s.config_at(s.point_of(default_config(f)));
   CHECK(base.knobs.empty());
@@ -280,7 +281,7 @@ TEST_CASE("autotune space: restricted by hand (--only)") {
   CHECK(find_dim(s, "num_warps") == nullptr);
   CHECK(s.base().num_warps == 4);
   CHECK(s.base().num_stages == 3);
-  CHECK(s.size() == 2 * 5 * 3);   // m, n, simt_vec
+  CHECK(s.size() == 2 * 5 * 3 * 2);   // m, n, simt_vec, warp_specialize
   SpaceOptions bad;
   CHECK_THROWS_AS(parse_only("m=", bad), Error);
   CHECK_THROWS_AS(parse_only("m=12x", bad), Error);

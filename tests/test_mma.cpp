@@ -197,7 +197,8 @@ TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a 
        R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":2})", R"(m64n64k32\.f32\.e4m3\.e4m3)"},
   };
   for (const Case& c : cases) {
-    CAPTURE(c.what);
+    const std::string what = c.what;
+    CAPTURE(what);
     const auto g = codegen::generate_cuda(c.f(), cfg(c.config), Target{});
     INFO(g.source);
     CHECK(g.lowering == "tensor cores (wgmma)");
@@ -207,6 +208,7 @@ TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a 
     CHECK(contains(r.ptx, "cp.async.bulk.tensor"));
     CHECK(contains(r.ptx, "wgmma.wait_group.sync.aligned"));
     const tj_test::PtxasInfo info = tj_test::ptxas_info(r.log);
+    INFO(r.log);
     CHECK(info.spill_stores == 0);
     CHECK_FALSE(contains(r.log, "serialized"));   // ptxas did not serialize the wgmmas
   }

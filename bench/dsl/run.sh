@@ -38,8 +38,8 @@ if has check; then
   step tests 300 $B/tilejit_tests -tc="$TESTS"
 fi
 if has sanitize; then
-  step memcheck 400 compute-sanitizer --tool memcheck $B/tilejit_tests -tc="$TESTS"
-  step racecheck 500 compute-sanitizer --tool racecheck $B/tilejit_tests -tc="gpu: README attention on the tensor cores*"
+  step memcheck 240 compute-sanitizer --tool memcheck $B/tilejit_tests -tc="$TESTS"
+  step racecheck 240 compute-sanitizer --tool racecheck $B/tilejit_tests -tc="gpu: README attention on the tensor cores*"
 fi
 if has bench; then
   step bench_dsl 420 $B/bench_dsl --out "$LOGS/tilejit.jsonl" ${BENCH_ARGS:-}

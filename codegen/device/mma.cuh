@@ -168,6 +168,21 @@ TJ_DEV void wgmma_rs(float* acc, const unsigned* a, unsigned b_base, int accumul
                                                                OB::desc(b_base, NC * c, 32 * s), (accumulate || s > 0) ? 1 : 0);
 }
 
+// A register tile in the accumulator layout (rows M, columns K) as the A fragments of register-A
+// wgmmas: a[RB][K * element bytes / 32][4] (16-bit: the pairs as they are; fp8: bytes moved
+// across each quad, exact).
+template <int T, int RB, int K, class L>
+TJ_DEV void tile_to_a_frag(const Tile<float, L>& x, unsigned* a) {
+  constexpr int KS = (T == WG_BF16 || T == WG_F16) ? K / 16 : K / 32;
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    const float* d = x.v + b * (K / 2);
+    if constexpr (T == WG_BF16) acc_to_a_bf16<K>(d, a + b * KS * 4);
+    else if constexpr (T == WG_F16) acc_to_a_f16<K>(d, a + b * KS * 4);
+    else acc_to_a_fp8<K, T>(d, a + b * KS * 4);
+  }
+}
+
 // Keeps the compiler from moving reads or writes of an in-flight accumulator across the wgmma
 // issue and wait (every register of the tile).
 template <class T, class L>
@@ -178,6 +193,17 @@ TJ_DEV void fence_tile(Tile<T, L>& t) {
 #endif
 
 // ---------------------------------------------------------------- operands from registers
+// x with the columns at or past ke - kb set to 0 (a dot's k range on its a operand's columns).
+template <class T, class L>
+TJ_DEV Tile<T, L> mask_k_cols(const Tile<T, L>& x, long long kb, long long ke) {
+  Tile<T, L> out;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) out.v[L::idx(i, j)] = kb + L::coord_c(j) < ke ? x.v[L::idx(i, j)] : T(0);
+  return out;
+}
+
 // Writes a register tile [D0, D1] (any layout; E the element type) into the operand tile O at
 // `base` (a generic pointer to shared memory): ROWS_DIM names the tile dim that indexes O's rows
 // (K-major: M or N; MN-major: K), the other one its bytes. With KMASK, elements whose k
@@ -202,11 +228,11 @@ TJ_DEV void stage_operand(const Tile<typename E::reg, L>& x, unsigned char* base
 
 // Zeroes the K positions from `from` on of a staged operand tile (a tile that runs past its
 // dot's k range): K-major, the bytes of every row from position `from`; MN-major, the rows from
-// `from`. Every thread of the block calls it.
-template <class O, bool MN>
+// `from`. The NTHREADS threads that hold tiles call it.
+template <class O, bool MN, int NTHREADS>
 TJ_DEV void zero_k_tail(unsigned tile, int from) {
   constexpr int R = O::rows, KB = O::row_bytes;
-  const int nthreads = (int)(blockDim.x);
+  constexpr int nthreads = NTHREADS;
   if (from < 0) from = 0;
   const int first = MN ? from * KB : from * O::elem_bytes;   // MN: first byte of row `from`
   for (int b = (int)threadIdx.x; b < R * KB; b += nthreads) {

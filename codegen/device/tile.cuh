@@ -29,7 +29,7 @@
 // columns (the "column slice", broadcast as [1, C] for free); a rank-1 tile in a kernel without
 // rank-2 tiles uses Arr<1, 32, 1, W>: thread t holds elements t, t + 32W, ...
 //
-// Every function is uniform: all threads of the block call it (some use __syncthreads).
+// Every function is uniform: all threads of the tiles' warps call it (some use sync_threads).
 // Scratch shared memory comes from the caller (one dynamic buffer reused by every op).
 #include "fp8.cuh"
 
@@ -59,6 +59,17 @@ TJ_DEV void griddep_wait() {
 TJ_DEV void griddep_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------- block barrier
+// The barrier of the threads that hold tiles: the whole block, or, in a kernel with a producer
+// warpgroup (which never holds tiles), the TJ_TILE_THREADS threads before it (named barrier 1).
+TJ_DEV void sync_threads() {
+#if defined(TJ_TILE_THREADS) && defined(__CUDA_ARCH__)
+  asm volatile("bar.sync 1, %0;" ::"n"(TJ_TILE_THREADS) : "memory");
+#else
+  __syncthreads();
 #endif
 }
 
@@ -479,13 +490,13 @@ TJ_DEV Tile<T, LD> broadcast(const Tile<T, LS>& x) {
 template <class LD, int DR, int DC, int SR, int SC, class T, class LS>
 TJ_DEV Tile<T, LD> exchange(const Tile<T, LS>& x, void* smem) {
   T* s = static_cast<T*>(smem);
-  __syncthreads();
+  sync_threads();
 #pragma unroll
   for (int i = 0; i < LS::sr; ++i)
 #pragma unroll
     for (int j = 0; j < LS::sc; ++j)
       if (LS::primary_r(i) && LS::primary_c(j)) s[LS::coord_r(i) * SR + LS::coord_c(j) * SC] = x.v[LS::idx(i, j)];
-  __syncthreads();
+  sync_threads();
   Tile<T, LD> out;
 #pragma unroll
   for (int i = 0; i < LD::sr; ++i)
@@ -536,11 +547,11 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
     }
     if constexpr (A::warps_c > 1) {
       float* s = static_cast<float*>(smem);
-      __syncthreads();
+      sync_threads();
       if (A::lane() % A::lanes_c == 0)
 #pragma unroll
         for (int i = 0; i < L::sr; ++i) s[L::raw_r(i) * A::warps_c + A::warp() % A::warps_c] = out.v[i];
-      __syncthreads();
+      sync_threads();
 #pragma unroll
       for (int i = 0; i < L::sr; ++i) {
         float acc = Op::identity();
@@ -562,11 +573,11 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
     }
     if constexpr (A::warps_r > 1) {
       float* s = static_cast<float*>(smem);
-      __syncthreads();
+      sync_threads();
       if (A::lane() / A::lanes_c == 0)
 #pragma unroll
         for (int j = 0; j < L::sc; ++j) s[L::raw_c(j) * A::warps_r + A::warp() / A::warps_c] = out.v[j];
-      __syncthreads();
+      sync_threads();
 #pragma unroll
       for (int j = 0; j < L::sc; ++j) {
         float acc = Op::identity();
@@ -622,10 +633,10 @@ TJ_DEV Tile<float, LO> dot(const Tile<float, LA>& a, const Tile<float, LB>& b, c
   using S = DotSmem<M, N, K>;
   float* sa = static_cast<float*>(smem);
   float* sb = sa + M * S::pa;
-  __syncthreads();
+  sync_threads();
   detail::stage<TA ? 1 : S::pa, TA ? S::pa : 1, TA ? 0 : 1, KMASK>(a, sa, kb, ke);
   detail::stage<TB ? 1 : S::pb, TB ? S::pb : 1, TB ? 1 : 0, KMASK>(b, sb, kb, ke);
-  __syncthreads();
+  sync_threads();
   Tile<float, LO> out = acc;
   int ra[LO::sr], cb[LO::sc];
 #pragma unroll

@@ -1,0 +1,88 @@
+// The generic tensor-core lowering's untuned config and tunables (see mma_config.h).
+#include "codegen/mma_config.h"
+
+#include <algorithm>
+#include <set>
+
+#include "codegen/lowering.h"
+#include "codegen/mma_plan.h"
+#include "core/error.h"
+
+namespace tj::codegen {
+
+namespace {
+
+// The ids of the blocks that size a launch loop's tiles.
+std::set<int> launch_blocks(const ir::Function& f) {
+  std::set<int> out;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.kind == ir::OpKind::loop && op.launch && op.loop_kind == ir::LoopKind::tile) out.insert(op.block_id);
+  });
+  return out;
+}
+
+void set_block(const ir::Function& f, Config& c, const Dim& d, int64_t size, std::set<int64_t>& chosen) {
+  if (!d.is_block() || !chosen.insert(d.value).second) return;
+  const ir::BlockSymbol& b = f.blocks.at(d.value);
+  if (b.fixed <= 0) c.blocks[b.name] = size;
+}
+
+}  // namespace
+
+std::optional<Config> mma_default_config(const ir::Function& f, const Target& t) {
+  if (!t.has_wgmma()) return std::nullopt;
+  std::vector<const ir::Op*> dots;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.kind == ir::OpKind::dot) dots.push_back(&op);
+  });
+  if (dots.empty()) return std::nullopt;
+  // Two warpgroups of 64 rows each; 256 columns where the columns are a launch loop's tiles (a
+  // GEMM's: wide wgmmas read A once per 256 columns), 128 where a loop inside the program steps
+  // over them (attention's keys: the scores, their exp2 and the output share the registers);
+  // K steps of 128 bytes.
+  Config c = default_config(f);
+  c.num_warps = 8;
+  const std::set<int> launch = launch_blocks(f);
+  std::set<int64_t> chosen;   // blocks sized here (the first dot that names one decides)
+  for (const ir::Op* d : dots) {
+    const TileType& r = f.type(d->result);
+    const TileType& a = f.type(d->operands[0]);
+    if (r.rank() != 2 || a.rank() != 2) continue;
+    set_block(f, c, r.shape[0], 128, chosen);
+    const bool wide = r.shape[1].is_block() && launch.count(static_cast<int>(r.shape[1].value));
+    set_block(f, c, r.shape[1], wide ? 256 : 128, chosen);
+    set_block(f, c, a.shape[1], 128 / size_bytes(a.dtype), chosen);
+  }
+  // As many stages as fit the shared memory, from 4 down.
+  for (int stages = 4; stages >= 1; --stages) {
+    c.num_stages = stages;
+    MmaPlan p = plan_mma(f, c, t);
+    if (p.dots.empty()) return std::nullopt;   // the dots do not fit wgmma even so: not ours
+    finish_mma_plan(p, [](int) { return false; });
+    if (p.smem_bytes + 1024 + 8192 <= t.max_smem_per_block()) return c;
+  }
+  return std::nullopt;
+}
+
+namespace {
+const bool registered = [] {
+  register_knob_provider("mma", [](const ir::Function& f, const std::string& arch) {
+    std::vector<Knob> knobs;
+    Target t;
+    try {
+      t = Target::parse(arch);
+    } catch (const Error&) {
+      return knobs;
+    }
+    const std::optional<Config> c = mma_default_config(f, t);
+    if (!c) return knobs;
+    const MmaPlan p = plan_mma(f, *c, t);
+    if (std::any_of(p.staged.begin(), p.staged.end(), [](const StagedLoad& s) { return s.producer; }))
+      knobs.push_back({"warp_specialize", {0, 1}, 1});
+    return knobs;
+  });
+  return true;
+}();
+}  // namespace
+
+}  // namespace tj::codegen
