@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "codegen/layout.h"
 #include "codegen/lowering.h"
 #include "codegen/mma_plan.h"
 #include "core/error.h"
@@ -53,12 +54,27 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
     set_block(f, c, r.shape[1], wide ? 256 : 128, chosen);
     set_block(f, c, a.shape[1], 128 / size_bytes(a.dtype), chosen);
   }
+  // The accumulators of all its dots share the registers: halve the widest dot's columns until they
+  // take at most 160 of a thread's (of 232; the rest for the operands and the epilogue).
+  for (int guard = 0; guard < 8; ++guard) {
+    const MmaPlan p = plan_mma(f, c, t);
+    int64_t regs = 0;
+    const MmaDot* widest = nullptr;   // of the dots whose columns are a tunable block
+    for (const MmaDot& d : p.dots) {
+      regs += d.m * d.n / (32 * c.num_warps);
+      const Dim& n = f.type(d.op->result).shape[1];
+      if (n.is_block() && f.blocks.at(n.value).fixed <= 0 && d.n > 64 && (!widest || d.n > widest->n)) widest = &d;
+    }
+    if (regs <= 160 || !widest) break;
+    c.blocks[f.blocks.at(f.type(widest->op->result).shape[1].value).name] = widest->n / 2;
+  }
   // As many stages as fit the shared memory, from 4 down.
   for (int stages = 4; stages >= 1; --stages) {
     c.num_stages = stages;
     MmaPlan p = plan_mma(f, c, t);
     if (p.dots.empty()) return std::nullopt;   // the dots do not fit wgmma even so: not ours
-    finish_mma_plan(p, [](int) { return false; });
+    const LayoutPlan layouts = assign_layouts(f, c, t, &p);
+    finish_mma_plan(p, [&](int v) { return layouts.of(v).is_mma(); });
     if (p.smem_bytes + 1024 + 8192 <= t.max_smem_per_block()) return c;
   }
   return std::nullopt;
