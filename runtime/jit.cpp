@@ -5,6 +5,9 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
+#include <cstdio>
+#include <cstdlib>
 
 #include "codegen/lowering.h"
 #include "codegen/device_library.h"
@@ -399,8 +402,40 @@ int64_t count_programs(const Kernel& k, const CompiledKernel& ck, const std::vec
   return launch_shape(ck.ir, ck.config, param_args).programs;
 }
 
+namespace {
+struct Reports {
+  std::mutex mutex;
+  std::set<std::string> seen;
+  std::vector<std::string> list;
+};
+Reports& reports() {
+  static Reports r;
+  return r;
+}
+
+// Once per kernel and note: no dot falls back to the SIMT path unannounced.
+void report_simt_dots(const CompiledKernel& ck) {
+  Reports& r = reports();
+  std::lock_guard lock(r.mutex);
+  for (const std::string& note : ck.generated.notes) {
+    const std::string line = fmt::format("tilejit: kernel '{}': {} -- it stays on the SIMT path (no tensor cores)", ck.ir.name,
+                                         note);
+    if (!r.seen.insert(line).second) continue;
+    r.list.push_back(line);
+    if (!std::getenv("TILEJIT_QUIET")) std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+}  // namespace
+
+std::vector<std::string> simt_dot_reports() {
+  Reports& r = reports();
+  std::lock_guard lock(r.mutex);
+  return r.list;
+}
+
 void launch_compiled(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args, const LaunchGeometry& g,
                      const LaunchOptions& options) {
+  if (!ck.generated.notes.empty()) report_simt_dots(ck);
   PackedArgs packed = pack(k, ck.ir, args);
   check_aligned_operands(k, ck, args);
   pack_tma(k, ck, args, packed);

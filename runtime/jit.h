@@ -106,9 +106,15 @@ int64_t count_programs(const Kernel& k, const CompiledKernel& ck, const std::vec
 
 // Packs `args` (and the TMA descriptors `ck` asks for), checks the operands it reads in 16-byte
 // pieces and launches `ck` with geometry `g` on options.stream. tj::launch (autotune/launch.h)
-// chooses the kernel and the geometry.
+// chooses the kernel and the geometry. A kernel whose dots the generic lowering left on the SIMT
+// path (GeneratedKernel::notes) is reported on its first launch (simt_dot_reports).
 void launch_compiled(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args, const LaunchGeometry& g,
                      const LaunchOptions& options);
+
+// What launches reported so far, in order: "tilejit: kernel 'k': dot at file:line stays on the SIMT
+// path (no tensor cores): <reason>", once per kernel and dot. Each is also written to stderr unless
+// $TILEJIT_QUIET is set.
+std::vector<std::string> simt_dot_reports();
 
 // The tensor map a lowering's TmaOperand describes, for `t`; throws tj::Error naming the
 // kernel and parameter when the layout forbids TMA (alignment, strides, contiguity).

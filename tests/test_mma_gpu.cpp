@@ -151,3 +151,22 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
     CHECK(o.rel_rmse < c.tol);
   }
 }
+
+TEST_CASE("gpu: a launch whose dots stay on the SIMT path says so once, with the dot's line and the reason") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(3);
+  std::vector<HostTensor> t = {random_tensor(DType::f32, {64, 64}, rng), random_tensor(DType::f32, {64, 64}, rng),
+                               random_tensor(DType::f32, {64}, rng), HostTensor(DType::bf16, {64, 64})};
+  const Config c = Config::from_json(R"({"blocks":{"m":64,"n":64,"k":32},"knobs":{"lowering":0}})");
+  for (int launch = 0; launch < 2; ++launch) {
+    const Outcome o = run_both(examples::gemm_bias_gelu(false), t, {}, 3, c);
+    CHECK(o.lowering == "simt");
+    CHECK(o.rel_rmse < 1e-2);
+  }
+  int found = 0;
+  for (const std::string& r : simt_dot_reports())
+    if (r.find("kernel 'gemm_bias_gelu_nk': dot at ") != std::string::npos && r.find("user_kernels.cpp:") != std::string::npos &&
+        r.find("operands f32 x f32") != std::string::npos && r.find("stays on the SIMT path") != std::string::npos)
+      ++found;
+  CHECK(found == 1);
+}

@@ -21,9 +21,13 @@ int show(const ProblemOptions& o, bool ir, bool ptx) {
   req.load = false;
   const CompiledKernel& ck = compile(r.entry->get(), r.specs, r.config, req);
   if (ptx) fmt::print("{}", ck.ptx);
-  else fmt::print("// tilejit: kernel {} for {}, config {}\n// {} threads, {} bytes of dynamic shared memory\n{}",
-                  r.entry->name, ck.arch, r.config.to_json(), ck.generated.threads, ck.generated.dynamic_smem_bytes,
-                  ck.generated.source);
+  else {
+    fmt::print("// tilejit: kernel {} for {}, config {}\n// lowering: {}; {} threads, {} bytes of dynamic shared memory\n",
+               r.entry->name, ck.arch, r.config.to_json(), ck.generated.lowering, ck.generated.threads,
+               ck.generated.dynamic_smem_bytes);
+    for (const std::string& note : ck.generated.notes) fmt::print("// on the SIMT path: {}\n", note);
+    fmt::print("{}", ck.generated.source);
+  }
   return 0;
 }
 
