@@ -393,7 +393,7 @@ void Emitter::emit_launch() {
   if (starts_early_) line("tj::dev::griddep_launch_dependents();  // the next kernel on the stream may start");
   if (chain.empty()) {
     line("// One program: no launch loops.");
-    if (mma_.producer_warp) emit_producer(regions, chain);
+    if (mma_.producer_warp) emit_producer(regions, chain, [] {}, [] {});
     emit_region(f_.body);
     return;
   }
@@ -413,8 +413,6 @@ void Emitter::emit_launch() {
     for (const Op& op : regions[k]->ops)
       if (hoisted_.count(&op)) emit_op(op);
 
-  line("// This block runs one program of the launch nest (innermost launch loop fastest).");
-  line("const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * (long long)gridDim.x;");
   std::string total;
   for (size_t k = 0; k < n; ++k) {
     const Op& l = *chain[k];
@@ -433,29 +431,75 @@ void Emitter::emit_launch() {
     line(fmt::format("const long long tj_n{} = {};", k, extent), &l.loc);
     total += (total.empty() ? "" : " * ") + fmt::format("tj_n{}", k);
   }
-  // (A block without a program still waits: no kernel may finish before the one it started beside.)
-  line(starts_early_ ? fmt::format("if (tj_pid >= {}) {{ tj::dev::griddep_wait(); return; }}", total)
-                     : fmt::format("if (tj_pid >= {}) return;", total));
-  for (size_t k = 0; k < n; ++k) {
-    const Op& l = *chain[k];
-    std::string stride;
-    for (size_t j = k + 1; j < n; ++j) stride += (stride.empty() ? "" : " * ") + fmt::format("tj_n{}", j);
-    std::string i = stride.empty() ? "tj_pid" : n - k > 2 ? fmt::format("tj_pid / ({})", stride) : fmt::format("tj_pid / {}", stride);
-    if (k > 0) i = fmt::format("{} % tj_n{}", i, k);
-    Range br = range(l.operands[0]);
-    const std::string b = br.constant() && br.lo == 0 ? "" : ref(l.operands[0]) + " + ";
-    const std::string bs = l.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, l.block_id), DType::i64) : "";
-    std::string value = l.loop_kind == ir::LoopKind::grid ? b + i
-                        : k > 0 || n - k > 1      ? fmt::format("{}({}) * {}", b, i, bs)
-                                                  : fmt::format("{}{} * {}", b, i, bs);
-    names_[l.body_index] = fmt::format("v{}", l.body_index);
-    line(fmt::format("const long long v{} = {};", l.body_index, value), &l.loc);
+  line(fmt::format("const long long tj_total = {};   // programs", total));
+  if (persistent_) {
+    line("(void)tj_programs;   // persistent: the launch's blocks loop over the programs");
+  } else {
+    line("// This block runs one program of the launch nest (innermost launch loop fastest).");
+    line("const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * (long long)gridDim.x;");
+    // (A block without a program still waits: no kernel may finish before the one it started beside.)
+    line(starts_early_ ? "if (tj_pid >= tj_total) { tj::dev::griddep_wait(); return; }" : "if (tj_pid >= tj_total) return;");
   }
-  if (mma_.producer_warp) emit_producer(regions, chain);
+  // The program's launch-loop indices from tj_pid: innermost fastest, or, with knob raster_group
+  // G > 1, the last two tile loops in groups of G tiles of the outer one (neighbouring programs
+  // then share operand tiles in L2).
+  const bool raster = raster_group_ > 1 && n >= 2 && chain[n - 2]->loop_kind == ir::LoopKind::tile &&
+                      chain[n - 1]->loop_kind == ir::LoopKind::tile;
+  auto decode = [&] {
+    std::vector<std::string> idx(n);
+    const size_t plain = raster ? n - 2 : n;   // loops decoded innermost fastest
+    const std::string pid = raster ? "tj_outer" : "tj_pid";
+    if (raster) {
+      const std::string na = fmt::format("tj_n{}", n - 2), nb = fmt::format("tj_n{}", n - 1);
+      if (n > 2) line(fmt::format("const long long tj_outer = tj_pid / ({} * {});", na, nb));
+      line(fmt::format("const long long tj_pair = tj_pid % ({} * {});", na, nb));
+      line(fmt::format("const long long tj_gsize = {}LL * {}, tj_g0 = tj_pair / tj_gsize * {}LL;", raster_group_, nb,
+                       raster_group_));
+      line(fmt::format("const long long tj_gh = tj::dev::imin<long long>({} - tj_g0, {}LL);   // raster group {}", na,
+                       raster_group_, raster_group_));
+      idx[n - 2] = "tj_g0 + tj_pair % tj_gsize % tj_gh";
+      idx[n - 1] = "tj_pair % tj_gsize / tj_gh";
+    }
+    for (size_t k = 0; k < plain; ++k) {
+      std::string stride;
+      for (size_t j = k + 1; j < plain; ++j) stride += (stride.empty() ? "" : " * ") + fmt::format("tj_n{}", j);
+      std::string i = stride.empty() ? pid : plain - k > 2 ? fmt::format("{} / ({})", pid, stride) : fmt::format("{} / {}", pid, stride);
+      if (k > 0) i = fmt::format("{} % tj_n{}", i, k);
+      idx[k] = i;
+    }
+    for (size_t k = 0; k < n; ++k) {
+      const Op& l = *chain[k];
+      Range br = range(l.operands[0]);
+      const std::string b = br.constant() && br.lo == 0 ? "" : ref(l.operands[0]) + " + ";
+      const std::string bs = l.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, l.block_id), DType::i64) : "";
+      const std::string& i = idx[k];
+      std::string value = l.loop_kind == ir::LoopKind::grid ? b + i
+                          : i != "tj_pid"                   ? fmt::format("{}({}) * {}", b, i, bs)
+                                                            : fmt::format("{}{} * {}", b, i, bs);
+      names_[l.body_index] = fmt::format("v{}", l.body_index);
+      line(fmt::format("const long long v{} = {};", l.body_index, value), &l.loc);
+    }
+  };
+  auto program_begin = [&] {
+    if (persistent_) {
+      line("for (long long tj_pid = blockIdx.x; tj_pid < tj_total; tj_pid += gridDim.x) {   // this block's programs");
+      ++indent_;
+    }
+    decode();
+  };
+  auto program_end = [&] {
+    if (persistent_) {
+      --indent_;
+      line("}");
+    }
+  };
+  if (mma_.producer_warp) emit_producer(regions, chain, program_begin, program_end);
+  program_begin();
   for (size_t k = 0; k < n; ++k)
     for (const Op& op : regions[k]->ops)
       if (&op != chain[k] && !hoisted_.count(&op)) emit_op(op);
   emit_region(*regions[n]);
+  program_end();
 }
 
 namespace {
@@ -756,6 +800,7 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
   }
   for (size_t i = 0; i < mma_.tmas.size(); ++i)
     params.push_back(fmt::format("const __grid_constant__ tj::dev::TmaDescriptor tj_tma{}", i));
+  if (persistent_) params.push_back("long long tj_programs");   // the ABI of persistent kernels (cuda_emitter.h)
   // Knob simt_min_blocks: ptxas keeps the registers low enough for that many blocks per SM
   // (__launch_bounds__'s second argument). A streaming kernel whose loads wait on DRAM may want the
   // blocks more than the registers: chunk_amax at 99 registers ran two blocks of 256 threads per SM
@@ -805,6 +850,10 @@ GeneratedKernel Emitter::run() {
   target_.validate();
   passes::verify(f_);
   if (cfg_.knob("mma", 1) != 0) mma_ = plan_mma(f_, cfg_, target_);
+  persistent_ = cfg_.knob("persistent", 0) != 0;
+  raster_group_ = cfg_.knob("raster_group", 1);
+  if (raster_group_ < 1 || raster_group_ > 64)
+    throw Error(fmt::format("kernel '{}': knob raster_group must be in [1, 64] (1: off), got {}", f_.name, raster_group_));
   plan_ = assign_layouts(f_, cfg_, target_, &mma_);
   finish_mma_plan(mma_, [&](int v) { return plan_.of(v).is_mma(); });
   async_ = plan_async(f_, mma_);
@@ -839,6 +888,8 @@ GeneratedKernel Emitter::run() {
   k.threads = plan_.threads + (mma_.producer_warp ? 128 : 0);
   k.dynamic_smem_bytes = static_cast<size_t>(tc_bytes + (smem_ + 15) / 16 * 16);
   k.starts_early = starts_early_;
+  k.persistent = persistent_;
+  k.blocks_per_sm = 1;
   smem_ = static_cast<int64_t>(k.dynamic_smem_bytes);
   emit_header(k.source, k.entry);
   k.source += body_;

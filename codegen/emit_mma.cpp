@@ -209,7 +209,8 @@ bool holds_producer_load(const Op& op, const MmaPlan& mma) {
 }
 }  // namespace
 
-void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain) {
+void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain,
+                            const std::function<void()>& program_begin, const std::function<void()>& program_end) {
   // The scalars the fills and the loops around them need.
   std::vector<int> work;
   for (const StagedLoad& s : mma_.staged) {
@@ -239,10 +240,12 @@ void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const
   if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_dec<{}>();", producer_regs));
   line(fmt::format("if (threadIdx.x == {}) {{", plan_.threads));
   ++indent_;
+  program_begin();
   for (size_t k = 0; k < chain.size(); ++k)
     for (const Op& op : regions[k]->ops)
       if (&op != chain[k] && !hoisted_.count(&op)) emit_producer_op(op);
   for (const Op& op : regions[chain.size()]->ops) emit_producer_op(op);
+  program_end();
   --indent_;
   line("}");
   line("return;");

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -84,6 +85,8 @@ class Emitter {
   const Target& target_;
   const bool start_early_;   // asked for (generate_simt)
   LayoutPlan plan_;
+  bool persistent_ = false;              // knob persistent: blocks loop over the programs
+  int64_t raster_group_ = 1;             // knob raster_group
   MmaPlan mma_;                          // the dots on the tensor cores (empty: a SIMT kernel)
   AsyncPlan async_;                      // their waits and slot releases
   bool fast_math_ = false;
@@ -191,7 +194,10 @@ class Emitter {
   std::string dot_dest(const Op& dot) const;   // the registers a tensor-core dot accumulates in
   // The producer warpgroup's branch (MmaPlan::producer_warp), right after the launch decode: the
   // loop nest's scalars and loops that hold its fills, and the fills (by its first thread).
-  void emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain);
+  // `program_begin` / `program_end` open and close one program (the persistent loop over programs
+  // and the launch-loop decode).
+  void emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain,
+                     const std::function<void()>& program_begin, const std::function<void()>& program_end);
   void emit_producer_op(const Op& op);
   std::set<int> producer_needs_;
   std::map<int, std::string> pending_dest_;    // dot result value -> its registers' name

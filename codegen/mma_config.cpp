@@ -95,6 +95,8 @@ const bool registered = [] {
     const MmaPlan p = plan_mma(f, *c, t);
     if (std::any_of(p.staged.begin(), p.staged.end(), [](const StagedLoad& s) { return s.producer; }))
       knobs.push_back({"warp_specialize", {0, 1}, 1});
+    knobs.push_back({"persistent", {0, 1}, 0});
+    knobs.push_back({"raster_group", {1, 8}, 1});
     return knobs;
   });
   return true;

@@ -195,8 +195,8 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
     CHECK(find_dim(s, "num_stages")->values == std::vector<int64_t>{1, 2, 3, 4});
     CHECK(find_dim(s, "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
     CHECK(find_dim(s, "warp_specialize")->values == std::vector<int64_t>{0, 1});   // the generic tensor-core lowering's
-    CHECK(s.size() == 5 * 5 * 3 * 4 * 3 * 2);
-    CHECK(s.describe().find("= 1800 points") != std::string::npos);
+    CHECK(s.size() == 5 * 5 * 3 * 4 * 3 * 2 * 2 * 2);   // and persistent, raster_group
+    CHECK(s.describe().find("= 7200 points") != std::string::npos);
     // Every point is a config the kernel accepts, and maps back to itself.
     for (const Point& p : all_points(s.sizes())) {
       Config c = s.config_at(p);
@@ -228,8 +228,8 @@ TEST_CASE("autotune space: knobs registered by a lowering") {
   codegen::register_knob_provider("test-lowering", [](const ir::Function& fn, const std::string& arch) {
     std::vector<Knob> out;
     if (arch == "sm_90a" && fn.name == "attention") {
-      out.push_back(Knob{knob_names::warp_specialize, {0, 1}, 0});
-      out.push_back(Knob{knob_names::raster_group, {1, 4, 8}, 1});
+      out.push_back(Knob{"test_split", {0, 1}, 0});
+      out.push_back(Knob{"test_group", {1, 4, 8}, 1});
     }
     return out;
   });
@@ -241,19 +241,25 @@ TEST_CASE("autotune space: knobs registered by a lowering") {
   codegen::unregister_knob_provider("test-lowering");
   ConfigSpace after = derive_space(f, o90);
 
-  REQUIRE(find_dim(s, "warp_specialize"));
-  CHECK(find_dim(s, "raster_group")->values == std::vector<int64_t>{1, 4, 8});
-  CHECK(s.size() == s80.size() * 6);
-  CHECK(find_dim(s80, "warp_specialize") == nullptr);
-  CHECK(after.size() == s80.size() * 2);   // the generic tensor-core lowering's warp_specialize stays
+  REQUIRE(find_dim(s, "test_split"));
+  CHECK(find_dim(s, "test_group")->values == std::vector<int64_t>{1, 4, 8});
+  CHECK(s.size() == after.size() * 6);
+  CHECK(find_dim(s80, "test_split") == nullptr);
+  CHECK(find_dim(after, "test_split") == nullptr);
+  // The generic tensor-core lowering's own knobs, on sm_90a only.
+  for (const char* k : {"warp_specialize", "persistent", "raster_group"}) {
+    CAPTURE(std::string(k));
+    CHECK(find_dim(after, k) != nullptr);
+    CHECK(find_dim(s80, k) == nullptr);
+  }
   // Knobs at their fallback stay out of the config: the default point prints as the default.
   Config base = s.config_at(s.point_of(default_config(f)));
   CHECK(base.knobs.empty());
   Point p = s.point_of(default_config(f));
-  p.back() = 2;   // raster_group 8
+  p.back() = 2;   // test_group 8
   Config c = s.config_at(p);
-  CHECK(c.knobs.at("raster_group") == 8);
-  CHECK(c.to_json().find("\"raster_group\":8") != std::string::npos);
+  CHECK(c.knobs.at("test_group") == 8);
+  CHECK(c.to_json().find("\"test_group\":8") != std::string::npos);
   CHECK(Config::from_json(c.to_json()) == c);
   CHECK(s.point_of(Config::from_json(c.to_json())) == p);
 }
@@ -281,7 +287,7 @@ TEST_CASE("autotune space: restricted by hand (--only)") {
   CHECK(find_dim(s, "num_warps") == nullptr);
   CHECK(s.base().num_warps == 4);
   CHECK(s.base().num_stages == 3);
-  CHECK(s.size() == 2 * 5 * 3 * 2);   // m, n, simt_vec, warp_specialize
+  CHECK(s.size() == 2 * 5 * 3 * 2 * 2 * 2);   // m, n, simt_vec, warp_specialize, persistent, raster_group
   SpaceOptions bad;
   CHECK_THROWS_AS(parse_only("m=", bad), Error);
   CHECK_THROWS_AS(parse_only("m=12x", bad), Error);

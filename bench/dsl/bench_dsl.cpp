@@ -103,7 +103,8 @@ Case gemm_case(bool kn, int64_t M, int64_t N, int64_t K, uint64_t seed) {
   c.out = 3;
   c.flops = 2.0 * M * N * K;
   c.paths = {{"generic", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0}})"},
-             {"generic self-loading", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"warp_specialize":0}})"}};
+             {"generic persistent", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"persistent":1}})"},
+             {"generic persistent raster", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"persistent":1,"raster_group":8}})"}};
   if (!kn) c.paths.push_back({"template", ""});   // the GEMM pattern lowering takes this nest whole
   return c;
 }
@@ -162,7 +163,7 @@ int main(int argc, char** argv) {
                 HostTensor(DType::bf16, {Z, n, n})};
       c.out = 2;
       c.flops = 2.0 * Z * n * n * n;
-      c.paths = {{"generic", ""}, {"generic self-loading", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"warp_specialize":0}})"}};
+      c.paths = {{"generic", ""}, {"generic persistent", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"persistent":1,"raster_group":8}})"}};
       cases.push_back(std::move(c));
     }
     if (want("swiglu")) {
@@ -178,7 +179,7 @@ int main(int argc, char** argv) {
       c.flops = 4.0 * M * N * K;
       c.paths = {{"generic", ""},
                  {"generic", R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4})"},
-                 {"generic self-loading", R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4,"knobs":{"warp_specialize":0}})"}};
+                 {"generic persistent", R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4,"knobs":{"persistent":1,"raster_group":8}})"}};
       cases.push_back(std::move(c));
     }
     if (want("attention")) {
@@ -197,13 +198,13 @@ int main(int argc, char** argv) {
           c.flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
           c.paths = {{"generic", ""},
                      {"generic", R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":3})"},
-                     {"generic self-loading", R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"warp_specialize":0}})"},
+                     {"generic persistent", R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1}})"},
                      {"template", ""}};
           cases.push_back(std::move(c));
         }
     }
 
-    std::printf("%-44s %-10s %9s %9s %10s  %s\n", "case", "path", "ms", "TFLOP/s", "rel err", "config");
+    std::printf("%-44s %-26s %9s %9s %10s  %s\n", "case", "path", "ms", "TFLOP/s", "rel err", "config");
     for (Case& c : cases) {
       for (auto& h : c.host) c.dev.push_back(DeviceTensor::from_host(h));
       const std::vector<Arg> args = args_of(c.dev, c.tail);
@@ -308,7 +309,7 @@ int main(int argc, char** argv) {
                                                  [&](CUstream s) { flush.memset_async(0, s); });
         const double ms = bench::median(samples);
         const double tflops = c.flops / (ms * 1e-3) / 1e12;
-        std::printf("%-44s %-10s %9.4f %9.1f %10.2e  %s\n", c.name.c_str(), path.c_str(), ms, tflops, err,
+        std::printf("%-44s %-26s %9.4f %9.1f %10.2e  %s\n", c.name.c_str(), path.c_str(), ms, tflops, err,
                     ck.config.to_json().c_str());
         std::fflush(stdout);
         jsonl << fmt::format(R"({{"problem":"{}","case":"{}","impl":"tilejit {}","lowering":"{}","ms":{},"tflops":{},"rel_err":{},"config":{}}})",

@@ -142,12 +142,15 @@ def merge(args):
              "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: |"]
     for p in order:
         r = rows[p]
-        g = r.get("tilejit generic")
+        generic = [v for k, v in r.items() if k.startswith("tilejit generic")]
+        g = max(generic, key=lambda v: v["tflops"]) if generic else None
         t = r.get("tilejit template")
         peers = {k: v for k, v in r.items() if not k.startswith("tilejit")}
         main = peers.get(MAIN_PEER.get(p.split()[0], ""))
         cfg = json.dumps(g["config"]["blocks"]) if g else ""
         cfg += f" w{g['config'].get('num_warps', 4)} s{g['config'].get('num_stages', 2)}" if g else ""
+        knobs = {k: v for k, v in g["config"].get("knobs", {}).items() if k != "lowering"} if g else {}
+        cfg += "".join(f" {k}={v}" for k, v in knobs.items())
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
             p,
             f"{g['tflops']:.1f}" if g else "-",

@@ -26,16 +26,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_nk(tj::dev::
     tj::dev::fence_mbarrier_init();
   }
   __syncthreads();
-  // This block runs one program of the launch nest (innermost launch loop fastest).
-  const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * (long long)gridDim.x;
   const long long tj_n0 = 4LL;  // @ user_kernels.cpp:32
   const long long tj_n1 = 2LL;  // @ user_kernels.cpp:33
-  if (tj_pid >= tj_n0 * tj_n1) return;
-  const long long v4 = (tj_pid / tj_n1) * 128LL;  // @ user_kernels.cpp:32
-  const long long v6 = (tj_pid % tj_n1) * 128LL;  // @ user_kernels.cpp:33
+  const long long tj_total = tj_n0 * tj_n1;   // programs
+  // This block runs one program of the launch nest (innermost launch loop fastest).
+  const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * (long long)gridDim.x;
+  if (tj_pid >= tj_total) return;
   if (threadIdx.x >= 256) {   // the producer warpgroup: TMA fills of the staged operands, ahead of use
     tj::dev::setmaxnreg_dec<40>();
     if (threadIdx.x == 256) {
+      const long long v4 = (tj_pid / tj_n1) * 128LL;  // @ user_kernels.cpp:32
+      const long long v6 = (tj_pid % tj_n1) * 128LL;  // @ user_kernels.cpp:33
       for (long long v10 = 0LL; v10 < 1024LL; v10 += 64LL) {  // @ user_kernels.cpp:35
         {
           const unsigned tj_f = tj_use0++;
@@ -54,6 +55,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_nk(tj::dev::
     return;
   }
   tj::dev::setmaxnreg_inc<232>();   // the tiles' warpgroups take the producer's registers
+  const long long v4 = (tj_pid / tj_n1) * 128LL;  // @ user_kernels.cpp:32
+  const long long v6 = (tj_pid % tj_n1) * 128LL;  // @ user_kernels.cpp:33
   const tj::dev::Tile<float, M128x128> v7 = tj::dev::full<M128x128>(0.0f);  // @ user_kernels.cpp:34
   tj::dev::Tile<float, M128x128> var8 = v7;  // @ user_kernels.cpp:34
   const unsigned tj_first0 = tj_use0;   // ring 0: this run of the loop's first use
