@@ -77,7 +77,6 @@ class Planner {
       if (op.body) find_anchors(*op.body);
       for (size_t i = 0; i < mma_.staged.size(); ++i) {
         const StagedLoad& s = mma_.staged[i];
-        if (!s.home) continue;
         bool in_region = false;
         for (const Op& o : r.ops) in_region |= &o == s.op;
         if (!in_region) continue;

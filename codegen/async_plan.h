@@ -13,10 +13,10 @@
 //     in flight while the next iteration's are issued);
 //   - at the exit of a loop whose dots read staged slots, and before a loop when anything is
 //     pending (loops start and end with nothing in flight that they do not own).
-// A staged load's slot (its use in one iteration of its home loop) is released once every
-// reader of that iteration has completed: its last reader's group, or the loop holding its
-// last reader, at that loop's exit. Staged loads outside any loop inside the program are
-// filled once per program and never released.
+// A staged load's slot (its use in one iteration of its home loop, or in one program for a load
+// outside any loop inside the program) is released once every reader of that use has completed:
+// its last reader's group, or the loop holding its last reader, at that loop's exit. (A block
+// that loops over programs, knob persistent, fills those slots again for its next program.)
 #include <map>
 #include <vector>
 

@@ -890,6 +890,8 @@ GeneratedKernel Emitter::run() {
   k.starts_early = starts_early_;
   k.persistent = persistent_;
   k.blocks_per_sm = 1;
+  // Knob persistent_blocks caps the persistent grid (tests make every block loop over programs).
+  k.max_blocks = persistent_ ? cfg_.knob("persistent_blocks", 0) : 0;
   smem_ = static_cast<int64_t>(k.dynamic_smem_bytes);
   emit_header(k.source, k.entry);
   k.source += body_;

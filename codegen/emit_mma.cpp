@@ -168,6 +168,10 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
   for (const AsyncPlan::Release& r : w.releases) {
     const StagedLoad& s = mma_.staged[r.staged];
     const int i = staged_index(s);
+    if (!s.home) {   // once per program
+      line(fmt::format("tj_r{0}.release(tj_u{0});   // ring {0}: this program's use", i));
+      continue;
+    }
     const Op& home = *s.home;
     const std::string step =
         home.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, home.block_id), DType::i64) : "1LL";

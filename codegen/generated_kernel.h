@@ -37,6 +37,7 @@ struct GeneratedKernel {
   // the program count is passed after the descriptors as `long long tj_programs`.
   bool persistent = false;
   int blocks_per_sm = 1;
+  int64_t max_blocks = 0;                  // persistent: at most this many blocks (0: no cap)
   // Tensor parameters the kernel reads in 16-byte pieces (cp.async): each needs a 16-byte
   // aligned base address, a contiguous last dim and every other stride a multiple of 16 bytes;
   // the launcher checks (tj::check_aligned16) and names the tensor otherwise.

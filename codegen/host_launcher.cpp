@@ -1230,12 +1230,13 @@ class Emitter {
     B_.SetInsertPoint(some);
 
     // Grid (as launch_geometry): one block per program; persistent kernels at most
-    // SMs * blocks_per_sm blocks; rounded up to a multiple of the cluster size.
+    // SMs * blocks_per_sm blocks (and max_blocks); rounded up to a multiple of the cluster size.
     llvm::Value* grid = programs;
     if (g.persistent) {
       llvm::Value* cap = B_.CreateMul(B_.CreateSExt(sms, i64_), c64(std::max(1, g.blocks_per_sm)));
       cap = B_.CreateSelect(B_.CreateICmpSLT(cap, c64(1)), c64(1), cap);
       grid = B_.CreateSelect(B_.CreateICmpSLT(cap, grid), cap, grid);
+      if (g.max_blocks > 0) grid = B_.CreateSelect(B_.CreateICmpSLT(c64(g.max_blocks), grid), c64(g.max_blocks), grid);
     }
     if (g.cluster_x > 1) {
       grid = B_.CreateMul(B_.CreateUDiv(B_.CreateAdd(grid, c64(g.cluster_x - 1)), c64(g.cluster_x)), c64(g.cluster_x));

@@ -377,6 +377,7 @@ LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int s
   g.persistent = gk.persistent;
   int64_t blocks = g.programs;
   if (gk.persistent) blocks = std::min<int64_t>(blocks, static_cast<int64_t>(std::max(sm_count, 1)) * std::max(gk.blocks_per_sm, 1));
+  if (gk.persistent && gk.max_blocks > 0) blocks = std::min<int64_t>(blocks, gk.max_blocks);
   const int64_t cluster = std::max(gk.cluster_x, 1);
   blocks = (blocks + cluster - 1) / cluster * cluster;   // blocks past the last program return at once
   if (blocks > 0x7fffffffLL)

@@ -8,8 +8,9 @@
 #     bench     bench_dsl (user kernels, generic lowering and the library's fast paths), then
 #               peers.py (torch) on the same problems, merged into one table
 #
-# Output under $OUT (default /tmp/out): summary.txt, table.md, dsl_logs.tgz. BENCH_ARGS: extra
-# bench_dsl arguments (e.g. "--cases gemm --quick").
+# Output under $OUT (default /tmp/out): summary.txt, table.md, dsl_logs.tgz. GROUPS: the case groups
+# to time (default "gemm batched swiglu attention"); BENCH_ARGS: extra bench_dsl arguments (e.g.
+# "--quick").
 set -u
 PHASES="${*:-check bench}"
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -33,7 +34,7 @@ step() {  # name, timeout seconds, command...
 }
 say "== tilejit user kernels, phases: $PHASES, $(date -u)"
 (nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>&1 || true) | tee -a "$SUMMARY"
-TESTS='gpu: user GEMMs on the tensor cores*,gpu: README attention on the tensor cores*'
+TESTS='gpu: user GEMMs on the tensor cores*,gpu: README attention on the tensor cores*,gpu: a launch whose dots stay*'
 if has check; then
   step tests 300 $B/tilejit_tests -tc="$TESTS"
 fi
@@ -42,8 +43,13 @@ if has sanitize; then
   step racecheck 240 compute-sanitizer --tool racecheck $B/tilejit_tests -tc="gpu: README attention on the tensor cores*"
 fi
 if has bench; then
-  step bench_dsl 420 $B/bench_dsl --out "$LOGS/tilejit.jsonl" ${BENCH_ARGS:-}
-  cat "$LOGS/bench_dsl.txt"
+  # One bench_dsl run per group of cases, each with its own time limit (a hang costs one group).
+  : > "$LOGS/tilejit.jsonl"
+  for group in ${GROUPS:-gemm batched swiglu attention}; do
+    step "bench_$group" 240 $B/bench_dsl --cases "$group" --out "$LOGS/$group.jsonl" ${BENCH_ARGS:-}
+    cat "$LOGS/bench_$group.txt"
+    cat "$LOGS/$group.jsonl" >> "$LOGS/tilejit.jsonl" 2>/dev/null
+  done
   step peers 300 python3 bench/dsl/peers.py --out "$LOGS/torch.jsonl" --problems "$LOGS/tilejit.jsonl"
   python3 bench/dsl/peers.py --merge "$LOGS/tilejit.jsonl" "$LOGS/torch.jsonl" --table "$OUT/table.md" | tee -a "$SUMMARY"
 fi
