@@ -2,6 +2,8 @@
 #include "codegen/mma_config.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <set>
 
 #include "codegen/layout.h"
@@ -26,6 +28,31 @@ void set_block(const ir::Function& f, Config& c, const Dim& d, int64_t size, std
   if (!d.is_block() || !chosen.insert(d.value).second) return;
   const ir::BlockSymbol& b = f.blocks.at(d.value);
   if (b.fixed <= 0) c.blocks[b.name] = size;
+}
+
+// Whether every program runs the same loop trip counts: no bound of a loop inside the program
+// depends on a launch loop's index.
+bool uniform_work(const ir::Function& f) {
+  std::map<int, const ir::Op*> def;
+  std::set<int> launch_indices;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.result >= 0) def[op.result] = &op;
+    if (op.kind == ir::OpKind::loop && op.launch) launch_indices.insert(op.body_index);
+  });
+  std::function<bool(int, int)> depends = [&](int v, int depth) {
+    if (launch_indices.count(v)) return true;
+    auto it = def.find(v);
+    if (it == def.end() || depth > 64) return false;
+    for (int o : it->second->operands)
+      if (depends(o, depth + 1)) return true;
+    return false;
+  };
+  bool uniform = true;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.kind == ir::OpKind::loop && !op.launch)
+      for (int b : op.operands) uniform = uniform && !depends(b, 0);
+  });
+  return uniform;
 }
 
 }  // namespace
@@ -67,6 +94,14 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
     }
     if (regs <= 160 || !widest) break;
     c.blocks[f.blocks.at(f.type(widest->op->result).shape[1].value).name] = widest->n / 2;
+  }
+  // Programs that all do the same work loop in persistent blocks (the next program's operands load
+  // during this one's epilogue), GEMM-like tile grids in L2-friendly groups. Where a loop's bounds
+  // depend on the program (causal attention), the programs' work differs and the hardware's own
+  // block scheduling balances it better.
+  if (uniform_work(f)) {
+    c.knobs["persistent"] = 1;
+    c.knobs["raster_group"] = 8;
   }
   // As many stages as fit the shared memory, from 4 down.
   for (int stages = 4; stages >= 1; --stages) {
