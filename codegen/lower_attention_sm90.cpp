@@ -19,7 +19,7 @@ namespace tj::codegen {
 namespace {
 
 // L2 budget (MB) for the K and V of the heads whose causal-like tiles run longest first together
-// (knob attn_group_mb; 0: head by head). H100, session 14, causal D 128, S 2048-16384: fp8 was
+// (knob attn_group_mb; 0: head by head). H100, causal D 128, S 2048-16384: fp8 was
 // fastest at 16 (8192: 844 -> 900 TFLOP/s), 16-bit at 8 (8192: 671 -> 697); 32 lost 4% at S 2048
 // and one group of every head lost up to 40%.
 int default_group_mb(bool fp8) { return fp8 ? 16 : 8; }
@@ -231,13 +231,13 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // fp8: P's A fragment wants other keys per thread than S's accumulator holds. By default K's
   // stages hold each block's even keys, then its odd keys (a TMA map stepping 2 keys;
   // hopper_attention.cuh's kKeysByParity), and S's columns come out in the order P needs for the
-  // natural V (H200, session 16, against the V permutation below: +4-9% at every fp8 tile). Knob
+  // natural V (H200, against the V permutation below: +4-9% at every fp8 tile). Knob
   // attn_keys_by_parity = 0 (or attn_vperm = 1) instead has the producer's spare warps permute each
   // V stage (attn_vperm, default with 2+ consumers; with one, the permutation cost about what it
-  // saved: H100, session 7, m128 n192 +1-3%, m64 n192 -3%) or converts P with shuffles (16-bit:
+  // saved: H100, m128 n192 +1-3%, m64 n192 -3%) or converts P with shuffles (16-bit:
   // neither applies).
   // The exception: a linear score hook (ALiBi) with three consumers keeps the V permutation (H200,
-  // session 16, ALiBi causal S 8192, 192 x 96: 785 / 787 TFLOP/s permuted, 750 / 750 by parity,
+  // ALiBi causal S 8192, 192 x 96: 785 / 787 TFLOP/s permuted, 750 / 750 by parity,
   // the same main loop in SASS; at 64 x 128, S 2048, parity +2%).
   const bool vperm_asked = cfg.knob("attn_vperm", 0) != 0;
   const bool linear_hook_3 = consumers == 3 && hooks && hooks->score_mod && cfg.knob("attn_linear_score", 1) != 0 &&
@@ -258,9 +258,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     throw fail(fmt::format("knob attn_exp2_fma counts the score exp2s of every 8 computed on the FMA pipes: 0 to 8, "
                            "not {}",
                            exp2_fma));
-  // The warp skips O's rescale where all its alphas are 1 (a vote per block). With a score hook too
-  // since lazy rescaling (H100, session 11, vote vs none, S 2048 / 8192: bf16 ALiBi +1-3%, softcap
-  // +2%, fp8 within 1%; at session 5, without it, the vote had cost ALiBi 1-4%). Knob
+  // The warp skips O's rescale where all its alphas are 1 (a vote per block), with a score hook too:
+  // lazy rescaling leaves most alphas at 1 (H100, vote vs none, S 2048 / 8192: bf16 ALiBi +1-3%,
+  // softcap +2%, fp8 within 1%; without lazy rescaling the vote had cost ALiBi 1-4%). Knob
   // attn_rescale_vote = 0 rescales at every block.
   const bool rescale_vote = cfg.knob("attn_rescale_vote", 1) != 0;
   const int limit = max_bn(fp8, D, consumers);
@@ -308,10 +308,10 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // block masks: causal_conjunct), has the kernel's own causal mask in it: that part is masked and
   // skipped as the built-in one does (the last key block from the tile's rows, the diagonal per
   // consumer, a comparison per element) and only the rest stays a hook, per element where a block
-  // is partly visible to it. Exactly kv <= q needs no hook and no block table (H100, session 8:
+  // is partly visible to it. Exactly kv <= q needs no hook and no block table (H100:
   // the causal variant fp8 S 8192 through its hook 755-767 TFLOP/s, the built-in causal mask
   // 830-838). Not with block skipping off: that must visit every block. Knob attn_causal_hook = 1
-  // keeps the hook whole: the default for 16-bit inputs with a score hook too (same session, bf16
+  // keeps the hook whole: the default for 16-bit inputs with a score hook too (H100, bf16
   // ALiBi S 2048 / 8192: 398-409 / 508-509 TFLOP/s built in, 411-413 / 534 as a hook; fp8 ALiBi
   // 527-536 / 618-620 built in, 492-495 / 592-593 as a hook).
   const int64_t causal_hook_default = !fp8 && hooks && hooks->score_mod ? 1 : 0;

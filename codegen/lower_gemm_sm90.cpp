@@ -229,7 +229,7 @@ const bool registered = [] {
   });
   // Untuned: the tiles that measured best across bench_gemm's shapes (bench/RESULTS.md: fp8
   // promoted on the H100, bf16 on the H200). fp8: 4 stages of 128x192 beat 5 once the staged
-  // epilogue takes its 10 KB (H100, session 5: 8192^3 +1.4%, 16384^3 +9%, 4096^3 equal).
+  // epilogue takes its 10 KB (H100: 8192^3 +1.4%, 16384^3 +9%, 4096^3 equal).
   codegen::register_default_config_provider("sm90_gemm", [](const ir::Function& f, const std::string& arch) {
     std::optional<Config> c;
     gemm::Match g;

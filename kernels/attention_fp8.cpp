@@ -212,10 +212,10 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   const VariantDefaults kb = variant_defaults_of(kernel_name);
   if (kb.merging) with_lse = false;   // its row sums are the e4m3 P's, as without an LSE
   // A score hook's key block of 128 (fp8: 64 x 128 tiles) holds up to 4096 keys; longer rows take
-  // the long-row tiles, 192 x 96 (H100, session 14, causal S 8192 fp8, with causal tiles longest
+  // the long-row tiles, 192 x 96 (H100, causal S 8192 fp8, with causal tiles longest
   // first over groups of heads: ALiBi 763 vs 746 TFLOP/s, softcap 637-642 vs 606-613; at S 2048
   // 64 x 128 stays ahead, ALiBi 579-582 vs 560-562).
-  // fp8 up to 4096 keys: 64 x 64 tiles (three CTAs per SM) instead (H200, session 16, keys by
+  // fp8 up to 4096 keys: 64 x 64 tiles (three CTAs per SM) instead (H200, keys by
   // parity, S 1024 / 2048 / 4096: ALiBi 526-530 / 649-651 / 728 vs 453-455 / 588-589 / 687-688 TFLOP/s,
   // softcap 465-468 / 552 / 600-601 vs 406-408 / 504-507 / 575).
   const int64_t key_block = !kb.score_mod_block || !is_fp8(in) ? kb.any : seq_kv > 4096 ? 0 : seq_kv > 0 ? 64 : kb.any;
@@ -223,11 +223,11 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   if (kb.fast_math) c.knobs["fast_math"] = 1;
   // A fast_math hook's approximations (softcap's tanh) share the MUFU with the softmax's exp2s: on
   // fp8 192-row tiles some exp2s move to the FMA pipes. One of every 8 where the kernel writes the
-  // LSE (exp2_fma in f32: H200, session 17, softcap causal S 8192, 192 x 96: 655.8 vs 630.5 TFLOP/s;
-  // 2 of 8: 629.2), four without one (pairs in f16x2 for the e4m3 P, knob attn_exp2_f16: session
-  // 20, same shape, two alternations: 1 / 2 / 3 / 4 of 8: 667.4, 662.9 / 663.1, 667.9 / 661.5, 663.7
+  // LSE (exp2_fma in f32: H200, softcap causal S 8192, 192 x 96: 655.8 vs 630.5 TFLOP/s;
+  // 2 of 8: 629.2), four without one (pairs in f16x2 for the e4m3 P, knob attn_exp2_f16: H200,
+  // same shape, two alternations: 1 / 2 / 3 / 4 of 8: 667.4, 662.9 / 663.1, 667.9 / 661.5, 663.7
   // / 673.4, 668.0; f32, 1 of 8: 657.6, 653.2).
-  // On fp8 64 x 64 tiles with a producer warp (up to 4096 keys) two of 8 without an LSE (session 20,
+  // On fp8 64 x 64 tiles with a producer warp (up to 4096 keys) two of 8 without an LSE (H200,
   // softcap causal S 2048, two alternations: 574.7, 573.9 vs 556.4, 556.8; 4 of 8: 566.1, 565.0; the
   // variants without a score hook lost 1-4% at 2 of 8 on these tiles).
   if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = with_lse || head_dim != 128 ? 1 : 4;
@@ -239,18 +239,17 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
     if (is_fp8(in) && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 && head_dim <= 128 && qk_head_dim <= 128) {
       c.knobs["attn_lean_producer"] = 1;
       c.knobs["attn_overlap"] = 0;
-      // Without the producer warp (attn_self_load), three CTAs an SM (H100, session 32, segments of
+      // Without the producer warp (attn_self_load), three CTAs an SM (H100, segments of
       // 2048 keys at S 2048 / 8192, fp8 ms, three alternations: 0.338-0.339 / 0.338-0.340 vs 0.342-0.344 /
       // 0.342-0.343 with the producer warp). Merging ones too (dilated attention's masked pairs:
-      // H200, same session, dilated S 8192 0.574-0.575 vs 0.584-0.585 ms; before their block table
-      // shrank to 128 blocks only two fit an SM, and they ran slower than with the producer warp:
-      // 0.609 ms).
+      // H200, dilated S 8192 0.574-0.575 vs 0.584-0.585 ms; with a block table of more than 128
+      // blocks only two fit an SM, and they ran slower than with the producer warp: 0.609 ms).
       c.knobs["attn_self_load"] = 1;
     }
   }
   // fp8 64 x 128 tiles with a producer warp and no overlap (dense rows of up to 2048 keys, uniform
   // work) and no LSE: exp2s off the MUFU, in f16x2 pairs, 2 of every 8 for dense rows, 3 for uniform
-  // work (H200, session 20, S 2048, two calls of two alternations: dense 826-831 vs 809-814 TFLOP/s,
+  // work (H200, S 2048, two calls of two alternations: dense 826-831 vs 809-814 TFLOP/s,
   // segments of 2048 791-796 vs 780-785; 1 of 8: dense 831-832, segments 767-770; 3: 808-810 /
   // 794-800; 4: 805-806 / 775-777; a third call, segments at S 2048 and 8192, three alternations:
   // 3 of 8 794-799 vs 2 of 8 789-794).
@@ -261,15 +260,15 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // Plain 16-bit attention (no hooks: a persistent kernel takes none) without an LSE, not causal,
   // over rows of up to 4096 keys (m128 n128): a persistent
   // launch (knob attn_persistent), which pays a CTA's start once and stores O through staging rows
-  // of its own while the next tile's loads run (H200, session 31, ms, two alternations, one CTA per
+  // of its own while the next tile's loads run (H200, ms, two alternations, one CTA per
   // tile vs persistent: bf16 S 1024 / 2048 / 4096 0.2505, 0.2501 / 0.4232, 0.4252 / 0.7738, 0.7767
   // vs 0.2292, 0.2300 / 0.4075, 0.4092 / 0.7655, 0.7674, D 64 S 2048 0.6807, 0.6853 vs 0.6591,
   // 0.6599; fp8 S 1024 / 2048 0.1914, 0.1915 / 0.3384, 0.3381 vs 0.1891, 0.1885 / 0.3344, 0.3349.
   // Longer rows lose: bf16 S 16384 2.908, 3.187 vs 2.955, 3.214; fp8 192 x 96 S 4096 / 16384
   // 0.628, 0.630 / 2.321, 2.360 vs 0.636, 0.633 / 2.360, 2.398.) Causal tiles keep their
   // longest-first order; dilated attention's pairs (an LSE, merges) keep a CTA per tile. fp8's
-  // 64 x 128 tiles over up to 2048 keys, persistent from session 31 on, load their own K and V
-  // instead (attn_self_load, one tile a CTA: attention_fp8_default_config), 5.5% faster at 2048 keys.
+  // 64 x 128 tiles over up to 2048 keys load their own K and V instead of a persistent launch
+  // (attn_self_load, one tile a CTA: attention_fp8_default_config), 5.5% faster at 2048 keys.
   const bool plain = kernel_name.empty() || kernel_name == "attention_fp8";
   const bool short_rows = !is_fp8(in) && c.blocks.at("m") == 128 && c.blocks.at("n") == 128 && seq_kv <= 4096;
   if (plain && !with_lse && !causal && seq_kv > 0 && head_dim <= 128 && qk_head_dim <= 128 && short_rows)

@@ -91,14 +91,16 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
 // fp8 D 128: m 128, n 192 (but see below); fp8 D 256 and 16-bit: m 128, n 128 (16-bit D 256:
 // n 64); 2 stages. qk_head_dim (2·D with q_residual, at most 256) fits the same blocks. key_block
 // (an attention variant's, kernels/attention_variant.h; 0: none) caps the key block where it is a
-// valid one (fp8 with more than 4096 keys: 128 for a key_block of 64, session 12). fp8 D 128 takes
+// valid one (fp8 with more than 4096 keys: 128 for a key_block of 64). fp8 D 128 takes
 // query blocks of 64 (two CTAs per SM) where a tile has little work or much per score:
 // seq_kv (the keys; 0: unknown) up to 4096 (causal) / 2048, or a key_block of 128 or less (a
 // sparse mask, a score_mod: attention_variant_key_block); with more keys, no key_block and
 // qk_head_dim <= 128, query blocks of 192 (three consumer warpgroups), key blocks of 96 and 4
-// stages (H100, session 7). 16-bit D <= 128 with a key_block of 64 (rows that see few keys) takes
-// 64 x 64 tiles, two CTAs per SM (session 9). fp8_key_block (attention_variant_fp8_key_block; 0:
-// none) replaces key_block for fp8 inputs of head dim 128 at every length (a window's 64, session 12).
+// stages. 16-bit D <= 128 with a key_block of 64 (rows that see few keys) takes 64 x 64 tiles, two
+// CTAs per SM. fp8_key_block (attention_variant_fp8_key_block; 0: none) replaces key_block for fp8
+// inputs of head dim 128 at every length (a window's 64). The H100 measurements behind these choices
+// are in the comments of the definition (kernels/attention_fp8_forward.cpp) and, for the window's,
+// of sliding_window_variant (kernels/attention_variants.cpp).
 Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int64_t qk_head_dim = 0,
                                     int64_t key_block = 0, int64_t seq_kv = 0, int64_t fp8_key_block = 0);
 

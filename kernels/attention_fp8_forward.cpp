@@ -25,26 +25,26 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   if (is_fp8(in) && head_dim == 128) bn = 192;
   // q_residual (Dqk = 2 D <= 256) fits these blocks: at D 128, 181 KB of shared memory
   // A variant's mask favours smaller key blocks (a window, documents, block-mask cells): fp8 D 128
-  // then takes 128 (bench/RESULTS.md, session 4: sliding window, documents, block masks). fp8 takes
+  // then takes 128 (bench/archive, 2026-11-22: sliding window, documents, block masks). fp8 takes
   // key blocks of 64 only for up to 4096 keys: with more, 128 run faster even where rows see few
-  // keys (H100, session 12, 64 x 64 with a producer warp and no overlap (below) vs 64 x 128, TFLOP/s
+  // keys (H100, 64 x 64 with a producer warp and no overlap (below) vs 64 x 128, TFLOP/s
   // at S 2048 / 4096 / 8192 / 16384: documents 274 / 380 / 467 / 525 vs 253 / 350 / 493 / 588, block
   // mask 430 / 485 / 545 / 598 vs 388 / 464 / 559 / 650).
   if (is_fp8(in) && key_block == 64 && seq_kv > 4096) key_block = 128;
   // A variant's fp8 key block holds at every length (a window: the keys per row do not grow);
   // measured at head dim 128 only, where it gives the 64 x 64 tiles below.
   if (is_fp8(in) && fp8_key_block > 0 && head_dim == 128 && qk_head_dim <= 128) key_block = fp8_key_block;
-  // fp8 causal(-like) rows of up to 2048 keys: 64 x 64 tiles too (H200, session 16, keys by parity,
+  // fp8 causal(-like) rows of up to 2048 keys: 64 x 64 tiles too (H200, keys by parity,
   // S 1024 / 2048 / 4096 vs 64 x 192: causal 540-545 / 666-671 / 748-754 vs 479-482 / 649-654 / 778-788
   // TFLOP/s, GQA 551-553 / 676 / 761-763 vs 493-496 / 660-665 / 793-794, prefix-LM 535 / 654 / 732-736
   // vs 446-449 / 620-624 / 757-760: past 2048 keys 64 x 192 stays ahead).
-  // Since session 32, causal rows of up to 4096 keys without a key block of their own (causal, GQA,
+  // Causal rows of up to 4096 keys without a key block of their own (causal, GQA,
   // prefix-LM) take self-loading 64 x 128 tiles instead (short_causal, below).
   const bool short_causal =
       is_fp8(in) && head_dim == 128 && qk_head_dim <= 128 && causal && key_block <= 0 && seq_kv > 0 && seq_kv <= 4096;
   if (short_causal) key_block = 128;
   // fp8 D 128 dense rows of up to 2048 keys: 64 x 128 tiles with a producer warp (below) instead of
-  // 64 x 192 (H200, session 17, row sums on the tensor cores, S 2048: 810.5 vs 782.8 TFLOP/s; 64 x 64
+  // 64 x 192 (H200, row sums on the tensor cores, S 2048: 810.5 vs 782.8 TFLOP/s; 64 x 64
   // with a producer warp 805.4, 64 x 128 with a producer warpgroup 796.9).
   const bool short_dense =
       is_fp8(in) && head_dim == 128 && qk_head_dim <= 128 && !causal && key_block <= 0 && seq_kv > 0 && seq_kv <= 2048;
@@ -52,20 +52,20 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   if (key_block > 0 && key_block < bn && key_block % (is_fp8(in) ? 64 : 16) == 0 && key_block >= 64) bn = key_block;
   // fp8 D 128 with little work per query tile (keys up to 4096, or a sparse mask): query tiles of
   // 64 rows, one consumer warpgroup, two CTAs per SM, so one CTA's start and end overlap the
-  // other's main loop (H100, session 4: S 2048 730 vs 688 TFLOP/s, causal 590 vs 525; block-
+  // other's main loop (H100: S 2048 730 vs 688 TFLOP/s, causal 590 vs 525; block-
   // sparse variants up to 1.16x; at S 8192 and up 128 rows stay ahead, 851 vs 789).
-  // (Session 7: with 192-row tiles for long rows, non-causal S 4096 moved to them: 870-877 vs 821.)
+  // (Non-causal S 4096 runs faster on the long rows' 192-row tiles, below: 870-877 vs 821, H100.)
   const int64_t short_keys = causal ? 4096 : 2048;
   const bool short_work = (seq_kv > 0 && seq_kv <= short_keys) || (key_block > 0 && key_block <= 128);
   if (is_fp8(in) && head_dim == 128 && short_work) bm = 64;
   // 16-bit with key blocks of 64 (a variant whose rows see few keys: documents, block masks): query
-  // tiles of 64 rows too, two CTAs per SM (H100, session 9, bf16 S 2048 / 8192: documents 208 / 381
+  // tiles of 64 rows too, two CTAs per SM (H100, bf16 S 2048 / 8192: documents 208 / 381
   // vs 164 / 365 TFLOP/s at m128 n128, block mask 229 / 322 vs 197 / 313; a window of 1024 is
   // faster at m128 n128: 416 / 442 vs 403 / 410).
   if (!is_fp8(in) && head_dim <= 128 && key_block == 64) bm = 64;   // bn is 64 then too
   int stages = 2;
   // fp8 D 128 with long rows and no mask preference: three consumer warpgroups of key blocks of 96,
-  // 4 stages: more warps hide the softmax's latency (H100, session 7, vs 128 x 192: S 8192 876-913
+  // 4 stages: more warps hide the softmax's latency (H100, vs 128 x 192: S 8192 876-913
   // vs 853-869 TFLOP/s, causal 840-845 vs 798; S 16384 909-924 vs 855-880).
   if (is_fp8(in) && head_dim == 128 && !short_work && key_block <= 0 && qk_head_dim <= 128) {
     bm = 192;
@@ -78,23 +78,23 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
   // CTAs per SM there): a producer warp instead of a
   // producer warpgroup, so that three CTAs share an SM (their shared memory fits; 128 registers
   // each). Their main loops wait on one block's chain of wgmmas and softmax, and a third CTA hides
-  // more of it (H100, session 11, S 2048: documents 236.9 -> 252.0-252.9 TFLOP/s, block mask
+  // more of it (H100, S 2048: documents 236.9 -> 252.0-252.9 TFLOP/s, block mask
   // 353.8-354.6 -> 357.0-359.0). And without the softmax / P.V overlap: at 128 registers the
   // overlap's live S, P and O made ptxas serialize the wgmmas (C7512) and spill 48 bytes; the
-  // simple schedule has neither, and the three CTAs overlap each other instead (session 12, S 2048:
+  // simple schedule has neither, and the three CTAs overlap each other instead (H100, S 2048:
   // documents 252.7 -> 274.3, block mask 387.7 -> 429.7).
   if (is_fp8(in) && bm == 64 && (bn == 64 || short_dense || short_causal) && head_dim <= 128 && qk_head_dim <= 128) {
     c.knobs["attn_lean_producer"] = 1;
     c.knobs["attn_overlap"] = 0;
   }
   // short_dense's 64 x 128 tiles without the producer warp (knob attn_self_load: the consumers load
-  // K and V themselves), so that three CTAs share an SM (H200, session 32, ms, two or three
+  // K and V themselves), so that three CTAs share an SM (H200, ms, two or three
   // alternations against the producer warp: S 2048 0.3143-0.3148 vs 0.3353-0.3371; against the
   // persistent producer-warp kernel, S 1024 / 2048 / 4096: 0.1752-0.1753 / 0.3164-0.3167 /
   // 0.6006-0.6007 vs 0.1892-0.1897 / 0.3349 / 0.6280-0.6459. Against the 192 x 96 tiles of longer
   // rows: S 4096 0.607-0.633 vs 0.625-0.628, within noise; S 8192 1.19-1.35 vs 1.20-1.21, S 16384
   // 2.64-2.66 vs 2.39-2.41: behind, so dense rows past 2048 keys keep them.)
-  // Causal rows of up to 4096 keys too, on 64 x 128 tiles (same session, plain causal attention, ms,
+  // Causal rows of up to 4096 keys too, on 64 x 128 tiles (H200, plain causal attention, ms,
   // two alternations against the 64 x 64 producer-warp tiles up to 2048 keys and 64 x 192 beyond:
   // S 1024 / 2048 / 4096 0.1219, 0.1221 / 0.1912, 0.1906 / 0.3313, 0.3317 vs 0.1234, 0.1231 /
   // 0.1989, 0.1984 / 0.3588, 0.3583; self-loading 64 x 64 tiles, four CTAs an SM: 0.1205, 0.1200 /
@@ -129,17 +129,18 @@ TensorView as_halves(const TensorView& t) {
 
 // Rows per tile: whole tiles per chunk (chunk_rows). Eight warps; the quantizer with 16 lanes
 // along a row (a warp's load covers 32 contiguous bf16 of two rows, not 8 of four), the
-// transposing one with 8 adjacent columns per thread (16-byte loads). H200, session 18, bf16
+// transposing one with 8 adjacent columns per thread (16-byte loads). H200, bf16
 // [8, 16, 2048, 128], medians of 20 in two runs, 4 warps of 8 lanes -> these: chunk_amax 55.0 ->
 // 42.3 us, quantize_fp8_chunked 51.3 -> 40.8-41.2, quantize_transpose_fp8_chunked 85.8 -> 49.2-49.7
 // (the vectors made the other two slower: 55.4 and 57.4-57.8; bit for bit the same output).
 // chunk_amax in tiles of 32 rows, at most 64 registers (knob simt_min_blocks: four blocks per SM,
-// not the two its 99 registers left): H100, session 27, same shape, ncu, two launches each, 41.1-42.4
+// not the two its 99 registers left): H100, same shape, ncu, two launches each, 41.1-42.4
 // -> 33.9-34.1 us (tiles of 64 at 64 registers: 35.7-36.5; the quantizers did not gain from it:
-// 43.7-44.6 -> 53.3-54.1 at 80 registers). Since session 29 its loop keeps a per-thread running max
-// (60 registers unbounded at 32 rows, 51 with the knob); H200 sweep at boost clock, ncu: this config
-// 23.7-24.8 us, 64 rows / 16 warps 23.2-23.9, 64 rows / 8 warps 23.6-26.3, 16-byte vectors 23.2-25.6;
-// the quantizers' defaults also stayed the fastest of six (32 rows / 4 warps 33 against 34 us).
+// 43.7-44.6 -> 53.3-54.1 at 80 registers; measured before its loop kept a per-thread running max:
+// 60 registers unbounded at 32 rows, 51 with the knob). H200 sweep with that loop at boost clock,
+// ncu: this config 23.7-24.8 us, 64 rows / 16 warps 23.2-23.9, 64 rows / 8 warps 23.6-26.3, 16-byte
+// vectors 23.2-25.6; the quantizers' defaults also stayed the fastest of six (32 rows / 4 warps 33
+// against 34 us).
 Config chunk_amax_config() {
   Config c;
   c.blocks = {{"s", 32}};
@@ -219,7 +220,7 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
 // no running kernel writes, so it starts early (LaunchOptions::start_early) and runs beside the one
 // before it, waiting for it only before its own writes. (Q's quantizer waits for V's amax pass to
 // end, and that one, through the waits of the passes before it, for all three.) The first amax
-// pass starts early where the caller allows it. H200, session 30, B·S 16384, H 16, D 128, the
+// pass starts early where the caller allows it. H200, B·S 16384, H 16, D 128, the
 // pipeline from bf16 in the old order without early starts -> this: S 2048 0.5340-0.5347 ->
 // 0.5118-0.5122 ms, S 1024 0.387-0.388 -> 0.365, S 8192 1.354-1.355 -> 1.330-1.333 (at S 2048 this
 // order alone: 0.527-0.528; without next_starts_early on the first of each kind: 0.517).

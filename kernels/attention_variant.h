@@ -68,7 +68,7 @@ struct AttentionVariant {
   // causality; a causal-like mask gives later rows more). The default configs then launch the query
   // tiles in their natural order (config knob attn_reverse_tiles = 0) instead of longest first, and
   // fp8 64 x 128 tiles take a producer warp without the softmax / P.V overlap, as dense rows of up
-  // to 2048 keys do (H200, session 19, segments of 2048 at S 2048 / 8192: fp8 750-754 / 751-755 ->
+  // to 2048 keys do (H200, segments of 2048 at S 2048 / 8192: fp8 750-754 / 751-755 ->
   // 778-784 / 776-783 TFLOP/s, bf16 609-611 / 606-612 -> 614-616 / 612-615). segment_variant sets it
   // for non-causal segments.
   bool uniform_work = false;
@@ -93,7 +93,7 @@ Kernel attention_variant(const AttentionVariant& v);
 // and has a score_mod; 0 for other kernels. A score_mod adds work per score (ALiBi's bias, a
 // softcap's tanh on the MUFU beside exp2), and fp8 runs such softmaxes faster in 64 x 128 tiles
 // than in the long rows' 192 x 96 up to 4096 keys; attention_variant_default_config takes 192 x 96
-// beyond (H100, session 14, S 8192 with causal tiles longest first over groups of heads: ALiBi
+// beyond (H100, S 8192 with causal tiles longest first over groups of heads: ALiBi
 // 763 vs 746 TFLOP/s, softcap 637-642 vs 606-613; S 2048: ALiBi 560-562 vs 579-582).
 int64_t attention_variant_key_block(const std::string& kernel_name);
 // Its fp8_key_block (0 for other kernels).

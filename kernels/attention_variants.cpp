@@ -15,7 +15,7 @@ AttentionVariant sliding_window_variant(int64_t window) {
   AttentionVariant v{fmt::format("attention_sliding_{}", window)};
   v.key_block = 128;   // boundary blocks: less waste in smaller key blocks
   // fp8: rows of at most 1024 keys at any length run fastest in 64 x 64 tiles, three CTAs per SM
-  // (H100, session 12, window 1024, S 2048 / 4096 / 8192 / 16384: 537 / 560 / 567 / 566 TFLOP/s vs
+  // (H100, window 1024, S 2048 / 4096 / 8192 / 16384: 537 / 560 / 567 / 566 TFLOP/s vs
   // 518 / 544 / 544 / 562 at 64 x 128; bf16 keeps 128 x 128).
   if (window <= 1024) v.fp8_key_block = 64;
   v.mask_mod = [window](const ScoreIndex& at) { return at.kv <= at.q && at.q - at.kv < window; };
@@ -69,7 +69,7 @@ AttentionVariant document_variant(int64_t documents, bool causal) {
 AttentionVariant block_mask_variant(int64_t block_q, int64_t block_kv, bool causal) {
   AttentionVariant v{fmt::format("attention_block_mask_{}x{}{}", block_q, block_kv, causal ? "_causal" : "")};
   v.key_block = 64;   // short rows: small tiles, less waste in boundary blocks, two CTAs per SM
-  // fp8 64 x 64 tiles past 4096 keys too (H200, session 16, the bench's BigBird-like mask, keys by
+  // fp8 64 x 64 tiles past 4096 keys too (H200, the bench's BigBird-like mask, keys by
   // parity: S 8192 596-602 vs 566-569 TFLOP/s at 64 x 128, S 16384 668-669 vs 671-673)
   v.fp8_key_block = 64;
   v.inputs = {"block_mask"};

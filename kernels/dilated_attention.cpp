@@ -223,14 +223,14 @@ struct PairPlan {
 };
 
 // Where each offset's rows are whole segments, plain attention runs without the segment mask (its
-// block walk costs 3-4%: H200, session 23, S 2048, attention_fp8 vs the segment variant, fp8 0.331
+// block walk costs 3-4%: H200, S 2048, attention_fp8 vs the segment variant, fp8 0.331
 // vs 0.342 ms, bf16 0.428 vs 0.448): on each offset's view where its rows are one segment, on the
 // segments as heads (dilated_segments_as_heads; FP8's Vᵀ stored so by dilated_quantize) where a
 // pair of rate 1 has several (segments_as_heads_fit). Otherwise the segment variant's mask cuts
 // them. (The tensor maps read (b, h) as one dim over B·H heads, and an offset's segments as heads
 // do not lie so for rates above 1; 4-D maps read at (h, b) took them, and the offsets of a pair as
 // heads of one launch, but changed ptxas's schedule of the causal fp8 kernels' main loop: 4-5%
-// slower, H100, session 23.)
+// slower on an H100.)
 PairPlan plan_pair(const DilatedPair& pair, int64_t S, bool causal, bool merging,
                    const std::function<std::vector<Operand>(int64_t)>& operands_of) {
   const int64_t r = pair.rate, segment = pair.segment / r;

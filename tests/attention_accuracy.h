@@ -63,7 +63,7 @@ inline Rows slice(const std::vector<double>& all, int64_t bh, int64_t rows, int6
 // float64 softmax(q kᵀ · scale) v of one slice (q [Sq, Dqk], k [Skv, Dqk], v [Skv, Dv]). With
 // p_quantized, P = e4m3(exp(s - m) · 256) / 256 in the product, with the row sum of the
 // unquantized P (as attention_fp8 does when it writes the LSE; without one, fp8 sums the quantized
-// P: the same error on random inputs, bench/RESULTS.md session 17). Appends the output rows 0,
+// P: the same error on random inputs, bench/archive, 2026-11-26). Appends the output rows 0,
 // stride, 2·stride, ... to `out`.
 inline void attention_slice(const Rows& q, const Rows& k, const Rows& v, double scale, bool p_quantized,
                             std::vector<double>& out, int64_t query_stride = 1) {

@@ -924,7 +924,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a matches the CPU reference execut
     CHECK(mo.nan == 0);
     // exp2s off the MUFU (exp2_fma: 7.5e-5 relative, exp2_f16x2: 5e-3) round more e4m3 P values to
     // the other side than the CPU reference's exp2 does: in a small causal problem (D 256, 130 rows,
-    // rows of few keys) that alone reached 1.06e-2 (H200, session 20, exp2_fma 3 of 8)
+    // rows of few keys) that alone reached 1.06e-2 (H200, exp2_fma 3 of 8)
     CHECK(mo.rel_rmse <= (is_fp8(c.in) && exp2_fma > 0 ? 1.5e-2 : 1e-2));
     CHECK(mo.cosine >= 0.9999);
     if (with_lse) {
@@ -994,7 +994,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a: fp8 weights of V's rows sum to 
     runtime::synchronize();
     const double worst = max_rel_error(o.to_host().values(), c.expected);
     MESSAGE("GPU " << cfg.to_json() << ", causal rows of 1-300 keys, every V row u: max relative error " << worst);
-    // The FP8 tensor cores' adds keep fewer bits than f32 (H200, session 17: 0.66% in every config
+    // The FP8 tensor cores' adds keep fewer bits than f32 (H200: 0.66% in every config
     // here); O divided by the f32 P's sums missed by 1.8% on the CPU reference.
     CHECK(worst <= 1e-2);
   }

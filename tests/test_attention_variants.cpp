@@ -468,7 +468,7 @@ TEST_CASE("attention variants: their default configs assemble without serialized
   // What a config-less launch takes (attention_variant_default_config: the variant's key blocks) at
   // 2048 keys (fp8 64 x 64 with a producer warp for documents and block masks, 64 x 128 / 64 x 192
   // for the rest) and 8192 (64 x 128, 192 x 96). With the softmax / P.V overlap in 64 x 64 tiles of
-  // 128 registers, ptxas serialized every wgmma (C7512) and spilled (H100, session 12: documents and
+  // 128 registers, ptxas serialized every wgmma (C7512) and spilled (H100: documents and
   // block masks 7-11% slower at S 2048). bf16: 128 x 128, 64 x 64 for documents and block masks.
   const codegen::Target t = codegen::Target::parse("sm_90a");
   for (const NamedVariant& nv : variants(kMaskHeads))

@@ -251,7 +251,7 @@ TEST_CASE("gpu: SIMT kernels started early write only after the kernels before t
   beside.config = Config::from_json(R"({"blocks":{"n":1024},"num_warps":8})");
   beside.start_early = true;
   // (A process's first launches load their modules, which spaces them out: rounds 1 and 2 are the
-  // tight ones. Without the wait they failed in every run, H200, session 30; round 0 passed.)
+  // tight ones. Without the wait they failed in every run on an H200; round 0 passed.)
   for (int round = 0; round < 3; ++round) {
     CAPTURE(round);
     DeviceTensor dx = DeviceTensor::from_host(x), partial(DType::f32, {1, 1, C}), z(DType::f32, {small});

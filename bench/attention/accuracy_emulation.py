@@ -8,7 +8,7 @@ bench/RESULTS.md and the accuracy targets of kernels/attention_fp8.h.
 Every scheme emulates what the kernels do (kernels/quantize.cpp, kernels/attention_fp8.cpp):
   - per-(b, h) descale = amax / 448, x8 = e4m3(x / descale) (round to nearest, saturating);
   - P = exp2(s - (m - 8)) in [0, 256] quantized to e4m3, the row sum l of that quantized P, as
-    the fp8 kernels without an LSE sum it since session 17 (with an LSE: the unquantized P);
+    the fp8 kernels without an LSE sum it (with an LSE: the unquantized P);
   - V quantized per (b, h) like Q and K.
 Options on Q and K:
   - "hadamard": Q and K rotated by the orthonormal Sylvester Hadamard H (QH (KH)^T = Q K^T,

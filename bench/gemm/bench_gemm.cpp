@@ -93,7 +93,7 @@ const std::vector<NamedConfig>& fp8_configs() {
       {"coop_128x192_c2_promote2", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":2}})", true},
       {"coop_128x192_c2_promote4", R"({"blocks":{"m":128,"n":192,"k":128},"num_stages":5,"knobs":{"cluster":2,"promote":4}})", true},
       // 128x128 without clusters: each CTA loads its own B (no multicast, no lock step with a
-      // peer): at 4096^3 the fastest promoted tile (H100, session 9: 1265 vs 1170 TFLOP/s with
+      // peer): at 4096^3 the fastest promoted tile (H100: 1265 vs 1170 TFLOP/s with
       // cluster 2; 5 stages ahead of 6).
       {"coop_128x128_c1_s5_promote4", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":5,"knobs":{"cluster":1,"promote":4}})", true},
       {"coop_128x128_c1", R"({"blocks":{"m":128,"n":128,"k":128},"num_stages":6,"knobs":{"cluster":1,"promote":0}})"},

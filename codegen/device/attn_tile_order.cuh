@@ -24,8 +24,8 @@ struct AttnTile {
 };
 
 // 32-bit arithmetic throughout (a launch has fewer than 2^31 programs): a 64-bit division is a
-// slow-path call of some 70 instructions, and every CTA runs this before its first load (H100,
-// session 14: four of them cost the short CTAs of fp8 block masks 4-5%).
+// slow-path call of some 70 instructions, and every CTA runs this before its first load (H100:
+// four of them cost the short CTAs of fp8 block masks 4-5%).
 TJ_HD AttnTile attn_tile_natural(unsigned pid, unsigned m_tiles) {
   const unsigned bh = pid / m_tiles;
   return AttnTile{(int)bh, (int)(pid - bh * m_tiles)};

@@ -62,10 +62,10 @@
 //   kExp2Fma (0-8): of every 8 consecutive score registers a thread holds, this many take their
 //   exp2 from exp2_fma() (FMA and integer pipes) instead of ex2.approx (the MUFU): the FP8
 //   kernels' softmax needs one MUFU op per score, as many as the tensor cores take for its two
-//   dots. (H100, session 8: slower at every setting; the softmax is bound by issue and latency,
+//   dots. (H100: slower at every setting; the softmax is bound by issue and latency,
 //   not by the MUFU's throughput. Default 0.) kExp2F16: where P goes to e4m3 straight (keys by
 //   parity, no LSE) they run two at a time in f16x2 (exp2_f16x2, about 5 instructions a score
-//   instead of 9): softcap, whose tanh shares the MUFU, takes 4 of 8 so (H200, session 20).
+//   instead of 9): softcap, whose tanh shares the MUFU, takes 4 of 8 so (H200).
 // Causal masking is top-left aligned (key j visible to query i iff j <= i), like
 // torch.nn.functional.scaled_dot_product_attention(is_causal=True).
 //
@@ -79,9 +79,9 @@
 // gridDim.x CTAs, each looping over tiles (AttnPersistentTiles), the stage ring and the barriers'
 // phases carried from tile to tile, the next tile's Q loaded once the consumers are done with the
 // last one's (q_empty), O staged in shared memory rows of its own (Cfg::kOStageBytes past the rest)
-// and stored in 16-byte pieces while the next tile's loads run. (H100, session 24: stored from
+// and stored in 16-byte pieces while the next tile's loads run. (H100: stored from
 // registers, the stores stalled on the store queue and it ran as fast as a CTA per tile or slower;
-// H200, session 31, staged: faster over rows of up to 4096 keys, bf16 by 1-8% (4096 / 1024 keys),
+// H200, staged: faster over rows of up to 4096 keys, bf16 by 1-8% (4096 / 1024 keys),
 // fp8 64 x 128 by about 1%, the default there for plain attention: kernels/attention_fp8.cpp.)
 
 #include "hopper.cuh"
@@ -174,9 +174,9 @@ struct AttnCfg {
   // loses an FADD per score. (Accumulated across blocks in the wgmma accumulator instead, the sums
   // came out biased low: at S 8192 the output's error grew by up to half.) With an LSE, O and the
   // LSE share the f32 P's sums (FADDs): the FP8 tensor cores' adds are not exact (against f32
-  // sums, up to 3% in rows dominated by a few keys; H200, session 17), and the LSE is the scores'.
+  // sums, up to 3% in rows dominated by a few keys; H200), and the LSE is the scores'.
   // Not with a producer warp for several consumers (no setmaxnreg: D 256 spills there, and its
-  // output went wrong under compute-sanitizer's timing in 1 run of 2; H200, session 17).
+  // output went wrong under compute-sanitizer's timing in 1 run of 2; H200).
   static constexpr bool kRowSumMma = kFp8 && !kF32RowSums && !(kLeanProducer_ && kConsumers_ > 1);
   static constexpr int kOnesBytes = kRowSumMma ? 256 : 0;   // 8 rows x 32 bytes of K, no swizzle
 
@@ -201,8 +201,8 @@ struct AttnCfg {
   // Lazy rescaling (FlashAttention-4's): a row's running max m moves only when a block's max
   // passes it by more than this (log2 units), so that most blocks leave every alpha at 1 and the
   // warp skips the O rescale. P = exp2(s - (m - offset)) then reaches 2^(offset + slack): 430 in
-  // fp8 (e4m3's largest is 448), 256 in 16-bit. kernels/attention_fp8.cpp does the same. (H100,
-  // session 11: bf16 1-3.5% faster, fp8 up to 2.5%, but fp8 ALiBi at S 8192 1.5-2% slower: its
+  // fp8 (e4m3's largest is 448), 256 in 16-bit. kernels/attention_fp8.cpp does the same. (H100:
+  // bf16 1-3.5% faster, fp8 up to 2.5%, but fp8 ALiBi at S 8192 1.5-2% slower: its
   // max moves at most blocks anyway, and the compare sits between the row max and the exp2s.)
   static constexpr float kRescaleSlack = kFp8 ? 0.75f : 8.0f;
   // The mask classes of a CTA's key blocks, computed once per CTA by all its threads at once into
@@ -212,7 +212,7 @@ struct AttnCfg {
   // past that an entry spans several (ceil(blocks / kClassTable)), classified as a whole. Nothing
   // is classified after the roles split: with classify() in the loops (blocks past the table, as
   // they came), the producer's 24 registers could not hold a block mask's gather and ptxas
-  // spilled at every block (H100, session 10).
+  // spilled at every block (H100).
   // (A self-loading kernel's table holds 128, so that three CTAs with a mask hook fit an SM with an
   // LSE and a merge too: rows of up to 128 key blocks still go block by block.)
   static constexpr int kClassTable = kSelfLoad ? 128 : 512;
@@ -561,7 +561,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
 
   // keys this tile needs: [0, n_end); a causal mask's rows see [0, max(q, prefix - 1)]. (Without a
   // prefix the maxes below take -1: the same bounds, and ptxas then formed the causal kernels'
-  // boundary test in uniform registers. H200, session 20, fp8 causal S 8192 (192 x 96): 893-932
+  // boundary test in uniform registers. H200, fp8 causal S 8192 (192 x 96): 893-932
   // TFLOP/s in 4 alternations against 863-904 with the maxes folded away at compile time.)
   const int prefix_last = Cfg::kCausal ? hooks.causal_prefix() - 1 : -1;
   auto with_prefix = [prefix_last](int last) { return max(last, prefix_last); };
@@ -1023,8 +1023,8 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
       };
       if constexpr (Hooks::kMask && Hooks::kKeepGathers) {
         // keep() gathers (a block mask): evaluated in a rolled loop into bits, then applied. Unrolled
-        // per element, its 64-bit index arithmetic set the register peak of the whole loop (H100,
-        // session 11: the fp8 64 x 64 block mask at 128 registers spilled 192 bytes, loop-carried
+        // per element, its 64-bit index arithmetic set the register peak of the whole loop (H100:
+        // the fp8 64 x 64 block mask at 128 registers spilled 192 bytes, loop-carried
         // values reloaded at every block).
         if (hook) {
           unsigned drop[(BN / 2 + 31) / 32];
@@ -1120,9 +1120,9 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
 
   mbar_wait(q_bar, tile_it & 1u);
 
-  // The consumers walk the table as the producer does, one list entry per step. (H100, session 7:
+  // The consumers walk the table as the producer does, one list entry per step. (H100:
   // walking the classes in every iteration cost the causal variant 10% more instructions than the
-  // built-in causal mask.) (H100, session 8: the list read and its move to a uniform register hold
+  // built-in causal mask.) (H100: the list read and its move to a uniform register hold
   // 4.5% of the causal variant's stall samples; computing the block and its class instead, for
   // one-run masks whose classify() does not gather, or reading the entry a step ahead, did not make
   // the variants faster.) A ring cursor per block picks the stage and its phase, as in the
@@ -1158,13 +1158,13 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
       // ---- steady state (FA3's order): issue S_t = Q.K_t^T; rescale O by alpha_{t-1} while it
       // runs; issue O += P_{t-1}.V_{t-1}; softmax of S_t while the P.V wgmma is in flight; after
       // the wait only the P conversion is left. cur: block t's stage; prev: block t - 1's.
-      // (H200, session 15: packing P_t into a second buffer before that wait, where the registers
+      // (H200: packing P_t into a second buffer before that wait, where the registers
       // allowed, moved bf16 by -2% to +1.5% and fp8 by noise; not kept.)
       attn_detail::RingCursor<S> prev = ring_base, cur = ring_base;
       cur.advance();
       // The mask class of the block after the current one is read with it (shared memory), while
       // the wgmmas run: at the top of the iteration both reads sat before the S = Q.K^T issue
-      // (H100, session 7: 12% of the causal variant's stall samples, none in the built-in mask).
+      // (H100: 12% of the causal variant's stall samples, none in the built-in mask).
 #pragma unroll 1
       for (int j = j_next, cls = cls_next; j < n_blocks;
            j = j_next, cls = cls_next, prev = cur, cur.advance()) {
@@ -1179,7 +1179,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
         wgmma_commit();
         // alpha = 1 exactly when no row max of the warp moved (ex2(0) = 1): the rescale would
         // multiply by 1, so the warp skips it -- most blocks once the running max has settled
-        // (H100, session 5: causal bf16 / fp8 S 8192 +2-3%). kRescaleVote = false (knob
+        // (H100: causal bf16 / fp8 S 8192 +2-3%). kRescaleVote = false (knob
         // attn_rescale_vote = 0) rescales at every block.
         if (!Cfg::kRescaleVote || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
           rescale_o(alpha);
@@ -1263,7 +1263,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
         // The next block is looked up while the S wgmma runs. At the top of the iteration the list
         // walk (a shared-memory read and the branches on it) sat on every block's critical path:
         // one consumer warpgroup here is bound by the latency of its chain of steps, not by the
-        // tensor cores (H200, session 19, fp8 64 x 128 with a producer warp, a mask hook keeping
+        // tensor cores (H200, fp8 64 x 128 with a producer warp, a mask hook keeping
         // every key: 732 / 815 TFLOP/s at S 2048 / 8192 there, 771 / 887 here; no hook: 809 / 907).
         int cls_next = 0;
         const int j_next = walk.next(cls_next);
@@ -1289,7 +1289,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
         // (every warp released that stage after its last P.V), then the K of the block S ahead into
         // this stage (released after every warp's S wait); its V follows at the next block. (With V's
         // load under the S wgmma instead, the segment variant's main loop had 43 SASS instructions more
-        // and ran 3% slower: H100, session 32, fp8 S 2048 0.350 vs 0.338-0.339 ms; plain attention the
+        // and ran 3% slower: H100, fp8 S 2048 0.350 vs 0.338-0.339 ms; plain attention the
         // same within noise.)
         if constexpr (Cfg::kSelfLoad) {
           if (threadIdx.x == 0u) {
