@@ -443,8 +443,27 @@ void Emitter::emit_launch() {
   // The program's launch-loop indices from tj_pid: innermost fastest, or, with knob raster_group
   // G > 1, the last two tile loops in groups of G tiles of the outer one (neighbouring programs
   // then share operand tiles in L2).
-  const bool raster = raster_group_ > 1 && n >= 2 && chain[n - 2]->loop_kind == ir::LoopKind::tile &&
-                      chain[n - 1]->loop_kind == ir::LoopKind::tile;
+  // Launch loops whose index a bound of a loop inside the program depends on (causal attention's
+  // query tiles): their programs run longer the larger the index.
+  std::set<size_t> growing;
+  {
+    std::function<bool(int, int, int)> depends = [&](int v, int target, int depth) {
+      if (v == target) return true;
+      const Op* d = v >= 0 ? def_[v] : nullptr;
+      if (!d || depth > 64) return false;
+      for (int o : d->operands)
+        if (depends(o, target, depth + 1)) return true;
+      return false;
+    };
+    ir::walk(f_.body, [&](const Op& op, int) {
+      if (op.kind != OpKind::loop || op.launch) return;
+      for (size_t k = 0; k < n; ++k)
+        for (int b : op.operands)
+          if (depends(b, chain[k]->body_index, 0)) growing.insert(k);
+    });
+  }
+  const bool raster = !(longest_first_ && !growing.empty()) && raster_group_ > 1 && n >= 2 &&
+                      chain[n - 2]->loop_kind == ir::LoopKind::tile && chain[n - 1]->loop_kind == ir::LoopKind::tile;
   auto decode = [&] {
     std::vector<std::string> idx(n);
     const size_t plain = raster ? n - 2 : n;   // loops decoded innermost fastest
@@ -460,11 +479,21 @@ void Emitter::emit_launch() {
       idx[n - 2] = "tj_g0 + tj_pair % tj_gsize % tj_gh";
       idx[n - 1] = "tj_pair % tj_gsize / tj_gh";
     }
-    for (size_t k = 0; k < plain; ++k) {
+    // Decode order, slowest first: the loops as written, or, with knob longest_first, the loops whose
+    // index raises an inner loop's trip count first and counted down (the longest programs start
+    // first, and the short ones fill the tail).
+    std::vector<size_t> order;
+    for (size_t k = 0; k < plain; ++k)
+      if (longest_first_ && growing.count(k)) order.push_back(k);
+    for (size_t k = 0; k < plain; ++k)
+      if (!(longest_first_ && growing.count(k))) order.push_back(k);
+    for (size_t p = 0; p < order.size(); ++p) {
+      const size_t k = order[p];
       std::string stride;
-      for (size_t j = k + 1; j < plain; ++j) stride += (stride.empty() ? "" : " * ") + fmt::format("tj_n{}", j);
-      std::string i = stride.empty() ? pid : plain - k > 2 ? fmt::format("{} / ({})", pid, stride) : fmt::format("{} / {}", pid, stride);
-      if (k > 0) i = fmt::format("{} % tj_n{}", i, k);
+      for (size_t q = p + 1; q < order.size(); ++q) stride += (stride.empty() ? "" : " * ") + fmt::format("tj_n{}", order[q]);
+      std::string i = stride.empty() ? pid : order.size() - p > 2 ? fmt::format("{} / ({})", pid, stride) : fmt::format("{} / {}", pid, stride);
+      if (p > 0) i = fmt::format("{} % tj_n{}", i, k);
+      if (longest_first_ && growing.count(k)) i = fmt::format("tj_n{} - 1 - {}", k, p > 0 ? "(" + i + ")" : i);
       idx[k] = i;
     }
     for (size_t k = 0; k < n; ++k) {
@@ -473,7 +502,7 @@ void Emitter::emit_launch() {
       const std::string b = br.constant() && br.lo == 0 ? "" : ref(l.operands[0]) + " + ";
       const std::string bs = l.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, l.block_id), DType::i64) : "";
       const std::string& i = idx[k];
-      std::string value = l.loop_kind == ir::LoopKind::grid ? b + i
+      std::string value = l.loop_kind == ir::LoopKind::grid ? b + (i == "tj_pid" ? i : "(" + i + ")")
                           : i != "tj_pid"                   ? fmt::format("{}({}) * {}", b, i, bs)
                                                             : fmt::format("{}{} * {}", b, i, bs);
       names_[l.body_index] = fmt::format("v{}", l.body_index);
@@ -804,7 +833,7 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
   // Knob simt_min_blocks: ptxas keeps the registers low enough for that many blocks per SM
   // (__launch_bounds__'s second argument). A streaming kernel whose loads wait on DRAM may want the
   // blocks more than the registers: chunk_amax at 99 registers ran two blocks of 256 threads per SM
-  // at half the DRAM bandwidth (H100, session 27; kernels/attention_fp8_forward.cpp).
+  // at half the DRAM bandwidth (measured on an H100; kernels/attention_fp8_forward.cpp).
   const int64_t min_blocks = cfg_.knob("simt_min_blocks", 0);
   const int64_t sm_threads = target_.max_threads_per_sm();
   if (min_blocks < 0 || min_blocks * plan_.threads > sm_threads)
@@ -851,6 +880,7 @@ GeneratedKernel Emitter::run() {
   passes::verify(f_);
   if (cfg_.knob("mma", 1) != 0) mma_ = plan_mma(f_, cfg_, target_);
   persistent_ = cfg_.knob("persistent", 0) != 0;
+  longest_first_ = cfg_.knob("longest_first", 0) != 0;
   raster_group_ = cfg_.knob("raster_group", 1);
   if (raster_group_ < 1 || raster_group_ > 64)
     throw Error(fmt::format("kernel '{}': knob raster_group must be in [1, 64] (1: off), got {}", f_.name, raster_group_));

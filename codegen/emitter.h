@@ -87,6 +87,7 @@ class Emitter {
   LayoutPlan plan_;
   bool persistent_ = false;              // knob persistent: blocks loop over the programs
   int64_t raster_group_ = 1;             // knob raster_group
+  bool longest_first_ = false;           // knob longest_first
   MmaPlan mma_;                          // the dots on the tensor cores (empty: a SIMT kernel)
   AsyncPlan async_;                      // their waits and slot releases
   bool fast_math_ = false;

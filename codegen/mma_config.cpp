@@ -102,6 +102,8 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   if (uniform_work(f)) {
     c.knobs["persistent"] = 1;
     c.knobs["raster_group"] = 8;
+  } else {
+    c.knobs["longest_first"] = 1;
   }
   // As many stages as fit the shared memory, from 4 down.
   for (int stages = 4; stages >= 1; --stages) {
@@ -132,6 +134,7 @@ const bool registered = [] {
       knobs.push_back({"warp_specialize", {0, 1}, 1});
     knobs.push_back({"persistent", {0, 1}, 0});
     knobs.push_back({"raster_group", {1, 8}, 1});
+    knobs.push_back({"longest_first", {0, 1}, 0});
     return knobs;
   });
   return true;

@@ -195,8 +195,8 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
     CHECK(find_dim(s, "num_stages")->values == std::vector<int64_t>{1, 2, 3, 4});
     CHECK(find_dim(s, "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
     CHECK(find_dim(s, "warp_specialize")->values == std::vector<int64_t>{0, 1});   // the generic tensor-core lowering's
-    CHECK(s.size() == 5 * 5 * 3 * 4 * 3 * 2 * 2 * 2);   // and persistent, raster_group
-    CHECK(s.describe().find("= 7200 points") != std::string::npos);
+    CHECK(s.size() == 5 * 5 * 3 * 4 * 3 * 2 * 2 * 2 * 2);   // and persistent, raster_group, longest_first
+    CHECK(s.describe().find("= 14400 points") != std::string::npos);
     // Every point is a config the kernel accepts, and maps back to itself.
     for (const Point& p : all_points(s.sizes())) {
       Config c = s.config_at(p);
@@ -247,7 +247,7 @@ TEST_CASE("autotune space: knobs registered by a lowering") {
   CHECK(find_dim(s80, "test_split") == nullptr);
   CHECK(find_dim(after, "test_split") == nullptr);
   // The generic tensor-core lowering's own knobs, on sm_90a only.
-  for (const char* k : {"warp_specialize", "persistent", "raster_group"}) {
+  for (const char* k : {"warp_specialize", "persistent", "raster_group", "longest_first"}) {
     CAPTURE(std::string(k));
     CHECK(find_dim(after, k) != nullptr);
     CHECK(find_dim(s80, k) == nullptr);
@@ -287,7 +287,7 @@ TEST_CASE("autotune space: restricted by hand (--only)") {
   CHECK(find_dim(s, "num_warps") == nullptr);
   CHECK(s.base().num_warps == 4);
   CHECK(s.base().num_stages == 3);
-  CHECK(s.size() == 2 * 5 * 3 * 2 * 2 * 2);   // m, n, simt_vec, warp_specialize, persistent, raster_group
+  CHECK(s.size() == 2 * 5 * 3 * 2 * 2 * 2 * 2);   // m, n, simt_vec, warp_specialize, persistent, raster_group, longest_first
   SpaceOptions bad;
   CHECK_THROWS_AS(parse_only("m=", bad), Error);
   CHECK_THROWS_AS(parse_only("m=12x", bad), Error);

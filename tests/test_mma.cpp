@@ -14,6 +14,7 @@
 #include "codegen/async_plan.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/layout.h"
+#include "codegen/lowering.h"
 #include "codegen/mma_plan.h"
 #include "dsl/config.h"
 #include "examples/kernels/user_kernels.h"
@@ -195,11 +196,29 @@ TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a 
        R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})", R"(m64n128k16\.f32\.bf16\.bf16)"},
       {"README attention, e4m3", [] { return attention(DType::e4m3, {2, 4, 256, 64}, false); },
        R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":2})", R"(m64n64k32\.f32\.e4m3\.e4m3)"},
+      {"README attention, head dim 96", [] { return attention(DType::bf16, {2, 4, 256, 96}, false); }, "",
+       R"(m64n96k16\.f32\.bf16\.bf16)"},
+      {"sink attention",
+       [] {
+         return examples::sink_attention().trace({T(DType::bf16, {2, 4, 256, 128}), T(DType::bf16, {2, 4, 256, 128}),
+                                                  T(DType::bf16, {2, 4, 256, 128}), T(DType::f32, {4}),
+                                                  T(DType::bf16, {2, 4, 256, 128}), RuntimeScalar{0.1f}});
+       },
+       "", R"(m64n128k16\.f32\.bf16\.bf16)"},
+      {"MLA attention, head dims 192 / 128",
+       [] {
+         return examples::mla_attention().trace({T(DType::bf16, {2, 4, 256, 192}), T(DType::bf16, {2, 4, 256, 192}),
+                                                 T(DType::bf16, {2, 4, 256, 128}), T(DType::bf16, {2, 4, 256, 128}),
+                                                 RuntimeScalar{0.1f}});
+       },
+       "", R"(m64n128k16\.f32\.bf16\.bf16)"},
   };
   for (const Case& c : cases) {
     const std::string what = c.what;
     CAPTURE(what);
-    const auto g = codegen::generate_cuda(c.f(), cfg(c.config), Target{});
+    const ir::Function f = c.f();
+    // "": the generic lowering's untuned config.
+    const auto g = codegen::generate_cuda(f, *c.config ? cfg(c.config) : codegen::untuned_config(f, "sm_90a"), Target{});
     INFO(g.source);
     CHECK(g.lowering == "tensor cores (wgmma)");
     CHECK(g.notes.empty());

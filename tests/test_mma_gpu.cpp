@@ -8,6 +8,7 @@
 #include <random>
 
 #include "autotune/launch.h"
+#include "codegen/lowering.h"
 #include "examples/kernels/user_kernels.h"
 #include "gpu.h"
 #include "runtime/driver.h"
@@ -180,4 +181,51 @@ TEST_CASE("gpu: a launch whose dots stay on the SIMT path says so once, with the
         r.find("operands f32 x f32") != std::string::npos && r.find("stays on the SIMT path") != std::string::npos)
       ++found;
   CHECK(found == 1);
+}
+
+TEST_CASE("gpu: attention variants written as user code (sink logits, MLA head dims, head dim 96) match the reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(13);
+  const double scale = 1.4426950408889634 / std::sqrt(128.0);
+  for (const char* config : {"", R"({"blocks":{"m":64,"n":64},"num_warps":4,"num_stages":2})"}) {
+    CAPTURE(std::string(config));
+    auto cfg_for = [&](const Kernel& k, const std::vector<HostTensor>& t, const std::vector<Arg>& tail) {
+      if (*config) return Config::from_json(config);
+      std::vector<Arg> args;
+      for (const auto& x : t) args.push_back(x.view());
+      args.insert(args.end(), tail.begin(), tail.end());
+      return codegen::untuned_config(k.trace(specs_for(k, args, false)), "sm_90a");
+    };
+    {
+      const std::vector<int64_t> s = {2, 3, 200, 128};
+      std::vector<HostTensor> t = {random_tensor(DType::bf16, s, rng), random_tensor(DType::bf16, s, rng),
+                                   random_tensor(DType::bf16, s, rng), random_tensor(DType::f32, {3}, rng, 2.0),
+                                   HostTensor(DType::bf16, s)};
+      const std::vector<Arg> tail = {scale};
+      const Outcome o = run_both(examples::sink_attention(), t, tail, 4, cfg_for(examples::sink_attention(), t, tail));
+      CHECK(o.lowering == "tensor cores (wgmma)");
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse < 1e-2);
+    }
+    {
+      const std::vector<int64_t> sqk = {1, 3, 300, 192}, sv = {1, 3, 300, 128};
+      std::vector<HostTensor> t = {random_tensor(DType::bf16, sqk, rng), random_tensor(DType::bf16, sqk, rng),
+                                   random_tensor(DType::bf16, sv, rng), HostTensor(DType::bf16, sv)};
+      const std::vector<Arg> tail = {scale};
+      const Outcome o = run_both(examples::mla_attention(), t, tail, 3, cfg_for(examples::mla_attention(), t, tail));
+      CHECK(o.lowering == "tensor cores (wgmma)");
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse < 1e-2);
+    }
+    {
+      const std::vector<int64_t> s = {2, 2, 256, 96};
+      std::vector<HostTensor> t = {random_tensor(DType::bf16, s, rng), random_tensor(DType::bf16, s, rng),
+                                   random_tensor(DType::bf16, s, rng), HostTensor(DType::bf16, s)};
+      const std::vector<Arg> tail = {scale, true};
+      const Outcome o = run_both(examples::readme_attention(), t, tail, 3, cfg_for(examples::readme_attention(), t, tail));
+      CHECK(o.lowering == "tensor cores (wgmma)");
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse < 1e-2);
+    }
+  }
 }

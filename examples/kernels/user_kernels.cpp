@@ -106,4 +106,60 @@ const Kernel& readme_attention() {
   return k;
 }
 
+const Kernel& sink_attention() {
+  static const Kernel k = kernel("sink_attention", {"q", "k", "v", "sinks", "o", "scale"},
+                                 [](In q, In k, In v, In sinks, Out o, Scalar scale) {
+    auto [B, H, S, D] = q.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) {
+        // The sink is a key every query sees, with logit sinks[h] and a zero value: the running
+        // max starts at it and the sum at its exp2, 1.
+        Var m_i = zeros({m}, DType::f32) + sinks.load(h).to(DType::f32);
+        Var l_i = full({m}, 1.0, DType::f32);
+        Var acc = zeros({m, D}, DType::f32);
+        auto qt = q.load(b, h, m, all);
+        for (auto n : tile(S, block("n"))) {
+          auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
+          auto m_new = maximum(m_i, amax(s, 1));
+          auto p = exp2(s - m_new.col());
+          auto alpha = exp2(m_i - m_new);
+          l_i = l_i * alpha + sum(p, 1);
+          acc = dot(p.to(v.dtype()), v.load(b, h, n, all), acc * alpha.col());
+          m_i = m_new;
+        }
+        o.store(b, h, m, all, (acc / l_i.col()).to(o.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
+const Kernel& mla_attention() {
+  static const Kernel k = kernel("mla_attention", {"q", "k", "v", "o", "scale"}, [](In q, In k, In v, Out o, Scalar scale) {
+    auto [B, H, S, Dqk] = q.shape<4>();
+    auto Dv = v.dim(3);
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) {
+        Var m_i = full({m}, -INFINITY, DType::f32);
+        Var l_i = zeros({m}, DType::f32);
+        Var acc = zeros({m, Dv}, DType::f32);
+        auto qt = q.load(b, h, m, all);
+        for (auto n : tile(S, block("n"))) {
+          auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
+          auto m_new = maximum(m_i, amax(s, 1));
+          auto p = exp2(s - m_new.col());
+          auto alpha = exp2(m_i - m_new);
+          l_i = l_i * alpha + sum(p, 1);
+          acc = dot(p.to(v.dtype()), v.load(b, h, n, all), acc * alpha.col());
+          m_i = m_new;
+        }
+        o.store(b, h, m, all, (acc / l_i.col()).to(o.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
 }  // namespace tj::examples

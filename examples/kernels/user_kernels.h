@@ -21,4 +21,11 @@ const Kernel& swiglu();
 // exp2 (scale has log2(e) folded in), causal or not.
 const Kernel& readme_attention();
 
+// Attention with a per-head sink logit in the softmax denominator (gpt-oss style): sinks [H] in
+// log2 units, an extra key of zero value that every query sees.
+const Kernel& sink_attention();
+
+// Attention whose values have their own head dim (MLA: q, k [B, H, S, Dqk], v [B, H, S, Dv]).
+const Kernel& mla_attention();
+
 }  // namespace tj::examples
