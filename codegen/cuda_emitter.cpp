@@ -52,6 +52,20 @@ void Emitter::analyze() {
     if (op.kind == OpKind::loop) ++uses_[op.body_index];
     compute_range(op);
   });
+  // A register operand of a tensor-core dot cast from f32 to the operand's type, and used only by
+  // the dot: the dot's own conversion (to the A fragment, or into its buffer) rounds the same way,
+  // so the dot takes the f32 tile and the cast goes.
+  for (MmaDot& d : mma_.dots)
+    for (MmaOperand* o : {&d.a, &d.b}) {
+      if (o->source == MmaOperand::Source::staged || o->transposed) continue;
+      const Op* c = def_[o->value];
+      if (!c || c->kind != OpKind::cast || uses_[o->value] != 1 || f_.type(c->operands[0]).dtype != DType::f32 ||
+          f_.type(o->value).rank() != 2)
+        continue;
+      --uses_[o->value];
+      ++uses_[c->operands[0]];
+      o->value = c->operands[0];
+    }
   // Dead code: pure ops whose results are never used free their operands, to a fixpoint.
   std::set<const Op*> dead;
   for (bool changed = true; changed;) {
@@ -646,7 +660,82 @@ void Emitter::emit_elementwise(const Op& op) {
     case OpKind::cast: expr = cast_expr(f_.type(op.operands[0]).dtype, rt.dtype, vars[0]); break;
     default: break;
   }
+  // A mask made of index comparisons (causal attention's m.index().col() >= n.index().row()) holds
+  // on the whole tile in most iterations: there the where is a copy, decided once per tile by
+  // interval arithmetic on the indices.
+  if (op.kind == OpKind::where && !L.is_scalar()) {
+    if (auto whole = uniform_truth(op.operands[0])) {
+      const std::string n = fmt::format("v{}", op.result);
+      line(fmt::format("{} {};", tile_type(rt.dtype, L), n), &op.loc);
+      line(fmt::format("if ({}) {} = {};   // the mask holds on the whole tile", whole->first, n,
+                       plan_.of(op.operands[1]).is_scalar() ? fmt::format("tj::dev::full<{}>({})", alias(L), args[1]) : args[1]),
+           &op.loc);
+      line(fmt::format("else {} = tj::dev::map<{}>([]({}) {{ return {}; }}, {});", n, alias(L), fmt::join(params, ", "), expr,
+                       fmt::join(args, ", ")),
+           &op.loc);
+      names_[op.result] = n;
+      return;
+    }
+  }
   define_mapped(op, L, "[]", params, expr, args);
+}
+
+std::optional<std::pair<std::string, std::string>> Emitter::index_interval(int v) const {
+  const TileType& t = f_.type(v);
+  if (!is_int(t.dtype)) return std::nullopt;
+  if (t.is_scalar()) return std::pair{fmt::format("(long long)({})", ref(v)), fmt::format("(long long)({})", ref(v))};
+  const Op* d = def_[v];
+  if (!d) return std::nullopt;
+  switch (d->kind) {
+    case OpKind::arange: {
+      const std::string start = fmt::format("(long long)({})", ref(d->operands[0]));
+      return std::pair{start, fmt::format("({} + {})", start, cfg_.block(f_, d->block_id) - 1)};
+    }
+    case OpKind::expand_dims:
+    case OpKind::broadcast:
+      return index_interval(d->operands[0]);
+    case OpKind::cast:
+      return is_int(f_.type(d->operands[0]).dtype) ? index_interval(d->operands[0]) : std::nullopt;
+    case OpKind::binary: {
+      auto a = index_interval(d->operands[0]), b = index_interval(d->operands[1]);
+      if (!a || !b) return std::nullopt;
+      if (d->binary == BinaryFn::add)
+        return std::pair{fmt::format("({} + {})", a->first, b->first), fmt::format("({} + {})", a->second, b->second)};
+      if (d->binary == BinaryFn::sub)
+        return std::pair{fmt::format("({} - {})", a->first, b->second), fmt::format("({} - {})", a->second, b->first)};
+      return std::nullopt;
+    }
+    default: return std::nullopt;
+  }
+}
+
+std::optional<std::pair<std::string, std::string>> Emitter::uniform_truth(int v) const {
+  const Op* d = def_[v];
+  if (!d || f_.type(v).dtype != DType::i1 || f_.type(v).is_scalar()) return std::nullopt;
+  if (d->kind == OpKind::broadcast || d->kind == OpKind::expand_dims) return uniform_truth(d->operands[0]);
+  if (d->kind == OpKind::unary && d->unary == UnaryFn::logical_not) {
+    auto x = uniform_truth(d->operands[0]);
+    if (!x) return std::nullopt;
+    return std::pair{x->second, x->first};
+  }
+  if (d->kind != OpKind::binary) return std::nullopt;
+  if (d->binary == BinaryFn::logical_and || d->binary == BinaryFn::logical_or) {
+    auto a = uniform_truth(d->operands[0]), b = uniform_truth(d->operands[1]);
+    if (!a || !b) return std::nullopt;
+    const bool conj = d->binary == BinaryFn::logical_and;
+    return std::pair{fmt::format("({} {} {})", a->first, conj ? "&&" : "||", b->first),
+                     fmt::format("({} {} {})", a->second, conj ? "||" : "&&", b->second)};
+  }
+  auto x = index_interval(d->operands[0]), y = index_interval(d->operands[1]);
+  if (!x || !y) return std::nullopt;
+  // (holds everywhere, fails everywhere)
+  switch (d->binary) {
+    case BinaryFn::ge: return std::pair{fmt::format("({} >= {})", x->first, y->second), fmt::format("({} < {})", x->second, y->first)};
+    case BinaryFn::gt: return std::pair{fmt::format("({} > {})", x->first, y->second), fmt::format("({} <= {})", x->second, y->first)};
+    case BinaryFn::le: return std::pair{fmt::format("({} <= {})", x->second, y->first), fmt::format("({} > {})", x->first, y->second)};
+    case BinaryFn::lt: return std::pair{fmt::format("({} < {})", x->second, y->first), fmt::format("({} >= {})", x->first, y->second)};
+    default: return std::nullopt;
+  }
 }
 
 void Emitter::define_mapped(const Op& op, const Layout& L, const char* capture, const std::vector<std::string>& params,

@@ -359,7 +359,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
     const int rows_dim = 1 - k_dim;
     const bool kmask = d.k_masked && has_krange;
     line("tj::dev::sync_threads();   // every warp is done with the buffer's last contents", &op.loc);
-    line(fmt::format("tj::dev::stage_operand<{}, {}, {}, {}>({}, tj_tc + {}, {}, {});", dtag(f_.type(o.value).dtype),
+    line(fmt::format("tj::dev::stage_operand<{}, {}, {}, {}>({}, tj_tc + {}, {}, {});", dtag(which == 0 ? d.ta : d.tb),
                      operand_type(b.tile), rows_dim, kmask, ref(o.value), b.smem_offset,
                      kmask ? ref(op.operands[kpos]) : "0", kmask ? ref(op.operands[kpos + 1]) : "0"),
          &op.loc);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -170,6 +171,12 @@ class Emitter {
   // Is `start + [0, extent)` provably inside [0, dim) for a static dim?
   bool provably_inside(int start, int64_t extent, int64_t dim) const;
   std::string define(int v, const std::string& expr, const ir::SourceLoc& loc);
+  // Interval [lo, hi] (C++ expressions) of an integer tile made of aranges, broadcasts, casts,
+  // sums and differences of them and scalars; nothing for other values.
+  std::optional<std::pair<std::string, std::string>> index_interval(int v) const;
+  // For a boolean tile made of comparisons of such tiles (and, or, not): the C++ conditions under
+  // which it holds on the whole tile and fails on the whole tile.
+  std::optional<std::pair<std::string, std::string>> uniform_truth(int v) const;
   // The C++ expression of a scalar leaf op (constant, parameter, tensor dim, block size).
   std::string leaf_name(const Op& op) const;
 

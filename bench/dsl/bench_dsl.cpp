@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention] [--reps N] "
+      std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention,variants] [--reps N] "
                            "[--warmup N] [--quick]\n");
       return 2;
     }
@@ -204,6 +204,57 @@ int main(int argc, char** argv) {
         }
     }
 
+    if (want("variants")) {
+      // Attention variants as user code; the template runs attention_fp8 on inputs padded to its
+      // head dims (same useful FLOPs counted for both).
+      const int64_t B = 4, H = 16, S = 4096;
+      {
+        Case c;
+        const int64_t D = 96;
+        c.name = fmt::format("readme_attention bf16 {}x{}x{}x{}", B, H, S, D);
+        c.problem = fmt::format("attention {} {} {} {}", B, H, S, D);
+        c.kernel = &examples::readme_attention();
+        for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(DType::bf16, {B, H, S, D}, seed += 10));
+        c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
+        c.out = 3;
+        c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D)), false};
+        c.flops = 4.0 * B * H * S * S * D;
+        c.paths = {{"generic", ""}, {"template", ""}};
+        cases.push_back(std::move(c));
+      }
+      {
+        Case c;
+        const int64_t D = 128;
+        c.name = fmt::format("sink_attention bf16 {}x{}x{}x{}", B, H, S, D);
+        c.problem = fmt::format("sink {} {} {} {}", B, H, S, D);
+        c.kernel = &examples::sink_attention();
+        for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(DType::bf16, {B, H, S, D}, seed += 10));
+        c.host.push_back(random_tensor(DType::f32, {H}, seed += 10, 2.0));
+        c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
+        c.out = 4;
+        c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D))};
+        c.flops = 4.0 * B * H * S * S * D;
+        c.paths = {{"generic", ""}, {"template", ""}};
+        cases.push_back(std::move(c));
+      }
+      {
+        Case c;
+        const int64_t Dqk = 192, Dv = 128;
+        c.name = fmt::format("mla_attention bf16 {}x{}x{}x{}/{}", B, H, S, Dqk, Dv);
+        c.problem = fmt::format("mla {} {} {} {} {}", B, H, S, Dqk, Dv);
+        c.kernel = &examples::mla_attention();
+        c.host.push_back(random_tensor(DType::bf16, {B, H, S, Dqk}, seed += 10));
+        c.host.push_back(random_tensor(DType::bf16, {B, H, S, Dqk}, seed += 10));
+        c.host.push_back(random_tensor(DType::bf16, {B, H, S, Dv}, seed += 10));
+        c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, Dv});
+        c.out = 3;
+        c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(Dqk))};
+        c.flops = 2.0 * B * H * S * S * (Dqk + Dv);
+        c.paths = {{"generic", ""}, {"template", ""}};
+        cases.push_back(std::move(c));
+      }
+    }
+
     std::printf("%-44s %-26s %9s %9s %10s  %s\n", "case", "path", "ms", "TFLOP/s", "rel err", "config");
     for (Case& c : cases) {
       for (auto& h : c.host) c.dev.push_back(DeviceTensor::from_host(h));
@@ -215,9 +266,34 @@ int main(int argc, char** argv) {
         if (!json.empty()) config = Config::from_json(json);
         std::vector<DeviceTensor> fast_dev;
         const bool template_path = path == "template";
+        bool checked = true;   // the output is the problem's (not a padded or different one)
         if (template_path) {
           // The library's fast path for the same problem and inputs.
-          if (c.problem.rfind("attention", 0) == 0) {
+          const bool attention_like = c.problem.rfind("attention", 0) == 0 || c.problem.rfind("sink", 0) == 0 ||
+                                      c.problem.rfind("mla", 0) == 0;
+          const int64_t dqk = c.host[0].shape()[3], dv = c.host[2].shape()[3];
+          const int64_t dpad = std::max(dqk, dv) <= 64 ? 64 : std::max(dqk, dv) <= 128 ? 128 : 256;
+          if (attention_like && (dqk != dpad || dv != dpad)) {
+            // attention_fp8 takes one head dim of 64, 128 or 256: the inputs padded with zeros.
+            k = &kernels::attention_fp8();
+            const auto& q = c.host[0].shape();
+            std::vector<int64_t> ps = {q[0], q[1], q[2], dpad};
+            for (int t = 0; t < 3; ++t) {
+              HostTensor h(DType::bf16, ps);
+              const int64_t d = c.host[t].shape()[3];
+              for (int64_t r = 0; r < q[0] * q[1] * q[2]; ++r)
+                for (int64_t x = 0; x < dpad; ++x) h.set(r * dpad + x, x < d ? c.host[t].at(r * d + x) : 0.0);
+              fast_dev.push_back(DeviceTensor::from_host(h));
+            }
+            fast_dev.emplace_back(DType::bf16, ps);
+            HostTensor hd = HostTensor::from_values(std::vector<double>(q[0] * q[1], 1.0), DType::f32, {q[0], q[1]});
+            fast_dev.push_back(DeviceTensor::from_host(hd));
+            fast_dev.emplace_back(DType::f32, std::vector<int64_t>{q[0], q[1], q[2]});
+            run_args = {fast_dev[0].view(), fast_dev[1].view(), fast_dev[2].view(), fast_dev[4].view(), fast_dev[4].view(),
+                        fast_dev[4].view(), fast_dev[3].view(), fast_dev[5].view(), std::get<double>(c.tail[0]), 1.0,
+                        false, false};
+            checked = false;
+          } else if (attention_like) {
             k = &kernels::attention_fp8();
             const auto& q = c.host[0].shape();
             fast_dev.emplace_back(DType::f32, std::vector<int64_t>{q[0], q[1]});   // descales of 1
@@ -225,9 +301,12 @@ int main(int argc, char** argv) {
             std::vector<float> ones(q[0] * q[1], 1.0f);
             HostTensor hd = HostTensor::from_values(std::vector<double>(ones.begin(), ones.end()), DType::f32, {q[0], q[1]});
             fast_dev[0] = DeviceTensor::from_host(hd);
+            // The sink variant's nearest fast path writes the LSE (a fix-up pass would add the sink).
+            const bool sink = c.problem.rfind("sink", 0) == 0;
             run_args = {c.dev[0].view(), c.dev[1].view(), c.dev[2].view(), fast_dev[0].view(), fast_dev[0].view(),
-                        fast_dev[0].view(), c.dev[3].view(), fast_dev[1].view(), std::get<double>(c.tail[0]), 1.0,
-                        std::get<bool>(c.tail[1]), false};
+                        fast_dev[0].view(), c.dev[c.out].view(), fast_dev[1].view(), std::get<double>(c.tail[0]), 1.0,
+                        sink ? false : std::get<bool>(c.tail[1]), sink};
+            checked = !sink;
           }
         }
         // Compile once (a tuned or default config without `config`), then launch the compiled kernel.
@@ -280,31 +359,34 @@ int main(int argc, char** argv) {
           }
         } else {
           const auto& sh = hs[0].shape();
-          const int64_t B = sh[0], H = sh[1], S = sh[2], D = sh[3];
-          const bool causal = std::get<bool>(c.tail[1]);
+          const int64_t B = sh[0], H = sh[1], S = sh[2], D = sh[3], Dv = hs[2].shape()[3];
+          const bool causal = c.tail.size() > 1 && std::get<bool>(c.tail[1]);
+          const bool sink = c.problem.rfind("sink", 0) == 0;
           const double scale = 1.0 / std::sqrt(static_cast<double>(D));
           for (int s = 0; s < 4; ++s) {
             const int64_t b = rng() % B, h = rng() % H, i = rng() % S;
-            const int64_t base = (b * H + h) * S * D;
+            const int64_t base = (b * H + h) * S * D, vbase = (b * H + h) * S * Dv;
             const int64_t keys = causal ? i + 1 : S;
             std::vector<double> p(keys);
-            double mx = -INFINITY;
+            // The sink: a key of logit sinks[h] (log2 units) and zero value.
+            const double sink_logit = sink ? hs[3].at(h) * std::log(2.0) : -INFINITY;
+            double mx = sink_logit;
             for (int64_t j = 0; j < keys; ++j) {
               double dotv = 0;
               for (int64_t d = 0; d < D; ++d) dotv += hs[0].at(base + i * D + d) * hs[1].at(base + j * D + d);
               p[j] = dotv * scale;
               mx = std::max(mx, p[j]);
             }
-            double sum = 0;
+            double sum = sink ? std::exp(sink_logit - mx) : 0.0;
             for (double& x : p) sum += (x = std::exp(x - mx));
-            for (int64_t d = 0; d < D; ++d) {
+            for (int64_t d = 0; d < Dv; ++d) {
               double o = 0;
-              for (int64_t j = 0; j < keys; ++j) o += p[j] * hs[2].at(base + j * D + d);
-              pairs.push_back({o / sum, got.at(base + i * D + d)});
+              for (int64_t j = 0; j < keys; ++j) o += p[j] * hs[2].at(vbase + j * Dv + d);
+              pairs.push_back({o / sum, got.at(vbase + i * Dv + d)});
             }
           }
         }
-        const double err = rel_rms(pairs);
+        const double err = checked ? rel_rms(pairs) : NAN;
         const auto samples = bench::time_samples(launch_once, spinner, stream, warmup, reps, 5.0,
                                                  [&](CUstream s) { flush.memset_async(0, s); });
         const double ms = bench::median(samples);
@@ -313,7 +395,8 @@ int main(int argc, char** argv) {
                     ck.config.to_json().c_str());
         std::fflush(stdout);
         jsonl << fmt::format(R"({{"problem":"{}","case":"{}","impl":"tilejit {}","lowering":"{}","ms":{},"tflops":{},"rel_err":{},"config":{}}})",
-                             c.problem, c.name, path, ck.generated.lowering, ms, tflops, err, ck.config.to_json())
+                             c.problem, c.name, path, ck.generated.lowering, ms, tflops,
+                             std::isnan(err) ? std::string("null") : fmt::format("{}", err), ck.config.to_json())
               << "\n";
         jsonl.flush();
       } catch (const std::exception& e) {

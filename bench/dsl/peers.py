@@ -80,6 +80,26 @@ def peers_for(problem):
             out.append(("torch.compile", flops, compiled))
         except Exception as e:  # noqa: BLE001 -- report and go on without it
             print(f"torch.compile failed for {problem}: {e}", file=sys.stderr)
+    elif words[0] in ("sink", "mla"):
+        # The nearest fast peer: SDPA on the same shapes without the sink (sink), with its own value
+        # head dim (mla).
+        b, h, s = (int(x) for x in words[1:4])
+        dqk = int(words[4])
+        dv = int(words[5]) if words[0] == "mla" else dqk
+        q, k = (torch.randn(b, h, s, dqk, device=dev).to(bf) for _ in range(2))
+        v = torch.randn(b, h, s, dv, device=dev).to(bf)
+        flops = 2.0 * b * h * s * s * (dqk + dv)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for name, backend in (("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION), ("SDPA flash", SDPBackend.FLASH_ATTENTION)):
+            def run(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v)
+            try:
+                run()
+                out.append((name, flops, run))
+            except Exception as e:  # noqa: BLE001
+                print(f"{name} failed for {problem}: {e}", file=sys.stderr)
     elif words[0] == "attention":
         b, h, s, d = (int(x) for x in words[1:5])
         causal = len(words) > 5 and words[5] == "causal"
@@ -120,7 +140,8 @@ def bench(args):
             torch.cuda.empty_cache()
 
 
-MAIN_PEER = {"gemm": "torch.matmul", "bmm": "torch.bmm", "swiglu": "torch 2 GEMMs + pass", "attention": "SDPA cuDNN"}
+MAIN_PEER = {"gemm": "torch.matmul", "bmm": "torch.bmm", "swiglu": "torch 2 GEMMs + pass", "attention": "SDPA cuDNN",
+             "sink": "SDPA cuDNN", "mla": "SDPA cuDNN"}
 
 
 def merge(args):
@@ -155,7 +176,7 @@ def merge(args):
             p,
             f"{g['tflops']:.1f}" if g else "-",
             cfg.replace('"', ""),
-            f"{g['rel_err']:.1e}" if g else "-",
+            f"{g['rel_err']:.1e}" if g and g.get("rel_err") is not None else "-",
             f"{t['tflops']:.1f}" if t else "-",
             "; ".join(f"{k} {v['tflops']:.1f}" for k, v in peers.items()) or "-",
             f"**{g['tflops'] / main['tflops']:.2f}**" if g and main else "-",
