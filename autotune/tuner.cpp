@@ -23,6 +23,7 @@
 #include "autotune/space.h"
 #include "autotune/worker.h"
 #include "codegen/cuda_emitter.h"
+#include "codegen/knob.h"
 #include "codegen/target.h"
 #include "runtime/device.h"
 #include "runtime/disk_cache.h"
@@ -91,6 +92,11 @@ std::vector<const Candidate*> TuneResult::ranking() const {
 }
 
 namespace {
+
+// The tuner's own knob (tests): the candidate faults on purpose, 1 by an illegal address, 2 by never
+// ending, 3 by crashing the process that runs it.
+const codegen::KnobSpec kFault{knob_names::fault, 0, "0", "tests: 1 an illegal address, 2 a kernel that never ends, 3 a crash"};
+const bool fault_knob_registered = codegen::register_knob_table("tuner", {&kFault});
 
 using clock_type = std::chrono::steady_clock;
 using Status = Candidate::Status;

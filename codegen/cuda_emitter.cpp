@@ -1,6 +1,7 @@
 // The CUDA emitter: the kernel, its launch decode, scalar and SIMT ops (emit_mma.cpp: the
 // tensor-core ops).
 #include "codegen/cuda_emitter.h"
+#include "codegen/emitter_knobs.h"
 
 #include <fmt/format.h>
 
@@ -923,7 +924,7 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
   // (__launch_bounds__'s second argument). A streaming kernel whose loads wait on DRAM may want the
   // blocks more than the registers: chunk_amax at 99 registers ran two blocks of 256 threads per SM
   // at half the DRAM bandwidth (measured on an H100; kernels/attention_fp8_forward.cpp).
-  const int64_t min_blocks = cfg_.knob("simt_min_blocks", 0);
+  const int64_t min_blocks = knobs::simt_min_blocks.of(cfg_);
   const int64_t sm_threads = target_.max_threads_per_sm();
   if (min_blocks < 0 || min_blocks * plan_.threads > sm_threads)
     throw Error(fmt::format("kernel '{}': knob simt_min_blocks must be in [0, {}] ({} threads per block, {} per SM on "
@@ -967,17 +968,17 @@ void Emitter::check_power_of_two_tiles() const {
 GeneratedKernel Emitter::run() {
   target_.validate();
   passes::verify(f_);
-  if (cfg_.knob("mma", 1) != 0) mma_ = plan_mma(f_, cfg_, target_);
-  persistent_ = cfg_.knob("persistent", 0) != 0;
-  longest_first_ = cfg_.knob("longest_first", 0) != 0;
-  raster_group_ = cfg_.knob("raster_group", 1);
+  if (knobs::mma.on(cfg_)) mma_ = plan_mma(f_, cfg_, target_);
+  persistent_ = knobs::persistent.on(cfg_);
+  longest_first_ = knobs::longest_first.on(cfg_);
+  raster_group_ = knobs::raster_group.of(cfg_);
   if (raster_group_ < 1 || raster_group_ > 64)
     throw Error(fmt::format("kernel '{}': knob raster_group must be in [1, 64] (1: off), got {}", f_.name, raster_group_));
   plan_ = assign_layouts(f_, cfg_, target_, &mma_);
   finish_mma_plan(mma_, [&](int v) { return plan_.of(v).is_mma(); });
   async_ = plan_async(f_, mma_);
   check_power_of_two_tiles();
-  fast_math_ = cfg_.knob("fast_math", 0) != 0;
+  fast_math_ = knobs::fast_math.on(cfg_);
   std::set<std::string> taken;
   for (size_t i = 0; i < f_.params.size(); ++i) {
     std::string n = identifier(f_.params[i].name);
@@ -1010,7 +1011,7 @@ GeneratedKernel Emitter::run() {
   k.persistent = persistent_;
   k.blocks_per_sm = 1;
   // Knob persistent_blocks caps the persistent grid (tests make every block loop over programs).
-  k.max_blocks = persistent_ ? cfg_.knob("persistent_blocks", 0) : 0;
+  k.max_blocks = persistent_ ? knobs::persistent_blocks.of(cfg_) : 0;
   smem_ = static_cast<int64_t>(k.dynamic_smem_bytes);
   emit_header(k.source, k.entry);
   k.source += body_;
@@ -1064,7 +1065,8 @@ const bool simt_knobs_registered = [] {
 }  // namespace
 
 GeneratedKernel generate_cuda(const ir::Function& f, const Config& cfg, const Target& t, bool start_early) {
-  if (cfg.knob("lowering", 1) != 0) {
+  check_knob_names(f.name, cfg);
+  if (knobs::lowering.on(cfg)) {
     for (const PatternLowering& l : lowerings()) {
       if (auto g = l.try_lower(f, cfg, t)) {
         g->lowering = l.name;

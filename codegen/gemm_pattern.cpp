@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/emitter_knobs.h"
 #include "codegen/scalar_expr.h"
 #include "dsl/ir.h"
 
@@ -341,7 +342,7 @@ Config tile_config(const Match& g, int64_t m, int64_t n, int64_t k) {
 // ---- the epilogue writer -----------------------------------------------------------------------
 
 EpilogueWriter::EpilogueWriter(const Match& g, const Config& cfg)
-    : g_(g), f_(*g.f), cfg_(cfg), fast_math_(cfg.knob("fast_math", 0) != 0) {
+    : g_(g), f_(*g.f), cfg_(cfg), fast_math_(knobs::fast_math.on(cfg)) {
   names_.assign(f_.values.size(), "");
   std::set<std::string> taken;
   for (size_t i = 0; i < f_.params.size(); ++i) {

@@ -1,4 +1,5 @@
 #include "codegen/layout.h"
+#include "codegen/emitter_knobs.h"
 
 #include <fmt/format.h>
 
@@ -197,7 +198,7 @@ struct UnionFind {
 };
 
 int simt_vec(const ir::Function& f, const Config& cfg) {
-  const int64_t v = cfg.knob("simt_vec", 1);
+  const int64_t v = knobs::simt_vec.of(cfg);
   if (v < 1 || v > 16 || (v & (v - 1)))
     throw Error(fmt::format("kernel '{}': knob simt_vec must be a power of two in [1, 16], got {}", f.name, v));
   return static_cast<int>(v);
@@ -214,7 +215,7 @@ Arrangement choose_arrangement2(const ir::Function& f, const Config& cfg, int wa
   Arrangement a;
   int64_t lc;
   if (cfg.knobs.count("simt_lanes_c")) {
-    lc = cfg.knob("simt_lanes_c", 8);
+    lc = knobs::simt_lanes_c.of(cfg);
     if (lc < 1 || lc > 32 || (lc & (lc - 1)))
       throw Error(fmt::format("kernel '{}': knob simt_lanes_c must be a power of two in [1, 32], got {}", f.name, lc));
   } else if (cmin == 0) {
@@ -229,7 +230,7 @@ Arrangement choose_arrangement2(const ir::Function& f, const Config& cfg, int wa
   a.lanes_c = static_cast<int>(lc);
   a.lanes_r = 32 / a.lanes_c;
   if (cfg.knobs.count("simt_warps_c")) {
-    int64_t wc = cfg.knob("simt_warps_c", 1);
+    int64_t wc = knobs::simt_warps_c.of(cfg);
     if (wc < 1 || warps % wc)
       throw Error(fmt::format("kernel '{}': knob simt_warps_c must divide num_warps ({}), got {}", f.name, warps, wc));
     a.warps_c = static_cast<int>(wc);

@@ -11,6 +11,8 @@
 
 #include "codegen/lowering.h"
 #include "codegen/attention_hooks.h"
+#include "codegen/attention_knobs.h"
+#include "codegen/emitter_knobs.h"
 #include "dsl/ir.h"
 #include "core/error.h"
 
@@ -216,9 +218,9 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // ---- config
   const int64_t bm = cfg.block(f, 0), bn = cfg.block(f, 1);
   const int stages = cfg.num_stages;
-  const bool overlap = cfg.knob("attn_overlap", 1) != 0;
-  const bool wgsync = cfg.knob("attn_wgsync", 0) != 0;
-  const bool block_skip = cfg.knob("attn_block_skip", 1) != 0;
+  const bool overlap = knobs::attn_overlap.of(cfg) != 0;
+  const bool wgsync = knobs::attn_wgsync.of(cfg) != 0;
+  const bool block_skip = knobs::attn_block_skip.of(cfg) != 0;
   auto fail = [&](const std::string& why) {
     return Error(fmt::format("kernel '{}' with config {} cannot use the sm_90a attention lowering: {}", f.name,
                              cfg.to_json(), why));
@@ -239,21 +241,21 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // The exception: a linear score hook (ALiBi) with three consumers keeps the V permutation (H200,
   // ALiBi causal S 8192, 192 x 96: 785 / 787 TFLOP/s permuted, 750 / 750 by parity,
   // the same main loop in SASS; at 64 x 128, S 2048, parity +2%).
-  const bool vperm_asked = cfg.knob("attn_vperm", 0) != 0;
-  const bool linear_hook_3 = consumers == 3 && hooks && hooks->score_mod && cfg.knob("attn_linear_score", 1) != 0 &&
+  const bool vperm_asked = knobs::attn_vperm.of(cfg) != 0;
+  const bool linear_hook_3 = consumers == 3 && hooks && hooks->score_mod && knobs::attn_linear_score.of(cfg) != 0 &&
                              score_hook_is_linear(f, *hooks, hook_symbols(f));
-  const bool keys_by_parity = fp8 && cfg.knob("attn_keys_by_parity", vperm_asked || linear_hook_3 ? 0 : 1) != 0;
+  const bool keys_by_parity = fp8 && knobs::attn_keys_by_parity.of(cfg, vperm_asked || linear_hook_3 ? 0 : 1) != 0;
   if (keys_by_parity && vperm_asked)
     throw fail("knobs attn_keys_by_parity = 1 and attn_vperm = 1 both reorder P's keys: choose one");
-  const bool vperm = !keys_by_parity && cfg.knob("attn_vperm", consumers >= 2 ? 1 : 0) != 0;
+  const bool vperm = !keys_by_parity && knobs::attn_vperm.of(cfg, consumers >= 2 ? 1 : 0) != 0;
   // Of every 8 score exp2s, how many run on the FMA pipes (exp2_fma.cuh) instead of the MUFU.
-  const int64_t exp2_fma = cfg.knob("attn_exp2_fma", 0);
+  const int64_t exp2_fma = knobs::attn_exp2_fma.of(cfg);
   // Where P goes to e4m3 straight (fp8, keys by parity, no LSE) those exp2s run in pairs in f16x2
   // (exp2_f16x2: about 5 instructions a score, exp2_fma 9); knob attn_exp2_f16 = 0 keeps exp2_fma.
   // (A merging kernel's LSE takes the e4m3 P's sums too: AttentionMatch::merging; so does one with
   // knob attn_lse_e4m3_sums = 1, the first part of a merged result such as dilated attention's.)
-  const bool f32_row_sums = m->with_lse && !m->merging && cfg.knob("attn_lse_e4m3_sums", 0) == 0;   // kF32RowSums
-  const bool exp2_f16 = cfg.knob("attn_exp2_f16", 1) != 0 && exp2_fma > 0 && keys_by_parity && !f32_row_sums;
+  const bool f32_row_sums = m->with_lse && !m->merging && knobs::attn_lse_e4m3_sums.of(cfg) == 0;   // kF32RowSums
+  const bool exp2_f16 = knobs::attn_exp2_f16.of(cfg) != 0 && exp2_fma > 0 && keys_by_parity && !f32_row_sums;
   if (exp2_fma < 0 || exp2_fma > 8)
     throw fail(fmt::format("knob attn_exp2_fma counts the score exp2s of every 8 computed on the FMA pipes: 0 to 8, "
                            "not {}",
@@ -262,7 +264,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // lazy rescaling leaves most alphas at 1 (H100, vote vs none, S 2048 / 8192: bf16 ALiBi +1-3%,
   // softcap +2%, fp8 within 1%; without lazy rescaling the vote had cost ALiBi 1-4%). Knob
   // attn_rescale_vote = 0 rescales at every block.
-  const bool rescale_vote = cfg.knob("attn_rescale_vote", 1) != 0;
+  const bool rescale_vote = knobs::attn_rescale_vote.of(cfg) != 0;
   const int limit = max_bn(fp8, D, consumers);
   const int64_t bn_mult = fp8 ? 32 : 16;
   const bool bn_listed = bn == 64 || bn == 96 || bn == 128 || bn == 192 || bn == 224 || bn == 256;
@@ -279,8 +281,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // consumer and room for three CTAs' shared memory, three CTAs share an SM.
   // No producer warp either (hopper_attention.cuh's kSelfLoad): the consumer warpgroup issues its own
   // K / V loads; 128 threads a CTA, three CTAs an SM where their shared memory fits.
-  const bool self_load = cfg.knob("attn_self_load", 0) != 0;
-  const bool lean = cfg.knob("attn_lean_producer", 0) != 0 || self_load;
+  const bool self_load = knobs::attn_self_load.of(cfg) != 0;
+  const bool lean = knobs::attn_lean_producer.of(cfg) != 0 || self_load;
   // as hopper_attention.cuh's Cfg::kSmemBytes: alignment slack, Q, stages, the row sums' tile of ones (fp8 without an
   // LSE: kRowSumMma), barriers, block table, bits, list (Cfg::kBlockTable: all but self-loading kernels without a
   // mask hook), the running LSE (merging)
@@ -292,7 +294,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
                        (m->merging ? 4 * bm : 0);
   // Persistent (knob attn_persistent, below): O's staging rows too (Cfg::kOStageBytes: 16 of
   // alignment, a row of O and 16 bytes a query)
-  const bool persistent = cfg.knob("attn_persistent", 0) != 0;
+  const bool persistent = knobs::attn_persistent.of(cfg) != 0;
   const int64_t o_stage = persistent ? 16 + bm * (D * (o.dtype == DType::e4m3 ? 1 : 2) + 16) : 0;
   if (smem + o_stage > t.max_smem_per_block())
     throw fail(fmt::format("{} bytes of shared memory (Q tile + {} stages of K and V{}) exceed the {} a block can use",
@@ -315,7 +317,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // ALiBi S 2048 / 8192: 398-409 / 508-509 TFLOP/s built in, 411-413 / 534 as a hook; fp8 ALiBi
   // 527-536 / 618-620 built in, 492-495 / 592-593 as a hook).
   const int64_t causal_hook_default = !fp8 && hooks && hooks->score_mod ? 1 : 0;
-  const int causal_leaf = hooks && block_skip && cfg.knob("attn_causal_hook", causal_hook_default) == 0
+  const int causal_leaf = hooks && block_skip && knobs::attn_causal_hook.of(cfg, causal_hook_default) == 0
                               ? causal_conjunct(*hooks, hook_symbols(f))
                               : -1;
   const bool causal_from_hook = causal_leaf >= 0;
@@ -335,7 +337,7 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // block table, no list walk, no per-element hook on the diagonal blocks. Not with block skipping
   // off; knob attn_causal_hook = 1 keeps the hook.
   const int prefix_leaf = hooks && !causal_from_hook && !m->causal && block_skip &&
-                                  cfg.knob("attn_causal_hook", causal_hook_default) == 0
+                                  knobs::attn_causal_hook.of(cfg, causal_hook_default) == 0
                               ? causal_prefix(f, *hooks, hook_symbols(f))
                               : -1;
   if (prefix_leaf >= 0) {
@@ -352,8 +354,8 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
     // attn_linear_score = 0 evaluates score() per element instead. Knob fast_math as everywhere.
     HookOptions ho;
     ho.skip_blocks = block_skip;
-    ho.linear_score = cfg.knob("attn_linear_score", 1) != 0;
-    ho.fast_math = cfg.knob("fast_math", 0) != 0;
+    ho.linear_score = knobs::attn_linear_score.of(cfg) != 0;
+    ho.fast_math = knobs::fast_math.of(cfg) != 0;
     hooks_src = hooks_source(f, *hooks, hook_symbols(f), "tj_hooks", "tj_hk", ho, &why);
     if (!hooks_src) return std::nullopt;   // e.g. a hook that loads a tile: the SIMT path runs it
   }
@@ -470,14 +472,14 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   // Causal-like masks give later query tiles more keys: those start first, across a group of
   // heads whose K and V fit attn_group_mb MB of L2 (0: head by head), so that short tiles fill
   // the grid's tail (attn_tile_order.cuh). Knob attn_reverse_tiles = 0 keeps the natural order.
-  const bool longest_first = m->causal || (m->mask_mod && cfg.knob("attn_reverse_tiles", 1) != 0);
+  const bool longest_first = m->causal || (m->mask_mod && knobs::attn_reverse_tiles.of(cfg) != 0);
   if (persistent) {
     line("// persistent: tiles blockIdx.x, blockIdx.x + gridDim.x, ... of tj_programs in the natural order");
     line("tj::dev::attn_fwd_persistent<tj_cfg>(&tj_tma_q, &tj_tma_k, &tj_tma_v, tj_p, (unsigned)tj_programs, "
          "(unsigned)tj_m_tiles);");
   } else {
     if (longest_first) {
-      const int64_t budget_mb = cfg.knob("attn_group_mb", default_group_mb(fp8));
+      const int64_t budget_mb = knobs::attn_group_mb.of(cfg, default_group_mb(fp8));
       if (budget_mb < 0 || budget_mb > 4096)
         throw fail(fmt::format("knob attn_group_mb is an L2 budget in MB, 0 (head by head) to 4096, got {}", budget_mb));
       const int64_t kv_row_bytes = (Dqk + D) * es;   // a key's K and V

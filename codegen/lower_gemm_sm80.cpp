@@ -10,14 +10,19 @@
 #include <string>
 #include <vector>
 
-#include "codegen/lowering.h"
+#include "codegen/emitter_knobs.h"
 #include "codegen/gemm_pattern.h"
+#include "codegen/lowering.h"
 #include "dsl/ir.h"
 #include "core/error.h"
 
 namespace tj::codegen {
 
 namespace {
+
+const KnobSpec kRasterGroup{"raster_group", 8, "8", "tile-row group height of the grid's rasterization, for L2 reuse"};
+const KnobSpec kStagedStore{"staged_store", 1, "1", "the epilogue stores through shared memory in 16-byte pieces where it fits"};
+const bool knobs_registered = register_knob_table("sm80_gemm", {&kRasterGroup, &kStagedStore, &knobs::fast_math});
 
 const char* mma_type(DType t) {
   switch (t) {
@@ -71,7 +76,7 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   p.bk_bytes = p.bk_elems * esize;
   p.stages = cfg.num_stages;
   p.warps = cfg.num_warps;
-  p.group = static_cast<int>(cfg.knob(codegen::knob_names::raster_group, 8));
+  p.group = static_cast<int>(kRasterGroup.of(cfg));
   const std::string& mname = f.blocks.at(g.m_block).name;
   const std::string& nname = f.blocks.at(g.n_block).name;
   const std::string& kname = f.blocks.at(g.k_block).name;
@@ -107,7 +112,7 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   // The epilogue's output staging reuses the stages' memory (free after the K loop), growing it
   // where a small tile's stages are smaller than the warps' buffers.
   const int64_t staging = int64_t(p.warps) * gemm::staged_store_bytes_per_warp(p.m_tiles);
-  p.staged_store = cfg.knob("staged_store", 1) != 0 && std::max(p.smem, staging) <= t.max_smem_per_block();
+  p.staged_store = kStagedStore.on(cfg) && std::max(p.smem, staging) <= t.max_smem_per_block();
   if (p.staged_store) p.smem = std::max(p.smem, staging);
   if (p.smem > t.max_smem_per_block())
     throw fail(fmt::format("{} stages of {} bytes ({}x{} A and {}x{} B bytes) need {} bytes of shared memory, more than the "
@@ -221,7 +226,7 @@ const bool registered = [] {
     const Target t{arch};
     gemm::Match g;
     if (!serves(t) || !gemm::match(f, g) || !target_has_mma_for(g, t)) return knobs;
-    knobs.push_back({codegen::knob_names::raster_group, {1, 4, 8, 16}, 8});
+    knobs.push_back({kRasterGroup.name, {1, 4, 8, 16}, kRasterGroup.fallback});
     return knobs;
   });
   // Untuned: 128 x 128 tiles, 4 warps, a 4-stage cp.async ring (fits sm_89's 99 KB for fp8).

@@ -10,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "codegen/lowering.h"
+#include "codegen/emitter_knobs.h"
 #include "codegen/gemm_pattern.h"
+#include "codegen/lowering.h"
 #include "dsl/ir.h"
 #include "core/error.h"
 
@@ -35,6 +36,20 @@ const char* wg_type(DType t) {
 // errors of ~2e-4 at K = 16384 and bf16-output errors equal to cuBLASLt's (bench/RESULTS.md).
 int64_t promote_fallback(const gemm::Match& g) { return is_fp8(g.ta) ? 4 : 0; }
 
+// ---- knobs --------------------------------------------------------------------------------------
+
+const KnobSpec kWarpSpecialize{"warp_specialize", 0, "0",
+                               "0: cooperative when block m >= 128, else pingpong; 1: cooperative (two consumer warpgroups "
+                               "share a tile); 2: pingpong (one consumer warpgroup per tile)"};
+const KnobSpec kCluster{"cluster", 1, "1 (the untuned config: 2)", "1, or 2: CTA pairs share B by TMA multicast"};
+const KnobSpec kRasterGroup{"raster_group", 8, "8", "tile-row group height of the grid's rasterization, for L2 reuse"};
+const KnobSpec kPromote{"promote", 4, "4 for fp8, else 0",
+                        "fp8: every P stages' partial products are added into an fp32 accumulator (0: the tensor core's own, "
+                        "faster and less precise, fp8 accumulation)"};
+const KnobSpec kStagedStore{"staged_store", 1, "1", "the epilogue stores through shared memory in 16-byte pieces where it fits"};
+const bool knobs_registered =
+    register_knob_table("sm90_gemm", {&kWarpSpecialize, &kCluster, &kRasterGroup, &kPromote, &kStagedStore, &knobs::fast_math});
+
 // ---- the chosen configuration --------------------------------------------------------------
 
 struct Plan {
@@ -53,10 +68,10 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   const int esize = size_bytes(g.ta);
   p.bk_bytes = p.bk_elems * esize;
   p.stages = cfg.num_stages;
-  p.cluster = static_cast<int>(cfg.knob(codegen::knob_names::cluster, 1));
-  p.group = static_cast<int>(cfg.knob(codegen::knob_names::raster_group, 8));
-  p.promote = static_cast<int>(cfg.knob("promote", promote_fallback(g)));
-  const int64_t ws = cfg.knob(codegen::knob_names::warp_specialize, 0);
+  p.cluster = static_cast<int>(kCluster.of(cfg));
+  p.group = static_cast<int>(kRasterGroup.of(cfg));
+  p.promote = static_cast<int>(kPromote.of(cfg, promote_fallback(g)));
+  const int64_t ws = kWarpSpecialize.of(cfg);
   const std::string& mname = f.blocks.at(g.m_block).name;
   const std::string& nname = f.blocks.at(g.n_block).name;
   const std::string& kname = f.blocks.at(g.k_block).name;
@@ -98,7 +113,7 @@ Plan plan_config(const gemm::Match& g, const ir::Function& f, const Config& cfg,
   // The epilogue's output staging (8 consumer warps) where it fits beside the stages; otherwise
   // the accumulator layout's direct stores.
   const int64_t staging = 8 * gemm::staged_store_bytes_per_warp(p.m_blocks);
-  p.staged_store = cfg.knob("staged_store", 1) != 0 && ((p.smem + 15) & ~int64_t(15)) + staging <= t.max_smem_per_block();
+  p.staged_store = kStagedStore.on(cfg) && ((p.smem + 15) & ~int64_t(15)) + staging <= t.max_smem_per_block();
   if (p.staged_store) p.smem = ((p.smem + 15) & ~int64_t(15)) + staging;
   if (p.smem > t.max_smem_per_block())
     throw fail(fmt::format("{} stages of {} bytes ({}x{} A and {}x{} B bytes) need {} bytes of shared memory, more than the "
@@ -221,10 +236,10 @@ const bool registered = [] {
     std::vector<codegen::Knob> knobs;
     gemm::Match g;
     if (arch != "sm_90a" || !gemm::match(f, g)) return knobs;
-    knobs.push_back({codegen::knob_names::warp_specialize, {0, 1, 2}, 0});
-    knobs.push_back({codegen::knob_names::cluster, {1, 2}, 1});
-    knobs.push_back({codegen::knob_names::raster_group, {1, 4, 8, 16}, 8});
-    if (is_fp8(g.ta)) knobs.push_back({"promote", {0, 1, 2, 4}, promote_fallback(g)});
+    knobs.push_back({kWarpSpecialize.name, {0, 1, 2}, kWarpSpecialize.fallback});
+    knobs.push_back({kCluster.name, {1, 2}, kCluster.fallback});
+    knobs.push_back({kRasterGroup.name, {1, 4, 8, 16}, kRasterGroup.fallback});
+    if (is_fp8(g.ta)) knobs.push_back({kPromote.name, {0, 1, 2, 4}, promote_fallback(g)});
     return knobs;
   });
   // Untuned: the tiles that measured best across bench_gemm's shapes (bench/RESULTS.md: fp8
@@ -237,7 +252,7 @@ const bool registered = [] {
     const bool fp8 = is_fp8(g.ta);
     c = gemm::tile_config(g, 128, fp8 ? 192 : 256, fp8 ? 128 : 64);
     c->num_stages = 4;
-    c->knobs[codegen::knob_names::cluster] = 2;
+    c->knobs[kCluster.name] = 2;
     return c;
   });
   return true;

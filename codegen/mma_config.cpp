@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "codegen/emitter_knobs.h"
 #include "codegen/layout.h"
 #include "codegen/lowering.h"
 #include "codegen/mma_plan.h"
@@ -100,10 +101,10 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // depend on the program (causal attention), the programs' work differs and the hardware's own
   // block scheduling balances it better.
   if (uniform_work(f)) {
-    c.knobs["persistent"] = 1;
-    c.knobs["raster_group"] = 8;
+    c.knobs[knobs::persistent.name] = 1;
+    c.knobs[knobs::raster_group.name] = 8;
   } else {
-    c.knobs["longest_first"] = 1;
+    c.knobs[knobs::longest_first.name] = 1;
   }
   // As many stages as fit the shared memory, from 4 down.
   for (int stages = 4; stages >= 1; --stages) {
@@ -120,22 +121,22 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
 namespace {
 const bool registered = [] {
   register_knob_provider("mma", [](const ir::Function& f, const std::string& arch) {
-    std::vector<Knob> knobs;
+    std::vector<Knob> out;
     Target t;
     try {
       t = Target::parse(arch);
     } catch (const Error&) {
-      return knobs;
+      return out;
     }
     const std::optional<Config> c = mma_default_config(f, t);
-    if (!c) return knobs;
+    if (!c) return out;
     const MmaPlan p = plan_mma(f, *c, t);
     if (std::any_of(p.staged.begin(), p.staged.end(), [](const StagedLoad& s) { return s.producer; }))
-      knobs.push_back({"warp_specialize", {0, 1}, 1});
-    knobs.push_back({"persistent", {0, 1}, 0});
-    knobs.push_back({"raster_group", {1, 8}, 1});
-    knobs.push_back({"longest_first", {0, 1}, 0});
-    return knobs;
+      out.push_back({knobs::warp_specialize.name, {0, 1}, knobs::warp_specialize.fallback});
+    out.push_back({knobs::persistent.name, {0, 1}, knobs::persistent.fallback});
+    out.push_back({knobs::raster_group.name, {1, 8}, knobs::raster_group.fallback});
+    out.push_back({knobs::longest_first.name, {0, 1}, knobs::longest_first.fallback});
+    return out;
   });
   return true;
 }();

@@ -1,5 +1,6 @@
 // Tensor-core planning (see mma_plan.h).
 #include "codegen/mma_plan.h"
+#include "codegen/emitter_knobs.h"
 
 #include <fmt/format.h>
 
@@ -396,7 +397,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
   plan.warps_r = cfg.num_warps;
   plan.warps_c = 1;
   plan.warpgroups = cfg.num_warps / 4;
-  plan.producer_warp = cfg.knob("warp_specialize", 1) != 0 &&
+  plan.producer_warp = knobs::warp_specialize.on(cfg) &&
                        std::any_of(plan.staged.begin(), plan.staged.end(), [](const StagedLoad& s) { return s.producer; });
   if (!plan.producer_warp)
     for (StagedLoad& s : plan.staged) s.producer = false;

@@ -43,6 +43,8 @@
 #include <cmath>
 
 #include "codegen/lowering.h"
+#include "codegen/attention_knobs.h"
+#include "codegen/emitter_knobs.h"
 #include "codegen/lower_attention_sm90.h"
 #include "codegen/target.h"
 #include "kernels/attention_variant.h"
@@ -232,7 +234,7 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // variants without a score hook lost 1-4% at 2 of 8 on these tiles).
   if (kb.fast_math && is_fp8(in) && c.blocks.at("m") == 192) c.knobs["attn_exp2_fma"] = with_lse || head_dim != 128 ? 1 : 4;
   if (kb.fast_math && is_fp8(in) && !with_lse && head_dim == 128 && c.blocks.at("m") == 64 && c.blocks.at("n") == 64 &&
-      c.knob("attn_lean_producer", 0) == 1)
+      codegen::knobs::attn_lean_producer.of(c) == 1)
     c.knobs["attn_exp2_fma"] = 2;
   if (kb.uniform_work) {
     c.knobs["attn_reverse_tiles"] = 0;
@@ -255,7 +257,7 @@ Config attention_variant_default_config(const std::string& kernel_name, DType in
   // 3 of 8 794-799 vs 2 of 8 789-794).
   // (Head dim 128, where it was measured.)
   if (!with_lse && is_fp8(in) && head_dim == 128 && c.blocks.at("m") == 64 && c.blocks.at("n") == 128 &&
-      c.knob("attn_lean_producer", 0) == 1 && c.knob("attn_overlap", 1) == 0 && !c.knobs.count("attn_exp2_fma"))
+      codegen::knobs::attn_lean_producer.of(c) == 1 && codegen::knobs::attn_overlap.of(c) == 0 && !c.knobs.count("attn_exp2_fma"))
     c.knobs["attn_exp2_fma"] = kb.uniform_work ? 3 : 2;
   // Plain 16-bit attention (no hooks: a persistent kernel takes none) without an LSE, not causal,
   // over rows of up to 4096 keys (m128 n128): a persistent

@@ -18,6 +18,7 @@
 #include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/device_library.h"
+#include "codegen/knob.h"
 #include "codegen/layout.h"
 #include "codegen/target.h"
 #include "dsl/error.h"
@@ -818,4 +819,40 @@ TEST_CASE("codegen: unit strides a spec compiles in are literals, so ptxas keeps
   CHECK(pu.registers <= 64);
   CHECK(ps.registers > pu.registers);
   CHECK(pu.spill_stores == 0);
+}
+
+TEST_CASE("codegen: every knob a lowering reads is in its table, and a config that sets another one is an error") {
+  for (const char* lowering : {"emitter", "sm90_gemm", "sm80_gemm", "sm90_attention", "tuner"}) {
+    CAPTURE(std::string(lowering));
+    const auto table = codegen::knob_table(lowering);
+    REQUIRE(table.has_value());
+    CHECK_FALSE(table->knobs.empty());
+    for (const codegen::KnobSpec* k : table->knobs) {
+      CHECK(std::string(k->name).size() > 0);
+      CHECK(std::string(k->doc).size() > 10);
+    }
+  }
+  auto names = [](const char* lowering) {
+    std::vector<std::string> out;
+    const auto table = codegen::knob_table(lowering);
+    for (const codegen::KnobSpec* k : table->knobs) out.push_back(k->name);
+    return out;
+  };
+  const auto emitter = names("emitter");
+  for (const char* k : {"lowering", "mma", "warp_specialize", "persistent", "persistent_blocks", "raster_group", "longest_first",
+                        "fast_math", "simt_vec", "simt_min_blocks"})
+    CHECK(std::find(emitter.begin(), emitter.end(), k) != emitter.end());
+  const auto attention = names("sm90_attention");
+  CHECK(std::find(attention.begin(), attention.end(), "attn_self_load") != attention.end());
+  // Declared knobs pass; a misspelt one names the closest, an unrelated one only that it is unknown.
+  CHECK_NOTHROW(codegen::check_knob_names("k", config(R"({"knobs":{"persistent":1,"attn_overlap":0,"promote":0}})")));
+  CHECK_THROWS_WITH_AS(codegen::check_knob_names("k", config(R"({"knobs":{"attn_overlapp":1}})")),
+                       doctest::Contains("knob 'attn_overlapp', which no lowering reads (did you mean 'attn_overlap'?)"), Error);
+  try {
+    codegen::check_knob_names("k", config(R"({"knobs":{"zzzzzzzzzzzz":1}})"));
+    FAIL("an unknown knob passed");
+  } catch (const Error& e) {
+    CHECK_FALSE(contains(e.what(), "did you mean"));
+    CHECK(contains(e.what(), "`tilejit show k --knobs` lists the knobs"));
+  }
 }

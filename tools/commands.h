@@ -30,6 +30,9 @@ struct ProblemOptions {
 int doctor();
 // `tilejit show`: the IR, the generated CUDA, or the PTX of a kernel.
 int show(const ProblemOptions& p, bool ir, bool ptx);
+// `tilejit show KERNEL --knobs`: the knob tables (codegen/knob.h) of the lowering that takes the
+// kernel for the problem and of the CUDA emitter: name, default, what it does.
+int show_knobs(const ProblemOptions& p);
 // `tilejit run`: run on the GPU and check against the CPU reference (CPU reference alone
 // without a GPU).
 enum class CheckMode { automatic, always, never };   // automatic: when the CPU can afford it

@@ -55,11 +55,12 @@ int main(int argc, char** argv) {
   auto* demo = app.add_subcommand("demo", "Trace, generate, compile and check a kernel end to end (works without a GPU)");
 
   tj::tools::ProblemOptions show_opts;
-  bool show_ir = false, show_ptx = false;
+  bool show_ir = false, show_ptx = false, show_knobs = false;
   auto* show = app.add_subcommand("show", "Print a kernel's IR, generated CUDA C++ (default) or PTX");
   add_problem_options(show, show_opts);
   show->add_flag("--ir", show_ir, "print the traced IR");
   show->add_flag("--ptx", show_ptx, "print the PTX NVRTC produces");
+  show->add_flag("--knobs", show_knobs, "print the config knobs of the lowering that takes the kernel, and the emitter's");
 
   tj::tools::ProblemOptions run_opts;
   bool force_check = false, no_check = false;
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
   try {
     if (*doctor) return tj::tools::doctor();
     if (*demo) return tj::tools::demo();
-    if (*show) return tj::tools::show(show_opts, show_ir, show_ptx);
+    if (*show) return show_knobs ? tj::tools::show_knobs(show_opts) : tj::tools::show(show_opts, show_ir, show_ptx);
     if (*tune) return tj::tools::tune(tune_opts, tune_cli);
     if (*bench) {
       if (bench_what == "variants") {

@@ -1,6 +1,7 @@
 // `tilejit show`: what the compiler makes of a kernel — its IR, CUDA source or PTX.
 #include <fmt/format.h>
 
+#include "codegen/knob.h"
 #include "codegen/target.h"
 #include "dsl/ir.h"
 #include "runtime/device.h"
@@ -27,6 +28,29 @@ int show(const ProblemOptions& o, bool ir, bool ptx) {
                ck.generated.dynamic_smem_bytes);
     for (const std::string& note : ck.generated.notes) fmt::print("// on the SIMT path: {}\n", note);
     fmt::print("{}", ck.generated.source);
+  }
+  return 0;
+}
+
+int show_knobs(const ProblemOptions& o) {
+  ResolvedProblem r = resolve(o);
+  CompileRequest req;
+  req.arch = default_arch(o.arch);
+  req.load = false;
+  const CompiledKernel& ck = compile(r.entry->get(), r.specs, r.config, req);
+  // The pattern lowerings register under their own names; the emitter's table covers the SIMT
+  // path and the generic tensor-core lowering, and its `lowering` / `mma` knobs apply to every kernel.
+  std::vector<std::string> tables = {"emitter"};
+  if (codegen::knob_table(ck.generated.lowering)) tables.insert(tables.begin(), ck.generated.lowering);
+  fmt::print("kernel {} for {}: lowering {}, config {}\n", r.entry->name, ck.arch, ck.generated.lowering, r.config.to_json());
+  for (const std::string& name : tables) {
+    const auto table = codegen::knob_table(name);
+    fmt::print("\n{} knobs:\n", name);
+    for (const codegen::KnobSpec* k : table->knobs) {
+      const auto set = r.config.knobs.find(k->name);
+      fmt::print("  {:<20} default {}{}\n      {}\n", k->name, k->default_doc,
+                 set != r.config.knobs.end() ? fmt::format("; this config: {}", set->second) : std::string(), k->doc);
+    }
   }
   return 0;
 }

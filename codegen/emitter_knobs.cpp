@@ -1,0 +1,30 @@
+#include "codegen/emitter_knobs.h"
+
+namespace tj::codegen::knobs {
+
+const KnobSpec lowering{"lowering", 1, "1", "0 skips the pattern lowerings (sm90_gemm, sm80_gemm, sm90_attention): the CUDA emitter takes the kernel"};
+const KnobSpec mma{"mma", 1, "1", "0 keeps every dot on the SIMT path; 1 puts dots on the tensor cores (wgmma) where they fit"};
+const KnobSpec warp_specialize{
+    "warp_specialize", 1, "1",
+    "1: a producer warpgroup issues the TMA fills of the staged operands it can compute, ahead of use, and gives its registers "
+    "to the tiles' warpgroups; 0: a thread of the tiles' warps issues them between its own work"};
+const KnobSpec persistent{"persistent", 0, "0 (the untuned config: 1 where every program does the same work)",
+                          "1: the launch's blocks (one per SM) loop over the programs"};
+const KnobSpec persistent_blocks{"persistent_blocks", 0, "0", "with persistent: at most this many blocks (0: one per SM)"};
+const KnobSpec raster_group{"raster_group", 1, "1 (the untuned config: 8 with persistent)",
+                            "G in [1, 64]: the last two tile launch loops in groups of G outer tiles (L2 reuse)"};
+const KnobSpec longest_first{"longest_first", 0, "0 (the untuned config: 1 where a loop's bounds depend on the program)",
+                             "1: launch loops whose index raises an inner loop's trip count decode slowest, counted down"};
+const KnobSpec fast_math{"fast_math", 0, "0", "1: exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations"};
+const KnobSpec simt_vec{"simt_vec", 1, "1", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
+const KnobSpec simt_lanes_c{"simt_lanes_c", 8, "chosen from the tile shapes", "lanes of a warp along the columns (SIMT layout)"};
+const KnobSpec simt_warps_c{"simt_warps_c", 1, "chosen from the tile shapes", "warps along the columns (SIMT layout)"};
+const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the registers must allow (__launch_bounds__)"};
+
+namespace {
+const bool registered = register_knob_table(
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &fast_math,
+                &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
+}  // namespace
+
+}  // namespace tj::codegen::knobs

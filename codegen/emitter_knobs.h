@@ -1,0 +1,21 @@
+#pragma once
+// The CUDA emitter's knobs (the SIMT path and the generic tensor-core lowering): one table, read
+// by codegen/cuda_emitter.cpp, codegen/layout.cpp, codegen/mma_plan.cpp and codegen/lowering.cpp.
+#include "codegen/knob.h"
+
+namespace tj::codegen::knobs {
+
+extern const KnobSpec lowering;           // 0: skip the pattern lowerings
+extern const KnobSpec mma;                // 0: every dot on the SIMT path
+extern const KnobSpec warp_specialize;    // the producer warpgroup of the staged operands
+extern const KnobSpec persistent;
+extern const KnobSpec persistent_blocks;
+extern const KnobSpec raster_group;
+extern const KnobSpec longest_first;
+extern const KnobSpec fast_math;
+extern const KnobSpec simt_vec;
+extern const KnobSpec simt_lanes_c;
+extern const KnobSpec simt_warps_c;
+extern const KnobSpec simt_min_blocks;
+
+}  // namespace tj::codegen::knobs
