@@ -87,18 +87,6 @@ void warn_once(const std::string& message) {
   std::fputs(line.c_str(), stderr);
 }
 
-std::vector<ArgValue> param_values(const Kernel& k, const std::vector<Arg>& args) {
-  std::vector<ArgValue> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (k.slots()[i].is_host()) continue;
-    const Arg& a = args[i];
-    if (const auto* t = std::get_if<TensorView>(&a)) out.emplace_back(*t);
-    else if (const auto* d = std::get_if<double>(&a)) out.emplace_back(static_cast<float>(*d));
-    else if (const auto* n = std::get_if<int64_t>(&a)) out.emplace_back(static_cast<float>(*n));
-    else out.emplace_back(0.0f);
-  }
-  return out;
-}
 
 LaunchPlan build(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes, bool start_early) {
   std::vector<ArgSpec> specs = specs_for(k, args, dynamic_shapes);

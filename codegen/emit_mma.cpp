@@ -9,15 +9,6 @@ namespace tj::codegen::emitter {
 
 namespace {
 
-const char* wg_type(DType t) {
-  switch (t) {
-    case DType::e4m3: return "tj::dev::WG_E4M3";
-    case DType::e5m2: return "tj::dev::WG_E5M2";
-    case DType::bf16: return "tj::dev::WG_BF16";
-    default: return "tj::dev::WG_F16";
-  }
-}
-
 std::string operand_type(const SmemTile& t) {
   return fmt::format("tj::dev::SmemOperand<{}, {}, {}, {}, {}>", t.rows, t.row_bytes, t.swizzle, t.mn_major, t.elem_bytes);
 }
@@ -336,7 +327,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
       }
       addr[which] = fmt::format("tj_a{}", op.result);
       line(fmt::format("unsigned {}[{}];   // a as wgmma's register fragments", addr[which], rb * ks * 4), &op.loc);
-      line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wg_type(d.ta), rb, d.k, value, addr[which]), &op.loc);
+      line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(d.ta), rb, d.k, value, addr[which]), &op.loc);
       continue;
     }
     // Which dim of the operand's tile holds K.
@@ -371,11 +362,11 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
   line("tj::dev::wgmma_fence();");
   if (d.a.source == MmaOperand::Source::fragment)
     line(fmt::format("tj::dev::wgmma_rs<{}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", rb, d.n, d.n_per_instr, ks,
-                     wg_type(d.ta), wg_type(d.tb), operand_type(d.b.tile), dest, addr[0], addr[1], has_acc ? 1 : 0),
+                     wgmma_type(d.ta), wgmma_type(d.tb), operand_type(d.b.tile), dest, addr[0], addr[1], has_acc ? 1 : 0),
          &op.loc);
   else
     line(fmt::format("tj::dev::wgmma_ss<{}, {}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", G, rb, d.n, d.n_per_instr, ks,
-                     wg_type(d.ta), wg_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0], addr[1],
+                     wgmma_type(d.ta), wgmma_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0], addr[1],
                      has_acc ? 1 : 0),
          &op.loc);
   line("tj::dev::wgmma_commit();");

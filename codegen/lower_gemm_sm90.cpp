@@ -13,21 +13,13 @@
 #include "codegen/emitter_knobs.h"
 #include "codegen/gemm_pattern.h"
 #include "codegen/lowering.h"
+#include "codegen/mma_plan.h"
 #include "dsl/ir.h"
 #include "core/error.h"
 
 namespace tj::codegen {
 
 namespace {
-
-const char* wg_type(DType t) {
-  switch (t) {
-    case DType::e4m3: return "tj::dev::WG_E4M3";
-    case DType::e5m2: return "tj::dev::WG_E5M2";
-    case DType::bf16: return "tj::dev::WG_BF16";
-    default: return "tj::dev::WG_F16";
-  }
-}
 
 // FP8 wgmma accumulates with fewer bits than fp32 (errors grow with K), so fp8 GEMMs promote
 // into fp32 registers every 4 K blocks unless the config sets "promote": 0 -- precise by
@@ -148,8 +140,8 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   static const int kPredefined[] = {8, 16, 32, 64, 96, 128, 192, 256};
   if (std::find(std::begin(kPredefined), std::end(kPredefined), p.bn) == std::end(kPredefined))
     src += fmt::format("TJ_WGMMA_DEFINE({})\n\n", p.bn);
-  src += fmt::format("using tj_cfg = tj::dev::Sm90GemmCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", wg_type(g.ta),
-                     wg_type(g.tb), p.bm, p.bn, p.bk_bytes, p.stages, p.pingpong ? "true" : "false", p.cluster,
+  src += fmt::format("using tj_cfg = tj::dev::Sm90GemmCfg<{}, {}, {}, {}, {}, {}, {}, {}, {}>;\n\n", wgmma_type(g.ta),
+                     wgmma_type(g.tb), p.bm, p.bn, p.bk_bytes, p.stages, p.pingpong ? "true" : "false", p.cluster,
                      p.promote);
   std::vector<std::string> params = w.kernel_params();
   params.push_back("const __grid_constant__ tj::dev::TmaDescriptor tj_tma_a");

@@ -18,6 +18,15 @@ namespace tj::codegen {
 using ir::Op;
 using ir::OpKind;
 
+const char* wgmma_type(DType t) {
+  switch (t) {
+    case DType::e4m3: return "tj::dev::WG_E4M3";
+    case DType::e5m2: return "tj::dev::WG_E5M2";
+    case DType::bf16: return "tj::dev::WG_BF16";
+    default: return "tj::dev::WG_F16";
+  }
+}
+
 const MmaDot* MmaPlan::dot_of(const Op* op) const {
   for (const MmaDot& d : dots)
     if (d.op == op) return &d;
@@ -90,16 +99,17 @@ struct Facts {
 
 std::string at(const Op& op) { return fmt::format("dot at {}", op.loc.str()); }
 
-// Whether value `v` can be recomputed for another iteration of `loop` from the loop index, from
-// values defined before the loop and from scalar arithmetic in the loop's body.
-bool computable_ahead(const Facts& fx, int v, const Op* loop, std::set<int>& seen) {
-  if (v == loop->body_index) return true;
+// Whether scalar `v` comes from loop indices, parameters, dims and constants by scalar arithmetic
+// alone (loop == null), or can be recomputed for another iteration of `loop`: from its index, from
+// values defined before it and from scalar arithmetic in its body.
+bool scalar_closure(const Facts& fx, int v, const Op* loop, std::set<int>& seen) {
+  if (loop && v == loop->body_index) return true;
   if (!seen.insert(v).second) return true;
-  if (auto l = fx.index_of.find(v); l != fx.index_of.end()) return !fx.inside(l->second, loop) && l->second != loop;
+  if (auto l = fx.index_of.find(v); l != fx.index_of.end()) return !loop || (!fx.inside(l->second, loop) && l->second != loop);
   const Op* d = fx.def.at(v);
   if (!d) return false;
-  if (!fx.inside(d, loop)) return true;   // defined before the loop: in scope at its start
-  if (!fx.f.type(v).is_scalar()) return false;
+  if (loop && !fx.inside(d, loop)) return true;   // defined before the loop: in scope at its start
+  if (!fx.f.type(v).is_scalar() || fx.f.values[v].is_var) return false;
   switch (d->kind) {
     case OpKind::const_value:
     case OpKind::scalar_param:
@@ -111,31 +121,9 @@ bool computable_ahead(const Facts& fx, int v, const Op* loop, std::set<int>& see
     case OpKind::cast:
     case OpKind::where:
       for (int o : d->operands)
-        if (!computable_ahead(fx, o, loop, seen)) return false;
+        if (!scalar_closure(fx, o, loop, seen)) return false;
       return true;
-    default: return false;   // variables, loads: the value depends on the iteration's state
-  }
-}
-
-// Whether scalar `v` comes from loop indices, parameters, dims and constants by arithmetic alone.
-bool pure_scalar(const Facts& fx, int v, std::set<int>& seen) {
-  if (fx.index_of.count(v) || !seen.insert(v).second) return true;
-  const Op* d = fx.def.at(v);
-  if (!d || !fx.f.type(v).is_scalar() || fx.f.values[v].is_var) return false;
-  switch (d->kind) {
-    case OpKind::const_value:
-    case OpKind::scalar_param:
-    case OpKind::tensor_dim:
-    case OpKind::block_size:
-      return true;
-    case OpKind::unary:
-    case OpKind::binary:
-    case OpKind::cast:
-    case OpKind::where:
-      for (int o : d->operands)
-        if (!pure_scalar(fx, o, seen)) return false;
-      return true;
-    default: return false;
+    default: return false;   // variables, loads: the value depends on the program's state
   }
 }
 
@@ -365,7 +353,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
       std::set<int> seen;
       s.prefetch = true;
       for (size_t i = 0; i < s.op->indices.size(); ++i)
-        if (!computable_ahead(fx, s.op->operands[i], s.home, seen)) s.prefetch = false;
+        if (!scalar_closure(fx, s.op->operands[i], s.home, seen)) s.prefetch = false;
       s.stages = s.prefetch ? std::max(1, cfg.num_stages) : 1;
     }
     // The producer warpgroup runs the loop nest's scalar arithmetic alone: it issues the fills of loads
@@ -374,10 +362,10 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
       std::set<int> seen;
       s.producer = true;
       for (size_t i = 0; i < s.op->indices.size(); ++i)
-        if (!pure_scalar(fx, s.op->operands[i], seen)) s.producer = false;
+        if (!scalar_closure(fx, s.op->operands[i], nullptr, seen)) s.producer = false;
       for (const Op* l : fx.loops.at(s.op))
         for (int v : l->operands)
-          if (!pure_scalar(fx, v, seen)) s.producer = false;
+          if (!scalar_closure(fx, v, nullptr, seen)) s.producer = false;
     }
     const ir::Param& p = f.params.at(s.op->param);
     s.box.assign(p.rank(), 1);

@@ -121,6 +121,9 @@ struct MmaPlan {
   bool empty() const { return dots.empty(); }
 };
 
+// The device library's name of a wgmma operand type (tj::dev::WG_BF16, ...; hopper_wgmma.cuh).
+const char* wgmma_type(DType t);
+
 // Plans `f` (launch loops marked) for `cfg` on `t`. Never throws for a dot it cannot place: it
 // leaves it on the SIMT path with a reason.
 MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t);

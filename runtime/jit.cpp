@@ -389,18 +389,21 @@ LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int s
   return g;
 }
 
-int64_t count_programs(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args) {
-  // Host values are not parameters: keep only tensors and runtime scalars.
-  std::vector<ArgValue> param_args;
+std::vector<ArgValue> param_values(const Kernel& k, const std::vector<Arg>& args) {
+  std::vector<ArgValue> out;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (k.slots()[i].is_host()) continue;
+    if (k.slots()[i].is_host()) continue;   // host values are not parameters
     const Arg& a = args[i];
-    if (const auto* t = std::get_if<TensorView>(&a)) param_args.emplace_back(*t);
-    else if (const auto* d = std::get_if<double>(&a)) param_args.emplace_back(static_cast<float>(*d));
-    else if (const auto* n = std::get_if<int64_t>(&a)) param_args.emplace_back(static_cast<float>(*n));
-    else param_args.emplace_back(0.0f);
+    if (const auto* t = std::get_if<TensorView>(&a)) out.emplace_back(*t);
+    else if (const auto* d = std::get_if<double>(&a)) out.emplace_back(static_cast<float>(*d));
+    else if (const auto* n = std::get_if<int64_t>(&a)) out.emplace_back(static_cast<float>(*n));
+    else out.emplace_back(0.0f);
   }
-  return launch_shape(ck.ir, ck.config, param_args).programs;
+  return out;
+}
+
+int64_t count_programs(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args) {
+  return launch_shape(ck.ir, ck.config, param_values(k, args)).programs;
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include "dsl/kernel.h"
 #include "runtime/driver.h"
 #include "runtime/memory.h"
+#include "runtime/reference.h"
 #include "runtime/tensor.h"
 
 namespace tj {
@@ -100,6 +101,10 @@ struct LaunchGeometry {
 };
 // Throws tj::Error when `programs` does not fit one launch.
 LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int sm_count);
+
+// The kernel's parameters among `args` (tensors and runtime scalars; host values dropped), as the
+// CPU reference executor and the launch shape take them.
+std::vector<ArgValue> param_values(const Kernel& k, const std::vector<Arg>& args);
 
 // The number of programs `ck` runs for `args` (the product of its launch-loop extents).
 int64_t count_programs(const Kernel& k, const CompiledKernel& ck, const std::vector<Arg>& args);

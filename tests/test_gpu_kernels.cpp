@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gpu.h"
+#include "gpu_run.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
 #include "autotune/launch.h"
@@ -22,12 +23,7 @@ const tj::Kernel& k_running_columns();
 
 namespace {
 
-HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double scale = 1.0) {
-  HostTensor t(dt, std::move(shape));
-  std::normal_distribution<double> n(0.0, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, n(rng));
-  return t;
-}
+using tj_test::random_tensor;
 
 struct Outcome {
   double max_abs_err = 0;
@@ -39,46 +35,16 @@ struct Outcome {
 // the tensor at `out_index`.
 Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, const std::vector<Arg>& extra_tail, size_t out_index,
                  const std::optional<Config>& config = std::nullopt) {
-  std::vector<Arg> host_args, dev_args;
-  std::vector<DeviceTensor> dev;
-  dev.reserve(tensors.size());
-  for (auto& t : tensors) {
-    host_args.push_back(t.view());
-    dev.push_back(DeviceTensor::from_host(t));
-  }
-  for (auto& d : dev) dev_args.push_back(d.view());
-  for (const auto& a : extra_tail) {
-    host_args.push_back(a);
-    dev_args.push_back(a);
-  }
-  tensors[out_index].fill_bytes(0xFF);
-  dev[out_index].fill_bytes(0xFF);
-
-  auto specs = specs_for(k, host_args, false);
-  ir::Function f = k.trace(specs);
-  Config cfg = config ? *config : default_config(f);
-  std::vector<ArgValue> ref_args;
-  for (size_t i = 0; i < host_args.size(); ++i) {
-    if (k.slots()[i].is_host()) continue;
-    if (auto* t = std::get_if<TensorView>(&host_args[i])) ref_args.emplace_back(*t);
-    else ref_args.emplace_back(static_cast<float>(std::get<double>(host_args[i])));
-  }
-  run_reference(f, cfg, ref_args);
-
-  LaunchOptions opts;
-  opts.config = cfg;
-  launch(k, dev_args, opts);
-  runtime::synchronize();
-  HostTensor got = dev[out_index].to_host();
+  const tj_test::BothRuns r = tj_test::run_reference_and_gpu(k, tensors, extra_tail, out_index, config);
   Outcome o;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    double r = tensors[out_index].at(i), g = got.at(i);
-    if (std::isnan(g) || std::isnan(r)) {
+  for (int64_t i = 0; i < r.gpu.numel(); ++i) {
+    double want = r.reference.at(i), got = r.gpu.at(i);
+    if (std::isnan(got) || std::isnan(want)) {
       ++o.nan_count;
       continue;
     }
-    o.max_abs_err = std::max(o.max_abs_err, std::abs(r - g));
-    o.max_ref = std::max(o.max_ref, std::abs(r));
+    o.max_abs_err = std::max(o.max_abs_err, std::abs(want - got));
+    o.max_ref = std::max(o.max_ref, std::abs(want));
   }
   return o;
 }

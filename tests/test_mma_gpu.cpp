@@ -11,6 +11,7 @@
 #include "codegen/lowering.h"
 #include "examples/kernels/user_kernels.h"
 #include "gpu.h"
+#include "gpu_run.h"
 #include "runtime/driver.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
@@ -20,12 +21,7 @@ using namespace tj;
 
 namespace {
 
-HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng, double scale = 1.0) {
-  HostTensor t(dt, std::move(shape));
-  std::normal_distribution<double> n(0.0, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, n(rng));
-  return t;
-}
+using tj_test::random_tensor;
 
 struct Outcome {
   double rel_rmse = 0;   // ||gpu - ref|| / ||ref||
@@ -36,47 +32,18 @@ struct Outcome {
 // Runs `k` on the CPU reference and on the GPU (config `config`) with the same inputs; compares
 // tensor `out`.
 Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, std::vector<Arg> tail, size_t out, const Config& config) {
-  std::vector<Arg> host_args, dev_args;
-  std::vector<DeviceTensor> dev;
-  dev.reserve(tensors.size());
-  for (auto& t : tensors) {
-    host_args.push_back(t.view());
-    dev.push_back(DeviceTensor::from_host(t));
-  }
-  for (auto& d : dev) dev_args.push_back(d.view());
-  for (const auto& a : tail) {
-    host_args.push_back(a);
-    dev_args.push_back(a);
-  }
-  tensors[out].fill_bytes(0xFF);
-  dev[out].fill_bytes(0xFF);
-  const auto specs = specs_for(k, host_args, false);
-  const ir::Function f = k.trace(specs);
-  std::vector<ArgValue> ref_args;
-  for (size_t i = 0; i < host_args.size(); ++i) {
-    if (k.slots()[i].is_host()) continue;
-    if (auto* t = std::get_if<TensorView>(&host_args[i])) ref_args.emplace_back(*t);
-    else ref_args.emplace_back(static_cast<float>(std::get<double>(host_args[i])));
-  }
-  run_reference(f, config, ref_args);
-  LaunchOptions opts;
-  opts.config = config;
-  launch(k, dev_args, opts);
-  runtime::synchronize();
-  CompileRequest req;
-  req.load = false;
+  const tj_test::BothRuns r = tj_test::run_reference_and_gpu(k, tensors, tail, out, config);
   Outcome o;
-  o.lowering = compile(k, specs, config, req).generated.lowering;
-  const HostTensor got = dev[out].to_host();
+  o.lowering = r.lowering;
   double err = 0, ref = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double r = tensors[out].at(i), g = got.at(i);
-    if (std::isnan(g) || std::isnan(r)) {
+  for (int64_t i = 0; i < r.gpu.numel(); ++i) {
+    const double want = r.reference.at(i), got = r.gpu.at(i);
+    if (std::isnan(got) || std::isnan(want)) {
       ++o.nan_count;
       continue;
     }
-    err += (g - r) * (g - r);
-    ref += r * r;
+    err += (got - want) * (got - want);
+    ref += want * want;
   }
   o.rel_rmse = std::sqrt(err / std::max(ref, 1e-30));
   return o;

@@ -14,27 +14,10 @@
 set -u
 PHASES="${*:-check bench}"
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
-OUT=${OUT:-/tmp/out}
 LOGS=/tmp/dsl_logs
-mkdir -p "$OUT" "$LOGS"
-export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
-export TILEJIT_CACHE_DIR=${TILEJIT_CACHE_DIR:-/tmp/tilejit_cache}
-export PATH="/usr/local/cuda/bin:$PATH"
-B=.device/bin
-SUMMARY=$LOGS/summary.txt
-say() { echo "$*" | tee -a "$SUMMARY"; }
-step() {  # name, timeout seconds, command...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" > "$LOGS/$name.txt" 2>&1
-  local rc=$?
-  say "$name: rc=$rc ($(( $(date +%s) - t0 )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases:' "$LOGS/$name.txt" | tail -2 | tr '\n' ' ')"
-  return $rc
-}
-say "== tilejit user kernels, phases: $PHASES, $(date -u)"
-(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>&1 || true) | tee -a "$SUMMARY"
-TESTS='gpu: user GEMMs on the tensor cores*,gpu: README attention on the tensor cores*,gpu: a launch whose dots stay*'
+source bench/common/steps.sh
+say "tilejit user kernels, phases: $PHASES"
+TESTS='gpu: user GEMMs on the tensor cores*,gpu: README attention on the tensor cores*,gpu: attention variants written as user code*,gpu: a launch whose dots stay*'
 if has check; then
   step tests 300 $B/tilejit_tests -tc="$TESTS"
 fi

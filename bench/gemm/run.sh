@@ -15,27 +15,10 @@
 set -u
 PHASES="${*:-check bench}"
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
-OUT=${OUT:-/tmp/out}
 LOGS=/tmp/gemm_logs
-mkdir -p "$OUT" "$LOGS"
-export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
-export TILEJIT_CACHE_DIR=${TILEJIT_CACHE_DIR:-/tmp/tilejit_cache}
-export PATH="/usr/local/cuda/bin:$PATH"
-B=.device/bin
-SUMMARY=$LOGS/summary.txt
-say() { echo "$*" | tee -a "$SUMMARY"; }
-step() {  # name, timeout seconds, command...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" > "$LOGS/$name.txt" 2>&1
-  local rc=$?
-  say "$name: rc=$rc ($(( $(date +%s) - t0 )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases:|all small cases OK|FAILED$' "$LOGS/$name.txt" | tail -2 | tr '\n' ' ')"
-  return $rc
-}
-
-say "== tilejit GEMM, phases: $PHASES, $(date -u)"
-(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>&1 || true) | tee -a "$SUMMARY"
+STEP_SUMMARY_RE='ERROR SUMMARY|RACECHECK SUMMARY|test cases:|all small cases OK|FAILED$'
+source bench/common/steps.sh
+say "tilejit GEMM, phases: $PHASES"
 for f in $B/bench_gemm $B/tilejit_tests $B/tilejit; do [ -x "$f" ] || say "missing $f (run scripts/device_bundle.sh build bench/gemm/bench_gemm here first)"; done
 
 if has check; then
