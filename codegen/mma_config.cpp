@@ -72,18 +72,27 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   Config c = default_config(f);
   c.num_warps = 8;
   const std::set<int> launch = launch_blocks(f);
-  std::set<int64_t> chosen;   // blocks sized here (the first dot that names one decides)
+  // Rows first: a block that is any dot's rows takes 128 (the two warpgroups' 64 each), whatever
+  // other dots do with it; then the columns and the K steps that are nobody's rows.
+  std::set<int64_t> chosen;   // blocks sized here
+  std::set<int64_t> rows;     // blocks that are some dot's rows: never narrowed
+  for (const ir::Op* d : dots) {
+    const TileType& r = f.type(d->result);
+    if (r.rank() != 2) continue;
+    set_block(f, c, r.shape[0], 128, chosen);
+    if (r.shape[0].is_block()) rows.insert(r.shape[0].value);
+  }
   for (const ir::Op* d : dots) {
     const TileType& r = f.type(d->result);
     const TileType& a = f.type(d->operands[0]);
     if (r.rank() != 2 || a.rank() != 2) continue;
-    set_block(f, c, r.shape[0], 128, chosen);
     const bool wide = r.shape[1].is_block() && launch.count(static_cast<int>(r.shape[1].value));
     set_block(f, c, r.shape[1], wide ? 256 : 128, chosen);
     set_block(f, c, a.shape[1], 128 / size_bytes(a.dtype), chosen);
   }
-  // The accumulators of all its dots share the registers: halve the widest dot's columns until they
-  // take at most 160 of a thread's (of 232; the rest for the operands and the epilogue).
+  // The accumulators of all its dots share the registers: halve the widest dot's columns (never a
+  // block that is some dot's rows) until they take at most 160 of a thread's (of 232; the rest for
+  // the operands and the epilogue).
   for (int guard = 0; guard < 8; ++guard) {
     const MmaPlan p = plan_mma(f, c, t);
     int64_t regs = 0;
@@ -91,7 +100,9 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
     for (const MmaDot& d : p.dots) {
       regs += d.m * d.n / (32 * c.num_warps);
       const Dim& n = f.type(d.op->result).shape[1];
-      if (n.is_block() && f.blocks.at(n.value).fixed <= 0 && d.n > 64 && (!widest || d.n > widest->n)) widest = &d;
+      if (n.is_block() && !rows.count(n.value) && f.blocks.at(n.value).fixed <= 0 && d.n > 32 &&
+          (!widest || d.n > widest->n))
+        widest = &d;
     }
     if (regs <= 160 || !widest) break;
     c.blocks[f.blocks.at(f.type(widest->op->result).shape[1].value).name] = widest->n / 2;

@@ -292,8 +292,11 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     }
   std::map<const Op*, int> staged_index;
   for (auto& [ld, tiles] : wanted) {
+    // A slot holds rows of bytes as TMA writes them; K-major and MN-major readers see the same
+    // bytes (a [m, d] tile is k = d for one dot and k = m for another), each through its own
+    // descriptors.
     const bool agree = std::all_of(tiles.begin(), tiles.end(), [&](const SmemTile& t) {
-      return t.rows == tiles[0].rows && t.row_bytes == tiles[0].row_bytes && t.mn_major == tiles[0].mn_major;
+      return t.rows == tiles[0].rows && t.row_bytes == tiles[0].row_bytes && t.swizzle == tiles[0].swizzle;
     });
     if (!agree || unstageable.count(ld)) continue;
     StagedLoad s;
@@ -312,7 +315,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
       if (it != staged_index.end()) {
         o.source = MmaOperand::Source::staged;
         o.staged = it->second;
-        o.tile = plan.staged[o.staged].tile;
+        o.tile = *staged_tile(d, which, o);   // the slot's bytes, as this dot reads them
         plan.staged[o.staged].readers.push_back(d.op);
       } else {
         // A register tile, written K-major into a buffer of its own.

@@ -162,4 +162,83 @@ const Kernel& mla_attention() {
   return k;
 }
 
+const Kernel& attention_bwd_delta() {
+  static const Kernel k = kernel("attention_bwd_delta", {"o", "do", "delta"}, [](In o, In dout, Out delta) {
+    auto [B, H, S, D] = o.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) {
+        auto prod = o.load(b, h, m, all).to(DType::f32) * dout.load(b, h, m, all).to(DType::f32);
+        delta.store(b, h, m, sum(prod, 1));
+      }
+    }
+  });
+  return k;
+}
+
+// scale: the forward's, log2(e) folded in; the scores' gradient is in natural units. Per key tile
+// the scores are computed transposed (s^T = k q^T, [n, m]), so that every dot's rows are the key
+// tile's and P^T and dS^T go into the next dots from registers.
+const Kernel& attention_bwd_dkdv() {
+  static const Kernel k = kernel(
+      "attention_bwd_dkdv", {"q", "k", "v", "do", "lse", "delta", "dk", "dv", "scale", "causal"},
+      [](In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Scalar scale, bool causal) {
+        auto [B, H, S, D] = q.shape<4>();
+        for (auto bh : grid(B * H)) {
+          auto b = floordiv(bh, H), h = bh % H;
+          for (auto n : tile(S, block("n"))) {
+            Var dk_acc = zeros({n, D}, DType::f32);
+            Var dv_acc = zeros({n, D}, DType::f32);
+            auto kt = k.load(b, h, n, all);
+            auto vt = v.load(b, h, n, all);
+            // Causal: query tiles from this key tile on (the keys before a query see it).
+            const Operand m_begin = causal ? Operand(n.begin()) : Operand(0);
+            for (auto m : tile(m_begin, S, block("m"))) {
+              auto qt = q.load(b, h, m, all);
+              auto dot_ = dout.load(b, h, m, all);
+              auto st = dot(kt, qt.T()) * scale;                                   // [n, m]
+              if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
+              auto pt = exp2(st - lse.load(b, h, m).row());
+              dv_acc = dot(pt.to(v.dtype()), dot_, dv_acc);                          // [n, D]
+              auto dpt = dot(vt, dot_.T());                                          // [n, m]
+              auto dst = pt * (dpt - delta.load(b, h, m).row());
+              dk_acc = dot(dst.to(q.dtype()), qt, dk_acc);                           // [n, D]
+            }
+            dk.store(b, h, n, all, (dk_acc * (scale * 0.6931471805599453)).to(dk.dtype()));
+            dv.store(b, h, n, all, Tile(dv_acc).to(dv.dtype()));
+          }
+        }
+      });
+  return k;
+}
+
+const Kernel& attention_bwd_dq() {
+  static const Kernel k = kernel(
+      "attention_bwd_dq", {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"},
+      [](In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal) {
+        auto [B, H, S, D] = q.shape<4>();
+        for (auto bh : grid(B * H)) {
+          auto b = floordiv(bh, H), h = bh % H;
+          for (auto m : tile(S, block("m"))) {
+            Var dq_acc = zeros({m, D}, DType::f32);
+            auto qt = q.load(b, h, m, all);
+            auto dot_ = dout.load(b, h, m, all);
+            auto lse_m = lse.load(b, h, m).col();
+            auto delta_m = delta.load(b, h, m).col();
+            for (auto n : tile(causal ? m.end() : S, block("n"))) {
+              auto kt = k.load(b, h, n, all);
+              auto s = dot(qt, kt.T()) * scale;
+              if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
+              auto p = exp2(s - lse_m);
+              auto dp = dot(dot_, v.load(b, h, n, all).T());
+              auto ds = p * (dp - delta_m);
+              dq_acc = dot(ds.to(q.dtype()), kt, dq_acc);
+            }
+            dq.store(b, h, m, all, (dq_acc * (scale * 0.6931471805599453)).to(dq.dtype()));
+          }
+        }
+      });
+  return k;
+}
+
 }  // namespace tj::examples

@@ -28,4 +28,14 @@ const Kernel& sink_attention();
 // Attention whose values have their own head dim (MLA: q, k [B, H, S, Dqk], v [B, H, S, Dv]).
 const Kernel& mla_attention();
 
+// Attention backward (FlashAttention-2's algorithm) in three kernels, all log2-scaled like the
+// forward: the forward's lse [B, H, S] is m + log2(l) of each row in the units of s = q.k * scale.
+//   attention_bwd_delta: delta[b, h, i] = sum over d of do * o (f32).
+//   attention_bwd_dkdv:  per key tile, dk and dv over every query tile.
+//   attention_bwd_dq:    per query tile, dq over every key tile.
+// Gradients are with respect to q, k and v of the forward (natural-log softmax, scale / log2(e)).
+const Kernel& attention_bwd_delta();
+const Kernel& attention_bwd_dkdv();
+const Kernel& attention_bwd_dq();
+
 }  // namespace tj::examples
