@@ -1,6 +1,6 @@
 #pragma once
 // tilejit device library: the tensor-core building blocks of the generic lowering
-// (codegen/mma_plan.h decides which dots use them; codegen/cuda_emitter.cpp calls them).
+// (codegen/mma_plan.h decides which dots use them; codegen/emit_mma.cpp calls them).
 //
 //   MmaArr<WR, WC>    a block's warps for tensor-core tiles: WR warp rows x WC warp columns
 //                     (warp = wr * WC + wc). wgmma stacks every warp along the rows (WC = 1):
@@ -20,9 +20,12 @@
 //                     wgmma descriptors of its pieces.
 //   Ring<S>           the barriers of a ring of S shared-memory slots that TMA fills and warps
 //                     release.
-//   wgmma_dot<...>    a warpgroup's share of acc += A . B on sm_90a.
+//   wgmma_ss / wgmma_rs  a warpgroup's share of acc += A . B on sm_90a, A from shared memory or
+//                     from registers (tile_to_a_frag makes its fragments); fence_tile keeps the
+//                     compiler off an in-flight accumulator.
 //   stage_operand<..> writes a register tile into a swizzled operand tile (operands that TMA
-//                     cannot load).
+//                     cannot load); mask_k_cols and zero_k_tail zero the positions past a dot's
+//                     k range.
 #include "tile.cuh"
 #include "hopper.cuh"
 
