@@ -697,7 +697,7 @@ void Tuner::evaluate(const std::vector<int>& ids) {
       }
     } else if (!compiled) {
       finish(c);   // invalid, pruned, compile error: decided without the GPU
-    } else if (past_deadline()) {
+    } else if (past_deadline() && best_id_ >= 0) {   // until one candidate ran, the budget does not skip
       c.pub.status = Status::skipped;
       c.pub.detail = "the time budget ran out";
       finish(c);

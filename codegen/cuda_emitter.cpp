@@ -586,7 +586,8 @@ void Emitter::emit_memory(const Op& op) {
 
   if (tile_dims.empty()) {
     if (is_store) {
-      int v = op.operands.back();
+      int v = op.operands.at(op.indices.size());
+      if (op.ival == 1) ok = fmt::format("{} && {}", ok, ref(op.operands.at(op.indices.size() + 1)));   // the mask
       line(fmt::format("tj::dev::store_scalar<{}>({}.data, {}, {}, {});", E, T, offset, ok, ref(v)), &op.loc);
     } else {
       define(op.result, fmt::format("tj::dev::load_scalar<{}>({}.data, {}, {})", E, T, offset, ok), op.loc);
@@ -598,7 +599,7 @@ void Emitter::emit_memory(const Op& op) {
   Layout L;
   std::string value;
   if (is_store) {
-    int v = op.operands.back();
+    int v = op.operands.at(op.indices.size());
     L = plan_.of(v);
     value = ref(v);
     if (L.is_scalar()) {
@@ -620,7 +621,15 @@ void Emitter::emit_memory(const Op& op) {
     spans[axis] = fmt::format("{{{}, {}, {}}}", ref(td.start), stride_of(p, T, td.tensor_dim), limit);
     checks[axis] = !provably_inside(td.start, td.extent, dim);
   }
-  if (is_store) {
+  if (is_store && op.ival == 1) {
+    // A masked store: the mask in the value's layout, element by element.
+    const int mask = op.operands.at(op.indices.size() + 1);
+    const std::string m = plan_.of(mask).is_scalar() ? fmt::format("tj::dev::full<{}>({})", alias(L), ref(mask))
+                                                     : operand(mask, L, op.loc);
+    line(fmt::format("tj::dev::store_where<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, {});", E, alias(L), checks[0], checks[1],
+                     T, offset, ok, spans[0], spans[1], value, m),
+         &op.loc);
+  } else if (is_store) {
     line(fmt::format("tj::dev::store<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {});", E, alias(L), checks[0], checks[1], T,
                      offset, ok, spans[0], spans[1], value),
          &op.loc);

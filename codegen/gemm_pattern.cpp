@@ -167,7 +167,7 @@ bool match(const ir::Function& f, Match& g) {
         g.lk = &op;
         break;
       case OpKind::store:
-        if (g.store || !g.lk) return false;
+        if (g.store || !g.lk || op.ival == 1) return false;   // masked stores: not this pattern
         g.store = &op;
         break;
       case OpKind::var_read:
@@ -354,7 +354,7 @@ EpilogueWriter::EpilogueWriter(const Match& g, const Config& cfg)
   liveness();
   // The store's value; a final cast to the output dtype is left to the store (same rounding).
   const Op& st = *g_.store;
-  store_value_ = st.operands.back();
+  store_value_ = st.operands.at(st.indices.size());
   const Op* d = g_.defs.at(store_value_);
   int uses = 0;
   for (const Op* op : g_.epilogue)

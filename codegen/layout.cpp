@@ -36,6 +36,12 @@ std::string Arrangement::mma_cuda_type() const { return fmt::format("tj::dev::Mm
 
 Layout Layout::scalar() { return Layout{}; }
 
+Layout Layout::shared_tile() {
+  Layout l;
+  l.kind = LayoutKind::shared;
+  return l;
+}
+
 bool Layout::mma_fits(const Arrangement& a, int64_t rows, int64_t cols) {
   return (rows == 1 || rows % (16 * a.warps_r) == 0) && (cols == 1 || cols % (8 * a.warps_c) == 0);
 }
@@ -352,6 +358,10 @@ LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target
         case OpKind::dot:
           if (mma->dot_of(&op) && op.ival == 1) uf2.unite(op.operands[2], op.result);
           break;
+        case OpKind::store:   // a masked store's mask is read element by element with its value
+          if (op.ival == 1 && rank2(op.operands.at(op.indices.size())))
+            uf2.unite(op.operands.at(op.indices.size()), op.operands.at(op.indices.size() + 1));
+          break;
         default: break;
       }
     });
@@ -401,9 +411,9 @@ LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target
   // Staged loads (and transposes of them, which their dots fold) live in shared memory.
   if (mma)
     for (const StagedLoad& st : mma->staged) {
-      plan.values[st.op->result] = Layout{LayoutKind::shared};
+      plan.values[st.op->result] = Layout::shared_tile();
       ir::walk(f.body, [&](const Op& op, int) {
-        if (op.kind == OpKind::transpose && op.operands[0] == st.op->result) plan.values[op.result] = Layout{LayoutKind::shared};
+        if (op.kind == OpKind::transpose && op.operands[0] == st.op->result) plan.values[op.result] = Layout::shared_tile();
       });
     }
   return plan;

@@ -70,6 +70,8 @@ struct Layout {
   bool dim0_on_cols = false;        // rank 1: the tile's dim lies along the columns
 
   static Layout scalar();
+  // A tile staged in shared memory (a wgmma operand): no thread holds it.
+  static Layout shared_tile();
   // A rank-2 tile [rows, cols], or a rank-1 tile of `n` elements along the rows / columns.
   static Layout blocked2(const Arrangement& a, int64_t rows, int64_t cols);
   static Layout row_slice(const Arrangement& a, int64_t n);

@@ -381,7 +381,7 @@ Tile TensorArg::gather(std::vector<Operand> idx, Loc l) const {
   return Tile::from_value(b.emit(std::move(op), TileType{p.dtype, shape}));
 }
 
-void TensorArg::store_impl(std::vector<IndexArg> idx, const Operand& v) const {
+void TensorArg::store_impl(std::vector<IndexArg> idx, const Operand& v, const Tile* mask) const {
   auto loc = to_loc(v.loc);
   Builder& b = B(loc);
   const ir::Param p = b.function().params.at(param_);
@@ -398,6 +398,17 @@ void TensorArg::store_impl(std::vector<IndexArg> idx, const Operand& v) const {
     fail(loc, fmt::format("storing a tile of shape {} into a slice of shape {} of '{}'", rules::shape_str(&b.function(), t.shape),
                           rules::shape_str(&b.function(), shape), p.name));
   op.operands.push_back(broadcast_to(value, shape, loc, /*expand_scalars=*/true));
+  if (mask) {
+    const TileType& mt = b.type(mask->id());
+    if (mt.dtype != DType::i1)
+      fail(loc, fmt::format("store_where into '{}': the mask is a {} tile; it must be boolean (a comparison)", p.name,
+                            name(mt.dtype)));
+    if (!rules::broadcastable_to(mt.shape, shape))
+      fail(loc, fmt::format("store_where into '{}': a mask of shape {} does not broadcast to the slice's shape {}", p.name,
+                            rules::shape_str(&b.function(), mt.shape), rules::shape_str(&b.function(), shape)));
+    op.ival = 1;
+    op.operands.push_back(broadcast_to(mask->id(), shape, loc, /*expand_scalars=*/true));
+  }
   b.emit(std::move(op));
 }
 

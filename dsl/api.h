@@ -180,11 +180,19 @@ class TensorArg {
   void store(IndexArg a, IndexArg b, IndexArg c, IndexArg d, IndexArg e, Operand v) const {
     store_impl({a, b, c, d, e}, v);
   }
+  // The same, storing only the elements where `mask` (a boolean tile of the slice's shape, or one
+  // that broadcasts to it) holds: a tile that ends inside the tensor stops there.
+  void store_where(const Tile& mask, IndexArg a, Operand v) const { store_impl({a}, v, &mask); }
+  void store_where(const Tile& mask, IndexArg a, IndexArg b, Operand v) const { store_impl({a, b}, v, &mask); }
+  void store_where(const Tile& mask, IndexArg a, IndexArg b, IndexArg c, Operand v) const { store_impl({a, b, c}, v, &mask); }
+  void store_where(const Tile& mask, IndexArg a, IndexArg b, IndexArg c, IndexArg d, Operand v) const {
+    store_impl({a, b, c, d}, v, &mask);
+  }
 
  private:
   void check_rank(int r, Loc loc) const;
   Tile load_impl(std::vector<IndexArg> idx, Loc loc) const;
-  void store_impl(std::vector<IndexArg> idx, const Operand& v) const;
+  void store_impl(std::vector<IndexArg> idx, const Operand& v, const Tile* mask = nullptr) const;
   int param_;
 };
 

@@ -147,7 +147,8 @@ void print_region(const Function& f, const Region& r, int depth, std::string& ou
           else idx += v(op.operands[i]);
         }
         if (op.kind == OpKind::load) text = fmt::format("load {}[{}]", f.params.at(op.param).name, idx);
-        else text = fmt::format("store {}[{}] <- {}", f.params.at(op.param).name, idx, v(op.operands.back()));
+        else text = fmt::format("store {}[{}] <- {}{}", f.params.at(op.param).name, idx, v(op.operands.at(n)),
+                                op.ival == 1 ? fmt::format(" where {}", v(op.operands.at(n + 1))) : std::string());
         break;
       }
       case OpKind::gather: text = fmt::format("gather {}[{}]", f.params.at(op.param).name, args); break;

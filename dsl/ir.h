@@ -34,7 +34,7 @@ enum class OpKind : uint8_t {
   arange,        // operand: tile start; result i32[block] = start + [0, block)
   // memory
   load,          // operands: one per index (see `indices`); `param` is the tensor
-  store,         // operands: indices..., value
+  store,         // operands: indices..., value [, mask (ival == 1: an i1 tile of the value's shape)]
   gather,        // operands: one integer tile per dim of `param` (broadcast to the result's shape);
                  // element e reads param[i0[e], i1[e], ...], 0 where an index is out of range
   // elementwise

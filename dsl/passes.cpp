@@ -150,7 +150,15 @@ struct Verifier {
         expect(op, op.param >= 0 && op.param < (int)f.params.size() && f.params[op.param].is_tensor(), "not a tensor parameter");
         const ir::Param& p = f.params[op.param];
         expect(op, (int)op.indices.size() == p.rank(), fmt::format("'{}' has rank {} but {} indices", p.name, p.rank(), op.indices.size()));
-        if (op.kind == OpKind::store) expect(op, p.writes(), fmt::format("store to input '{}'", p.name));
+        if (op.kind == OpKind::store) {
+          expect(op, p.writes(), fmt::format("store to input '{}'", p.name));
+          expect(op, op.operands.size() == op.indices.size() + 1 + (op.ival == 1 ? 1 : 0), "store operands: indices, value [, mask]");
+          if (op.ival == 1) {
+            const TileType& m = type(op, op.indices.size() + 1);
+            expect(op, m.dtype == DType::i1 && m.shape == type(op, op.indices.size()).shape,
+                   "a store's mask is an i1 tile of the stored value's shape");
+          }
+        }
         else expect(op, p.kind != ir::ParamKind::tensor_out, fmt::format("load from output '{}'", p.name));
         break;
       }

@@ -613,13 +613,14 @@ class Executor {
   void exec_store(const Op& op) {
     const Slice s = slice(op);
     const TensorView& t = b_.tensor(op.param);
-    const Value& x = val(op.operands.back());
+    const Value& x = val(op.operands.at(op.indices.size()));
+    const Value* mask = op.ival == 1 ? &val(op.operands.at(op.indices.size() + 1)) : nullptr;
     if (!x.is_scalar() && x.shape != s.shape)
       fail_at(op, fmt::format("storing a tile of shape {} into a slice of shape [{}] of '{}'", shape_text(x.dtype, x.shape),
                               fmt::join(s.shape, ", "), f_.params.at(op.param).name));
     int64_t written = 0, masked = 0;
     for_each_element(op, s, [&](int64_t i, bool inside, int64_t offset) {
-      if (!inside) {
+      if (!inside || (mask && at(*mask, i) == 0.0)) {
         ++masked;
         return;
       }

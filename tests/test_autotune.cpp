@@ -766,6 +766,25 @@ TEST_CASE("autotune tuner: effort none and bad problems") {
   CHECK(output_tolerance(DType::f32) == doctest::Approx(1e-4));
 }
 
+TEST_CASE("autotune tuner: a budget that ends before any candidate ran still measures one") {
+  ScopedEnv sim("TILEJIT_TUNE_SIMULATE", "100");
+  fs::path dir = scratch_dir("budget_tiny");
+  const auto& e = kernels::find("softmax");
+  auto specs = e.arguments({DType::f32, {}, {32, 1000}, false});
+  TuneOptions o;
+  o.effort = Effort::exhaustive;
+  o.time_budget_s = 0.01;   // over before the first compile ends
+  o.cache_file = (dir / "tuning.json").string();
+  o.progress = false;
+  o.space.max_block_1d = 64;
+  TuneResult r = tune(e.get(), specs, o);
+  int ok = 0;
+  for (const auto& c : r.candidates) ok += c.status == Candidate::Status::ok;
+  CHECK(ok >= 1);
+  CHECK(r.stored);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("autotune tuner: the time budget ends the search") {
   ScopedEnv sim("TILEJIT_TUNE_SIMULATE", "100");   // 100 ms per benchmark
   fs::path dir = scratch_dir("budget");

@@ -244,6 +244,34 @@ const Kernel& k_running_columns() {
   return k;
 }
 
+// Stores that write only where a mask holds: the lower triangle r >= c (a [r, c] mask), every other row of a second output (a [r, 1] mask broadcast along the columns) and a
+// third output only when the runtime scalar is positive (a scalar mask).
+const Kernel& k_masked_store() {
+  static const Kernel k = kernel("masked_store", {"x", "lower", "even", "gated", "alpha"},
+                                 [](In x, Out lower, Out even, Out gated, Scalar alpha) {
+    auto [R, C] = x.shape<2>();
+    for (auto r : tile(R, block("r")))
+      for (auto c : tile(C, block("c"))) {
+        auto v = x.load(r, c).to(DType::f32) * alpha;
+        lower.store_where(r.index().col() >= c.index().row(), r, c, v.to(lower.dtype()));
+        even.store_where(((r.index() % 2) == 0).col(), r, c, (v + 1.0).to(even.dtype()));
+        gated.store_where(alpha > 0.0, r, c, (v * 2.0).to(gated.dtype()));
+      }
+  });
+  return k;
+}
+
+// A scalar store under a scalar mask: each program writes its element only where it is positive.
+const Kernel& k_masked_scalar() {
+  static const Kernel k = kernel("masked_scalar", {"v", "o"}, [](In v, Out o) {
+    for (auto g : grid(v.dim(0))) {
+      auto e = v.load(g);
+      o.store_where(e > 0.0, g, (e * 2.0).to(o.dtype()));
+    }
+  });
+  return k;
+}
+
 }  // namespace tj_codegen_test
 
 using namespace tj_codegen_test;
@@ -457,6 +485,12 @@ TEST_CASE("codegen: kernels using every op compile for sm_90a and sm_80") {
     compile_and_check(k_mixed_ranks().trace({T(bf16, {40}), T(bf16, {40, 40}), T(bf16, {40, 40}), T(bf16, {40}),
                                              T(bf16, {2})}),
                       config(R"({"num_warps":1})"));
+  }
+  SUBCASE("masked stores: a tile mask, a broadcast row mask, a scalar mask, a masked scalar store") {
+    compile_and_check(k_masked_store().trace({T(bf16, {70, 45}), T(bf16, {70, 45}), T(f32, {70, 45}), T(f16, {70, 45}),
+                                              RuntimeScalar{0.5f}}),
+                      config(R"({"blocks":{"r":32,"c":32},"num_warps":4})"));
+    compile_and_check(k_masked_scalar().trace({T(f32, {-1}), T(f32, {-1})}), config(R"({"num_warps":1})"));
   }
 }
 

@@ -37,6 +37,8 @@ const tj::Kernel& k_matmul();
 const tj::Kernel& k_integers();
 const tj::Kernel& k_mixed_ranks();
 const tj::Kernel& k_running_columns();
+const tj::Kernel& k_masked_store();
+const tj::Kernel& k_masked_scalar();
 }  // namespace tj_codegen_test
 
 using namespace tj;
@@ -387,6 +389,18 @@ TEST_CASE("codegen (emulated): reductions, dots and mixed-rank layouts match the
             R"({"blocks":{"r":16},"num_warps":2})"});
   run_case({"mixed ranks", &k_mixed_ranks, {T(f16, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f16, {24}), T(f32, {2})},
             R"({"num_warps":4})"});
+}
+
+TEST_CASE("codegen (emulated): masked stores leave the masked-out elements as they were") {
+  TJ_REQUIRE_HOST_COMPILER();
+  for (float alpha : {0.75f, -0.75f})
+    run_case({fmt::format("tile, row and scalar masks, alpha {}", alpha), &k_masked_store,
+              {T(bf16, {70, 45}), T(bf16, {70, 45}), T(f32, {70, 45}), T(f16, {70, 45}), RuntimeScalar{alpha}},
+              R"({"blocks":{"r":32,"c":16},"num_warps":4})"});
+  run_case({"tile masks, vec 4, dynamic strided", &k_masked_store,
+            {T(f32, {-1, -1}), T(f32, {-1, -1}), T(bf16, {-1, -1}), T(f32, {-1, -1}), RuntimeScalar{0.5f}},
+            R"({"blocks":{"r":16,"c":32},"num_warps":2,"knobs":{"simt_vec":4}})", {{37, 50}, {37, 50}, {37, 50}, {37, 50}}, true});
+  run_case({"a masked scalar store", &k_masked_scalar, {T(f32, {-1}), T(f32, {-1})}, R"({"num_warps":1})", {{9}, {9}}});
 }
 
 TEST_CASE("codegen (emulated): vector layouts (knob simt_vec) match the reference executor") {

@@ -56,6 +56,24 @@ TEST_CASE("dsl: tracing records ops, source lines and launch loops") {
   CHECK(text.find("// launch") != std::string::npos);
 }
 
+TEST_CASE("dsl: store_where records the mask, broadcast to the slice, and prints it") {
+  Kernel k = kernel("gated", {"x", "out", "alpha"}, [](In x, Out out, Scalar alpha) {
+    for (auto i : tile(x.dim(0), block("n"))) out.store_where(alpha > 0.0, i, x.load(i));
+  });
+  ir::Function f = k.trace({t(DType::f32, {1000}), t(DType::f32, {1000}), RuntimeScalar{1.0f}});
+  int masked = 0;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.kind != ir::OpKind::store) return;
+    masked += op.ival == 1;
+    REQUIRE(op.operands.size() == op.indices.size() + 2);
+    const auto& m = f.type(op.operands.back());
+    CHECK(m.dtype == DType::i1);
+    CHECK(m.shape == f.type(op.operands.at(op.indices.size())).shape);   // the scalar mask, broadcast
+  });
+  CHECK(masked == 1);
+  CHECK(ir::print(f).find(" where %") != std::string::npos);
+}
+
 TEST_CASE("dsl: host values specialize the trace, Scalar stays a runtime parameter") {
   Kernel k = kernel("scale", {"x", "out", "s", "negate"}, [](In x, Out out, Scalar s, bool negate) {
     for (auto i : tile(x.dim(0))) {
@@ -125,6 +143,13 @@ TEST_CASE("dsl: errors point at the user's line") {
       for (auto i : tile(x.dim(0))) o.store(i, x.load(i));
     });
     expect_dsl_error(k, {f32({8}), t(DType::bf16, {8})}, "storing a f32 tile into 'o', which holds bf16");
+  }
+  SUBCASE("a store_where mask that does not broadcast to the slice") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0), block("r")))
+        for (auto j : tile(x.dim(1), block("c"))) o.store_where(i.index() > 3, i, j, x.load(i, j));
+    });
+    expect_dsl_error(k, {f32({8, 16}), f32({8, 16})}, "store_where into 'o': a mask of shape");
   }
   SUBCASE("storing into an input") {
     Kernel k = kernel("k", {"x"}, [](In x) {
@@ -304,6 +329,14 @@ TEST_CASE("dsl: the verifier rejects IR that breaks the rules") {
     f.values.push_back(f.values[inner]);
     f.body.ops.push_back(std::move(use));
     CHECK_THROWS_WITH_AS(passes::verify(f), doctest::Contains("is not defined in an enclosing scope"), DslError);
+  }
+  SUBCASE("a store's mask that is not boolean") {
+    for (ir::Op& op : body.ops)
+      if (op.kind == ir::OpKind::store) {
+        op.ival = 1;
+        op.operands.push_back(op.operands.back());   // the f32 value as its own mask
+      }
+    CHECK_THROWS_WITH_AS(passes::verify(f), doctest::Contains("a store's mask is an i1 tile"), DslError);
   }
   SUBCASE("a store into an input") {
     f.params[1].kind = ir::ParamKind::tensor_in;

@@ -43,6 +43,19 @@ ir::Function gemm_nk(DType t, int64_t m, int64_t n, int64_t k) {
 ir::Function gemm_kn(DType t, int64_t m, int64_t n, int64_t k) {
   return examples::gemm_bias_gelu(true).trace({T(t, {m, k}), T(t, {k, n}), T(DType::f32, {n}), T(DType::bf16, {m, n})});
 }
+// The lower triangle of A A^T: a store under a mask in the accumulator's layout.
+ir::Function gram_lower(DType t, int64_t m, int64_t k) {
+  static const Kernel kern = kernel("gram_lower", {"a", "c"}, [](In a, Out c) {
+    auto [M, K] = a.shape<2>();
+    for (auto i : tile(M, block("m")))
+      for (auto j : tile(M, block("n"))) {
+        Var acc = zeros({i, j}, DType::f32);
+        for (auto kk : tile(K, block("k"))) acc = dot(a.load(i, kk), a.load(j, kk).T(), acc);
+        c.store_where(i.index().col() >= j.index().row(), i, j, acc.to(c.dtype()));
+      }
+  });
+  return kern.trace({T(t, {m, k}), T(DType::bf16, {m, m})});
+}
 ir::Function attention(DType t, std::vector<int64_t> shape, bool causal) {
   return examples::readme_attention().trace({T(t, shape), T(t, shape), T(t, shape), T(DType::bf16, shape), RuntimeScalar{0.125f},
                                              causal});
@@ -151,6 +164,15 @@ TEST_CASE("mma layouts: a dot's result, its elementwise epilogue and its row sta
   CHECK_FALSE(contains(g.source, "tj::dev::dot<"));
 }
 
+TEST_CASE("mma layouts: a masked store's mask takes its value's accumulator layout, with no exchange") {
+  const ir::Function f = gram_lower(DType::bf16, 512, 1024);
+  const auto g = codegen::generate_cuda(f, cfg(kGemmConfig), Target{});
+  INFO(g.source);
+  CHECK(contains(g.source, "tj::dev::store_where<tj::dev::bf16, M128x128"));
+  CHECK(contains(g.source, "Tile<bool, M128x128>"));
+  CHECK_FALSE(contains(g.source, "tj::dev::exchange"));
+}
+
 TEST_CASE("async plan: a K loop's dot accumulates in place and keeps one iteration in flight") {
   const ir::Function f = gemm_nk(DType::bf16, 512, 256, 1024);
   const MmaPlan p = codegen::plan_mma(f, cfg(kGemmConfig), Target{});
@@ -192,6 +214,8 @@ TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a 
              {T(DType::bf16, {256, 512}), T(DType::bf16, {256, 512}), T(DType::bf16, {256, 512}), T(DType::bf16, {256, 256})});
        },
        kGemmConfig, R"(m64n128k16\.f32\.bf16\.bf16)"},
+      {"gram lower triangle (a masked store)", [] { return gram_lower(DType::bf16, 512, 1024); }, kGemmConfig,
+       R"(m64n128k16\.f32\.bf16\.bf16)"},
       {"README attention, bf16, causal", [] { return attention(DType::bf16, {2, 4, 256, 128}, true); },
        R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})", R"(m64n128k16\.f32\.bf16\.bf16)"},
       {"README attention, e4m3", [] { return attention(DType::e4m3, {2, 4, 256, 64}, false); },

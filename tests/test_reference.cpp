@@ -25,6 +25,7 @@ namespace num = tj::numerics;
 
 namespace tj_codegen_test {   // tests/test_codegen.cpp
 const tj::Kernel& k_running_columns();
+const tj::Kernel& k_masked_store();
 }  // namespace tj_codegen_test
 
 namespace {
@@ -608,6 +609,32 @@ TEST_CASE("reference: Vars that hold a tile loop's tiles (per-column sums and ma
           CHECK(out.get({b, 1, c}) == peak);
         }
     }
+  }
+}
+
+TEST_CASE("reference: store_where writes exactly the elements where its mask holds") {
+  std::mt19937 rng(31);
+  for (float alpha : {0.5f, -0.5f}) {
+    CAPTURE(alpha);
+    const int64_t R = 70, C = 45;
+    RefTensor x(DType::f32, {R, C}), lower(DType::f32, {R, C}), even(DType::f32, {R, C}), gated(DType::f32, {R, C});
+    for (int64_t i = 0; i < x.storage_elems(); ++i) num::store_element(x.bytes.data(), x.dtype, i, nonzero(rng));
+    for (RefTensor* o : {&lower, &even, &gated}) o->fill_storage(kNaN);
+    const TensorSpec spec{DType::f32, {R, C}};
+    const ir::Function f = tj_codegen_test::k_masked_store().trace({spec, spec, spec, spec, RuntimeScalar{alpha}});
+    run_reference(f, blocks({{"r", 32}, {"c", 16}}), {x.view(), lower.view(), even.view(), gated.view(), alpha});
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        CAPTURE(r);
+        CAPTURE(c);
+        const double v = x.get({r, c}) * double(alpha);
+        if (r >= c) CHECK(lower.get({r, c}) == doctest::Approx(v));
+        else CHECK(std::isnan(lower.get({r, c})));
+        if (r % 2 == 0) CHECK(even.get({r, c}) == doctest::Approx(v + 1.0));
+        else CHECK(std::isnan(even.get({r, c})));
+        if (alpha > 0) CHECK(gated.get({r, c}) == doctest::Approx(2.0 * v));
+        else CHECK(std::isnan(gated.get({r, c})));
+      }
   }
 }
 

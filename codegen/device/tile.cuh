@@ -426,6 +426,25 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
   }
 }
 
+// The same, only where `mask` holds (store_where in the DSL), one element at a time.
+template <class E, class L, bool CR, bool CC>
+TJ_DEV void store_where(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
+                        const Tile<bool, L>& mask) {
+  using M = typename E::mem;
+  M* base = static_cast<M*>(data) + offset;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i) {
+    const long long pr = r.start + L::coord_r(i);
+    const bool okr = ok && L::primary_r(i) && (!CR || in_range(pr, r.limit));
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      const long long pc = c.start + L::coord_c(j);
+      if (okr && L::primary_c(j) && (!CC || in_range(pc, c.limit)) && mask.v[L::idx(i, j)])
+        E::st(base + pr * r.stride + pc * c.stride, x.v[L::idx(i, j)]);
+    }
+  }
+}
+
 template <class E>
 TJ_DEV typename E::reg load_scalar(const void* data, long long offset, bool ok) {
   return ok ? E::ld(static_cast<const typename E::mem*>(data) + offset) : typename E::reg(0);
