@@ -826,11 +826,14 @@ void Emitter::emit_reduce(const Op& op) {
   const int64_t extent = shape(x).at(op.axis);
   const bool masked = op.operands.size() == 3 && !provably_full(op.operands[1], op.operands[2], extent);
   const char* fn = op.reduce == ir::ReduceFn::sum ? "op_sum" : op.reduce == ir::ReduceFn::max ? "op_max" : "op_min";
+  // reduce<> works in the register type: f32 for floating point, the dtype for integers.
+  const DType acc = is_int(t) ? t : DType::f32;
+  const int bytes = reg_bytes(acc);
   if (axis == 1 && S.arr.warps_c > 1)
-    need_smem(int64_t(S.slots_r()) * S.arr.rows() * S.arr.warps_c * 4, fmt::format("the reduction at {}", op.loc.str()));
+    need_smem(int64_t(S.slots_r()) * S.arr.rows() * S.arr.warps_c * bytes, fmt::format("the reduction at {}", op.loc.str()));
   if (axis == 0 && S.arr.warps_r > 1)
-    // one float per raw column position (tile.cuh: raw_c < reps * cover) per warp row
-    need_smem(int64_t(S.reps_c()) * S.arr.col_cover() * S.arr.warps_r * 4, fmt::format("the reduction at {}", op.loc.str()));
+    // one value per raw column position (tile.cuh: raw_c < reps * cover) per warp row
+    need_smem(int64_t(S.reps_c()) * S.arr.col_cover() * S.arr.warps_r * bytes, fmt::format("the reduction at {}", op.loc.str()));
   std::string call = fmt::format("tj::dev::reduce<tj::dev::{}, {}, {}, {}>({}, {}, {}, tj_smem)", fn, axis, dtag(t), masked,
                                  ref(x), masked ? ref(op.operands[1]) : "0", masked ? ref(op.operands[2]) : "0");
   const Layout& R = plan_.of(op.result);
@@ -847,8 +850,8 @@ void Emitter::emit_reduce(const Op& op) {
     return;
   }
   std::string tmp = fresh(op.result, "r");
-  line(fmt::format("const {} {} = {};", tile_type(t == DType::f32 ? t : DType::f32, N), tmp, call), &op.loc);
-  define(op.result, convert(tmp, N, R, DType::f32, op.loc, op.result), op.loc);
+  line(fmt::format("const {} {} = {};", tile_type(acc, N), tmp, call), &op.loc);
+  define(op.result, convert(tmp, N, R, acc, op.loc, op.result), op.loc);
 }
 
 void Emitter::emit_dot(const Op& op) {

@@ -118,8 +118,9 @@ std::optional<TileType> reduce(const TileType& x, int axis, std::string* why) {
     *why = fmt::format("reduction axis {} is out of range for a rank-{} tile", axis, x.rank());
     return std::nullopt;
   }
-  if (!is_float(x.dtype) || is_fp8(x.dtype)) {
-    *why = fmt::format("reductions need an f32, f16 or bf16 tile, got {}", name(x.dtype));
+  if (x.dtype == DType::i1 || is_fp8(x.dtype)) {
+    *why = fmt::format("reductions need an f32, f16, bf16, i32 or i64 tile, got {}: convert with .to({})", name(x.dtype),
+                       x.dtype == DType::i1 ? "tj::DType::i32" : "tj::DType::f32");
     return std::nullopt;
   }
   TileType out = x;

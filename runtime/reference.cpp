@@ -648,6 +648,11 @@ class Executor {
     for (size_t d = axis + 1; d < x.shape.size(); ++d) inner *= x.shape[d];
     const int64_t n = x.shape.at(axis);
     const int64_t valid = valid_count(op, 1, n);
+    if (is_int(x.dtype)) {
+      reduce_int(op, x, v, outer, inner, n, valid);
+      set(op, std::move(v));
+      return;
+    }
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t in = 0; in < inner; ++in) {
         float acc = op.reduce == ir::ReduceFn::sum   ? 0.0f
@@ -665,6 +670,29 @@ class Executor {
       }
     }
     set(op, std::move(v));
+  }
+
+  // Integer reductions in the dtype: sums wrap (two's complement); an empty max / min is the
+  // dtype's lowest / highest value.
+  void reduce_int(const Op& op, const Value& x, Value& v, int64_t outer, int64_t inner, int64_t n, int64_t valid) const {
+    const bool i32 = x.dtype == DType::i32;
+    const int64_t lo = i32 ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int64_t>::min();
+    const int64_t hi = i32 ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int64_t>::max();
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t in = 0; in < inner; ++in) {
+        int64_t acc = op.reduce == ir::ReduceFn::sum ? 0 : op.reduce == ir::ReduceFn::max ? lo : hi;
+        for (int64_t i = 0; i < valid; ++i) {
+          const int64_t e = to_i64(x.data[(o * n + i) * inner + in]);
+          switch (op.reduce) {
+            case ir::ReduceFn::sum:
+              acc = to_i64(wrap_int(x.dtype, static_cast<int64_t>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(e))));
+              break;
+            case ir::ReduceFn::max: acc = std::max(acc, e); break;
+            case ir::ReduceFn::min: acc = std::min(acc, e); break;
+          }
+        }
+        v.data[o * inner + in] = static_cast<double>(acc);
+      }
   }
 
   void exec_dot(const Op& op) {

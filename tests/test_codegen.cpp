@@ -272,6 +272,27 @@ const Kernel& k_masked_scalar() {
   return k;
 }
 
+// Integer reductions: row sums and maxima of i32 / i64 tiles (sums wrap: the values are scaled past
+// 2^31 for i32), and per row tile column minima and sums along a ragged block axis, where rows past
+// the tensor are left out (stored at row tile r.begin() / block).
+const Kernel& k_int_reductions() {
+  static const Kernel k = kernel("int_reductions", {"x", "rsum", "rmax", "tmin", "tsum"},
+                                 [](In x, Out rsum, Out rmax, Out tmin, Out tsum) {
+    auto [R, C] = x.shape<2>();
+    for (auto r : tile(R, block("r"))) {
+      auto t = x.load(r, all);
+      rsum.store(r, sum(t * 300000007, 1));
+      rmax.store(r, amax(t, 1));
+      for (auto c : tile(C, block("c"))) {
+        auto u = x.load(r, c);
+        tmin.store(r.begin() / r.block_size(), c, amin(u, 0));
+        tsum.store(r.begin() / r.block_size(), c, sum(u, 0));
+      }
+    }
+  });
+  return k;
+}
+
 }  // namespace tj_codegen_test
 
 using namespace tj_codegen_test;
@@ -485,6 +506,14 @@ TEST_CASE("codegen: kernels using every op compile for sm_90a and sm_80") {
     compile_and_check(k_mixed_ranks().trace({T(bf16, {40}), T(bf16, {40, 40}), T(bf16, {40, 40}), T(bf16, {40}),
                                              T(bf16, {2})}),
                       config(R"({"num_warps":1})"));
+  }
+  SUBCASE("integer reductions (i32, i64) along both axes, warps across the reduced axis") {
+    compile_and_check(k_int_reductions().trace({T(DType::i32, {70, 48}), T(DType::i32, {70}), T(DType::i32, {70}),
+                                                T(DType::i32, {3, 48}), T(DType::i32, {3, 48})}),
+                      config(R"({"blocks":{"r":32,"c":16},"num_warps":4})"));
+    compile_and_check(k_int_reductions().trace({T(DType::i64, {70, 48}), T(DType::i64, {70}), T(DType::i64, {70}),
+                                                T(DType::i64, {3, 48}), T(DType::i64, {3, 48})}),
+                      config(R"({"blocks":{"r":32,"c":16},"num_warps":8})"));
   }
   SUBCASE("masked stores: a tile mask, a broadcast row mask, a scalar mask, a masked scalar store") {
     compile_and_check(k_masked_store().trace({T(bf16, {70, 45}), T(bf16, {70, 45}), T(f32, {70, 45}), T(f16, {70, 45}),

@@ -39,6 +39,7 @@ const tj::Kernel& k_mixed_ranks();
 const tj::Kernel& k_running_columns();
 const tj::Kernel& k_masked_store();
 const tj::Kernel& k_masked_scalar();
+const tj::Kernel& k_int_reductions();
 }  // namespace tj_codegen_test
 
 using namespace tj;
@@ -59,13 +60,14 @@ inline thread_local tj_emu_uint3 threadIdx, blockIdx;
 inline tj_emu_uint3 gridDim, blockDim;
 inline std::barrier<>* tj_emu_barrier = nullptr;
 alignas(16) inline unsigned char tj_emu_smem[256 * 1024];
-inline float tj_emu_lanes[1024];
+template <class T> inline T tj_emu_lanes[1024];
 inline void __syncthreads() { tj_emu_barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   const unsigned t = threadIdx.x;
-  tj_emu_lanes[t] = v;
+  tj_emu_lanes<T>[t] = v;
   tj_emu_barrier->arrive_and_wait();
-  float r = tj_emu_lanes[t ^ lane_mask];
+  T r = tj_emu_lanes<T>[t ^ lane_mask];
   tj_emu_barrier->arrive_and_wait();
   return r;
 }
@@ -316,14 +318,17 @@ void run_case(const EmuCase& c) {
     const int64_t n = static_cast<int64_t>(ref[i].bytes.size()) / size_bytes(t);
     // f32: summation order and fma differ from the reference; narrower types: one unit in
     // the last place of the output format.
-    const double rtol = t == DType::f32 ? 3e-5 : t == DType::f16 ? 1.5e-3 : t == DType::bf16 ? 8e-3 : 0.07;
+    // Integers and booleans: exactly.
+    const bool exact = is_int(t) || t == DType::i1;
+    const double rtol = exact ? 0 : t == DType::f32 ? 3e-5 : t == DType::f16 ? 1.5e-3 : t == DType::bf16 ? 8e-3 : 0.07;
     double scale = 0;
     for (int64_t e = 0; e < n; ++e) scale = std::max(scale, std::abs(numerics::load_element(ref[i].bytes.data(), t, e)));
     int bad = 0;
     for (int64_t e = 0; e < n; ++e) {
       const double want = numerics::load_element(ref[i].bytes.data(), t, e);
       const double got = numerics::load_element(out[i].bytes.data(), t, e);
-      const bool ok = (std::isnan(want) && std::isnan(got)) || std::abs(got - want) <= rtol * std::abs(want) + 1e-6 * scale;
+      const bool ok = exact ? got == want
+                            : (std::isnan(want) && std::isnan(got)) || std::abs(got - want) <= rtol * std::abs(want) + 1e-6 * scale;
       if (!ok && bad++ < 5)
         FAIL_CHECK(fmt::format("output '{}' element {}: generated code gives {}, the reference {}", p.name, e, got,
                                want));
@@ -389,6 +394,16 @@ TEST_CASE("codegen (emulated): reductions, dots and mixed-rank layouts match the
             R"({"blocks":{"r":16},"num_warps":2})"});
   run_case({"mixed ranks", &k_mixed_ranks, {T(f16, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f16, {24}), T(f32, {2})},
             R"({"num_warps":4})"});
+}
+
+TEST_CASE("codegen (emulated): integer reductions wrap like the reference executor's") {
+  TJ_REQUIRE_HOST_COMPILER();
+  for (DType t : {DType::i32, DType::i64})
+    for (const char* config : {R"({"blocks":{"r":32,"c":16},"num_warps":4})", R"({"blocks":{"r":16,"c":32},"num_warps":8})",
+                               R"({"blocks":{"r":32,"c":16},"num_warps":2,"knobs":{"simt_vec":4}})"})
+      run_case({fmt::format("{} {}", name(t), config), &k_int_reductions,
+                {T(t, {70, 48}), T(t, {70}), T(t, {70}), T(t, {-1, 48}), T(t, {-1, 48})}, config,
+                {{70, 48}, {70}, {70}, {5, 48}, {5, 48}}});
 }
 
 TEST_CASE("codegen (emulated): masked stores leave the masked-out elements as they were") {

@@ -151,6 +151,13 @@ TEST_CASE("dsl: errors point at the user's line") {
     });
     expect_dsl_error(k, {f32({8, 16}), f32({8, 16})}, "store_where into 'o': a mask of shape");
   }
+  SUBCASE("a reduction of a boolean tile") {
+    Kernel k = kernel("k", {"x", "o"}, [](In x, Out o) {
+      for (auto i : tile(x.dim(0), block("r"))) o.store(i, sum(x.load(i, all) > 0.0, 1));
+    });
+    expect_dsl_error(k, {f32({8, 16}), t(DType::i32, {8})},
+                     "reductions need an f32, f16, bf16, i32 or i64 tile, got i1: convert with .to(tj::DType::i32)");
+  }
   SUBCASE("storing into an input") {
     Kernel k = kernel("k", {"x"}, [](In x) {
       for (auto i : tile(x.dim(0))) x.store(i, x.load(i));

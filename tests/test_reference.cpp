@@ -26,6 +26,7 @@ namespace num = tj::numerics;
 namespace tj_codegen_test {   // tests/test_codegen.cpp
 const tj::Kernel& k_running_columns();
 const tj::Kernel& k_masked_store();
+const tj::Kernel& k_int_reductions();
 }  // namespace tj_codegen_test
 
 namespace {
@@ -634,6 +635,47 @@ TEST_CASE("reference: store_where writes exactly the elements where its mask hol
         else CHECK(std::isnan(even.get({r, c})));
         if (alpha > 0) CHECK(gated.get({r, c}) == doctest::Approx(2.0 * v));
         else CHECK(std::isnan(gated.get({r, c})));
+      }
+  }
+}
+
+TEST_CASE("reference: integer reductions accumulate in their dtype, i32 sums wrapping") {
+  std::mt19937 rng(37);
+  for (DType t : {DType::i32, DType::i64}) {
+    CAPTURE(name(t));
+    // i32: sums far past 2^31; i64: within the reference's +-2^53 (runtime/reference.h).
+    const int64_t span = t == DType::i32 ? 2000000000 : 200000;
+    std::uniform_int_distribution<int64_t> u(-span, span);
+    const int64_t R = 70, C = 48, BR = 32, BC = 16, tiles = 3;
+    RefTensor x(t, {R, C}), rsum(t, {R}), rmax(t, {R}), tmin(t, {tiles, C}), tsum(t, {tiles, C});
+    for (int64_t i = 0; i < x.storage_elems(); ++i) num::store_element(x.bytes.data(), t, i, double(u(rng)));
+    for (RefTensor* o : {&rsum, &rmax, &tmin, &tsum}) o->fill_storage(-777);
+    const ir::Function f = tj_codegen_test::k_int_reductions().trace(
+        {TensorSpec{t, {R, C}}, TensorSpec{t, {R}}, TensorSpec{t, {R}}, TensorSpec{t, {tiles, C}}, TensorSpec{t, {tiles, C}}});
+    run_reference(f, blocks({{"r", BR}, {"c", BC}}), {x.view(), rsum.view(), rmax.view(), tmin.view(), tsum.view()});
+    // The dtype's arithmetic, written here in 64-bit unsigned and narrowed.
+    auto narrow = [&](uint64_t v) { return t == DType::i32 ? int64_t(int32_t(uint32_t(v))) : int64_t(v); };
+    for (int64_t r = 0; r < R; ++r) {
+      uint64_t s = 0;
+      int64_t m = std::numeric_limits<int64_t>::min();
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t e = int64_t(x.get({r, c}));
+        s += uint64_t(narrow(uint64_t(e) * 300000007u));
+        m = std::max(m, e);
+      }
+      CHECK(int64_t(rsum.get({r})) == narrow(s));
+      CHECK(int64_t(rmax.get({r})) == m);
+    }
+    for (int64_t i = 0; i < tiles; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        uint64_t s = 0;
+        int64_t m = std::numeric_limits<int64_t>::max();
+        for (int64_t r = i * BR; r < std::min(R, (i + 1) * BR); ++r) {   // rows past R are left out
+          s += uint64_t(int64_t(x.get({r, c})));
+          m = std::min(m, int64_t(x.get({r, c})));
+        }
+        CHECK(int64_t(tsum.get({i, c})) == narrow(s));
+        CHECK(int64_t(tmin.get({i, c})) == m);
       }
   }
 }

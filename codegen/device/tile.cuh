@@ -531,32 +531,49 @@ TJ_DEV Tile<T, LD> transpose(const Tile<T, LS>& x, void* smem) {
 }
 
 // ---------------------------------------------------------------- reductions
+template <class T> TJ_DEV T lowest();
+template <> TJ_DEV float lowest<float>() { return -inf(); }
+template <> TJ_DEV int lowest<int>() { return (int)0x80000000u; }
+template <> TJ_DEV long long lowest<long long>() { return (long long)0x8000000000000000ull; }
+template <class T> TJ_DEV T highest();
+template <> TJ_DEV float highest<float>() { return inf(); }
+template <> TJ_DEV int highest<int>() { return 0x7fffffff; }
+template <> TJ_DEV long long highest<long long>() { return 0x7fffffffffffffffll; }
+
+// Each op reduces in the register type T: f32 for floating-point tiles; for integer tiles the
+// dtype itself, sums wrapping around as two's complement (added as unsigned: no overflow UB).
 struct op_sum {
-  static TJ_DEV float identity() { return 0.0f; }
+  template <class T> static TJ_DEV T identity() { return T(0); }
   static TJ_DEV float f(float a, float b) { return a + b; }
+  static TJ_DEV int f(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
+  static TJ_DEV long long f(long long a, long long b) {
+    return (long long)((unsigned long long)a + (unsigned long long)b);
+  }
 };
 struct op_max {
-  static TJ_DEV float identity() { return -inf(); }
+  template <class T> static TJ_DEV T identity() { return lowest<T>(); }
   static TJ_DEV float f(float a, float b) { return fmaxf(a, b); }
+  template <class T> static TJ_DEV T f(T a, T b) { return a > b ? a : b; }
 };
 struct op_min {
-  static TJ_DEV float identity() { return inf(); }
+  template <class T> static TJ_DEV T identity() { return highest<T>(); }
   static TJ_DEV float f(float a, float b) { return fminf(a, b); }
+  template <class T> static TJ_DEV T f(T a, T b) { return a < b ? a : b; }
 };
 
-// Reduces along AXIS (0: thread rows, 1: thread columns) in f32: own slots, then a butterfly
+// Reduces along AXIS (0: thread rows, 1: thread columns) in the register type T: own slots, then a butterfly
 // over the lanes of that axis, then (when warps lie along the axis) across warps through
 // shared memory. With MASKED, position p along the axis takes part only if vb + p < ve.
 // The result is replicated over the reduced axis; E rounds it to the dtype.
-template <class Op, int AXIS, class E, bool MASKED, class L>
-TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long vb, long long ve, void* smem) {
+template <class Op, int AXIS, class E, bool MASKED, class L, class T>
+TJ_DEV Tile<T, reduced_t<L, AXIS>> reduce(const Tile<T, L>& x, long long vb, long long ve, void* smem) {
   using A = typename L::arr;
   using LO = reduced_t<L, AXIS>;
-  Tile<float, LO> out;
+  Tile<T, LO> out;
   if constexpr (AXIS == 1) {
 #pragma unroll
     for (int i = 0; i < L::sr; ++i) {
-      float acc = Op::identity();
+      T acc = Op::template identity<T>();
 #pragma unroll
       for (int j = 0; j < L::sc; ++j)
         if (L::primary_c(j) && (!MASKED || vb + L::coord_c(j) < ve)) acc = Op::f(acc, x.v[L::idx(i, j)]);
@@ -565,7 +582,7 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       out.v[i] = acc;
     }
     if constexpr (A::warps_c > 1) {
-      float* s = static_cast<float*>(smem);
+      T* s = static_cast<T*>(smem);
       sync_threads();
       if (A::lane() % A::lanes_c == 0)
 #pragma unroll
@@ -573,7 +590,7 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       sync_threads();
 #pragma unroll
       for (int i = 0; i < L::sr; ++i) {
-        float acc = Op::identity();
+        T acc = Op::template identity<T>();
         for (int w = 0; w < A::warps_c; ++w) acc = Op::f(acc, s[L::raw_r(i) * A::warps_c + w]);
         out.v[i] = acc;
       }
@@ -581,7 +598,7 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
   } else {
 #pragma unroll
     for (int j = 0; j < L::sc; ++j) {
-      float acc = Op::identity();
+      T acc = Op::template identity<T>();
 #pragma unroll
       for (int i = 0; i < L::sr; ++i)
         if (L::primary_r(i) && (!MASKED || vb + L::coord_r(i) < ve)) acc = Op::f(acc, x.v[L::idx(i, j)]);
@@ -591,7 +608,7 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       out.v[j] = acc;
     }
     if constexpr (A::warps_r > 1) {
-      float* s = static_cast<float*>(smem);
+      T* s = static_cast<T*>(smem);
       sync_threads();
       if (A::lane() / A::lanes_c == 0)
 #pragma unroll
@@ -599,7 +616,7 @@ TJ_DEV Tile<float, reduced_t<L, AXIS>> reduce(const Tile<float, L>& x, long long
       sync_threads();
 #pragma unroll
       for (int j = 0; j < L::sc; ++j) {
-        float acc = Op::identity();
+        T acc = Op::template identity<T>();
         for (int w = 0; w < A::warps_r; ++w) acc = Op::f(acc, s[L::raw_c(j) * A::warps_r + w]);
         out.v[j] = acc;
       }
