@@ -834,8 +834,15 @@ void Emitter::emit_reduce(const Op& op) {
   if (axis == 0 && S.arr.warps_r > 1)
     // one value per raw column position (tile.cuh: raw_c < reps * cover) per warp row
     need_smem(int64_t(S.reps_c()) * S.arr.col_cover() * S.arr.warps_r * bytes, fmt::format("the reduction at {}", op.loc.str()));
-  std::string call = fmt::format("tj::dev::reduce<tj::dev::{}, {}, {}, {}>({}, {}, {}, tj_smem)", fn, axis, dtag(t), masked,
-                                 ref(x), masked ? ref(op.operands[1]) : "0", masked ? ref(op.operands[2]) : "0");
+  auto call_of = [&](bool m) {
+    return fmt::format("tj::dev::reduce<tj::dev::{}, {}, {}, {}>({}, {}, {}, tj_smem)", fn, axis, dtag(t), m, ref(x),
+                       m ? ref(op.operands[1]) : "0", m ? ref(op.operands[2]) : "0");
+  };
+  // Only a loop's last tile can run past its end: the others take the unmasked reduction, decided
+  // once per tile (the per-element test would sit in a softmax's hot loop).
+  const std::string call = masked ? fmt::format("(({} + {} <= {}) ? {} : {})", ref(op.operands[1]), extent, ref(op.operands[2]),
+                                                call_of(false), call_of(true))
+                                  : call_of(false);
   const Layout& R = plan_.of(op.result);
   if (R.is_scalar()) {
     define(op.result, call + ".v[0]", op.loc);

@@ -257,11 +257,14 @@ TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a 
   }
 }
 
-TEST_CASE("mma codegen: the generated GEMM matches its golden file (TILEJIT_UPDATE_GOLDEN=1 rewrites it)") {
-  const auto g = codegen::generate_cuda(gemm_nk(DType::bf16, 512, 256, 1024), cfg(kGemmConfig), Target{});
+namespace {
+
+// Compares generated source with tests/golden/<name>; TILEJIT_UPDATE_GOLDEN=1 rewrites the file.
+void check_golden(const std::string& name, const codegen::GeneratedKernel& g) {
+  CAPTURE(name);
   // Source locations name this machine's checkout: keep the file name only.
   std::string source = std::regex_replace(g.source, std::regex(R"(// @ [^ \n]*/([^/ \n]+:\d+))"), "// @ $1");
-  const std::string path = std::string(TJ_TESTS_DIR) + "/golden/gemm_bias_gelu_wgmma.cu";
+  const std::string path = std::string(TJ_TESTS_DIR) + "/golden/" + name;
   if (std::getenv("TILEJIT_UPDATE_GOLDEN")) {
     std::ofstream(path) << source;
     MESSAGE("rewrote " << path);
@@ -273,4 +276,20 @@ TEST_CASE("mma codegen: the generated GEMM matches its golden file (TILEJIT_UPDA
   CHECK_MESSAGE(source == golden.str(), "the generated source differs from " << path
                                                                               << " (review the diff, then rerun with "
                                                                                  "TILEJIT_UPDATE_GOLDEN=1)");
+}
+
+}  // namespace
+
+TEST_CASE("mma codegen: generated kernels match their golden files (TILEJIT_UPDATE_GOLDEN=1 rewrites them)") {
+  // A GEMM nest with an elementwise epilogue: TMA rings, the producer warpgroup, wgmma.
+  check_golden("gemm_bias_gelu_wgmma.cu", codegen::generate_cuda(gemm_nk(DType::bf16, 512, 256, 1024), cfg(kGemmConfig), Target{}));
+  // Chained dots: P as wgmma's register A, the online softmax in the accumulator layout, the causal
+  // mask decided per tile.
+  check_golden("readme_attention_causal_wgmma.cu",
+               codegen::generate_cuda(attention(DType::bf16, {2, 4, 256, 128}, true),
+                                      cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})"), Target{}));
+  // The SIMT path: a row softmax with its reductions across lanes and warps.
+  check_golden("softmax_simt.cu",
+               codegen::generate_cuda(kernels::softmax().trace({T(DType::bf16, {64, 1000}), T(DType::f32, {64, 1000})}),
+                                      cfg(R"({"blocks":{"c":256,"c2":256},"num_warps":4})"), Target{}));
 }
