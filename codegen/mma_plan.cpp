@@ -281,17 +281,23 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     return tile;
   };
   std::map<const Op*, std::vector<SmemTile>> wanted;   // load -> the tiles its readers need
+  std::vector<const Op*> wanted_order;                 // the loads in program order (not by address)
   std::set<const Op*> unstageable;
   for (MmaDot& d : dots)
     for (int which = 0; which < 2; ++which) {
       MmaOperand& o = which == 0 ? d.a : d.b;
       std::tie(o.value, o.transposed) = underlying(fx, d.op->operands[which]);
       const Op* ld = fx.def.at(o.value);
-      if (auto tile = staged_tile(d, which, o)) wanted[ld].push_back(*tile);
-      else if (ld) unstageable.insert(ld);
+      if (auto tile = staged_tile(d, which, o)) {
+        if (!wanted.count(ld)) wanted_order.push_back(ld);
+        wanted[ld].push_back(*tile);
+      } else if (ld) {
+        unstageable.insert(ld);
+      }
     }
   std::map<const Op*, int> staged_index;
-  for (auto& [ld, tiles] : wanted) {
+  for (const Op* ld : wanted_order) {
+    const std::vector<SmemTile>& tiles = wanted.at(ld);
     // A slot holds rows of bytes as TMA writes them; K-major and MN-major readers see the same
     // bytes (a [m, d] tile is k = d for one dot and k = m for another), each through its own
     // descriptors.

@@ -358,8 +358,11 @@ TEST_CASE("codegen: layout assignment puts row statistics on the rows and needs 
   CHECK_FALSE(contains(g.source, "tj::dev::exchange"));   // broadcasts of row statistics are free
   CHECK_FALSE(contains(g.source, "tj::dev::transpose"));  // k.T() is folded into the dot's staging
   CHECK(count(g.source, "tj::dev::dot<") == 2);
-  CHECK(count(g.source, "tj::dev::reduce<tj::dev::op_max, 1") == 1);
-  CHECK(count(g.source, "tj::dev::reduce<tj::dev::op_sum, 1") == 1);
+  // One row max and one row sum, each in an unmasked form and the last tile's masked one.
+  for (const char* fn : {"op_max", "op_sum"}) {
+    CHECK(count(g.source, fmt::format("tj::dev::reduce<tj::dev::{}, 1, tj::dev::f32, false>", fn)) == 1);
+    CHECK(count(g.source, fmt::format("tj::dev::reduce<tj::dev::{}, 1, tj::dev::f32, true>", fn)) == 1);
+  }
 }
 
 TEST_CASE("codegen: 1-D kernels use the flat arrangement (thread t holds t, t + T, ...)") {

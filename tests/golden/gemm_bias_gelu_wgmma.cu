@@ -39,16 +39,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_nk(tj::dev::
       const long long v6 = (tj_pid % tj_n1) * 128LL;  // @ user_kernels.cpp:33
       for (long long v10 = 0LL; v10 < 1024LL; v10 += 64LL) {  // @ user_kernels.cpp:35
         {
-          const unsigned tj_f = tj_use0++;
-          tj_r0.acquire(tj_f, 16384u);
-          unsigned char* const tj_dst = tj_tc + 0 + ((tj_f) % 4u) * 16384;
-          tj::dev::tma_load_2d(tj_dst + 0, &tj_tma0, tj_r0.full(tj_f), (int)(v10), (int)(v6));  // @ user_kernels.cpp:35
-        }
-        {
           const unsigned tj_f = tj_use1++;
           tj_r1.acquire(tj_f, 16384u);
           unsigned char* const tj_dst = tj_tc + 65536 + ((tj_f) % 4u) * 16384;
-          tj::dev::tma_load_2d(tj_dst + 0, &tj_tma1, tj_r1.full(tj_f), (int)(v10), (int)(v4));  // @ user_kernels.cpp:35
+          tj::dev::tma_load_2d(tj_dst + 0, &tj_tma1, tj_r1.full(tj_f), (int)(v10), (int)(v6));  // @ user_kernels.cpp:35
+        }
+        {
+          const unsigned tj_f = tj_use0++;
+          tj_r0.acquire(tj_f, 16384u);
+          unsigned char* const tj_dst = tj_tc + 0 + ((tj_f) % 4u) * 16384;
+          tj::dev::tma_load_2d(tj_dst + 0, &tj_tma0, tj_r0.full(tj_f), (int)(v10), (int)(v4));  // @ user_kernels.cpp:35
         }
       }
     }
@@ -64,10 +64,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_nk(tj::dev::
   for (long long v10 = 0LL; v10 < 1024LL; v10 += 64LL) {  // @ user_kernels.cpp:35
     const unsigned tj_u0 = tj_use0++;   // this iteration's use of ring 0
     const unsigned tj_u1 = tj_use1++;   // this iteration's use of ring 1
-    tj_r0.wait(tj_u0);   // 'b' [128 x 128 bytes] has landed  // @ user_kernels.cpp:35
-    const unsigned v11 = tj::dev::smem_u32(tj_tc + 0) + (tj_u0 % 4u) * 16384u;  // @ user_kernels.cpp:35
-    tj_r1.wait(tj_u1);   // 'a' [128 x 128 bytes] has landed  // @ user_kernels.cpp:35
-    const unsigned v13 = tj::dev::smem_u32(tj_tc + 65536) + (tj_u1 % 4u) * 16384u;  // @ user_kernels.cpp:35
+    tj_r1.wait(tj_u1);   // 'b' [128 x 128 bytes] has landed  // @ user_kernels.cpp:35
+    const unsigned v11 = tj::dev::smem_u32(tj_tc + 65536) + (tj_u1 % 4u) * 16384u;  // @ user_kernels.cpp:35
+    tj_r0.wait(tj_u0);   // 'a' [128 x 128 bytes] has landed  // @ user_kernels.cpp:35
+    const unsigned v13 = tj::dev::smem_u32(tj_tc + 0) + (tj_u0 % 4u) * 16384u;  // @ user_kernels.cpp:35
     // 128 x 128 += 128 x 64 . 64 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: 'a' by TMA (K-major, 4 stages); b: 'b' by TMA (K-major, 4 stages)  // @ user_kernels.cpp:35
     tj::dev::wgmma_fence();
     tj::dev::wgmma_ss<2, 1, 128, 128, 4, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 128, 128, false, 2>, tj::dev::SmemOperand<128, 128, 128, false, 2>>(var8.v, v13, v11, 1);  // @ user_kernels.cpp:35
