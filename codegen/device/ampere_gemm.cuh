@@ -34,6 +34,7 @@
 //   g.mainloop(acc, GemmOperand{A...}, GemmOperand{B...});
 //   // epilogue from registers: rows g.row0() + 16*mi + 8*h, columns g.col0() + 8*ni + e
 #include "gemm_common.cuh"
+#include "mma_sync.cuh"   // mma_m16n8
 
 namespace tj {
 namespace dev {
@@ -110,31 +111,15 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
                : "r"(addr));
 }
 
-#define TJ_MMA_SYNC(SHAPE_TYPES)                                                                           \
-  asm volatile("mma.sync.aligned." SHAPE_TYPES " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                            \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
-
+// The WgType (frag.cuh) of MmaType t.
+TJ_HD constexpr int wg_type(int t) {
+  return t == MMA_BF16 ? WG_BF16 : t == MMA_F16 ? WG_F16 : t == MMA_E4M3 ? WG_E4M3 : WG_E5M2;
+}
 // d (4 fp32: the m16n8 C fragment) += a (m16 x 32 bytes of K) . b (32 bytes of K x n8).
 template <int TA, int TB>
 __device__ __forceinline__ void mma_m16n8_32bytes(float* d, const unsigned (&a)[4], const unsigned (&b)[2]) {
-  if constexpr (TA == MMA_BF16) {
-    TJ_MMA_SYNC("m16n8k16.row.col.f32.bf16.bf16.f32");
-  } else if constexpr (TA == MMA_F16) {
-    TJ_MMA_SYNC("m16n8k16.row.col.f32.f16.f16.f32");
-  } else {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
-    if constexpr (TA == MMA_E4M3 && TB == MMA_E4M3) TJ_MMA_SYNC("m16n8k32.row.col.f32.e4m3.e4m3.f32");
-    else if constexpr (TA == MMA_E4M3) TJ_MMA_SYNC("m16n8k32.row.col.f32.e4m3.e5m2.f32");
-    else if constexpr (TB == MMA_E4M3) TJ_MMA_SYNC("m16n8k32.row.col.f32.e5m2.e4m3.f32");
-    else TJ_MMA_SYNC("m16n8k32.row.col.f32.e5m2.e5m2.f32");
-#else
-    __trap();   // fp8 mma.sync needs sm_89; the lowering never asks for it below
-#endif
-  }
+  mma_m16n8<wg_type(TA), wg_type(TB)>(d, a, b);
 }
-
-#undef TJ_MMA_SYNC
 
 // ---------------------------------------------------------------- the main loop
 

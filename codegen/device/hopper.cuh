@@ -10,8 +10,8 @@
 //                 (hopper_wgmma.cuh), fence_acc
 //   registers     setmaxnreg_inc<R> / setmaxnreg_dec<R>
 //   fragments     acc_row / acc_col, acc_row_max / acc_row_sum, quad_allreduce_*, acc_scale_rows,
-//                 acc_to_a_bf16 / acc_to_a_f16 / acc_to_a_fp8 (exact) / acc_to_a_fp8_kperm /
-//                 acc_to_a_fp8_keys_by_parity
+//                 acc_to_a_fp8_kperm / acc_to_a_fp8_keys_by_parity (frag.cuh: acc_to_a_bf16 /
+//                 acc_to_a_f16 / acc_to_a_fp8; swizzle.cuh: SmemSwizzle, swizzle_offset)
 //
 // Compiled by NVRTC with no CUDA toolkit header, and by nvcc -std=c++17. The sm_90 parts only
 // exist when compiling for __CUDA_ARCH__ >= 900 (wgmma and setmaxnreg: sm_90a only), and in
@@ -31,6 +31,8 @@
 #include "fp8.cuh"
 #include "tile.cuh"   // griddep_wait / griddep_launch_dependents
 #include "hopper_wgmma.cuh"
+#include "swizzle.cuh"   // SmemSwizzle, swizzle_offset
+#include "frag.cuh"   // acc_to_a_bf16 / acc_to_a_f16 / acc_to_a_fp8, byte_perm
 
 #if !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ >= 900)
 #define TJ_SM90_ENABLED 1
@@ -51,17 +53,6 @@ namespace dev {
 struct alignas(64) TmaDescriptor {
   unsigned long long data[16];
 };
-
-// Shared-memory swizzle modes, numbered as the wgmma descriptor's bits 62-63 encode them.
-enum SmemSwizzle : int { SWIZZLE_NONE = 0, SWIZZLE_128B = 1, SWIZZLE_64B = 2, SWIZZLE_32B = 3 };
-
-// Byte offset of byte `off` (offset from an aligned tile base) after the hardware swizzle for
-// mode `sw`: 16-byte chunk bits [4,7) XOR address bits [7,10) (128B: 3 bits, 64B: 2, 32B: 1).
-// Use it when threads (not TMA) write a swizzled operand tile.
-TJ_HD unsigned swizzle_offset(unsigned off, int sw) {
-  unsigned mask = sw == SWIZZLE_128B ? 7u : sw == SWIZZLE_64B ? 3u : sw == SWIZZLE_32B ? 1u : 0u;
-  return off ^ (((off >> 7) & mask) << 4);
-}
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
@@ -513,77 +504,6 @@ __device__ __forceinline__ void acc_fill(float* d, float v) {
   for (int i = 0; i < N / 2; ++i) d[i] = v;
 }
 
-__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned sel) {
-  unsigned r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
-// f32 accumulator (64xN, as above) -> A-operand register fragments for the next wgmma (RS) with
-// K = N: the accumulator's columns become A's K index. 4 registers per wgmma K step; pass a + 4*s
-// to mma_async_rs for step s. a[] must hold a_frag_regs<N, element bytes>() registers:
-//   16-bit (k16 steps, N/16 of them): N/4 registers (2 elements each)
-//   fp8    (k32 steps, N/32 of them): N/8 registers (4 elements each)
-// (A 16-bit fragment array sized N/8 -- the fp8 count -- is overrun by acc_to_a_bf16/f16: that
-// was the "RS chain bf16" failure of bench/proto/hopper_unit.cu, whose buffer was a[N1 / 8].)
-//
-// 16-bit A fragment (m64k16), register j of thread t: row r0 + 8*(j%2), k = 2*(t%4) + 8*(j/2)
-// (+0/+1 in the low/high half): exactly the accumulator's pairs, so no data moves.
-template <int N, int ElemBytes>
-TJ_HD constexpr int a_frag_regs() {
-  static_assert(ElemBytes == 1 || ElemBytes == 2, "fp8 or 16-bit A fragments");
-  return ElemBytes == 2 ? N / 4 : N / 8;
-}
-template <int N>
-__device__ __forceinline__ void acc_to_a_bf16(const float* d, unsigned* a) {
-  static_assert(N % 16 == 0, "bf16 A fragments need N % 16 == 0");
-#pragma unroll
-  for (int i = 0; i < N / 2; i += 2) a[i / 2] = f32x2_to_bf16x2(d[i], d[i + 1]);
-}
-template <int N>
-__device__ __forceinline__ void acc_to_a_f16(const float* d, unsigned* a) {
-  static_assert(N % 16 == 0, "f16 A fragments need N % 16 == 0");
-#pragma unroll
-  for (int i = 0; i < N / 2; i += 2) a[i / 2] = f32x2_to_f16x2(d[i], d[i + 1]);
-}
-
-// fp8 A fragment (m64k32), register j of thread t: row r0 + 8*(j%2), k = 4*(t%4) + 16*(j/2) + b
-// for byte b. A thread's accumulator columns in one 32-column step are
-// {2q, 2q+1, 8+2q, 9+2q, 16+2q, 17+2q, 24+2q, 25+2q} (q = t%4), so the exact conversion moves
-// bytes across the quad: 2 shuffles per row half and K step (N/8 shuffles in all).
-template <int N, int T = WG_E4M3>
-__device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
-  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
-  static_assert(T == WG_E4M3 || T == WG_E5M2, "fp8 type");
-  const unsigned q = threadIdx.x & 3u;
-  const unsigned odd = q & 1u, hi = q >> 1;
-  const unsigned base = (threadIdx.x & 31u) & ~3u;
-  const unsigned src1 = base + 2u * odd + hi;          // matching 1
-  const unsigned src2 = base + 2u * odd + 1u - hi;     // matching 2
-  // The words from quad lanes 2*(q%2) and 2*(q%2)+1 are r1, r2 (q < 2) or r2, r1 (q >= 2): the
-  // byte selectors swap their operands instead of two selects per word pair.
-  const unsigned sel_lo = hi ? 0x1054u : 0x5410u;
-  const unsigned sel_hi = hi ? 0x3276u : 0x7632u;
-#pragma unroll
-  for (int c = 0; c < N / 32; ++c) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      unsigned x[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float lo = d[16 * c + 4 * j + 2 * h], hv = d[16 * c + 4 * j + 2 * h + 1];
-        x[j] = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(lo, hv)
-                              : (unsigned)f32x2_to_e5m2x2(lo, hv);
-      }
-      const unsigned u = x[0] | (x[2] << 16);   // columns 8*0.., 8*2.. of this thread
-      const unsigned v = x[1] | (x[3] << 16);   // columns 8*1.., 8*3..
-      const unsigned r1 = __shfl_sync(0xffffffffu, odd ? v : u, src1);
-      const unsigned r2 = __shfl_sync(0xffffffffu, odd ? u : v, src2);
-      a[4 * c + h] = byte_perm(r1, r2, sel_lo);
-      a[4 * c + 2 + h] = byte_perm(r1, r2, sel_hi);
-    }
-  }
-}
 // Shuffle-free fp8 conversion with a permuted K order (FA3's trick): A's k position k (within
 // each 32-wide step) holds accumulator column fp8_kperm_col(k), and the permutation is the same
 // for every row. Correct only if the B operand's K index is permuted the same way (B row n,

@@ -10,11 +10,10 @@
 // TransA/TransB (16-bit types only): 0 = K-major, 1 = MN-major. FP8 operands must be K-major.
 // Include through hopper.cuh. This file only has content when compiling for sm_90a (or in
 // nvcc's host pass, where only declarations matter).
+#include "frag.cuh"   // WgType, the tensor cores' operand types
 
 namespace tj {
 namespace dev {
-
-enum WgType : int { WG_E4M3 = 0, WG_E5M2 = 1, WG_BF16 = 2, WG_F16 = 3 };
 
 // Primary templates; specializations come from TJ_WGMMA_DEFINE(N) below.
 template <int N, int TA, int TB>

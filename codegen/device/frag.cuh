@@ -1,0 +1,103 @@
+#pragma once
+// tilejit device library: the register fragments of the tensor cores' A operand, shared by
+// wgmma (sm_90a) and mma.sync (sm_80 on), whose per-warp A fragments are the same: a warp's 16
+// rows, 32 bytes of K per step, 4 registers per thread.
+//
+//   WgType                      the operand types (WG_E4M3, WG_E5M2, WG_BF16, WG_F16)
+//   byte_perm                   prmt.b32
+//   a_frag_regs<N, bytes>       registers of the A fragments of N columns
+//   acc_to_a_bf16 / acc_to_a_f16 / acc_to_a_fp8
+//                               f32 accumulator registers -> A fragments (exact)
+//
+// Plain arithmetic and shuffles: compiled for every architecture, and on the host by the
+// emulated tests (tests/test_codegen_emulated.cpp), which supply the shuffles.
+#include "fp8.cuh"
+
+namespace tj {
+namespace dev {
+
+enum WgType : int { WG_E4M3 = 0, WG_E5M2 = 1, WG_BF16 = 2, WG_F16 = 3 };
+
+// Bytes of {b, a} (a the low word) picked by the four selector nibbles of `sel` (prmt.b32's
+// default mode: selectors 0-7, no sign replication).
+__device__ __forceinline__ unsigned byte_perm(unsigned a, unsigned b, unsigned sel) {
+#if defined(__CUDA_ARCH__)
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+#else
+  const unsigned long long x = (unsigned long long)b << 32 | a;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((x >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+
+// f32 accumulator (64xN, as above) -> A-operand register fragments for the next wgmma (RS) with
+// K = N: the accumulator's columns become A's K index. 4 registers per wgmma K step; pass a + 4*s
+// to mma_async_rs for step s. a[] must hold a_frag_regs<N, element bytes>() registers:
+//   16-bit (k16 steps, N/16 of them): N/4 registers (2 elements each)
+//   fp8    (k32 steps, N/32 of them): N/8 registers (4 elements each)
+// (A 16-bit fragment array sized N/8 -- the fp8 count -- is overrun by acc_to_a_bf16/f16: that
+// was the "RS chain bf16" failure of bench/proto/hopper_unit.cu, whose buffer was a[N1 / 8].)
+//
+// 16-bit A fragment (m64k16), register j of thread t: row r0 + 8*(j%2), k = 2*(t%4) + 8*(j/2)
+// (+0/+1 in the low/high half): exactly the accumulator's pairs, so no data moves.
+template <int N, int ElemBytes>
+TJ_HD constexpr int a_frag_regs() {
+  static_assert(ElemBytes == 1 || ElemBytes == 2, "fp8 or 16-bit A fragments");
+  return ElemBytes == 2 ? N / 4 : N / 8;
+}
+template <int N>
+__device__ __forceinline__ void acc_to_a_bf16(const float* d, unsigned* a) {
+  static_assert(N % 16 == 0, "bf16 A fragments need N % 16 == 0");
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 2) a[i / 2] = f32x2_to_bf16x2(d[i], d[i + 1]);
+}
+template <int N>
+__device__ __forceinline__ void acc_to_a_f16(const float* d, unsigned* a) {
+  static_assert(N % 16 == 0, "f16 A fragments need N % 16 == 0");
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 2) a[i / 2] = f32x2_to_f16x2(d[i], d[i + 1]);
+}
+
+// fp8 A fragment (m64k32), register j of thread t: row r0 + 8*(j%2), k = 4*(t%4) + 16*(j/2) + b
+// for byte b. A thread's accumulator columns in one 32-column step are
+// {2q, 2q+1, 8+2q, 9+2q, 16+2q, 17+2q, 24+2q, 25+2q} (q = t%4), so the exact conversion moves
+// bytes across the quad: 2 shuffles per row half and K step (N/8 shuffles in all).
+template <int N, int T = WG_E4M3>
+__device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
+  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
+  static_assert(T == WG_E4M3 || T == WG_E5M2, "fp8 type");
+  const unsigned q = threadIdx.x & 3u;
+  const unsigned odd = q & 1u, hi = q >> 1;
+  const unsigned base = (threadIdx.x & 31u) & ~3u;
+  const unsigned src1 = base + 2u * odd + hi;          // matching 1
+  const unsigned src2 = base + 2u * odd + 1u - hi;     // matching 2
+  // The words from quad lanes 2*(q%2) and 2*(q%2)+1 are r1, r2 (q < 2) or r2, r1 (q >= 2): the
+  // byte selectors swap their operands instead of two selects per word pair.
+  const unsigned sel_lo = hi ? 0x1054u : 0x5410u;
+  const unsigned sel_hi = hi ? 0x3276u : 0x7632u;
+#pragma unroll
+  for (int c = 0; c < N / 32; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      unsigned x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = d[16 * c + 4 * j + 2 * h], hv = d[16 * c + 4 * j + 2 * h + 1];
+        x[j] = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(lo, hv)
+                              : (unsigned)f32x2_to_e5m2x2(lo, hv);
+      }
+      const unsigned u = x[0] | (x[2] << 16);   // columns 8*0.., 8*2.. of this thread
+      const unsigned v = x[1] | (x[3] << 16);   // columns 8*1.., 8*3..
+      const unsigned r1 = __shfl_sync(0xffffffffu, odd ? v : u, src1);
+      const unsigned r2 = __shfl_sync(0xffffffffu, odd ? u : v, src2);
+      a[4 * c + h] = byte_perm(r1, r2, sel_lo);
+      a[4 * c + 2 + h] = byte_perm(r1, r2, sel_hi);
+    }
+  }
+}
+
+}  // namespace dev
+}  // namespace tj

@@ -1,0 +1,155 @@
+#pragma once
+// tilejit device library: the tensor cores' tiles, for wgmma (sm_90a, mma.cuh) and mma.sync
+// (sm_80 on, mma_sync.cuh) alike; codegen/mma_plan.h decides which dots use them.
+//
+//   MmaArr<WR, WC>    a block's warps for tensor-core tiles: WR warp rows x WC warp columns
+//                     (warp = wr * WC + wc). wgmma stacks every warp along the rows (WC = 1):
+//                     warps 4g..4g+3 are warpgroup g.
+//   Mma<A, ER, EC>    the accumulator fragment of wgmma (sm_90a) and mma.sync (sm_80 on) as a
+//                     register-tile layout, with the interface of tile.cuh's Blocked, so that
+//                     every generic tile function (map, load, store, reduce, broadcast,
+//                     exchange) works on it. Per warp, 16-row groups: thread (lane l) of warp
+//                     (wr, wc) holds rows 16 * (wr + WR * b) + l / 4 + 8 * h (row block b, half
+//                     h) and columns wc * EC / WC + 8 * j + 2 * (l % 4) + e (octet j, element e).
+//                     Registers are in wgmma's order: block b's EC / WC / 2 registers, within it
+//                     4 * j + 2 * h + e; so block b of a tile is the `float* d` of a wgmma
+//                     m64nN (N = EC) of the warpgroup, and the same holds per warp for mma.sync
+//                     m16n8 tiles. Rank-1 slices: ER = 1 (a row of columns, replicated over the
+//                     rows) or EC = 1 (a column of rows, replicated over a quad's 4 lanes).
+//   SmemOperand<...>  a dot operand tile in shared memory, swizzled as TMA writes it.
+//   tile_to_a_frag    a register tile in the accumulator layout as A fragments.
+//   stage_operand<..> writes a register tile into a swizzled operand tile (operands that TMA
+//                     cannot load); mask_k_cols zeroes the columns past a dot's k range.
+//   align_smem<N>     a shared-memory pointer rounded up to N bytes.
+// Plain C++ on the tiles: every architecture, and the host (tests/test_codegen_emulated.cpp).
+#include "tile.cuh"
+#include "swizzle.cuh"
+#include "frag.cuh"
+
+namespace tj {
+namespace dev {
+
+// ---------------------------------------------------------------- the accumulator layout
+template <int WR, int WC>
+struct MmaArr {
+  static constexpr int lanes_r = 8, lanes_c = 4, warps_r = WR, warps_c = WC;
+  static constexpr int threads = 32 * WR * WC;
+  static TJ_DEV int lane() { return (int)threadIdx.x & 31; }
+  static TJ_DEV int warp() { return (int)threadIdx.x >> 5; }
+  static TJ_DEV int wr() { return warp() / WC; }
+  static TJ_DEV int wc() { return warp() % WC; }
+};
+
+template <class A, long long ER, long long EC>
+struct Mma {
+  using arr = A;
+  static constexpr long long er = ER, ec = EC;
+  static_assert(ER == 1 || ER % (16 * A::warps_r) == 0, "Mma: the rows must be 16 per warp row, or a multiple");
+  static_assert(EC == 1 || EC % (8 * A::warps_c) == 0, "Mma: the columns must be 8 per warp column, or a multiple");
+  static constexpr int row_blocks = ER == 1 ? 1 : (int)(ER / (16 * A::warps_r));
+  static constexpr int warp_cols = EC == 1 ? 1 : (int)(EC / A::warps_c);
+  static constexpr int sr = ER == 1 ? 1 : 2 * row_blocks;
+  static constexpr int sc = EC == 1 ? 1 : warp_cols / 4;
+  static constexpr int slots = sr * sc;
+  static constexpr int vec = EC == 1 ? 1 : 2;   // a thread's columns come in adjacent pairs
+  // Raw coordinates are unique per (thread, slot) over the block; a slice (extent 1) keeps the
+  // raw coordinate of its replicas, and only the replica at raw 0 is primary.
+  static TJ_DEV int raw_r(int i) { return 16 * (A::wr() + A::warps_r * (i >> 1)) + 8 * (i & 1) + (A::lane() >> 2); }
+  static TJ_DEV int raw_c(int j) {
+    return A::wc() * (EC == 1 ? 8 : warp_cols) + 8 * (j >> 1) + 2 * (A::lane() & 3) + (j & 1);
+  }
+  static TJ_DEV int coord_r(int i) { return ER == 1 ? 0 : raw_r(i); }
+  static TJ_DEV int coord_c(int j) { return EC == 1 ? 0 : raw_c(j); }
+  static TJ_DEV bool primary_r(int i) { return ER != 1 || raw_r(i) == 0; }
+  static TJ_DEV bool primary_c(int j) { return EC != 1 || raw_c(j) == 0; }
+  static TJ_DEV constexpr int idx(int i, int j) {
+    return ER == 1 ? j : EC == 1 ? i : (i >> 1) * (warp_cols / 2) + 4 * (j >> 1) + 2 * (i & 1) + (j & 1);
+  }
+  template <long long R, long long C> using with_extents = Mma<A, R, C>;
+};
+
+// ---------------------------------------------------------------- shared-memory operands
+// A dot operand tile in shared memory with swizzle SW bytes (128, 64 or 32), as a TMA box of SW
+// bytes along the contiguous dim writes it (hopper.cuh's conventions), its base 8 * SW aligned:
+//   K-major  (MN = false): R rows (M or N) of KB bytes of K, in KB / SW column blocks of [R][SW];
+//   MN-major (MN = true):  R rows of K of KB bytes of M or N, in KB / SW column blocks of [R][SW]
+//                          (16-bit types only).
+// wgmma reads it through descriptors (mma.cuh: smem_desc), mma.sync through ldmatrix's row
+// addresses (mma_sync.cuh), both at offset().
+template <int R, int KB, int SW, bool MN, int ES>
+struct SmemOperand {
+  static_assert(SW == 128 || SW == 64 || SW == 32, "swizzle of 32, 64 or 128 bytes");
+  static_assert(KB % SW == 0, "whole column blocks");
+  static constexpr int bytes = R * KB;
+  static constexpr int rows = R, row_bytes = KB, elem_bytes = ES, swizzle = SW;
+  static constexpr int mode = SW == 128 ? SWIZZLE_128B : SW == 64 ? SWIZZLE_64B : SWIZZLE_32B;
+  static constexpr bool mn_major = MN;
+  // Byte offset of element (row r, byte b of the row's KB) from the tile base, swizzled.
+  static TJ_DEV unsigned offset(int r, int b) {
+    return swizzle_offset((unsigned)((b / SW) * R * SW + r * SW + b % SW), mode);
+  }
+};
+
+// A register tile in the accumulator layout (rows M, columns K) as the A fragments of register-A
+// wgmmas or mma.syncs (per warp the same): a[RB][K * element bytes / 32][4] (16-bit: the pairs as they are; fp8: bytes moved
+// across each quad, exact).
+template <int T, int RB, int K, class L>
+TJ_DEV void tile_to_a_frag(const Tile<float, L>& x, unsigned* a) {
+  constexpr int KS = (T == WG_BF16 || T == WG_F16) ? K / 16 : K / 32;
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    const float* d = x.v + b * (K / 2);
+    if constexpr (T == WG_BF16) acc_to_a_bf16<K>(d, a + b * KS * 4);
+    else if constexpr (T == WG_F16) acc_to_a_f16<K>(d, a + b * KS * 4);
+    else acc_to_a_fp8<K, T>(d, a + b * KS * 4);
+  }
+}
+
+// ---------------------------------------------------------------- operands from registers
+// x with the columns at or past ke - kb set to 0 (a dot's k range on its a operand's columns).
+template <class T, class L>
+TJ_DEV Tile<T, L> mask_k_cols(const Tile<T, L>& x, long long kb, long long ke) {
+  Tile<T, L> out;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) out.v[L::idx(i, j)] = kb + L::coord_c(j) < ke ? x.v[L::idx(i, j)] : T(0);
+  return out;
+}
+
+// Writes a register tile [D0, D1] (any layout; E the element type) into the operand tile O at
+// `base` (a generic pointer to shared memory): ROWS_DIM names the tile dim that indexes O's rows
+// (K-major: M or N; MN-major: K), the other one its bytes. With KMASK, elements whose k
+// position (along the other dim of a K-major tile) is at or past ke - kb are written as 0.
+// Every thread writes its primary elements; the caller orders the writes before the tensor
+// cores read them (fence the async proxy, then a block barrier).
+template <class E, class O, int ROWS_DIM, bool KMASK, class L>
+TJ_DEV void stage_operand(const Tile<typename E::reg, L>& x, unsigned char* base, long long kb, long long ke) {
+  using M = typename E::mem;
+  static_assert(!O::mn_major, "register operands are staged K-major");
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      if (!(L::primary_r(i) && L::primary_c(j))) continue;
+      const int r = ROWS_DIM == 0 ? L::coord_r(i) : L::coord_c(j);
+      const int c = ROWS_DIM == 0 ? L::coord_c(j) : L::coord_r(i);
+      const bool keep = !KMASK || kb + c < ke;
+      E::st(reinterpret_cast<M*>(base + O::offset(r, c * (int)sizeof(M))), keep ? x.v[L::idx(i, j)] : typename E::reg(0));
+    }
+}
+
+// `p` (shared memory) rounded up to a multiple of N bytes of the shared window: the swizzle of
+// an operand tile repeats every 8 x its width, so tile bases sit on such boundaries.
+template <unsigned N>
+TJ_DEV unsigned char* align_smem(unsigned char* p) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+#else
+  const unsigned a = (unsigned)(unsigned long long)p;
+#endif
+  return p + ((N - (a & (N - 1))) & (N - 1));
+}
+
+}  // namespace dev
+}  // namespace tj

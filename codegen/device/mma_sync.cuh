@@ -1,0 +1,150 @@
+#pragma once
+// tilejit device library: the mma.sync building blocks of the generic tensor-core lowering, for
+// GPUs without wgmma (sm_80, sm_89; fp8 from sm_89) and sm_90 without its 'a' features
+// (codegen/mma_plan.h decides which dots use them; codegen/emit_mma.cpp calls them). The tiles
+// they work on (MmaArr, Mma, SmemOperand, stage_operand, tile_to_a_frag) are mma_layout.cuh's.
+//
+//   ldmatrix<C>       C (1, 2, 4) 8x8 matrices of 16-byte rows from shared memory; lanes
+//                     8i..8i+7 give the row addresses of matrix i, which lands in register i
+//                     (lane l: row l / 4, bytes 4 (l % 4) .. +3). For fp8 a row is 16 elements:
+//                     the fragment layouts of m16n8k32 take the same bytes.
+//   mma_m16n8<TA, TB> d (the m16n8 C fragment, 4 f32) += a (m16 x 32 bytes of K) . b (32 bytes
+//                     of K x n8): m16n8k16 for bf16 / f16, m16n8k32 for e4m3 / e5m2.
+//   mma_sync_ss / mma_sync_rs  a warp's share of acc += A . B, A from shared memory or from
+//                     registers (tile_to_a_frag), B from shared memory.
+//
+// On the host (tests/test_codegen_emulated.cpp, where __CUDA_ARCH__ is not defined and the
+// threads of a block are std::threads) the warp collectives call tj_host_ldmatrix and
+// tj_host_mma_m16n8, which the host build supplies.
+#include "mma_layout.cuh"
+
+#if !defined(__CUDA_ARCH__) && !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+void tj_host_ldmatrix(unsigned* r, int count, const void* row);
+void tj_host_mma_m16n8(int ta, int tb, float* d, const unsigned* a, const unsigned* b);
+#define TJ_MMA_SYNC_HOST 1
+#endif
+
+namespace tj {
+namespace dev {
+
+template <int C>
+TJ_DEV void ldmatrix(unsigned (&r)[C], const unsigned char* row) {
+  static_assert(C == 1 || C == 2 || C == 4, "ldmatrix loads 1, 2 or 4 matrices");
+#if defined(__CUDA_ARCH__)
+  const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  if constexpr (C == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else if constexpr (C == 2)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
+#elif defined(TJ_MMA_SYNC_HOST)
+  tj_host_ldmatrix(r, C, row);
+#endif
+}
+
+#define TJ_MMA_SYNC(SHAPE_TYPES)                                                                            \
+  asm volatile("mma.sync.aligned." SHAPE_TYPES " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+
+template <int TA, int TB>
+TJ_DEV void mma_m16n8(float* d, const unsigned* a, const unsigned* b) {
+  static_assert((TA == WG_BF16 || TA == WG_F16) ? TA == TB : (TB == WG_E4M3 || TB == WG_E5M2),
+                "mma.sync takes bf16 x bf16, f16 x f16 or fp8 x fp8");
+#if defined(__CUDA_ARCH__)
+  if constexpr (TA == WG_BF16) {
+    TJ_MMA_SYNC("m16n8k16.row.col.f32.bf16.bf16.f32");
+  } else if constexpr (TA == WG_F16) {
+    TJ_MMA_SYNC("m16n8k16.row.col.f32.f16.f16.f32");
+  } else {
+#if __CUDA_ARCH__ >= 890
+    if constexpr (TA == WG_E4M3 && TB == WG_E4M3) TJ_MMA_SYNC("m16n8k32.row.col.f32.e4m3.e4m3.f32");
+    else if constexpr (TA == WG_E4M3) TJ_MMA_SYNC("m16n8k32.row.col.f32.e4m3.e5m2.f32");
+    else if constexpr (TB == WG_E4M3) TJ_MMA_SYNC("m16n8k32.row.col.f32.e5m2.e4m3.f32");
+    else TJ_MMA_SYNC("m16n8k32.row.col.f32.e5m2.e5m2.f32");
+#else
+    __trap();   // fp8 mma.sync needs sm_89; the lowerings never ask for it below
+#endif
+  }
+#elif defined(TJ_MMA_SYNC_HOST)
+  tj_host_mma_m16n8(TA, TB, d, a, b);
+#endif
+}
+
+#undef TJ_MMA_SYNC
+
+// The B fragments of the n8 blocks j and j + 1 (b[0..1], b[2..3]) at K step s of the K-major
+// operand tile O (rows N) at `base`; only block j (b[0..1]) when it is the last.
+template <class O, int N>
+TJ_DEV void b_frags(unsigned (&b)[4], const unsigned char* base, int j, int s) {
+  const int lane = (int)threadIdx.x & 31;
+  const int kb = 32 * s + 16 * ((lane >> 3) & 1);
+  if (j + 1 < N / 8) {
+    ldmatrix<4>(b, base + O::offset(8 * j + 8 * (lane >> 4) + (lane & 7), kb));
+  } else {
+    unsigned h[2];
+    ldmatrix<2>(h, base + O::offset(8 * j + (lane & 7), kb));
+    b[0] = h[0];
+    b[1] = h[1];
+  }
+}
+
+// The calling warp's share of acc += A [M x K] . B [K x N], where acc holds the registers of an
+// Mma<MmaArr<WR, 1>, M, N> tile (RB = M / (16 * WR) row blocks; warp w's block r is rows
+// 16 * (w + WR * r) ..) and both operands are K-major SmemOperands in shared memory (OA: rows M,
+// OB: rows N) at a and b; KS k steps of 32 bytes. accumulate = 0 overwrites acc with A . B.
+template <int WR, int RB, int N, int KS, int TA, int TB, class OA, class OB>
+TJ_DEV void mma_sync_ss(float* acc, const unsigned char* a, const unsigned char* b, int accumulate) {
+  static_assert(!OA::mn_major && !OB::mn_major, "mma.sync reads K-major operand tiles");
+  static_assert(N % 8 == 0, "n8 blocks");
+  if (!accumulate) {
+#pragma unroll
+    for (int i = 0; i < RB * N / 2; ++i) acc[i] = 0.0f;
+  }
+  const int lane = (int)threadIdx.x & 31, w = (int)threadIdx.x >> 5;
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    unsigned af[RB][4];
+#pragma unroll
+    for (int r = 0; r < RB; ++r) ldmatrix<4>(af[r], a + OA::offset(16 * (w + WR * r) + (lane & 15), 32 * s + 16 * (lane >> 4)));
+#pragma unroll
+    for (int j = 0; j < N / 8; j += 2) {
+      unsigned bf[4];
+      b_frags<OB, N>(bf, b, j, s);
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * j, af[r], bf);
+        if (j + 1 < N / 8) mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * (j + 1), af[r], bf + 2);
+      }
+    }
+  }
+}
+
+// The same with A from registers: a[RB][KS][4], this thread's A fragments (tile_to_a_frag).
+template <int RB, int N, int KS, int TA, int TB, class OB>
+TJ_DEV void mma_sync_rs(float* acc, const unsigned* a, const unsigned char* b, int accumulate) {
+  static_assert(!OB::mn_major, "mma.sync reads K-major operand tiles");
+  static_assert(N % 8 == 0, "n8 blocks");
+  if (!accumulate) {
+#pragma unroll
+    for (int i = 0; i < RB * N / 2; ++i) acc[i] = 0.0f;
+  }
+#pragma unroll
+  for (int s = 0; s < KS; ++s)
+#pragma unroll
+    for (int j = 0; j < N / 8; j += 2) {
+      unsigned bf[4];
+      b_frags<OB, N>(bf, b, j, s);
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * j, a + (r * KS + s) * 4, bf);
+        if (j + 1 < N / 8) mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * (j + 1), a + (r * KS + s) * 4, bf + 2);
+      }
+    }
+}
+
+}  // namespace dev
+}  // namespace tj
