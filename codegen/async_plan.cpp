@@ -77,6 +77,7 @@ class Planner {
       if (op.body) find_anchors(*op.body);
       for (size_t i = 0; i < mma_.staged.size(); ++i) {
         const StagedLoad& s = mma_.staged[i];
+        if (s.copy) continue;   // copied where it stands: no slot to release
         bool in_region = false;
         for (const Op& o : r.ops) in_region |= &o == s.op;
         if (!in_region) continue;
@@ -174,7 +175,7 @@ class Planner {
       if (last >= 0) out_.before[&op] = complete_through(s, last);
       if (op.kind == OpKind::loop) {
         run_loop(op, s);
-      } else if (tensor_core(&op)) {
+      } else if (tensor_core(&op) && mma_.wgmma()) {   // mma.sync completes where it stands
         s.pending.push_back(Group{&op, false});
         auto ip = out_.in_place.find(&op);
         if (ip != out_.in_place.end()) s.var_writer[ip->second] = &op;

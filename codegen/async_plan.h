@@ -2,7 +2,8 @@
 // The asynchronous schedule of a kernel's tensor-core dots: where the emitter waits for wgmma
 // groups and where it releases the shared-memory slots their operands were staged in.
 //
-// Each tensor-core dot is one wgmma commit group, issued where the dot stands. Its result is
+// mma.sync dots complete where they stand: for them the plan holds only the in-place
+// accumulation below. Each wgmma dot is one commit group, issued where the dot stands. Its result is
 // pending until a wait<n> (wgmma.wait_group n: all but the n newest groups complete). A dot
 // whose result is only written to a variable accumulates in that variable's registers in
 // place, so a chain of such dots (acc = dot(a, b, acc) in a K loop) waits for nothing. Waits

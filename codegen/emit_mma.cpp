@@ -1,5 +1,5 @@
-// The CUDA emitter's tensor-core ops (see emitter.h): TMA rings for staged loads, wgmma dots,
-// and the waits and slot releases of the async plan.
+// The CUDA emitter's tensor-core ops (see emitter.h): TMA rings for staged loads, wgmma and
+// mma.sync dots, and the waits and slot releases of the async plan.
 #include <fmt/format.h>
 
 #include "codegen/emitter.h"
@@ -7,20 +7,21 @@
 
 namespace tj::codegen::emitter {
 
-namespace {
-
 std::string operand_type(const SmemTile& t) {
   return fmt::format("tj::dev::SmemOperand<{}, {}, {}, {}, {}>", t.rows, t.row_bytes, t.swizzle, t.mn_major, t.elem_bytes);
 }
+
+namespace {
 
 std::string describe(const MmaOperand& o, const ir::Function& f, const MmaPlan& plan) {
   const std::string major = o.tile.mn_major ? "MN-major" : "K-major";
   if (o.source == MmaOperand::Source::staged) {
     const StagedLoad& s = plan.staged[o.staged];
+    if (s.copy) return fmt::format("'{}' copied by the threads ({})", f.params.at(s.op->param).name, major);
     return fmt::format("'{}' by TMA ({}, {} stage{})", f.params.at(s.op->param).name, major, s.stages,
                        s.stages == 1 ? "" : "s");
   }
-  if (o.source == MmaOperand::Source::fragment) return "registers (wgmma's register A)";
+  if (o.source == MmaOperand::Source::fragment) return plan.wgmma() ? "registers (wgmma's register A)" : "registers (A fragments)";
   return fmt::format("registers through shared memory ({})", major);
 }
 
@@ -104,7 +105,7 @@ void Emitter::emit_fill(const StagedLoad& s, const std::string& fill, const std:
 
 void Emitter::emit_ring_prologue(const Op& loop) {
   for (const StagedLoad& s : mma_.staged) {
-    if (s.home != &loop) continue;
+    if (s.home != &loop || s.copy) continue;
     const int i = staged_index(s);
     line(fmt::format("const unsigned tj_first{} = tj_use{};   // ring {}: this run of the loop's first use", i, i, i));
     if (!s.prefetch || s.producer) continue;   // filled where it stands, or by the producer warpgroup
@@ -126,13 +127,17 @@ void Emitter::emit_ring_prologue(const Op& loop) {
 
 void Emitter::emit_ring_iteration(const Op& loop) {
   for (const StagedLoad& s : mma_.staged)
-    if (s.home == &loop) {
+    if (s.home == &loop && !s.copy) {
       const int i = staged_index(s);
       line(fmt::format("const unsigned tj_u{} = tj_use{}++;   // this iteration's use of ring {}", i, i, i));
     }
 }
 
 void Emitter::emit_staged_load(const Op& op, const StagedLoad& s) {
+  if (s.copy) {
+    emit_memory(op);   // the threads' copy (cuda_emitter.cpp)
+    return;
+  }
   const int i = staged_index(s);
   if (!s.home) line(fmt::format("const unsigned tj_u{} = tj_use{}++;", i, i));
   if (!s.prefetch && !s.producer) {
@@ -285,9 +290,10 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
                             op.loc.str()));
   const int es = size_bytes(d.ta);
   const int k_step = 32 / es;
-  line(fmt::format("// {} x {} += {} x {} . {} x {} on the tensor cores: wgmma m64n{}k{} {} x {}; a: {}; b: {}", d.m, d.n,
-                   d.m, d.k, d.k, d.n, d.n_per_instr, k_step, name(d.ta), name(d.tb), describe(d.a, f_, mma_),
-                   describe(d.b, f_, mma_)),
+  const bool wg = mma_.wgmma();
+  line(fmt::format("// {} x {} += {} x {} . {} x {} on the tensor cores: {} m{}n{}k{} {} x {}; a: {}; b: {}", d.m, d.n, d.m,
+                   d.k, d.k, d.n, wg ? "wgmma" : "mma.sync", wg ? 64 : 16, d.n_per_instr, k_step, name(d.ta), name(d.tb),
+                   describe(d.a, f_, mma_), describe(d.b, f_, mma_)),
        &op.loc);
   const bool has_acc = op.ival == 1;
   const size_t kpos = has_acc ? 3 : 2;
@@ -311,8 +317,9 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
   // 2. The operands' shared-memory tiles (a register-A fragment for a in the accumulator layout).
   std::string addr[2];
   const int G = mma_.warpgroups;
-  const int64_t rb = d.m / (64 * G);
+  const int64_t rb = wg ? d.m / (64 * G) : d.m / (16 * mma_.warps_r);   // row blocks per warpgroup (warp)
   const int64_t ks = d.k * es / 32;
+  bool staging = false;   // a register operand is being written into its buffer
   for (int which = 0; which < 2; ++which) {
     const MmaOperand& o = which == 0 ? d.a : d.b;
     if (o.source == MmaOperand::Source::fragment) {
@@ -326,7 +333,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
         value = masked;
       }
       addr[which] = fmt::format("tj_a{}", op.result);
-      line(fmt::format("unsigned {}[{}];   // a as wgmma's register fragments", addr[which], rb * ks * 4), &op.loc);
+      line(fmt::format("unsigned {}[{}];   // a as register fragments", addr[which], rb * ks * 4), &op.loc);
       line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(d.ta), rb, d.k, value, addr[which]), &op.loc);
       continue;
     }
@@ -334,7 +341,14 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
     const int k_dim = which == 0 ? (o.transposed ? 0 : 1) : (o.transposed ? 1 : 0);
     if (o.source == MmaOperand::Source::staged) {
       addr[which] = ref(o.value);
-      if (d.k_masked) {
+      if (d.k_masked && !wg) {
+        const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
+        line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
+        line(fmt::format("  tj::dev::zero_k_tail<{}, {}>({}, (int)({} - {}));", operand_type(o.tile), plan_.threads, addr[which],
+                         ke, kb));
+        line("  tj::dev::sync_threads();");
+        line("}");
+      } else if (d.k_masked) {
         // Past k_end the rows of K contribute nothing: zero them where the tile runs past it.
         const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
         line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
@@ -349,14 +363,29 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
     const OperandBuffer& b = mma_.buffers.at(o.buffer);
     const int rows_dim = 1 - k_dim;
     const bool kmask = d.k_masked && has_krange;
-    line("tj::dev::sync_threads();   // every warp is done with the buffer's last contents", &op.loc);
+    if (!staging) line("tj::dev::sync_threads();   // every warp is done with the buffers' last contents", &op.loc);
+    staging = true;
     line(fmt::format("tj::dev::stage_operand<{}, {}, {}, {}>({}, tj_tc + {}, {}, {});", dtag(which == 0 ? d.ta : d.tb),
                      operand_type(b.tile), rows_dim, kmask, ref(o.value), b.smem_offset,
                      kmask ? ref(op.operands[kpos]) : "0", kmask ? ref(op.operands[kpos + 1]) : "0"),
          &op.loc);
-    line("tj::dev::fence_proxy_async_shared();");
+    addr[which] = wg ? fmt::format("tj::dev::smem_u32(tj_tc + {})", b.smem_offset) : fmt::format("tj_tc + {}", b.smem_offset);
+  }
+  if (staging) {   // the buffers' writes before the tensor cores read them
+    if (wg) line("tj::dev::fence_proxy_async_shared();");
     line("tj::dev::sync_threads();");
-    addr[which] = fmt::format("tj::dev::smem_u32(tj_tc + {})", b.smem_offset);
+  }
+  if (!wg) {   // 3. mma.sync: each warp its rows, done when it returns
+    if (d.a.source == MmaOperand::Source::fragment)
+      line(fmt::format("tj::dev::mma_sync_rs<{}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", rb, d.n, ks, wgmma_type(d.ta),
+                       wgmma_type(d.tb), operand_type(d.b.tile), dest, addr[0], addr[1], has_acc ? 1 : 0),
+           &op.loc);
+    else
+      line(fmt::format("tj::dev::mma_sync_ss<{}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", mma_.warps_r, rb, d.n, ks,
+                       wgmma_type(d.ta), wgmma_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0],
+                       addr[1], has_acc ? 1 : 0),
+           &op.loc);
+    return;
   }
   // 3. Issue: one commit group per dot.
   line("tj::dev::wgmma_fence();");

@@ -73,6 +73,9 @@ inline int64_t floordiv64(int64_t a, int64_t b) {
 
 // ---- the emitter -------------------------------------------------------------------------------
 
+// The device type of an operand tile in shared memory (mma_layout.cuh's SmemOperand).
+std::string operand_type(const SmemTile& t);
+
 class Emitter {
  public:
   Emitter(const ir::Function& f, const Config& cfg, const Target& t, bool start_early)

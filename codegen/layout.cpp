@@ -335,7 +335,7 @@ LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target
   // elementwise ops, variables, rank-2 broadcasts and the dot's accumulator operand; rank-1
   // values reduced from the family or broadcast into it are its slices.
   std::vector<bool> family(f.values.size(), false);
-  if (mma && mma->wgmma) {
+  if (mma && mma->on_tensor_cores()) {
     plan.arr_mma = Arrangement::mma(mma->warps_r, mma->warps_c);
     UnionFind uf2(f.values.size());
     auto rank2 = [&](int v) { return f.type(v).rank() == 2; };

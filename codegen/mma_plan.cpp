@@ -179,8 +179,9 @@ std::pair<int, bool> underlying(const Facts& fx, int v) {
   return {v, false};
 }
 
-// Why dot `op` cannot run on wgmma, or nullopt.
-std::optional<std::string> wgmma_refusal(const Facts& fx, const Op& op, const Config& cfg, MmaDot& d) {
+// Why dot `op` cannot run on the tensor cores' `isa` of target `t`, or nullopt.
+std::optional<std::string> mma_refusal(const Facts& fx, const Op& op, const Config& cfg, const Target& t, MmaPlan::Isa isa,
+                                       MmaDot& d) {
   const ir::Function& f = fx.f;
   d.op = &op;
   d.ta = f.type(op.operands[0]).dtype;
@@ -194,12 +195,15 @@ std::optional<std::string> wgmma_refusal(const Facts& fx, const Op& op, const Co
   if (!fp8 && !(is_16bit(d.ta) && d.ta == d.tb))
     return fmt::format("operands {} x {} (the tensor cores take bf16 x bf16, f16 x f16 or fp8 x fp8)", name(d.ta),
                        name(d.tb));
-  if (cfg.num_warps % 4 != 0)
+  if (fp8 && !t.has_fp8())
+    return fmt::format("fp8 operands on {} (mma.sync takes e4m3 / e5m2 from sm_89)", t.arch);
+  const bool wg = isa == MmaPlan::Isa::wgmma;
+  if (wg && cfg.num_warps % 4 != 0)
     return fmt::format("num_warps = {} (wgmma runs on warpgroups of 4 warps)", cfg.num_warps);
   const int64_t rows = 16 * cfg.num_warps;
   if (d.m % rows != 0)
-    return fmt::format("its {} rows are not a multiple of {} (64 per warpgroup with num_warps = {})", d.m, rows,
-                       cfg.num_warps);
+    return fmt::format("its {} rows are not a multiple of {} ({} with num_warps = {})", d.m, rows,
+                       wg ? "64 per warpgroup" : "16 per warp", cfg.num_warps);
   if (d.n % 8 != 0) return fmt::format("its {} columns are not a multiple of 8", d.n);
   const int es = size_bytes(d.ta);
   if ((d.k * es) % 32 != 0) return fmt::format("K = {} is not a multiple of {} (32 bytes)", d.k, 32 / es);
@@ -228,19 +232,14 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     if (op.kind == OpKind::dot) dot_ops.push_back(&op);
   });
   if (dot_ops.empty()) return plan;
-  if (!t.has_wgmma()) {
-    for (const Op* op : dot_ops)
-      plan.simt_dots.push_back(fmt::format("{}: the generic tensor-core lowering covers sm_90a (wgmma) only; {} has "
-                                           "mma.sync, which it does not emit yet",
-                                           at(*op), t.arch));
-    return plan;
-  }
+  const MmaPlan::Isa isa = t.has_wgmma() ? MmaPlan::Isa::wgmma : MmaPlan::Isa::mma_sync;
+  const bool wg = isa == MmaPlan::Isa::wgmma;
 
-  // 1. The dots that fit wgmma.
+  // 1. The dots that fit the tensor cores.
   std::vector<MmaDot> dots;
   for (const Op* op : dot_ops) {
     MmaDot d;
-    if (auto why = wgmma_refusal(fx, *op, cfg, d)) {
+    if (auto why = mma_refusal(fx, *op, cfg, t, isa, d)) {
       plan.simt_dots.push_back(fmt::format("{}: {}", at(*op), *why));
       continue;
     }
@@ -270,14 +269,17 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
   auto staged_tile = [&](const MmaDot& d, int which, const MmaOperand& o) -> std::optional<SmemTile> {
     const int es = size_bytes(d.ta);
     const Op* ld = fx.def.at(o.value);
-    if (!ld || ld->kind != OpKind::load || !only_dot_operand_uses(o.value) || tma_refusal(fx, *ld)) return std::nullopt;
+    if (!ld || ld->kind != OpKind::load || !only_dot_operand_uses(o.value)) return std::nullopt;
+    // TMA's limits (wgmma); the threads' copy (mma.sync) takes any 2-D tile of whole 32-byte steps.
+    if (wg ? tma_refusal(fx, *ld).has_value() : !tile_dims(*ld).has_value()) return std::nullopt;
     // K-major: a not transposed ([M, K] with K contiguous), b transposed ([N, K]).
     const bool k_major = which == 0 ? !o.transposed : o.transposed;
     const auto vs = fx.shape(o.value);
     SmemTile tile{vs[0], vs[1] * es, swizzle_for(vs[1] * es), !k_major, es};
-    // wgmma reads MN-major tiles of 16-bit types only, a's 64 rows per instruction in whole
-    // column blocks.
-    if (tile.mn_major && (!is_16bit(d.ta) || (which == 0 && (64 * es) % tile.swizzle != 0))) return std::nullopt;
+    if (tile.swizzle == 0) return std::nullopt;
+    // MN-major tiles of 16-bit types only (wgmma's transposed descriptors, ldmatrix.trans);
+    // wgmma reads a's 64 rows per instruction in whole column blocks.
+    if (tile.mn_major && (!is_16bit(d.ta) || (wg && which == 0 && (64 * es) % tile.swizzle != 0))) return std::nullopt;
     return tile;
   };
   std::map<const Op*, std::vector<SmemTile>> wanted;   // load -> the tiles its readers need
@@ -307,6 +309,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     if (!agree || unstageable.count(ld)) continue;
     StagedLoad s;
     s.op = ld;
+    s.copy = !wg;
     s.home = fx.home(ld);
     s.tile = tiles[0];
     std::tie(s.row_dim, s.inner_dim) = *tile_dims(*ld);
@@ -334,7 +337,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     // wgmma n per instruction: an MN-major b takes whole column blocks per instruction (n is a
     // multiple of the block's columns, since its rows are).
     const int unit = d.b.tile.mn_major ? std::max<int>(8, d.b.tile.swizzle / es) : 8;
-    d.n_per_instr = n_per_instruction(d.n, unit);
+    d.n_per_instr = wg ? n_per_instruction(d.n, unit) : 8;
     if (d.n_per_instr == 0) throw Error(fmt::format("internal error: no wgmma width tiles the {} columns of the {}", d.n, at(*d.op)));
     // k range: positions past k_end contribute nothing. Staged operands read zeros past the
     // tensor's dims; where k_end is not that dim, the tail of the last tile must be zeroed.
@@ -355,9 +358,10 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     plan.dots.push_back(d);
   }
 
-  // 3. Rings: a staged load in a loop inside the program advances with it; it runs ahead when
-  // its indices can be computed for later iterations.
+  // 3. Rings (TMA): a staged load in a loop inside the program advances with it; it runs ahead
+  // when its indices can be computed for later iterations.
   for (StagedLoad& s : plan.staged) {
+    if (s.copy) continue;   // one slot, filled where the load stands
     if (s.home) {
       std::set<int> seen;
       s.prefetch = true;
@@ -390,11 +394,11 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     s.tma = static_cast<int>(it - plan.tmas.begin());
   }
 
-  plan.wgmma = !plan.dots.empty();
+  plan.isa = plan.dots.empty() ? MmaPlan::Isa::none : isa;
   plan.warps_r = cfg.num_warps;
   plan.warps_c = 1;
-  plan.warpgroups = cfg.num_warps / 4;
-  plan.producer_warp = knobs::warp_specialize.on(cfg) &&
+  plan.warpgroups = wg ? cfg.num_warps / 4 : 0;
+  plan.producer_warp = wg && knobs::warp_specialize.on(cfg) &&
                        std::any_of(plan.staged.begin(), plan.staged.end(), [](const StagedLoad& s) { return s.producer; });
   if (!plan.producer_warp)
     for (StagedLoad& s : plan.staged) s.producer = false;
@@ -434,6 +438,7 @@ void finish_mma_plan(MmaPlan& plan, const std::function<bool(int value)>& in_acc
     off += round_up(b.tile.bytes(), 1024);
   }
   for (StagedLoad& s : plan.staged) {
+    if (s.copy) continue;
     s.barriers = off;
     off += 16 * s.stages;
   }

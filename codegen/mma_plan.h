@@ -3,18 +3,20 @@
 // get there. The first pass of the generic tensor-core lowering; layout assignment
 // (codegen/layout.h), the async schedule (codegen/async_plan.h) and the CUDA emitter read it.
 //
-// A dot runs on the tensor cores (wgmma on sm_90a) when its operands are 16-bit (bf16 or f16,
-// the same for both) or fp8 (e4m3 / e5m2, any pair), its result tile fits the accumulator
-// layout of the block's warps (rows a multiple of 16 per warp: 64 per warpgroup; columns a
-// multiple of 8) and K is a whole number of 32-byte steps. Each operand then reaches the
-// tensor cores one of two ways:
+// A dot runs on the tensor cores (wgmma on sm_90a, mma.sync on sm_80 / sm_89 / sm_90) when its
+// operands are 16-bit (bf16 or f16, the same for both) or fp8 (e4m3 / e5m2, any pair; mma.sync
+// from sm_89), its result tile fits the accumulator layout of the block's warps (rows a
+// multiple of 16 per warp, 64 per warpgroup for wgmma; columns a multiple of 8) and K is a
+// whole number of 32-byte steps. Each operand then reaches the tensor cores one of three ways:
 //   - staged: a load whose every use is a tensor-core dot operand (directly or transposed) is
-//     copied by TMA into shared memory, swizzled, in a ring of slots that advances with its
-//     innermost enclosing loop (its home loop): while a slot is read the next ones fill, as
-//     many as num_stages, where the load's indices can be computed for later iterations;
+//     copied into shared memory, swizzled. wgmma: by TMA, in a ring of slots that advances with
+//     its innermost enclosing loop (its home loop): while a slot is read the next ones fill, as
+//     many as num_stages, where the load's indices can be computed for later iterations.
+//     mma.sync: by the block's threads with cp.async, where the load stands;
 //   - registers: any other tile is written by the block's threads into a swizzled
 //     shared-memory buffer of its own before the dot (slower, for operands TMA cannot load:
-//     computed tiles, tensors without a contiguous last dim, fp8 operands that are not K-major).
+//     computed tiles, tensors without a contiguous last dim, fp8 operands that are not K-major);
+//   - fragment: an a operand in the accumulator layout goes in from registers.
 // A dot that cannot run on the tensor cores stays on the SIMT path; the plan says why, with the
 // dot's source line (MmaPlan::simt_dots), so that nothing falls back silently.
 #include <cstdint>
@@ -59,16 +61,19 @@ struct MmaDot {
   const ir::Op* op = nullptr;
   int64_t m = 0, n = 0, k = 0;
   DType ta{}, tb{};
-  int n_per_instr = 0;   // wgmma n of one instruction (n is a multiple)
+  int n_per_instr = 0;   // wgmma n of one instruction (n is a multiple); mma.sync: 8
   MmaOperand a, b;
   // k positions past the dot's k range would contribute: the staged operands' rows there must
   // be zeroed when a tile ends past it (TMA fills zeros only past the tensor's dims).
   bool k_masked = false;
 };
 
-// A load that TMA copies into a ring of shared-memory slots.
+// A load that TMA copies into a ring of shared-memory slots (wgmma), or that the block's threads
+// copy into a slot of its own where it stands (mma.sync: cp.async, then a block barrier; no
+// ring, no barriers, no tensor map).
 struct StagedLoad {
   const ir::Op* op = nullptr;
+  bool copy = false;              // mma.sync: copied by the threads
   const ir::Op* home = nullptr;   // the innermost enclosing loop that is not a launch loop, or null
   bool prefetch = false;          // later iterations' indices are computable: fills run ahead
   // Its indices and every enclosing loop's bounds come from scalar arithmetic alone: the
@@ -94,7 +99,10 @@ struct OperandBuffer {
 };
 
 struct MmaPlan {
-  bool wgmma = false;             // any dot on the tensor cores (sm_90a)
+  // The tensor-core instructions of the plan's dots: wgmma (sm_90a, warpgroups, asynchronous)
+  // or mma.sync (a warp's m16n8 tiles, synchronous); none without dots on the tensor cores.
+  enum class Isa : uint8_t { none, wgmma, mma_sync };
+  Isa isa = Isa::none;
   int warps_r = 1, warps_c = 1;   // the accumulator layout's warps (MmaArr)
   int warpgroups = 0;
   // Knob warp_specialize (default 1): an extra warpgroup whose first thread only issues the TMA
@@ -116,6 +124,8 @@ struct MmaPlan {
   // "dot at file:line: reason" for every dot left on the SIMT path of a tensor-core target.
   std::vector<std::string> simt_dots;
 
+  bool wgmma() const { return isa == Isa::wgmma; }
+  bool on_tensor_cores() const { return isa != Isa::none; }
   const MmaDot* dot_of(const ir::Op* op) const;
   const StagedLoad* staged_of(const ir::Op* op) const;
   bool empty() const { return dots.empty(); }

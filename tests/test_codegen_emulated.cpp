@@ -29,6 +29,7 @@
 #include "kernels/library.h"
 #include "core/numerics.h"
 #include "runtime/reference.h"
+#include "examples/kernels/user_kernels.h"
 
 namespace tj_codegen_test {   // tests/test_codegen.cpp
 const tj::Kernel& k_elementwise2d();
@@ -96,6 +97,70 @@ inline float __logf(float x) { return std::log(x); }
 #define tj_smem tj_emu_smem
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
+alignas(1024) inline unsigned char tj_emu_smem_base[256 * 1024];   // tensor-core kernels' (tj_smem is theirs)
+#define tj_smem_base tj_emu_smem_base
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src_lane) {
+  const unsigned t = threadIdx.x;
+  tj_emu_lanes<T>[t] = v;
+  tj_emu_barrier->arrive_and_wait();
+  T r = tj_emu_lanes<T>[(t & ~31u) + ((unsigned)src_lane & 31u)];
+  tj_emu_barrier->arrive_and_wait();
+  return r;
+}
+// The warp collectives of mma_sync.cuh, by the PTX ISA's fragment layouts.
+#include <cstring>
+#include "fp8.cuh"
+inline const void* tj_emu_rows[1024];
+inline unsigned tj_emu_frags[1024][6];
+// ldmatrix: lanes 8i..8i+7 give matrix i's rows; lane l gets row l/4, bytes 4(l%4).. of each
+// (.trans: the 16-bit elements (2(l%4), l/4) and (2(l%4)+1, l/4)).
+inline void tj_host_ldmatrix(unsigned* r, int count, bool trans, const void* row) {
+  const unsigned t = threadIdx.x, w = t & ~31u, l = t & 31u;
+  tj_emu_rows[t] = row;
+  tj_emu_barrier->arrive_and_wait();
+  for (int i = 0; i < count; ++i) {
+    if (!trans) {
+      std::memcpy(&r[i], static_cast<const unsigned char*>(tj_emu_rows[w + 8 * i + l / 4]) + 4 * (l % 4), 4);
+    } else {
+      unsigned short e[2];
+      for (int h = 0; h < 2; ++h)
+        std::memcpy(&e[h], static_cast<const unsigned char*>(tj_emu_rows[w + 8 * i + 2 * (l % 4) + h]) + 2 * (l / 4), 2);
+      r[i] = e[0] | (unsigned)e[1] << 16;
+    }
+  }
+  tj_emu_barrier->arrive_and_wait();
+}
+// Element `e` of a fragment word of type t (frag.cuh's WgType: e4m3 0, e5m2 1, bf16 2, f16 3).
+inline double tj_emu_element(int t, unsigned word, int e) {
+  if (t >= 2) {
+    const unsigned short h = (unsigned short)(word >> (16 * e));
+    return t == 2 ? tj::dev::bf16_to_f32_sw(h) : tj::dev::f16_to_f32_sw(h);
+  }
+  const unsigned char b = (unsigned char)(word >> (8 * e));
+  return t == 0 ? tj::dev::e4m3_to_f32_sw(b) : tj::dev::e5m2_to_f32_sw(b);
+}
+// mma.sync m16n8k16 (16-bit) / m16n8k32 (fp8): A (row, k) sits in lane 4 (row % 8) + (k % H) / P,
+// register row / 8 + 2 (k / H), element k % P; B (k, n) in lane 4 n + (k % H) / P, register
+// k / H (H = K / 2, P elements per register); D (lane l, c) is (l / 4 + 8 (c / 2), 2 (l % 4) + c % 2).
+inline void tj_host_mma_m16n8(int ta, int tb, float* d, const unsigned* a, const unsigned* b) {
+  const unsigned t = threadIdx.x, w = t & ~31u, l = t & 31u;
+  std::memcpy(tj_emu_frags[t], a, 16);
+  std::memcpy(tj_emu_frags[t] + 4, b, 8);
+  tj_emu_barrier->arrive_and_wait();
+  const int K = ta >= 2 ? 16 : 32, H = K / 2, P = ta >= 2 ? 2 : 4;
+  for (int c = 0; c < 4; ++c) {
+    const int row = (int)l / 4 + 8 * (c / 2), col = 2 * ((int)l % 4) + c % 2;
+    double sum = 0;
+    for (int k = 0; k < K; ++k) {
+      const double x = tj_emu_element(ta, tj_emu_frags[w + 4 * (row % 8) + (k % H) / P][row / 8 + 2 * (k / H)], k % P);
+      const double y = tj_emu_element(tb, tj_emu_frags[w + 4 * col + (k % H) / P][4 + k / H], k % P);
+      sum += x * y;
+    }
+    d[c] = (float)((double)d[c] + sum);
+  }
+  tj_emu_barrier->arrive_and_wait();
+}
 )shim";
 
 std::string host_compiler() {
@@ -256,6 +321,8 @@ struct EmuCase {
   std::string config;
   std::vector<std::vector<int64_t>> shapes = {};   // actual tensor shapes (for dynamic specs)
   bool strided = false;
+  const char* arch = "sm_90a";
+  const char* lowering = "simt";   // the lowering the generated code must come from
 };
 
 // Generates, emulates and compares every output element with the reference executor.
@@ -263,8 +330,9 @@ void run_case(const EmuCase& c) {
   CAPTURE(c.name);
   ir::Function f = c.kernel().trace(c.specs);
   Config cfg = Config::from_json(c.config);
-  codegen::GeneratedKernel g = codegen::generate_cuda(f, cfg, codegen::Target{});
+  codegen::GeneratedKernel g = codegen::generate_cuda(f, cfg, codegen::Target::parse(c.arch));
   INFO("generated source:\n", g.source);
+  CHECK(g.lowering == c.lowering);
   EmulatedKernel emu(g, f);
 
   std::mt19937 rng(1234);
@@ -342,6 +410,7 @@ TensorSpec T(DType t, std::vector<int64_t> shape) { return TensorSpec{t, std::mo
 const Kernel& attention() { return kernels::attention(); }
 const Kernel& softmax() { return kernels::softmax(); }
 const Kernel& vector_add() { return kernels::vector_add(); }
+const Kernel& readme_attention() { return examples::readme_attention(); }
 
 constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, e4m3 = DType::e4m3;
 
@@ -482,4 +551,26 @@ TEST_CASE("codegen (emulated): kernels with their unit strides compiled in (as l
   run_case({"matmul e4m3, vec 4", &k_matmul,
             {C(e4m3, {40, 70}), C(e4m3, {24, 70}), C(e4m3, {70, 40}), C(f32, {40, 24}), C(bf16, {40, 24})},
             R"({"blocks":{"m":16,"n":32,"k":16},"num_warps":2,"knobs":{"simt_vec":4}})"});
+}
+
+TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  const char* mma = "tensor cores (mma.sync)";
+  const std::vector<int64_t> s70{1, 2, 70, 64};
+  // a [M, K] and b [N, K] K-major (cp.async into their slots, ldmatrix), a2 [K, M] MN-major
+  // (ldmatrix.trans; fp8: through registers); ragged edges everywhere.
+  run_case({"matmul bf16, ragged", &k_matmul, {T(bf16, {40, 70}), T(bf16, {24, 70}), T(bf16, {70, 40}), T(f32, {40, 24}), T(bf16, {40, 24})},
+            R"({"blocks":{"m":32,"n":16,"k":32},"num_warps":2})", {}, false, "sm_80", mma});
+  run_case({"matmul f16, dynamic strided (element copies)", &k_matmul,
+            {T(f16, {-1, -1}), T(f16, {-1, -1}), T(f16, {-1, -1}), T(f32, {-1, -1}), T(f16, {-1, -1})},
+            R"({"blocks":{"m":64,"n":24,"k":16},"num_warps":4})", {{70, 40}, {24, 40}, {40, 70}, {70, 24}, {70, 24}}, true, "sm_80", mma});
+  run_case({"matmul e4m3 on sm_89", &k_matmul, {T(e4m3, {40, 70}), T(e4m3, {24, 70}), T(e4m3, {70, 40}), T(f32, {40, 24}), T(bf16, {40, 24})},
+            R"({"blocks":{"m":32,"n":32,"k":64},"num_warps":2})", {}, false, "sm_89", mma});
+  // README attention: P as A fragments (bf16 pairs; e4m3 bytes moved across the quad).
+  run_case({"README attention bf16 causal, ragged", &readme_attention,
+            {T(bf16, s70), T(bf16, s70), T(bf16, s70), T(bf16, s70), RuntimeScalar{0.125f}, true},
+            R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
+  run_case({"README attention e4m3 on sm_89", &readme_attention,
+            {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
+            R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});
 }

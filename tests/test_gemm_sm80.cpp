@@ -91,11 +91,13 @@ TEST_CASE("sm80 gemm: takes the GEMM pattern on sm_80, sm_89 and sm_90, sm_90a s
   CHECK_FALSE(codegen::lower_gemm_sm80(bf16, cfg(c), Target::parse("sm_90a")).has_value());
   CHECK_FALSE(codegen::lower_gemm_sm80(fp8, cfg(c), Target::parse("sm_80")).has_value());
   CHECK(codegen::lower_gemm_sm80(fp8, cfg(c), Target::parse("sm_89")).has_value());
-  // "lowering": 0 forces SIMT
-  CHECK(lowering_of(bf16, R"({"blocks":{"m":64,"n":64,"k":64},"knobs":{"lowering":0}})", "sm_80") == "simt");
-  // Static rows that cannot start at 16-byte multiples (K = 100 bf16: 200 bytes; fp8: 100 bytes): SIMT.
-  CHECK(lowering_of(kernels::gemm().trace(gemm_specs(DType::bf16, 64, 64, 100)), c, "sm_80") == "simt");
-  CHECK(lowering_of(kernels::fp8_gemm().trace(fp8_specs({64, 64, 100})), c, "sm_89") == "simt");
+  // "lowering": 0 leaves the nest to the generic lowering (mma.sync), "mma": 0 to SIMT
+  CHECK(lowering_of(bf16, R"({"blocks":{"m":64,"n":64,"k":64},"knobs":{"lowering":0}})", "sm_80") == "tensor cores (mma.sync)");
+  CHECK(lowering_of(bf16, R"({"blocks":{"m":64,"n":64,"k":64},"knobs":{"lowering":0,"mma":0}})", "sm_80") == "simt");
+  // Static rows that cannot start at 16-byte multiples (K = 100 bf16: 200 bytes; fp8: 100 bytes):
+  // not this pattern; the generic lowering copies such rows element by element.
+  CHECK(lowering_of(kernels::gemm().trace(gemm_specs(DType::bf16, 64, 64, 100)), c, "sm_80") == "tensor cores (mma.sync)");
+  CHECK(lowering_of(kernels::fp8_gemm().trace(fp8_specs({64, 64, 100})), c, "sm_89") == "tensor cores (mma.sync)");
   // f32 operands and non-GEMMs are not this pattern
   CHECK(lowering_of(kernels::gemm().trace(gemm_specs(DType::f32, 64, 64, 64)), c, "sm_80") == "simt");
   CHECK(lowering_of(kernels::softmax().trace({T(DType::f32, {8, 100}), T(DType::f32, {8, 100})}), c, "sm_80") == "simt");

@@ -108,7 +108,7 @@ TEST_CASE("mma plan: b stored [K, N] is an MN-major tile for 16-bit types, fp8 t
   CHECK(f8.buffers.size() == 1);
 }
 
-TEST_CASE("mma plan: dots that cannot run on wgmma stay on the SIMT path, and the plan says why at the dot's line") {
+TEST_CASE("mma plan: dots that cannot run on the tensor cores stay on the SIMT path, and the plan says why at the dot's line") {
   const ir::Function f = gemm_nk(DType::bf16, 512, 256, 1024);
   auto reason = [&](const ir::Function& fn, const Config& c, const Target& t) {
     const MmaPlan p = codegen::plan_mma(fn, c, t);
@@ -126,8 +126,11 @@ TEST_CASE("mma plan: dots that cannot run on wgmma stay on the SIMT path, and th
                  "needs 256 registers per thread with 4 warps (at most 192)"));
   CHECK(contains(reason(gemm_nk(DType::f32, 256, 256, 256), cfg(kGemmConfig), Target{}),
                  "operands f32 x f32 (the tensor cores take bf16 x bf16, f16 x f16 or fp8 x fp8)"));
-  CHECK(contains(reason(f, cfg(kGemmConfig), Target{"sm_80"}),
-                 "the generic tensor-core lowering covers sm_90a (wgmma) only; sm_80 has mma.sync"));
+  CHECK(contains(reason(f, cfg(R"({"blocks":{"m":48,"n":128,"k":64},"num_warps":4})"), Target{"sm_80"}),
+                 "its 48 rows are not a multiple of 64 (16 per warp with num_warps = 4)"));
+  CHECK(contains(reason(gemm_nk(DType::e4m3, 256, 256, 256), cfg(R"({"blocks":{"m":64,"n":64,"k":64},"num_warps":4,"knobs":{"lowering":0}})"),
+                        Target{"sm_80"}),
+                 "fp8 operands on sm_80 (mma.sync takes e4m3 / e5m2 from sm_89)"));
   // The knob keeps every dot on the SIMT path.
   const auto g = codegen::generate_cuda(f, cfg(R"({"blocks":{"m":64,"n":64,"k":32},"knobs":{"mma":0,"lowering":0}})"), Target{});
   CHECK(g.lowering == "simt");
@@ -257,6 +260,49 @@ TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a 
   }
 }
 
+TEST_CASE("mma codegen: on sm_80 and sm_89 the user kernels' dots run on mma.sync (ldmatrix from swizzled buffers), without spills") {
+  struct Case {
+    const char* what;
+    std::function<ir::Function()> f;
+    const char* arch;
+    const char* config;
+    const char* mma;
+  };
+  const char* kSyncGemm = R"({"blocks":{"m":128,"n":128,"k":32},"num_warps":8,"knobs":{"lowering":0}})";
+  const std::vector<Case> cases = {
+      {"gemm + bias + gelu, b [N, K]", [] { return gemm_nk(DType::bf16, 512, 256, 1024); }, "sm_80", kSyncGemm,
+       R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
+      {"gemm + bias + gelu, b [K, N]", [] { return gemm_kn(DType::f16, 512, 256, 1024); }, "sm_80", kSyncGemm,
+       R"(m16n8k16\.row\.col\.f32\.f16\.f16\.f32)"},
+      {"gram lower triangle (a masked store)", [] { return gram_lower(DType::bf16, 512, 1024); }, "sm_80", kSyncGemm,
+       R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
+      {"README attention, bf16, causal", [] { return attention(DType::bf16, {2, 4, 256, 128}, true); }, "sm_80",
+       R"({"blocks":{"m":64,"n":64},"num_warps":4})", R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
+      {"README attention, e4m3", [] { return attention(DType::e4m3, {2, 4, 256, 64}, false); }, "sm_89",
+       R"({"blocks":{"m":64,"n":64},"num_warps":4})", R"(m16n8k32\.row\.col\.f32\.e4m3\.e4m3\.f32)"},
+      {"README attention, head dim 96, untuned", [] { return attention(DType::bf16, {2, 4, 256, 96}, false); }, "sm_80", "",
+       R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
+  };
+  for (const Case& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    const ir::Function f = c.f();
+    const Target t = Target::parse(c.arch);
+    const auto g = codegen::generate_cuda(f, *c.config ? cfg(c.config) : codegen::untuned_config(f, c.arch), t);
+    INFO(g.source);
+    CHECK(g.lowering == "tensor cores (mma.sync)");
+    CHECK(g.notes.empty());
+    CHECK(g.tma.empty());
+    const auto r = tj_test::nvrtc(g, c.arch, true, true);
+    CHECK(std::regex_search(r.ptx, std::regex(c.mma)));
+    CHECK(contains(r.ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
+    CHECK_FALSE(contains(r.ptx, "wgmma"));
+    const tj_test::PtxasInfo info = tj_test::ptxas_info(r.log);
+    INFO(r.log);
+    CHECK(info.spill_stores == 0);
+  }
+}
+
 namespace {
 
 // Compares generated source with tests/golden/<name>; TILEJIT_UPDATE_GOLDEN=1 rewrites the file.
@@ -288,6 +334,11 @@ TEST_CASE("mma codegen: generated kernels match their golden files (TILEJIT_UPDA
   check_golden("readme_attention_causal_wgmma.cu",
                codegen::generate_cuda(attention(DType::bf16, {2, 4, 256, 128}, true),
                                       cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})"), Target{}));
+  // The same on sm_80: mma.sync from slots the threads fill by cp.async (V MN-major, through
+  // ldmatrix.trans), P as A fragments.
+  check_golden("readme_attention_causal_mma_sync.cu",
+               codegen::generate_cuda(attention(DType::bf16, {2, 4, 256, 128}, true),
+                                      cfg(R"({"blocks":{"m":64,"n":64},"num_warps":4})"), Target::parse("sm_80")));
   // The SIMT path: a row softmax with its reductions across lanes and warps.
   check_golden("softmax_simt.cu",
                codegen::generate_cuda(kernels::softmax().trace({T(DType::bf16, {64, 1000}), T(DType::f32, {64, 1000})}),

@@ -4,22 +4,26 @@
 // (codegen/mma_plan.h decides which dots use them; codegen/emit_mma.cpp calls them). The tiles
 // they work on (MmaArr, Mma, SmemOperand, stage_operand, tile_to_a_frag) are mma_layout.cuh's.
 //
-//   ldmatrix<C>       C (1, 2, 4) 8x8 matrices of 16-byte rows from shared memory; lanes
+//   ldmatrix<C, T>    C (1, 2, 4) 8x8 matrices of 16-byte rows from shared memory; lanes
 //                     8i..8i+7 give the row addresses of matrix i, which lands in register i
-//                     (lane l: row l / 4, bytes 4 (l % 4) .. +3). For fp8 a row is 16 elements:
-//                     the fragment layouts of m16n8k32 take the same bytes.
+//                     (lane l: row l / 4, bytes 4 (l % 4) .. +3; T: transposed, 16-bit
+//                     elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)). For fp8 a row is
+//                     16 elements: the fragment layouts of m16n8k32 take the same bytes.
+//   copy_operand      a 2-D slice of a tensor into an operand tile (cp.async, 16-byte chunks),
+//                     cp_async_wait_all; zero_k_tail zeroes a tile's positions past a k range.
 //   mma_m16n8<TA, TB> d (the m16n8 C fragment, 4 f32) += a (m16 x 32 bytes of K) . b (32 bytes
 //                     of K x n8): m16n8k16 for bf16 / f16, m16n8k32 for e4m3 / e5m2.
 //   mma_sync_ss / mma_sync_rs  a warp's share of acc += A . B, A from shared memory or from
-//                     registers (tile_to_a_frag), B from shared memory.
+//                     registers (tile_to_a_frag), B from shared memory; K-major tiles through
+//                     ldmatrix, MN-major ones (16-bit) through ldmatrix.trans.
 //
 // On the host (tests/test_codegen_emulated.cpp, where __CUDA_ARCH__ is not defined and the
 // threads of a block are std::threads) the warp collectives call tj_host_ldmatrix and
-// tj_host_mma_m16n8, which the host build supplies.
+// tj_host_mma_m16n8, which the host build supplies; cp.async is a copy.
 #include "mma_layout.cuh"
 
 #if !defined(__CUDA_ARCH__) && !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
-void tj_host_ldmatrix(unsigned* r, int count, const void* row);
+void tj_host_ldmatrix(unsigned* r, int count, bool trans, const void* row);
 void tj_host_mma_m16n8(int ta, int tb, float* d, const unsigned* a, const unsigned* b);
 #define TJ_MMA_SYNC_HOST 1
 #endif
@@ -27,22 +31,93 @@ void tj_host_mma_m16n8(int ta, int tb, float* d, const unsigned* a, const unsign
 namespace tj {
 namespace dev {
 
-template <int C>
+template <int C, bool T = false>
 TJ_DEV void ldmatrix(unsigned (&r)[C], const unsigned char* row) {
   static_assert(C == 1 || C == 2 || C == 4, "ldmatrix loads 1, 2 or 4 matrices");
 #if defined(__CUDA_ARCH__)
   const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-  if constexpr (C == 4)
+  if constexpr (C == 4 && !T)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
-  else if constexpr (C == 2)
+  else if constexpr (C == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else if constexpr (C == 2 && !T)
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
-  else
+  else if constexpr (C == 2)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else if constexpr (!T)
     asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(a));
 #elif defined(TJ_MMA_SYNC_HOST)
-  tj_host_ldmatrix(r, C, row);
+  tj_host_ldmatrix(r, C, T, row);
 #endif
+}
+
+// 16 bytes from global memory to shared memory, bypassing L1; bytes [src_bytes, 16) of the
+// destination are zeroed (src_bytes = 0 reads nothing). Both addresses 16-byte aligned.
+TJ_DEV void cp_async_chunk(unsigned char* dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+#else
+  for (int b = 0; b < 16; ++b) dst[b] = b < src_bytes ? static_cast<const unsigned char*>(src)[b] : 0;
+#endif
+}
+// Until this thread's cp.async copies have landed (then a block barrier shows them to all).
+TJ_DEV void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Copies a 2-D slice into operand tile O (rows of O::row_bytes bytes, as mma_layout.cuh
+// swizzles them) at `dst`: byte b of row r is element c = b / sizeof(E::mem) of the slice, at
+// data[offset + (r.start + r) * r.stride + (c.start + c) * c.stride]. Positions outside
+// [0, limit), and all of them when !ok, read 0. A 16-byte chunk whose source is contiguous
+// (c.stride 1) and 16-byte aligned moves by cp.async, any other element by element. The NT
+// threads of the block call it; cp_async_wait_all and a block barrier complete it.
+template <class E, class O, int NT>
+TJ_DEV void copy_operand(unsigned char* dst, const void* data, long long offset, bool ok, Span r, Span c) {
+  using M = typename E::mem;
+  constexpr int ES = (int)sizeof(M), PER = 16 / ES, CHUNKS = O::row_bytes / 16;
+  static_assert(O::row_bytes % 16 == 0, "rows of whole 16-byte chunks");
+  const M* base = static_cast<const M*>(data) + offset;
+  for (int q = (int)threadIdx.x; q < O::rows * CHUNKS; q += NT) {
+    const int row = q / CHUNKS, cb = (q % CHUNKS) * 16;
+    const long long pr = r.start + row, pc = c.start + cb / ES;
+    unsigned char* d = dst + O::offset(row, cb);
+    const bool row_ok = ok && pr >= 0 && pr < r.limit;
+    const M* src = base + pr * r.stride + pc * c.stride;
+    if (c.stride == 1 && pc >= 0 && ((unsigned long long)src & 15u) == 0) {
+      const long long n = row_ok ? (c.limit - pc < PER ? c.limit - pc : PER) : 0;
+      cp_async_chunk(d, n > 0 ? (const void*)src : data, n > 0 ? (int)n * ES : 0);
+    } else {
+      M v[PER];
+#pragma unroll
+      for (int e = 0; e < PER; ++e) v[e] = (row_ok && pc + e >= 0 && pc + e < c.limit) ? src[e * c.stride] : M(0);
+#pragma unroll
+      for (int e = 0; e < PER; ++e) reinterpret_cast<M*>(d)[e] = v[e];
+    }
+  }
+}
+
+// Zeroes the K positions from `from` on of operand tile O at `tile` (a tile that runs past its
+// dot's k range): K-major, the bytes of every row from position `from`; MN-major, the rows from
+// `from`. The NT threads of the block call it; a block barrier completes it.
+template <class O, int NT>
+TJ_DEV void zero_k_tail(unsigned char* tile, int from) {
+  constexpr int R = O::rows, KB = O::row_bytes;
+  if (from < 0) from = 0;
+  const int first = O::mn_major ? from * KB : from * O::elem_bytes;
+  for (int b = (int)threadIdx.x; b < R * KB; b += NT) {
+    const int r = b / KB, c = b % KB;
+    if (O::mn_major ? r * KB + c >= first : c >= first) tile[O::offset(r, c)] = 0;
+  }
 }
 
 #define TJ_MMA_SYNC(SHAPE_TYPES)                                                                            \
@@ -76,17 +151,32 @@ TJ_DEV void mma_m16n8(float* d, const unsigned* a, const unsigned* b) {
 
 #undef TJ_MMA_SYNC
 
-// The B fragments of the n8 blocks j and j + 1 (b[0..1], b[2..3]) at K step s of the K-major
-// operand tile O (rows N) at `base`; only block j (b[0..1]) when it is the last.
+// The A fragment of rows m0 .. m0 + 15 at K step s of operand tile O (K-major: rows M; MN-major,
+// 16-bit: rows K of M) at `base`.
+template <class O>
+TJ_DEV void a_frag(unsigned (&a)[4], const unsigned char* base, int m0, int s) {
+  const int lane = (int)threadIdx.x & 31;
+  if constexpr (!O::mn_major)
+    ldmatrix<4>(a, base + O::offset(m0 + (lane & 15), 32 * s + 16 * (lane >> 4)));
+  else
+    ldmatrix<4, true>(a, base + O::offset(16 * s + 8 * (lane >> 4) + (lane & 7), 2 * (m0 + 8 * ((lane >> 3) & 1))));
+}
+
+// The B fragments of the n8 blocks j and j + 1 (b[0..1], b[2..3]) at K step s of operand tile O
+// (K-major: rows N; MN-major, 16-bit: rows K of N) at `base`; only block j (b[0..1]) when it is
+// the last.
 template <class O, int N>
 TJ_DEV void b_frags(unsigned (&b)[4], const unsigned char* base, int j, int s) {
   const int lane = (int)threadIdx.x & 31;
-  const int kb = 32 * s + 16 * ((lane >> 3) & 1);
-  if (j + 1 < N / 8) {
-    ldmatrix<4>(b, base + O::offset(8 * j + 8 * (lane >> 4) + (lane & 7), kb));
+  const int last = j + 1 == N / 8;
+  const unsigned char* row = !O::mn_major
+                                 ? base + O::offset(8 * j + 8 * (lane >> 4) + (lane & 7), 32 * s + 16 * ((lane >> 3) & 1))
+                                 : base + O::offset(16 * s + 8 * ((lane >> 3) & 1) + (lane & 7), 16 * (j + (lane >> 4)));
+  if (!last) {
+    ldmatrix<4, O::mn_major>(b, row);
   } else {
     unsigned h[2];
-    ldmatrix<2>(h, base + O::offset(8 * j + (lane & 7), kb));
+    ldmatrix<2, O::mn_major>(h, row);
     b[0] = h[0];
     b[1] = h[1];
   }
@@ -98,18 +188,18 @@ TJ_DEV void b_frags(unsigned (&b)[4], const unsigned char* base, int j, int s) {
 // OB: rows N) at a and b; KS k steps of 32 bytes. accumulate = 0 overwrites acc with A . B.
 template <int WR, int RB, int N, int KS, int TA, int TB, class OA, class OB>
 TJ_DEV void mma_sync_ss(float* acc, const unsigned char* a, const unsigned char* b, int accumulate) {
-  static_assert(!OA::mn_major && !OB::mn_major, "mma.sync reads K-major operand tiles");
+  static_assert((!OA::mn_major && !OB::mn_major) || TA == WG_BF16 || TA == WG_F16, "MN-major tiles of 16-bit types only");
   static_assert(N % 8 == 0, "n8 blocks");
   if (!accumulate) {
 #pragma unroll
     for (int i = 0; i < RB * N / 2; ++i) acc[i] = 0.0f;
   }
-  const int lane = (int)threadIdx.x & 31, w = (int)threadIdx.x >> 5;
+  const int w = (int)threadIdx.x >> 5;
 #pragma unroll
   for (int s = 0; s < KS; ++s) {
     unsigned af[RB][4];
 #pragma unroll
-    for (int r = 0; r < RB; ++r) ldmatrix<4>(af[r], a + OA::offset(16 * (w + WR * r) + (lane & 15), 32 * s + 16 * (lane >> 4)));
+    for (int r = 0; r < RB; ++r) a_frag<OA>(af[r], a, 16 * (w + WR * r), s);
 #pragma unroll
     for (int j = 0; j < N / 8; j += 2) {
       unsigned bf[4];
@@ -126,7 +216,7 @@ TJ_DEV void mma_sync_ss(float* acc, const unsigned char* a, const unsigned char*
 // The same with A from registers: a[RB][KS][4], this thread's A fragments (tile_to_a_frag).
 template <int RB, int N, int KS, int TA, int TB, class OB>
 TJ_DEV void mma_sync_rs(float* acc, const unsigned* a, const unsigned char* b, int accumulate) {
-  static_assert(!OB::mn_major, "mma.sync reads K-major operand tiles");
+  static_assert(!OB::mn_major || TB == WG_BF16 || TB == WG_F16, "MN-major tiles of 16-bit types only");
   static_assert(N % 8 == 0, "n8 blocks");
   if (!accumulate) {
 #pragma unroll
