@@ -59,36 +59,45 @@ bool uniform_work(const ir::Function& f) {
 }  // namespace
 
 std::optional<Config> mma_default_config(const ir::Function& f, const Target& t) {
-  if (!t.has_wgmma()) return std::nullopt;
   std::vector<const ir::Op*> dots;
   ir::walk(f.body, [&](const ir::Op& op, int) {
     if (op.kind == ir::OpKind::dot) dots.push_back(&op);
   });
   if (dots.empty()) return std::nullopt;
-  // Two warpgroups of 64 rows each; 256 columns where the columns are a launch loop's tiles (a
-  // GEMM's: wide wgmmas read A once per 256 columns), 128 where a loop inside the program steps
-  // over them (attention's keys: the scores, their exp2 and the output share the registers);
-  // K steps of 128 bytes.
-  Config c = default_config(f);
-  c.num_warps = 8;
   const std::set<int> launch = launch_blocks(f);
-  // Rows first: a block that is any dot's rows takes 128 (the two warpgroups' 64 each), whatever
-  // other dots do with it; then the columns and the K steps that are nobody's rows.
+  auto wide = [&](const ir::Op* d) {   // its columns are a launch loop's tiles (a GEMM's)
+    const TileType& r = f.type(d->result);
+    return r.rank() == 2 && r.shape[1].is_block() && launch.count(static_cast<int>(r.shape[1].value));
+  };
+  const bool gemm_like = std::any_of(dots.begin(), dots.end(), wide);
+  // wgmma: two warpgroups of 64 rows each; 256 columns where the columns are a launch loop's
+  // tiles (a GEMM's: wide wgmmas read A once per 256 columns), 128 where a loop inside the
+  // program steps over them (attention's keys: the scores, their exp2 and the output share the
+  // registers); K steps of 128 bytes. mma.sync (no wgmma): a warp's 16 rows per row block and
+  // operands read through ldmatrix from slots the threads fill: 8 warps on 128 x 128 GEMM tiles,
+  // 4 warps on 64 x 64 where a loop steps over the columns (FlashAttention-2's shape); K steps of
+  // 64 bytes.
+  const bool wg = t.has_wgmma();
+  Config c = default_config(f);
+  c.num_warps = wg || gemm_like ? 8 : 4;
+  const int64_t row_block = wg || gemm_like ? 128 : 64;
+  const int64_t wide_cols = wg ? 256 : 128, loop_cols = wg ? 128 : 64, k_bytes = wg ? 128 : 64;
+  // Rows first: a block that is any dot's rows takes row_block, whatever other dots do with it;
+  // then the columns and the K steps that are nobody's rows.
   std::set<int64_t> chosen;   // blocks sized here
   std::set<int64_t> rows;     // blocks that are some dot's rows: never narrowed
   for (const ir::Op* d : dots) {
     const TileType& r = f.type(d->result);
     if (r.rank() != 2) continue;
-    set_block(f, c, r.shape[0], 128, chosen);
+    set_block(f, c, r.shape[0], row_block, chosen);
     if (r.shape[0].is_block()) rows.insert(r.shape[0].value);
   }
   for (const ir::Op* d : dots) {
     const TileType& r = f.type(d->result);
     const TileType& a = f.type(d->operands[0]);
     if (r.rank() != 2 || a.rank() != 2) continue;
-    const bool wide = r.shape[1].is_block() && launch.count(static_cast<int>(r.shape[1].value));
-    set_block(f, c, r.shape[1], wide ? 256 : 128, chosen);
-    set_block(f, c, a.shape[1], 128 / size_bytes(a.dtype), chosen);
+    set_block(f, c, r.shape[1], wide(d) ? wide_cols : loop_cols, chosen);
+    set_block(f, c, a.shape[1], k_bytes / size_bytes(a.dtype), chosen);
   }
   // The accumulators of all its dots share the registers: halve the widest dot's columns (never a
   // block that is some dot's rows) until they take at most 160 of a thread's (of 232; the rest for
@@ -111,17 +120,19 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // during this one's epilogue), GEMM-like tile grids in L2-friendly groups. Where a loop's bounds
   // depend on the program (causal attention), the programs' work differs and the hardware's own
   // block scheduling balances it better.
+  // (mma.sync copies a program's operands where its loads stand: nothing for a persistent block
+  // to overlap.)
   if (uniform_work(f)) {
-    c.knobs[knobs::persistent.name] = 1;
+    if (wg) c.knobs[knobs::persistent.name] = 1;
     c.knobs[knobs::raster_group.name] = 8;
   } else {
     c.knobs[knobs::longest_first.name] = 1;
   }
-  // As many stages as fit the shared memory, from 4 down.
-  for (int stages = 4; stages >= 1; --stages) {
+  // As many stages as fit the shared memory, from 4 down (mma.sync: no rings, one).
+  for (int stages = wg ? 4 : 1; stages >= 1; --stages) {
     c.num_stages = stages;
     MmaPlan p = plan_mma(f, c, t);
-    if (p.dots.empty()) return std::nullopt;   // the dots do not fit wgmma even so: not ours
+    if (p.dots.empty()) return std::nullopt;   // the dots do not fit the tensor cores even so: not ours
     const LayoutPlan layouts = assign_layouts(f, c, t, &p);
     finish_mma_plan(p, [&](int v) { return layouts.of(v).is_mma(); });
     if (p.smem_bytes + 1024 + 8192 <= t.max_smem_per_block()) return c;

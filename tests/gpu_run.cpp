@@ -16,7 +16,7 @@ HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng
 }
 
 BothRuns run_reference_and_gpu(const Kernel& k, std::vector<HostTensor>& tensors, const std::vector<Arg>& tail, size_t out,
-                               const std::optional<Config>& config) {
+                               const std::optional<Config>& config, const std::string& arch) {
   std::vector<Arg> host_args, dev_args;
   std::vector<DeviceTensor> dev;
   dev.reserve(tensors.size());
@@ -37,10 +37,12 @@ BothRuns run_reference_and_gpu(const Kernel& k, std::vector<HostTensor>& tensors
   run_reference(f, cfg, param_values(k, host_args));
   LaunchOptions opts;
   opts.config = cfg;
+  opts.arch = arch;   // "": the GPU's own; an older one loads as PTX
   launch(k, dev_args, opts);
   runtime::synchronize();
   CompileRequest req;
   req.load = false;
+  req.arch = arch;
   return BothRuns{tensors[out], dev[out].to_host(), compile(k, specs, cfg, req).generated.lowering};
 }
 

@@ -23,8 +23,10 @@ struct BothRuns {
 };
 
 // Runs `k` on `tensors` (host copies; `out` is the output) and `tail` (scalars and host values) with
-// `config` (default: default_config of the trace) on the CPU reference and through tj::launch.
+// `config` (default: default_config of the trace) on the CPU reference and through tj::launch, generated
+// for `arch` ("": the GPU's own; an older architecture's kernel loads as PTX).
 BothRuns run_reference_and_gpu(const tj::Kernel& k, std::vector<tj::HostTensor>& tensors, const std::vector<tj::Arg>& tail,
-                               size_t out, const std::optional<tj::Config>& config = std::nullopt);
+                               size_t out, const std::optional<tj::Config>& config = std::nullopt,
+                               const std::string& arch = "");
 
 }  // namespace tj_test

@@ -230,10 +230,10 @@ TEST_CASE("attention_fp8: untuned launches and the tuner's reference take attent
     const autotune::ConfigSpace space = autotune::derive_space(f, so);
     CHECK(space.contains(got));
   }
-  // Other targets keep the generic default (the SIMT path); head dims the attention template does not
-  // take get the generic tensor-core lowering's default.
+  // Other targets and head dims the attention template does not take get the generic tensor-core
+  // lowering's default (mma.sync on sm_80).
   ir::Function f = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 256, 256, 64, true, false));
-  CHECK(autotune::untuned_config(f, "sm_80") == default_config(f));
+  CHECK(autotune::untuned_config(f, "sm_80") == *codegen::mma_default_config(f, codegen::Target::parse("sm_80")));
   ir::Function f32d = kernels::attention_fp8().trace(attention_specs(DType::bf16, DType::bf16, 1, 2, 64, 64, 32, true, false));
   CHECK(autotune::untuned_config(f32d, "sm_90a") == *codegen::mma_default_config(f32d, codegen::Target::parse("sm_90a")));
   // Not with an LSE (dilated attention's pairs, which ran slower persistent), nor for a variant,

@@ -282,6 +282,16 @@ TEST_CASE("mma codegen: on sm_80 and sm_89 the user kernels' dots run on mma.syn
        R"({"blocks":{"m":64,"n":64},"num_warps":4})", R"(m16n8k32\.row\.col\.f32\.e4m3\.e4m3\.f32)"},
       {"README attention, head dim 96, untuned", [] { return attention(DType::bf16, {2, 4, 256, 96}, false); }, "sm_80", "",
        R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
+      {"README attention, bf16 causal, untuned", [] { return attention(DType::bf16, {2, 4, 1024, 128}, true); }, "sm_80", "",
+       R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
+      {"gemm + bias + gelu, b [K, N], untuned", [] { return gemm_kn(DType::bf16, 1024, 1024, 1024); }, "sm_80", "",
+       R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
+      {"swiglu, untuned",
+       [] {
+         return examples::swiglu().trace(
+             {T(DType::bf16, {256, 512}), T(DType::bf16, {256, 512}), T(DType::bf16, {256, 512}), T(DType::bf16, {256, 256})});
+       },
+       "sm_89", "", R"(m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)"},
   };
   for (const Case& c : cases) {
     const std::string what = c.what;
@@ -300,6 +310,8 @@ TEST_CASE("mma codegen: on sm_80 and sm_89 the user kernels' dots run on mma.syn
     const tj_test::PtxasInfo info = tj_test::ptxas_info(r.log);
     INFO(r.log);
     CHECK(info.spill_stores == 0);
+    MESSAGE(what << " (" << std::string(c.arch) << "): " << info.registers << " registers, " << g.threads << " threads, "
+                 << g.dynamic_smem_bytes << " bytes of shared memory");
   }
 }
 

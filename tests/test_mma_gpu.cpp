@@ -1,6 +1,6 @@
 // The generic tensor-core lowering on the GPU: the user kernels of examples/kernels, lowered to
-// wgmma and TMA, against the CPU reference executor on random inputs (outputs poisoned first),
-// at ragged shapes and for several configs.
+// wgmma and TMA, and to mma.sync for sm_80 / sm_89 (PTX on this GPU), against the CPU reference
+// executor on random inputs (outputs poisoned first), at ragged shapes and for several configs.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -31,8 +31,9 @@ struct Outcome {
 
 // Runs `k` on the CPU reference and on the GPU (config `config`) with the same inputs; compares
 // tensor `out`.
-Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, std::vector<Arg> tail, size_t out, const Config& config) {
-  const tj_test::BothRuns r = tj_test::run_reference_and_gpu(k, tensors, tail, out, config);
+Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, std::vector<Arg> tail, size_t out, const Config& config,
+                 const std::string& arch = "") {
+  const tj_test::BothRuns r = tj_test::run_reference_and_gpu(k, tensors, tail, out, config, arch);
   Outcome o;
   o.lowering = r.lowering;
   double err = 0, ref = 0;
@@ -126,6 +127,51 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
     const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(c.shape[3]));
     const Outcome o = run_both(examples::readme_attention(), t, {scale, c.causal}, 3, Config::from_json(c.config));
     CHECK(o.lowering == "tensor cores (wgmma)");
+    CHECK(o.nan_count == 0);
+    CHECK(o.rel_rmse < c.tol);
+  }
+}
+
+TEST_CASE("gpu: user kernels on mma.sync for sm_80 and sm_89 (PTX on this GPU) match the reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(13);
+  const char* kMma = "tensor cores (mma.sync)";
+  for (const char* json : {R"({"blocks":{"m":128,"n":128,"k":32},"num_warps":8,"knobs":{"lowering":0}})",
+                           R"({"blocks":{"m":64,"n":64,"k":64},"num_warps":4,"knobs":{"lowering":0}})"}) {
+    const Config c = Config::from_json(json);
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{256, 256, 512}, {200, 136, 328}})
+      for (bool kn : {false, true}) {
+        CAPTURE(json);
+        CAPTURE(fmt::format("sm_80 gemm_bias_gelu {} x {} x {}, b {}", m, n, k, kn ? "[K, N]" : "[N, K]"));
+        std::vector<HostTensor> t = {random_tensor(DType::bf16, {m, k}, rng, 0.5),
+                                     random_tensor(DType::bf16, kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k}, rng, 0.5),
+                                     random_tensor(DType::f32, {n}, rng), HostTensor(DType::bf16, {m, n})};
+        const Outcome o = run_both(examples::gemm_bias_gelu(kn), t, {}, 3, c, "sm_80");
+        CHECK(o.lowering == kMma);
+        CHECK(o.nan_count == 0);
+        CHECK(o.rel_rmse < 1e-2);
+      }
+  }
+  struct Case {
+    DType t;
+    std::vector<int64_t> shape;
+    bool causal;
+    const char* arch;
+    const char* config;
+    double tol;
+  };
+  const std::vector<Case> cases = {
+      {DType::bf16, {2, 3, 300, 128}, true, "sm_80", R"({"blocks":{"m":64,"n":64},"num_warps":4})", 1e-2},
+      {DType::f16, {1, 2, 256, 64}, false, "sm_80", R"({"blocks":{"m":128,"n":64},"num_warps":8})", 2e-3},
+      {DType::e4m3, {1, 2, 190, 64}, true, "sm_89", R"({"blocks":{"m":64,"n":64},"num_warps":4})", 6e-2},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(fmt::format("{} {} {} causal={} {}", c.arch, name(c.t), fmt::join(c.shape, "x"), c.causal, c.config));
+    std::vector<HostTensor> t = {random_tensor(c.t, c.shape, rng), random_tensor(c.t, c.shape, rng),
+                                 random_tensor(c.t, c.shape, rng), HostTensor(DType::bf16, c.shape)};
+    const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(c.shape[3]));
+    const Outcome o = run_both(examples::readme_attention(), t, {scale, c.causal}, 3, Config::from_json(c.config), c.arch);
+    CHECK(o.lowering == kMma);
     CHECK(o.nan_count == 0);
     CHECK(o.rel_rmse < c.tol);
   }
