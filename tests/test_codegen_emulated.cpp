@@ -323,6 +323,7 @@ struct EmuCase {
   bool strided = false;
   const char* arch = "sm_90a";
   const char* lowering = "simt";   // the lowering the generated code must come from
+  std::vector<std::vector<double>> values = {};   // a non-empty entry i: tensor i's elements
 };
 
 // Generates, emulates and compares every output element with the reference executor.
@@ -349,6 +350,11 @@ void run_case(const EmuCase& c) {
       ++tensor;
       param_of.push_back(ref_args.size());
       ref.push_back(make_tensor(t->dtype, shape, p.kind == ir::ParamKind::tensor_out, c.strided, rng));
+      if (tensor - 1 < c.values.size() && !c.values[tensor - 1].empty()) {
+        REQUIRE(!c.strided);
+        for (size_t e = 0; e < c.values[tensor - 1].size(); ++e)
+          numerics::store_element(ref.back().bytes.data(), t->dtype, static_cast<int64_t>(e), c.values[tensor - 1][e]);
+      }
       ref_args.emplace_back(ref.back().view);
       emu_args.emplace_back(ref.back().view);   // replaced below by the copies' views
     } else if (const auto* r = std::get_if<RuntimeScalar>(&s)) {
@@ -411,6 +417,7 @@ const Kernel& attention() { return kernels::attention(); }
 const Kernel& softmax() { return kernels::softmax(); }
 const Kernel& vector_add() { return kernels::vector_add(); }
 const Kernel& readme_attention() { return examples::readme_attention(); }
+const Kernel& grouped_gemm() { return examples::grouped_gemm(); }
 
 constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, e4m3 = DType::e4m3;
 
@@ -570,6 +577,11 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
   run_case({"README attention bf16 causal, ragged", &readme_attention,
             {T(bf16, s70), T(bf16, s70), T(bf16, s70), T(bf16, s70), RuntimeScalar{0.125f}, true},
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
+  // Row ranges read from the GPU's memory (an empty group, tiles ending inside groups), stores
+  // masked at each group's end.
+  run_case({"grouped GEMM (MoE), device-scalar row ranges", &grouped_gemm,
+            {T(bf16, {100, 64}), T(bf16, {4, 24, 64}), T(DType::i64, {5}), T(f32, {100, 24})},
+            R"({"blocks":{"m":32,"n":16,"k":32},"num_warps":2})", {}, false, "sm_80", mma, {{}, {}, {0, 37, 37, 87, 100}, {}}});
   run_case({"README attention e4m3 on sm_89", &readme_attention,
             {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});

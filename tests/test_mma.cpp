@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -20,6 +21,8 @@
 #include "examples/kernels/user_kernels.h"
 #include "kernels/library.h"
 #include "nvrtc_testing.h"
+#include "runtime/owned_tensor.h"
+#include "runtime/reference.h"
 
 using namespace tj;
 using codegen::MmaOperand;
@@ -312,6 +315,45 @@ TEST_CASE("mma codegen: on sm_80 and sm_89 the user kernels' dots run on mma.syn
     CHECK(info.spill_stores == 0);
     MESSAGE(what << " (" << std::string(c.arch) << "): " << info.registers << " registers, " << g.threads << " threads, "
                  << g.dynamic_smem_bytes << " bytes of shared memory");
+  }
+}
+
+TEST_CASE("mma: a grouped GEMM whose row ranges are device scalars runs on the CPU reference, wgmma and mma.sync") {
+  // Groups of 37, 0, 50 and 13 rows: an empty group, and tiles that end inside a group.
+  const std::vector<double> offs = {0, 37, 37, 87, 100};
+  const int64_t T = 100, G = 4, N = 24, K = 64;
+  std::mt19937 rng(3);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  HostTensor x(DType::bf16, {T, K}), w(DType::bf16, {G, N, K}), o(DType::i64, {G + 1}), y(DType::f32, {T, N});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, nd(rng));
+  for (int64_t i = 0; i < w.numel(); ++i) w.set(i, nd(rng));
+  for (int64_t i = 0; i <= G; ++i) o.set(i, offs[i]);
+  for (int64_t i = 0; i < y.numel(); ++i) y.set(i, -777.0);
+  const std::vector<ArgSpec> specs = {TensorSpec{DType::bf16, {T, K}}, TensorSpec{DType::bf16, {G, N, K}},
+                                      TensorSpec{DType::i64, {G + 1}}, TensorSpec{DType::f32, {T, N}}};
+  const ir::Function f = examples::grouped_gemm().trace(specs);
+  run_reference(f, cfg(R"({"blocks":{"m":32,"n":16,"k":32}})"), {x.view(), w.view(), o.view(), y.view()});
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = static_cast<int64_t>(offs[g]); r < static_cast<int64_t>(offs[g + 1]); ++r)
+      for (int64_t c = 0; c < N; ++c) {
+        double want = 0;
+        for (int64_t k = 0; k < K; ++k) want += x.at(r * K + k) * w.at((g * N + c) * K + k);
+        CHECK(std::abs(y.at(r * N + c) - want) <= 1e-4 * (1 + std::abs(want)));
+      }
+  // Every row belongs to a group: nothing is left poisoned, and no tile wrote into the next group.
+  for (int64_t i = 0; i < y.numel(); ++i) CHECK(y.at(i) != -777.0);
+  // Both instruction sets take it, without spills.
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    CAPTURE(std::string(arch));
+    const ir::Function big = examples::grouped_gemm().trace({TensorSpec{DType::bf16, {4096, 1024}}, TensorSpec{DType::bf16, {8, 512, 1024}},
+                                                             TensorSpec{DType::i64, {9}}, TensorSpec{DType::bf16, {4096, 512}}});
+    const auto g = codegen::generate_cuda(big, codegen::untuned_config(big, arch), Target::parse(arch));
+    INFO(g.source);
+    CHECK(g.lowering == (std::string(arch) == "sm_90a" ? "tensor cores (wgmma)" : "tensor cores (mma.sync)"));
+    CHECK(g.notes.empty());
+    const auto r = tj_test::nvrtc(g, arch, true, true);
+    CHECK(contains(r.ptx, std::string(arch) == "sm_90a" ? "wgmma.mma_async" : "mma.sync.aligned.m16n8k16"));
+    CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
   }
 }
 

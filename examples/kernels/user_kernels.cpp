@@ -241,4 +241,23 @@ const Kernel& attention_bwd_dq() {
   return k;
 }
 
+const Kernel& grouped_gemm() {
+  static const Kernel k = kernel("grouped_gemm", {"x", "w", "offs", "y"}, [](In x, In w, In offs, Out y) {
+    auto K = x.dim(1);
+    auto [G, N, Kw] = w.shape<3>();
+    for (auto g : grid(G)) {
+      for (auto n : tile(N, block("n"))) {
+        auto begin = offs.load(g);
+        auto end = offs.load(g + 1);
+        for (auto m : tile(begin, end, block("m"))) {
+          Var acc = zeros({m, n}, DType::f32);
+          for (auto kk : tile(K, block("k"))) acc = dot(x.load(m, kk), w.load(g, n, kk).T(), acc);
+          y.store_where(m.index().col() < end, m, n, acc.to(y.dtype()));
+        }
+      }
+    }
+  });
+  return k;
+}
+
 }  // namespace tj::examples

@@ -38,4 +38,11 @@ const Kernel& attention_bwd_delta();
 const Kernel& attention_bwd_dkdv();
 const Kernel& attention_bwd_dq();
 
+// A mixture-of-experts grouped GEMM: y[r] = x[r] . w[g]^T for the rows r of group g, which are
+// offs[g] .. offs[g + 1] - 1 (offs [G + 1], i64, on the GPU like the tokens: the row ranges are
+// device scalars, read by each program). x [T, K], w [G, N, K], y [T, N]; one program per
+// (group, column tile), looping over its group's row tiles; a tile's rows past its group's end
+// are not stored.
+const Kernel& grouped_gemm();
+
 }  // namespace tj::examples
