@@ -546,15 +546,12 @@ void Emitter::emit_launch() {
   program_end();
 }
 
-namespace {
-// Dim d's stride: the spec's, compiled in (a 1 puts a row's elements at immediate offsets from
-// one address: ptxas then keeps one 64-bit address per row, not one per element), else the
-// argument's.
+// A 1 compiled in puts a row's elements at immediate offsets from one address: ptxas then keeps
+// one 64-bit address per row, not one per element.
 std::string stride_of(const ir::Param& p, const std::string& tensor, int d) {
   const int64_t s = p.static_stride(d);
   return s >= 0 ? int_literal(s, DType::i64) : fmt::format("{}.stride[{}]", tensor, d);
 }
-}  // namespace
 
 void Emitter::emit_memory(const Op& op) {
   const ir::Param& p = f_.params.at(op.param);
@@ -595,25 +592,6 @@ void Emitter::emit_memory(const Op& op) {
     return;
   }
 
-  if (const StagedLoad* st = mma_.staged_of(&op); st && st->copy) {
-    // An mma.sync operand: the threads copy it into its slot, the tile's first dim along the
-    // slot's rows and its second along their bytes.
-    std::string sp[2];
-    for (size_t t = 0; t < 2; ++t) {
-      const TileDim& td = tile_dims.at(t);
-      const int64_t dim = p.static_shape[td.tensor_dim];
-      const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, td.tensor_dim);
-      sp[t] = fmt::format("{{{}, {}, {}}}", ref(td.start), stride_of(p, T, td.tensor_dim), limit);
-    }
-    line("tj::dev::sync_threads();   // every warp is done with the slot's last contents", &op.loc);
-    line(fmt::format("tj::dev::copy_operand<{}, {}, {}>(tj_tc + {}, {}.data, {}, {}, {}, {});", E, operand_type(st->tile),
-                     plan_.threads, st->smem_offset, T, offset, ok, sp[0], sp[1]),
-         &op.loc);
-    line("tj::dev::cp_async_wait_all();");
-    line("tj::dev::sync_threads();");
-    names_[op.result] = fmt::format("(tj_tc + {})", st->smem_offset);
-    return;
-  }
   // The tile's layout; a scalar stored into a slice is first broadcast to the slice.
   Layout L;
   std::string value;
@@ -1034,7 +1012,7 @@ GeneratedKernel Emitter::run() {
   }
   analyze();
   starts_early_ = start_early_ && target_.sm() >= 90;
-  if (mma_.wgmma()) emit_mma_prologue();
+  if (mma_.on_tensor_cores()) emit_mma_prologue();
   emit_launch();
   if (starts_early_ && !waited_) line("tj::dev::griddep_wait();");
 

@@ -33,6 +33,13 @@ std::string Emitter::dot_dest(const Op& dot) const {
 }
 
 void Emitter::emit_mma_prologue() {
+  if (!mma_.wgmma()) {   // mma.sync: the copy rings' use counters
+    for (const StagedLoad& s : mma_.staged)
+      if (s.copy && s.stages > 1)
+        line(fmt::format("unsigned tj_use{} = 0;   // uses of copy ring {} so far (use n reads slot n % {})", staged_index(s),
+                         staged_index(s), s.stages));
+    return;
+  }
   line(fmt::format("// Tensor cores: {} staged operand ring(s) filled by TMA, {} register operand buffer(s), in tj_tc.",
                    mma_.staged.size(), mma_.buffers.size()));
   for (const StagedLoad& s : mma_.staged) {
@@ -103,7 +110,66 @@ void Emitter::emit_fill(const StagedLoad& s, const std::string& fill, const std:
   }
 }
 
+std::vector<const StagedLoad*> Emitter::copy_rings(const Op& loop) const {
+  std::vector<const StagedLoad*> out;
+  for (const StagedLoad& s : mma_.staged)
+    if (s.copy && s.home == &loop && s.stages > 1) out.push_back(&s);
+  return out;
+}
+
+void Emitter::emit_copy(const StagedLoad& s, const std::string& slot, const std::string& iteration) {
+  const Op& op = *s.op;
+  const ir::Param& p = f_.params.at(op.param);
+  const std::string& T = names_param_.at(op.param);
+  auto val = [&](int v) { return iteration.empty() ? ref(v) : ahead_expr(v, *s.home, iteration); };
+  std::vector<std::string> offsets, oks, spans;   // spans: the slot's rows, then their bytes
+  for (size_t d = 0; d < op.indices.size(); ++d) {
+    const int64_t dim = p.static_shape[d];
+    const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, d);
+    if (op.indices[d].kind == ir::Index::Kind::scalar) {
+      const std::string idx = val(op.operands[d]);
+      if (!(range(op.operands[d]).constant() && range(op.operands[d]).lo == 0))
+        offsets.push_back(fmt::format("{} * {}", idx, stride_of(p, T, static_cast<int>(d))));
+      // (A value's range holds in every iteration: ahead too.)
+      if (!provably_inside(op.operands[d], 1, dim)) oks.push_back(fmt::format("tj::dev::in_range({}, {})", idx, limit));
+    } else {
+      const std::string start = op.indices[d].kind == ir::Index::Kind::all ? "0LL" : val(op.operands[d]);
+      spans.push_back(fmt::format("{{{}, {}, {}}}", start, stride_of(p, T, static_cast<int>(d)), limit));
+    }
+  }
+  line(fmt::format("tj::dev::copy_operand<{}, {}, {}>({}, {}.data, {}, {}, {}, {});", dtag(p.dtype), operand_type(s.tile),
+                   plan_.threads, slot, T, offsets.empty() ? "0" : fmt::format("{}", fmt::join(offsets, " + ")),
+                   oks.empty() ? "true" : fmt::format("{}", fmt::join(oks, " && ")), spans.at(0), spans.at(1)),
+       &op.loc);
+}
+
 void Emitter::emit_ring_prologue(const Op& loop) {
+  if (const auto rings = copy_rings(loop); !rings.empty()) {
+    // mma.sync: the first stages - 1 iterations' tiles, one cp.async group per iteration.
+    const int S = rings[0]->stages;
+    const std::string step =
+        loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
+    line("tj::dev::sync_threads();   // every warp is done with the slots' last contents", &loop.loc);
+    line("{");
+    ++indent_;
+    line(fmt::format("long long tj_it = {};", ref(loop.operands[0])));
+    line(fmt::format("for (unsigned tj_p = 0; tj_p < {}u; ++tj_p, tj_it += {}) {{", S - 1, step));
+    ++indent_;
+    line(fmt::format("if (tj_it < {}) {{", ref(loop.operands[1])));
+    ++indent_;
+    for (const StagedLoad* s : rings) {
+      const int i = staged_index(*s);
+      emit_copy(*s, fmt::format("tj_tc + {} + ((tj_use{} + tj_p) % {}u) * {}", s->smem_offset, i, S, s->slot_stride), "tj_it");
+    }
+    --indent_;
+    line("}");
+    line("tj::dev::cp_async_commit();");
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
+  }
+
   for (const StagedLoad& s : mma_.staged) {
     if (s.home != &loop || s.copy) continue;
     const int i = staged_index(s);
@@ -127,15 +193,49 @@ void Emitter::emit_ring_prologue(const Op& loop) {
 
 void Emitter::emit_ring_iteration(const Op& loop) {
   for (const StagedLoad& s : mma_.staged)
-    if (s.home == &loop && !s.copy) {
+    if (s.home == &loop && (!s.copy || s.stages > 1)) {
       const int i = staged_index(s);
       line(fmt::format("const unsigned tj_u{} = tj_use{}++;   // this iteration's use of ring {}", i, i, i));
     }
+  if (const auto rings = copy_rings(loop); !rings.empty()) {
+    // mma.sync: this iteration's tiles have landed (the newer groups are the next stages - 2
+    // iterations'); after the barrier every warp is done with the previous iteration's slots,
+    // which take the tiles of the iteration stages - 1 ahead.
+    const int S = rings[0]->stages;
+    const std::string step =
+        loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
+    line(fmt::format("tj::dev::cp_async_wait<{}>();", S - 2));
+    line("tj::dev::sync_threads();");
+    line(fmt::format("if (const long long tj_next = {} + {} * {}; tj_next < {}) {{", ref(loop.body_index), S - 1, step,
+                     ref(loop.operands[1])));
+    ++indent_;
+    for (const StagedLoad* s : rings) {
+      const int i = staged_index(*s);
+      emit_copy(*s, fmt::format("tj_tc + {} + ((tj_u{} + {}u) % {}u) * {}", s->smem_offset, i, S - 1, S, s->slot_stride),
+                "tj_next");
+    }
+    --indent_;
+    line("}");
+    line("tj::dev::cp_async_commit();");
+  }
 }
 
 void Emitter::emit_staged_load(const Op& op, const StagedLoad& s) {
   if (s.copy) {
-    emit_memory(op);   // the threads' copy (cuda_emitter.cpp)
+    const int i = staged_index(s);
+    names_[op.result] = fmt::format("v{}", op.result);
+    if (s.stages > 1) {   // filled ahead (emit_ring_iteration)
+      line(fmt::format("unsigned char* const v{} = tj_tc + {} + (tj_u{} % {}u) * {};   // '{}' [{} x {} bytes]", op.result,
+                       s.smem_offset, i, s.stages, s.slot_stride, f_.params.at(op.param).name, s.tile.rows, s.tile.row_bytes),
+           &op.loc);
+      return;
+    }
+    // Copied where it stands, once every warp is done with the slot's last contents.
+    line("tj::dev::sync_threads();   // every warp is done with the slot's last contents", &op.loc);
+    line(fmt::format("unsigned char* const v{} = tj_tc + {};", op.result, s.smem_offset), &op.loc);
+    emit_copy(s, fmt::format("v{}", op.result), "");
+    line("tj::dev::cp_async_wait_all();");
+    line("tj::dev::sync_threads();");
     return;
   }
   const int i = staged_index(s);

@@ -75,6 +75,8 @@ inline int64_t floordiv64(int64_t a, int64_t b) {
 
 // The device type of an operand tile in shared memory (mma_layout.cuh's SmemOperand).
 std::string operand_type(const SmemTile& t);
+// Dim d's stride in generated code: the spec's, compiled in, else the argument's.
+std::string stride_of(const ir::Param& p, const std::string& tensor, int d);
 
 class Emitter {
  public:
@@ -196,6 +198,11 @@ class Emitter {
   // Before / at the top of / after a loop: the rings it drives.
   void emit_ring_prologue(const Op& loop);
   void emit_ring_iteration(const Op& loop);
+  // mma.sync: the threads copy staged load `s` (cp.async) into the slot at `slot` for the
+  // iteration whose loop index is `iteration` (empty: the load's own indices, where it stands).
+  void emit_copy(const StagedLoad& s, const std::string& slot, const std::string& iteration);
+  // The copy rings of `loop` that run ahead (mma.sync), and their common depth (0: none).
+  std::vector<const StagedLoad*> copy_rings(const Op& loop) const;
   // One thread issues TMA fill `fill` of staged load `s` for the iteration whose loop index is
   // `iteration` (empty: the load's own indices, where it stands).
   void emit_fill(const StagedLoad& s, const std::string& fill, const std::string& iteration);

@@ -120,16 +120,15 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // during this one's epilogue), GEMM-like tile grids in L2-friendly groups. Where a loop's bounds
   // depend on the program (causal attention), the programs' work differs and the hardware's own
   // block scheduling balances it better.
-  // (mma.sync copies a program's operands where its loads stand: nothing for a persistent block
-  // to overlap.)
+  // (mma.sync: its copy rings start with each loop, so a persistent block has nothing to overlap.)
   if (uniform_work(f)) {
     if (wg) c.knobs[knobs::persistent.name] = 1;
     c.knobs[knobs::raster_group.name] = 8;
   } else {
     c.knobs[knobs::longest_first.name] = 1;
   }
-  // As many stages as fit the shared memory, from 4 down (mma.sync: no rings, one).
-  for (int stages = wg ? 4 : 1; stages >= 1; --stages) {
+  // As many stages as fit the shared memory, from 4 down.
+  for (int stages = 4; stages >= 1; --stages) {
     c.num_stages = stages;
     MmaPlan p = plan_mma(f, c, t);
     if (p.dots.empty()) return std::nullopt;   // the dots do not fit the tensor cores even so: not ours

@@ -361,13 +361,16 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
   // 3. Rings (TMA): a staged load in a loop inside the program advances with it; it runs ahead
   // when its indices can be computed for later iterations.
   for (StagedLoad& s : plan.staged) {
-    if (s.copy) continue;   // one slot, filled where the load stands
     if (s.home) {
       std::set<int> seen;
       s.prefetch = true;
       for (size_t i = 0; i < s.op->indices.size(); ++i)
         if (!scalar_closure(fx, s.op->operands[i], s.home, seen)) s.prefetch = false;
       s.stages = s.prefetch ? std::max(1, cfg.num_stages) : 1;
+    }
+    if (s.copy) {   // the tiles' threads copy it: no producer, no tensor map
+      s.producer = false;
+      continue;
     }
     // The producer warpgroup runs the loop nest's scalar arithmetic alone: it issues the fills of loads
     // whose indices and enclosing loop bounds need nothing else.

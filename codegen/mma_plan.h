@@ -12,7 +12,8 @@
 //     copied into shared memory, swizzled. wgmma: by TMA, in a ring of slots that advances with
 //     its innermost enclosing loop (its home loop): while a slot is read the next ones fill, as
 //     many as num_stages, where the load's indices can be computed for later iterations.
-//     mma.sync: by the block's threads with cp.async, where the load stands;
+//     mma.sync: by the block's threads with cp.async, into a ring the same way (or where the
+//     load stands if it cannot run ahead);
 //   - registers: any other tile is written by the block's threads into a swizzled
 //     shared-memory buffer of its own before the dot (slower, for operands TMA cannot load:
 //     computed tiles, tensors without a contiguous last dim, fp8 operands that are not K-major);
@@ -69,8 +70,10 @@ struct MmaDot {
 };
 
 // A load that TMA copies into a ring of shared-memory slots (wgmma), or that the block's threads
-// copy into a slot of its own where it stands (mma.sync: cp.async, then a block barrier; no
-// ring, no barriers, no tensor map).
+// copy with cp.async (mma.sync: no barriers, no tensor map): where it runs ahead, into a ring of
+// `stages` slots filled num_stages - 1 iterations of its home loop ahead (one cp.async group per
+// iteration, waited for and made visible by a block barrier at the top of the iteration);
+// otherwise into a slot of its own where the load stands.
 struct StagedLoad {
   const ir::Op* op = nullptr;
   bool copy = false;              // mma.sync: copied by the threads

@@ -571,6 +571,11 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
   run_case({"matmul f16, dynamic strided (element copies)", &k_matmul,
             {T(f16, {-1, -1}), T(f16, {-1, -1}), T(f16, {-1, -1}), T(f32, {-1, -1}), T(f16, {-1, -1})},
             R"({"blocks":{"m":64,"n":24,"k":16},"num_warps":4})", {{70, 40}, {24, 40}, {40, 70}, {70, 24}, {70, 24}}, true, "sm_80", mma});
+  run_case({"matmul bf16, 3 stages", &k_matmul, {T(bf16, {40, 130}), T(bf16, {24, 130}), T(bf16, {130, 40}), T(f32, {40, 24}), T(bf16, {40, 24})},
+            R"({"blocks":{"m":32,"n":16,"k":16},"num_warps":2,"num_stages":3})", {}, false, "sm_80", mma});
+  run_case({"matmul bf16, 1 stage (copies where the loads stand)", &k_matmul,
+            {T(bf16, {40, 70}), T(bf16, {24, 70}), T(bf16, {70, 40}), T(f32, {40, 24}), T(bf16, {40, 24})},
+            R"({"blocks":{"m":32,"n":16,"k":32},"num_warps":2,"num_stages":1})", {}, false, "sm_80", mma});
   run_case({"matmul e4m3 on sm_89", &k_matmul, {T(e4m3, {40, 70}), T(e4m3, {24, 70}), T(e4m3, {70, 40}), T(f32, {40, 24}), T(bf16, {40, 24})},
             R"({"blocks":{"m":32,"n":32,"k":64},"num_warps":2})", {}, false, "sm_89", mma});
   // README attention: P as A fragments (bf16 pairs; e4m3 bytes moved across the quad).
@@ -582,6 +587,9 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
   run_case({"grouped GEMM (MoE), device-scalar row ranges", &grouped_gemm,
             {T(bf16, {100, 64}), T(bf16, {4, 24, 64}), T(DType::i64, {5}), T(f32, {100, 24})},
             R"({"blocks":{"m":32,"n":16,"k":32},"num_warps":2})", {}, false, "sm_80", mma, {{}, {}, {0, 37, 37, 87, 100}, {}}});
+  run_case({"README attention f16, 4 stages", &readme_attention,
+            {T(f16, s70), T(f16, s70), T(f16, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
+            R"({"blocks":{"m":64,"n":16},"num_warps":4,"num_stages":4})", {}, false, "sm_80", mma});
   run_case({"README attention e4m3 on sm_89", &readme_attention,
             {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});

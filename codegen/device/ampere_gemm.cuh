@@ -96,12 +96,7 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's cp.async groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// (cp_async_commit, cp_async_wait<N>: mma_sync.cuh)
 
 // Four 8x8 matrices of 16-bit elements (8 rows of 16 bytes each); lanes 8i..8i+7 give the row
 // addresses of matrix i, which lands in register i (lane l holds row l/4, bytes 4*(l%4)..+3).

@@ -9,8 +9,9 @@
 //                     (lane l: row l / 4, bytes 4 (l % 4) .. +3; T: transposed, 16-bit
 //                     elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)). For fp8 a row is
 //                     16 elements: the fragment layouts of m16n8k32 take the same bytes.
-//   copy_operand      a 2-D slice of a tensor into an operand tile (cp.async, 16-byte chunks),
-//                     cp_async_wait_all; zero_k_tail zeroes a tile's positions past a k range.
+//   copy_operand      a 2-D slice of a tensor into an operand tile (cp.async, 16-byte chunks);
+//                     cp_async_commit / cp_async_wait<N> / cp_async_wait_all; zero_k_tail
+//                     zeroes a tile's positions past a k range.
 //   mma_m16n8<TA, TB> d (the m16n8 C fragment, 4 f32) += a (m16 x 32 bytes of K) . b (32 bytes
 //                     of K x n8): m16n8k16 for bf16 / f16, m16n8k32 for e4m3 / e5m2.
 //   mma_sync_ss / mma_sync_rs  a warp's share of acc += A . B, A from shared memory or from
@@ -72,6 +73,19 @@ TJ_DEV void cp_async_chunk(unsigned char* dst, const void* src, int src_bytes) {
 TJ_DEV void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+// This thread's cp.async copies since the last commit form a group.
+TJ_DEV void cp_async_commit() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Until at most N of this thread's newest groups are in flight.
+template <int N>
+TJ_DEV void cp_async_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
