@@ -126,9 +126,10 @@ TEST_CASE("attention backward as user code: the CPU reference executor's gradien
   }
 }
 
-TEST_CASE("attention backward as user code: every dot on wgmma for sm_90a, without spills") {
+TEST_CASE("attention backward as user code: every dot on wgmma for sm_90a and on mma.sync for sm_80, without spills") {
   const std::vector<int64_t> shape = {2, 4, 1024, 128};
   const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
+  for (const char* arch : {"sm_90a", "sm_80"})
   for (bool causal : {false, true}) {
     for (const Kernel* k : {&examples::attention_bwd_dkdv(), &examples::attention_bwd_dq()}) {
       const bool dkdv = k == &examples::attention_bwd_dkdv();
@@ -137,16 +138,19 @@ TEST_CASE("attention backward as user code: every dot on wgmma for sm_90a, witho
       specs.push_back(RuntimeScalar{0.1f});
       specs.push_back(causal);
       const ir::Function f = k->trace(specs);
-      const Config c = codegen::untuned_config(f, "sm_90a");
+      const bool wg = std::string(arch) == "sm_90a";
+      const Config c = codegen::untuned_config(f, arch);
+      CAPTURE(std::string(arch));
       CAPTURE(f.name);
       CAPTURE(causal);
       CAPTURE(c.to_json());
-      const auto g = codegen::generate_cuda(f, c, codegen::Target{});
+      const auto g = codegen::generate_cuda(f, c, codegen::Target::parse(arch));
       INFO(g.source);
-      CHECK(g.lowering == "tensor cores (wgmma)");
+      CHECK(g.lowering == (wg ? "tensor cores (wgmma)" : "tensor cores (mma.sync)"));
       CHECK(g.notes.empty());
-      const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
-      CHECK(std::regex_search(r.ptx, std::regex(R"(wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16)")));
+      const auto r = tj_test::nvrtc(g, arch, true, true);
+      CHECK(std::regex_search(r.ptx, std::regex(wg ? R"(wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16)"
+                                                   : R"(mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)")));
       INFO(r.log);
       CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
     }

@@ -418,6 +418,8 @@ const Kernel& softmax() { return kernels::softmax(); }
 const Kernel& vector_add() { return kernels::vector_add(); }
 const Kernel& readme_attention() { return examples::readme_attention(); }
 const Kernel& grouped_gemm() { return examples::grouped_gemm(); }
+const Kernel& attention_bwd_dkdv() { return examples::attention_bwd_dkdv(); }
+const Kernel& attention_bwd_dq() { return examples::attention_bwd_dq(); }
 
 constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, e4m3 = DType::e4m3;
 
@@ -590,6 +592,19 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
   run_case({"README attention f16, 4 stages", &readme_attention,
             {T(f16, s70), T(f16, s70), T(f16, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
             R"({"blocks":{"m":64,"n":16},"num_warps":4,"num_stages":4})", {}, false, "sm_80", mma});
+  // The attention backward: scores transposed so that P^T and dS^T feed the next dots as A
+  // fragments; causal and ragged.
+  const std::vector<int64_t> s80{1, 2, 80, 64}, r80{1, 2, 80};
+  for (bool causal : {false, true}) {
+    run_case({fmt::format("attention backward dK / dV, causal={}", causal), &attention_bwd_dkdv,
+              {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), T(bf16, s80),
+               RuntimeScalar{0.1f}, causal},
+              R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
+    run_case({fmt::format("attention backward dQ, causal={}", causal), &attention_bwd_dq,
+              {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80),
+               RuntimeScalar{0.1f}, causal},
+              R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
+  }
   run_case({"README attention e4m3 on sm_89", &readme_attention,
             {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});
