@@ -68,7 +68,8 @@ struct Case {
   size_t out = 0;
   double flops = 0;
   // (path, config JSON or "" for the library's default): "generic" is the user kernel through
-  // the generic lowering; "template" a library fast path for the same problem, run by `fast`.
+  // the generic lowering; "template" a library fast path for the same problem, run by `fast`; a
+  // path ending in "(sm_80)" is generated for sm_80 (mma.sync) and runs as PTX on this GPU.
   std::vector<std::pair<std::string, std::string>> paths;
 };
 
@@ -105,6 +106,7 @@ Case gemm_case(bool kn, int64_t M, int64_t N, int64_t K, uint64_t seed) {
   c.paths = {{"generic", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0}})"},
              {"generic persistent", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"persistent":1}})"},
              {"generic persistent raster", R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"persistent":1,"raster_group":8}})"}};
+  c.paths.push_back({"generic mma.sync (sm_80)", ""});
   if (!kn) c.paths.push_back({"template", ""});   // the GEMM pattern lowering takes this nest whole
   return c;
 }
@@ -199,6 +201,7 @@ int main(int argc, char** argv) {
           c.paths = {{"generic", ""},
                      {"generic", R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":3})"},
                      {"generic persistent", R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1}})"},
+                     {"generic mma.sync (sm_80)", ""},
                      {"template", ""}};
           cases.push_back(std::move(c));
         }
@@ -312,8 +315,11 @@ int main(int argc, char** argv) {
         // Compile once (a tuned or default config without `config`), then launch the compiled kernel.
         const auto specs = specs_for(*k, run_args, false);
         // Without a config: the library's default (template) or the generic lowering's untuned one.
-        const Config cfg = config ? *config : codegen::untuned_config(k->trace(specs), dev.arch());
+        const bool sm80 = path.size() >= 7 && path.compare(path.size() - 7, 7, "(sm_80)") == 0;
+        const std::string arch = sm80 ? "sm_80" : dev.arch();
+        const Config cfg = config ? *config : codegen::untuned_config(k->trace(specs), arch);
         CompileRequest req;
+        if (sm80) req.arch = arch;
         const CompiledKernel& ck = compile(*k, specs, cfg, req);
         const LaunchGeometry g = launch_geometry(ck, count_programs(*k, ck, run_args), dev.sm_count);
         LaunchOptions lo;

@@ -17,13 +17,14 @@ has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 LOGS=/tmp/dsl_logs
 source bench/common/steps.sh
 say "tilejit user kernels, phases: $PHASES"
-TESTS='gpu: user GEMMs on the tensor cores*,gpu: README attention on the tensor cores*,gpu: attention variants written as user code*,gpu: a launch whose dots stay*'
+TESTS='gpu: user GEMMs on the tensor cores*,gpu: README attention on the tensor cores*,gpu: attention variants written as user code*,gpu: a launch whose dots stay*,gpu: user kernels on mma.sync*,gpu: a grouped GEMM*'
 if has check; then
   step tests 300 $B/tilejit_tests -tc="$TESTS"
 fi
 if has sanitize; then
   step memcheck 240 compute-sanitizer --tool memcheck $B/tilejit_tests -tc="$TESTS"
   step racecheck 240 compute-sanitizer --tool racecheck $B/tilejit_tests -tc="gpu: README attention on the tensor cores*"
+  step racecheck_mma_sync 240 compute-sanitizer --tool racecheck $B/tilejit_tests -tc="gpu: user kernels on mma.sync*"
 fi
 if has bench; then
   # One bench_dsl run per group of cases, each with its own time limit (a hang costs one group).
