@@ -8,6 +8,7 @@
 //   a_frag_regs<N, bytes>       registers of the A fragments of N columns
 //   acc_to_a_bf16 / acc_to_a_f16 / acc_to_a_fp8
 //                               f32 accumulator registers -> A fragments (exact)
+//   fp8_pairs                   a thread's fp8 pairs of one 32-column step and row half
 //
 // Plain arithmetic and shuffles: compiled for every architecture, and on the host by the
 // emulated tests (tests/test_codegen_emulated.cpp), which supply the shuffles.
@@ -65,6 +66,17 @@ __device__ __forceinline__ void acc_to_a_f16(const float* d, unsigned* a) {
 // for byte b. A thread's accumulator columns in one 32-column step are
 // {2q, 2q+1, 8+2q, 9+2q, 16+2q, 17+2q, 24+2q, 25+2q} (q = t%4), so the exact conversion moves
 // bytes across the quad: 2 shuffles per row half and K step (N/8 shuffles in all).
+// x[j] = the fp8 pair (low byte first) of accumulator registers 16 c + 4 j + 2 h and its next:
+// columns 8 j + 2 q, + 1 (q = lane % 4) of 32-column step c, row half h.
+template <int T>
+__device__ __forceinline__ void fp8_pairs(const float* d, int c, int h, unsigned (&x)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float lo = d[16 * c + 4 * j + 2 * h], hv = d[16 * c + 4 * j + 2 * h + 1];
+    x[j] = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(lo, hv) : (unsigned)f32x2_to_e5m2x2(lo, hv);
+  }
+}
+
 template <int N, int T = WG_E4M3>
 __device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
   static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
@@ -83,12 +95,7 @@ __device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       unsigned x[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float lo = d[16 * c + 4 * j + 2 * h], hv = d[16 * c + 4 * j + 2 * h + 1];
-        x[j] = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(lo, hv)
-                              : (unsigned)f32x2_to_e5m2x2(lo, hv);
-      }
+      fp8_pairs<T>(d, c, h, x);
       const unsigned u = x[0] | (x[2] << 16);   // columns 8*0.., 8*2.. of this thread
       const unsigned v = x[1] | (x[3] << 16);   // columns 8*1.., 8*3..
       const unsigned r1 = __shfl_sync(0xffffffffu, odd ? v : u, src1);

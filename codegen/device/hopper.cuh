@@ -521,12 +521,7 @@ __device__ __forceinline__ void acc_to_a_fp8_kperm(const float* d, unsigned* a) 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       unsigned x[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float lo = d[16 * c + 4 * j + 2 * h], hv = d[16 * c + 4 * j + 2 * h + 1];
-        x[j] = (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(lo, hv)
-                              : (unsigned)f32x2_to_e5m2x2(lo, hv);
-      }
+      fp8_pairs<T>(d, c, h, x);
       a[4 * c + h] = x[0] | (x[1] << 16);
       a[4 * c + 2 + h] = x[2] | (x[3] << 16);
     }

@@ -196,14 +196,32 @@ TJ_DEV void b_frags(unsigned (&b)[4], const unsigned char* base, int j, int s) {
   }
 }
 
+// K step s of acc += A . B for RB row blocks: block r's A fragment at a + r * a_stride, B from
+// operand tile OB at b (mma_sync_ss / mma_sync_rs).
+template <int RB, int N, int TA, int TB, class OB>
+TJ_DEV void mma_k_step(float* acc, const unsigned* a, int a_stride, const unsigned char* b, int s) {
+  static_assert(!OB::mn_major || TB == WG_BF16 || TB == WG_F16, "MN-major tiles of 16-bit types only");
+  static_assert(N % 8 == 0, "n8 blocks");
+#pragma unroll
+  for (int j = 0; j < N / 8; j += 2) {
+    unsigned bf[4];
+    b_frags<OB, N>(bf, b, j, s);
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * j, a + r * a_stride, bf);
+      if (j + 1 < N / 8) mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * (j + 1), a + r * a_stride, bf + 2);
+    }
+  }
+}
+
 // The calling warp's share of acc += A [M x K] . B [K x N], where acc holds the registers of an
 // Mma<MmaArr<WR, 1>, M, N> tile (RB = M / (16 * WR) row blocks; warp w's block r is rows
-// 16 * (w + WR * r) ..) and both operands are K-major SmemOperands in shared memory (OA: rows M,
-// OB: rows N) at a and b; KS k steps of 32 bytes. accumulate = 0 overwrites acc with A . B.
+// 16 * (w + WR * r) ..) and both operands are SmemOperands in shared memory (OA: rows M, OB:
+// rows N; K-major, or MN-major for 16-bit types) at a and b; KS k steps of 32 bytes.
+// accumulate = 0 overwrites acc with A . B.
 template <int WR, int RB, int N, int KS, int TA, int TB, class OA, class OB>
 TJ_DEV void mma_sync_ss(float* acc, const unsigned char* a, const unsigned char* b, int accumulate) {
-  static_assert((!OA::mn_major && !OB::mn_major) || TA == WG_BF16 || TA == WG_F16, "MN-major tiles of 16-bit types only");
-  static_assert(N % 8 == 0, "n8 blocks");
+  static_assert(!OA::mn_major || TA == WG_BF16 || TA == WG_F16, "MN-major tiles of 16-bit types only");
   if (!accumulate) {
 #pragma unroll
     for (int i = 0; i < RB * N / 2; ++i) acc[i] = 0.0f;
@@ -214,40 +232,19 @@ TJ_DEV void mma_sync_ss(float* acc, const unsigned char* a, const unsigned char*
     unsigned af[RB][4];
 #pragma unroll
     for (int r = 0; r < RB; ++r) a_frag<OA>(af[r], a, 16 * (w + WR * r), s);
-#pragma unroll
-    for (int j = 0; j < N / 8; j += 2) {
-      unsigned bf[4];
-      b_frags<OB, N>(bf, b, j, s);
-#pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * j, af[r], bf);
-        if (j + 1 < N / 8) mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * (j + 1), af[r], bf + 2);
-      }
-    }
+    mma_k_step<RB, N, TA, TB, OB>(acc, &af[0][0], 4, b, s);
   }
 }
 
 // The same with A from registers: a[RB][KS][4], this thread's A fragments (tile_to_a_frag).
 template <int RB, int N, int KS, int TA, int TB, class OB>
 TJ_DEV void mma_sync_rs(float* acc, const unsigned* a, const unsigned char* b, int accumulate) {
-  static_assert(!OB::mn_major || TB == WG_BF16 || TB == WG_F16, "MN-major tiles of 16-bit types only");
-  static_assert(N % 8 == 0, "n8 blocks");
   if (!accumulate) {
 #pragma unroll
     for (int i = 0; i < RB * N / 2; ++i) acc[i] = 0.0f;
   }
 #pragma unroll
-  for (int s = 0; s < KS; ++s)
-#pragma unroll
-    for (int j = 0; j < N / 8; j += 2) {
-      unsigned bf[4];
-      b_frags<OB, N>(bf, b, j, s);
-#pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * j, a + (r * KS + s) * 4, bf);
-        if (j + 1 < N / 8) mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * (j + 1), a + (r * KS + s) * 4, bf + 2);
-      }
-    }
+  for (int s = 0; s < KS; ++s) mma_k_step<RB, N, TA, TB, OB>(acc, a + 4 * s, 4 * KS, b, s);
 }
 
 }  // namespace dev
