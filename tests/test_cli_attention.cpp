@@ -445,3 +445,23 @@ TEST_CASE("cli: the tilejit program wires `run attention`, `tune attention`, `be
     CHECK(r->output.find(": PASS") != std::string::npos);
   }
 }
+
+TEST_CASE("cli: --version, an unknown command, and sizes that are not whole numbers above 0") {
+  auto r = run_cli("--version");
+  if (!r) {
+    MESSAGE("the tilejit program is not where this build put it: skipped");
+    return;
+  }
+  CHECK(r->status == 0);
+  CHECK(r->output.rfind("tilejit 0.", 0) == 0);
+  r = run_cli("frobnicate");
+  CHECK(r->status == 2);
+  CHECK(r->output.find("tilejit: unknown command 'frobnicate' (commands: export, doctor, demo, show, run, bench, tune; "
+                       "tilejit --help)") != std::string::npos);
+  for (const char* bad : {"--seq 0", "--heads -3", "--batch 2x", "--head-dim 0"}) {
+    CAPTURE(std::string(bad));
+    r = run_cli(fmt::format("run attention {}", bad));
+    CHECK(r->status != 0);
+    CHECK(r->output.find("must be a whole number above 0, got") != std::string::npos);
+  }
+}

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -29,6 +30,18 @@ void add_problem_options(CLI::App* cmd, tj::tools::ProblemOptions& p) {
 }
 }  // namespace
 
+// Sizes: a whole number above 0 (CLI11's PositiveNumber names a range up to DBL_MAX).
+const CLI::Validator positive(
+    [](std::string& s) -> std::string {
+      size_t used = 0;
+      try {
+        if (std::stoll(s, &used) > 0 && used == s.size()) return "";
+      } catch (const std::exception&) {
+      }
+      return fmt::format("must be a whole number above 0, got {}", s);
+    },
+    "> 0");
+
 int main(int argc, char** argv) {
   // The tuner's benchmark worker (autotune/worker.h): `tilejit __tune-worker --fd N`, started
   // by the tuner, not by people.
@@ -48,6 +61,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"tilejit: a tile-level kernel language for C++ (trace -> CUDA C++ -> NVRTC -> GPU)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "tilejit " TILEJIT_VERSION);
   app.add_subcommand("export", "Write CUBINs + an LLVM-emitted launcher object + a C header for applications that "
                                "link only the CUDA driver (tilejit export --help)");
 
@@ -71,10 +85,12 @@ int main(int argc, char** argv) {
   run->add_flag("--no-check", no_check, "skip the CPU reference check");
   run->add_option("--repeats", repeats, "timed launches (median reported)")->capture_default_str();
   // `tilejit run attention`: the shape by its parts (the grid fills in B = 16384 / S, H = 2048 / D).
-  run->add_option("--batch", run_opts.batch, "attention: batch B (default 16384 / S with --seq)");
-  run->add_option("--heads", run_opts.heads, "attention: heads H (default 2048 / D with --head-dim)");
-  run->add_option("--seq", run_opts.seq, "attention: sequence length S (default 4096 when another of these is given)");
-  run->add_option("--head-dim", run_opts.head_dim, "attention: head dim D, 64/128/256 for e4m3/bf16/f16 (default 128)");
+  run->add_option("--batch", run_opts.batch, "attention: batch B (default 16384 / S with --seq)")->check(positive);
+  run->add_option("--heads", run_opts.heads, "attention: heads H (default 2048 / D with --head-dim)")->check(positive);
+  run->add_option("--seq", run_opts.seq, "attention: sequence length S (default 4096 when another of these is given)")
+      ->check(positive);
+  run->add_option("--head-dim", run_opts.head_dim, "attention: head dim D, 64/128/256 for e4m3/bf16/f16 (default 128)")
+      ->check(positive);
   run->add_flag("--hadamard", run_opts.hadamard, "attention e4m3: rotate Q and K by a Hadamard before quantizing");
   run->add_flag("--q-residual", run_opts.q_residual,
                 "attention e4m3: Q as e4m3 high + low parts (QK head dim 2D: more accurate, slower)");
@@ -132,6 +148,16 @@ int main(int argc, char** argv) {
   tune->add_option("--only", tune_cli.only,
                    "restrict a dimension of the space, e.g. --only num_warps=4 --only m=64,128 (repeatable)");
 
+  // A first word that names no command: say which ones there are (CLI11 would say that a
+  // subcommand is required).
+  if (argc >= 2 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::cerr << fmt::format("tilejit: unknown command '{}' (commands: {}; tilejit --help)\n", argv[1], fmt::join(names, ", "));
+      return 2;
+    }
+  }
   CLI11_PARSE(app, argc, argv);
 
   try {
