@@ -277,8 +277,8 @@ TEST_CASE("cli attention: run on a small shape passes its tolerance (the CPU ref
       CHECK(run_attention(o, CheckMode::always, 2) == 0);
     }
   ProblemOptions big = attention_opts("e4m3");
-  big.seq = 16384;   // too much for the CPU executor: says so, runs nothing, not an error
-  if (!tj_test::gpu_available()) CHECK(run_attention(big, CheckMode::never, 1) == 0);
+  big.seq = 16384;   // too much for the CPU executor: says so, runs nothing, exits kNothingRan
+  if (!tj_test::gpu_available()) CHECK(run_attention(big, CheckMode::never, 1) == tj::tools::kNothingRan);
 }
 
 TEST_CASE("cli bench attention: the shape grid and its option errors") {
@@ -464,4 +464,42 @@ TEST_CASE("cli: --version, an unknown command, and sizes that are not whole numb
     CHECK(r->status != 0);
     CHECK(r->output.find("must be a whole number above 0, got") != std::string::npos);
   }
+}
+
+TEST_CASE("cli: `run` says when nothing ran (exit 3), and refuses a shape host memory cannot hold") {
+  auto r = run_cli("run attention --dtype bf16 --seq 1000000000");
+  if (!r) {
+    MESSAGE("the tilejit program is not where this build put it: skipped");
+    return;
+  }
+  CHECK(r->status == 1);
+  CHECK(r->output.find("GiB of host memory for its inputs and output; this machine has") != std::string::npos);
+  CHECK(r->output.find("bad_alloc") == std::string::npos);
+  if (tj_test::gpu_available()) {
+    MESSAGE("a GPU is here: the no-GPU exit status is not reachable");
+    return;
+  }
+  r = run_cli("run attention --dtype bf16 --seq 4096");
+  CHECK(r->status == 3);
+  CHECK(r->output.find("nothing ran") != std::string::npos);
+  r = run_cli("run softmax --shape 64,1000 --no-check");
+  CHECK(r->status == 3);
+  CHECK(r->output.find("nothing ran") != std::string::npos);
+  CHECK(r->output.find("largest magnitude") == std::string::npos);
+  r = run_cli("run softmax --shape 64,1000");
+  CHECK(r->status == 0);
+  CHECK(r->output.find("ran the CPU reference executor only") != std::string::npos);
+}
+
+TEST_CASE("cli: `tune --help` does not offer --arch, which tune refuses with a reason") {
+  auto r = run_cli("tune --help");
+  if (!r) {
+    MESSAGE("the tilejit program is not where this build put it: skipped");
+    return;
+  }
+  CHECK(r->status == 0);
+  CHECK(r->output.find("--arch") == std::string::npos);
+  r = run_cli("tune attention --arch sm_80");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("tilejit: tune runs on this machine's GPU; --arch does not apply") != std::string::npos);
 }

@@ -4,6 +4,8 @@
 // shapes only), so the numerics can be looked at anywhere.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <future>
 
@@ -98,7 +100,7 @@ int run_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const Ho
     fmt::print("no GPU ({}): nothing ran. The CPU reference executor would need {:.2f} GFLOP for this shape (it runs up to "
                "{:.2f}; e.g. --shape 1,2,256,64)\n",
                why, p.flops() / 1e9, kCpuExecutorFlopLimit / 1e9);
-    return 0;
+    return kNothingRan;
   }
   if (p.hadamard || p.q_residual)
     fmt::print("note: --hadamard / --q-residual run on the GPU; the CPU reference executor runs the plain recipe\n");
@@ -124,6 +126,14 @@ int run_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const Ho
 int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
   AttentionProblem p = resolve_attention(o);
   if (repeats < 1) throw Error(fmt::format("--repeats must be at least 1, got {}", repeats));
+  // The random inputs and the output live in host memory first: refuse a shape they cannot fit.
+  const double elems = static_cast<double>(p.B) * p.H * p.S * p.D;
+  const double host_bytes = elems * (3 * size_bytes(p.source) + size_bytes(p.out));
+  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && host_bytes > 0.75 * phys)
+    throw Error(fmt::format("attention [{}, {}, {}, {}] needs {:.1f} GiB of host memory for its inputs and output; this "
+                            "machine has {:.1f} GiB: use a smaller --seq, --batch or --heads",
+                            p.B, p.H, p.S, p.D, host_bytes / (1ull << 30), phys / (1ull << 30)));
   fmt::print("attention [B, H, S, D] = [{}, {}, {}, {}]  {}{} -> {}{}\npath: {}\n", p.B, p.H, p.S, p.D, name(p.in),
              p.path == AttentionPath::fp8_pipeline ? " (quantized from random bf16)" : "", name(p.out), p.causal ? "  causal" : "",
              describe(p.path));
@@ -136,7 +146,8 @@ int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
     throw Error(fmt::format("--dtype e4m3 needs a GPU with FP8 (compute capability 8.9 or newer); {} is {}.{}", dev.name,
                             dev.cc_major, dev.cc_minor));
   if (!dev.supports_wgmma())
-    fmt::print("note: {} ({}) has no wgmma: attention_fp8 takes the SIMT path here (the tensor-core lowering needs sm_90a)\n",
+    fmt::print("note: {} ({}) has no wgmma: attention_fp8 runs on the generic tensor-core lowering's mma.sync path here "
+               "(the hand-tuned Hopper kernel needs sm_90a)\n",
                dev.name, dev.arch());
   std::string cfg_source = "--config";
   Config cfg = p.config ? *p.config : attention_config(p.in, p.out, p.shape(), p.causal, cfg_source);

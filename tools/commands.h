@@ -36,6 +36,9 @@ int show_knobs(const ProblemOptions& p);
 // `tilejit run`: run on the GPU and check against the CPU reference (CPU reference alone
 // without a GPU).
 enum class CheckMode { automatic, always, never };   // automatic: when the CPU can afford it
+// The exit status of a `run` that ran nothing: no GPU, and the CPU reference executor skipped (too
+// large, or --no-check). 0 is a run that passed, 1 an error or a failed check.
+constexpr int kNothingRan = 3;
 int run(const ProblemOptions& p, CheckMode check, int repeats);
 // `tilejit run attention --dtype e4m3|bf16|f16` (run() sends it there): the FP8 pipeline or the
 // 16-bit tensor-core path, checked against float64 of the unquantized inputs (tools/attention.h).

@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
   tj::tools::TuneCliOptions tune_cli;
   auto* tune = app.add_subcommand("tune", "Autotune a kernel for a problem on this GPU and remember the winner");
   add_problem_options(tune, tune_opts);
+  tune->get_option("--arch")->group("");   // not in its help: tune times this machine's GPU (an --arch is an error)
   tune->add_option("--effort", tune_cli.effort, "none (default config), quick, full, or exhaustive (every point, no budget)")
       ->capture_default_str();
   tune->add_option("--budget", tune_cli.budget_s, "time budget in seconds (default: quick 20, full 50, exhaustive none)");

@@ -69,6 +69,10 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
     else fmt::print("CPU reference: skipped ({:.1f} GFLOP is too much for the interpreter; --check forces it)\n", flops / 1e9);
   }
 
+  if (!have_gpu && !run_reference_too) {
+    fmt::print("no GPU ({}): nothing ran\n", runtime::driver().unavailable_reason());
+    return kNothingRan;
+  }
   if (!have_gpu) {
     fmt::print("no GPU ({}): ran the CPU reference executor only\n", runtime::driver().unavailable_reason());
     Comparison self = compare(reference, reference);
