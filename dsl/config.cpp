@@ -29,7 +29,9 @@ std::string Config::to_json() const {
   return j.dump();
 }
 
-Config Config::from_json(const std::string& text) {
+Config Config::from_json(const std::string& text) { return from_json(text, Config{}); }
+
+Config Config::from_json(const std::string& text, const Config& base) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -37,13 +39,18 @@ Config Config::from_json(const std::string& text) {
     throw Error(fmt::format("config is not valid JSON: {}", e.what()));
   }
   if (!j.is_object()) throw Error("config must be a JSON object like {\"blocks\":{\"m\":64},\"num_warps\":4}");
-  Config c;
+  Config c = base;
   try {
     for (auto& [key, value] : j.items()) {
-      if (key == "blocks") c.blocks = value.get<std::map<std::string, int64_t>>();
-      else if (key == "num_warps") c.num_warps = value.get<int>();
-      else if (key == "num_stages") c.num_stages = value.get<int>();
-      else if (key == "knobs") c.knobs = value.get<std::map<std::string, int64_t>>();
+      if (key == "blocks") {
+        for (const auto& [name, size] : value.get<std::map<std::string, int64_t>>()) c.blocks[name] = size;
+      } else if (key == "num_warps") {
+        c.num_warps = value.get<int>();
+      } else if (key == "num_stages") {
+        c.num_stages = value.get<int>();
+      } else if (key == "knobs") {
+        for (const auto& [name, v] : value.get<std::map<std::string, int64_t>>()) c.knobs[name] = v;
+      }
       else throw Error(fmt::format("config has an unknown key '{}' (known: blocks, num_warps, num_stages, knobs)", key));
     }
   } catch (const nlohmann::json::exception& e) {

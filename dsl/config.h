@@ -22,6 +22,9 @@ struct Config {
 
   std::string to_json() const;             // {"blocks":{"m":64},"num_warps":4,...}
   static Config from_json(const std::string& text);   // throws tj::Error on bad input
+  // The entries of `text` over `base`: blocks and knobs name by name, num_warps and num_stages
+  // where given (`tilejit --config` over a kernel's default).
+  static Config from_json(const std::string& text, const Config& base);
   bool operator==(const Config&) const = default;
 };
 

@@ -503,3 +503,15 @@ TEST_CASE("cli: `tune --help` does not offer --arch, which tune refuses with a r
   CHECK(r->status == 1);
   CHECK(r->output.find("tilejit: tune runs on this machine's GPU; --arch does not apply") != std::string::npos);
 }
+
+TEST_CASE("cli: --config's entries go over the kernel's default config, not instead of it") {
+  auto r = run_cli(R"(show attention --dtype bf16 --shape 1,2,256,64 --arch sm_90a --config '{"knobs":{"persistent":0}}')");
+  if (!r) {
+    MESSAGE("the tilejit program is not where this build put it: skipped");
+    return;
+  }
+  CHECK(r->status == 0);
+  // The untuned blocks, warps and the other knob stay; the one knob given changes.
+  CHECK(r->output.find(R"(config {"blocks":{"m":128,"n":128},"knobs":{"persistent":0,"raster_group":8},"num_stages":4,"num_warps":8})") !=
+        std::string::npos);
+}

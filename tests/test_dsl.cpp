@@ -351,7 +351,7 @@ TEST_CASE("dsl: the verifier rejects IR that breaks the rules") {
   }
 }
 
-TEST_CASE("config: JSON round trip and errors") {
+TEST_CASE("config: JSON round trip, entries over a base, and errors") {
   Config c;
   c.blocks = {{"m", 128}, {"n", 64}};
   c.num_warps = 8;
@@ -360,6 +360,14 @@ TEST_CASE("config: JSON round trip and errors") {
   CHECK_THROWS_WITH_AS(Config::from_json("{"), doctest::Contains("not valid JSON"), Error);
   CHECK_THROWS_WITH_AS(Config::from_json(R"({"warps": 4})"), doctest::Contains("unknown key 'warps'"), Error);
   CHECK_THROWS_WITH_AS(Config::from_json(R"({"num_warps": 64})"), doctest::Contains("num_warps must be in [1, 32]"), Error);
+  // Over a base: the given entries replace theirs, name by name; the rest stays.
+  const Config over = Config::from_json(R"({"blocks":{"n":32},"knobs":{"promote":1}})", c);
+  CHECK(over.blocks == std::map<std::string, int64_t>{{"m", 128}, {"n", 32}});
+  CHECK(over.knobs == std::map<std::string, int64_t>{{"cluster", 2}, {"promote", 1}});
+  CHECK(over.num_warps == 8);
+  CHECK(Config::from_json(R"({"num_stages":3})", c).num_stages == 3);
+  CHECK(Config::from_json("{}", c) == c);
+  CHECK_THROWS_WITH_AS(Config::from_json(R"({"num_warps": 0})", c), doctest::Contains("num_warps must be in [1, 32]"), Error);
   Kernel k = kernel("add", {"x", "out"}, [](In x, Out out) {
     for (auto i : tile(x.dim(0), block("n"))) out.store(i, x.load(i));
   });

@@ -152,7 +152,8 @@ AttentionProblem resolve_attention(const ProblemOptions& o) {
   p.hadamard = o.hadamard;
   p.q_residual = o.q_residual;
   if (!o.config.empty()) {
-    p.config = Config::from_json(o.config);
+    std::string source;   // --config's entries over the tuned or default config
+    p.config = Config::from_json(o.config, attention_config(p.in, p.out, p.shape(), p.causal, source));
     // Blocks the kernel does not have are a typo: say so before anything runs.
     kernels::Problem lp{p.in, p.out, p.shape(), p.causal};
     check_config(kernels::attention_fp8().trace(kernels::find("attention_fp8").arguments(lp)), *p.config);

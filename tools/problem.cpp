@@ -53,14 +53,12 @@ ResolvedProblem resolve(const ProblemOptions& o) {
   r.problem.causal = o.causal;
   r.specs = r.entry->arguments(r.problem);
   r.ir = r.entry->get().trace(r.specs);
-  if (!o.config.empty()) {
-    r.config = Config::from_json(o.config);
-  } else {
-    // The tuned config for this GPU and shape bucket when `tilejit tune` stored one.
-    std::optional<Config> tuned;
-    if (runtime::driver().available()) tuned = autotune::tuned_config(r.entry->get(), r.specs, false);
-    r.config = tuned ? *tuned : autotune::untuned_config(r.ir, default_arch(o.arch));
-  }
+  // The tuned config for this GPU and shape bucket when `tilejit tune` stored one, else the
+  // untuned one; --config's entries over it.
+  std::optional<Config> tuned;
+  if (runtime::driver().available()) tuned = autotune::tuned_config(r.entry->get(), r.specs, false);
+  r.config = tuned ? *tuned : autotune::untuned_config(r.ir, default_arch(o.arch));
+  if (!o.config.empty()) r.config = Config::from_json(o.config, r.config);
   check_config(r.ir, r.config);
   return r;
 }
