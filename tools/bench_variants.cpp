@@ -513,10 +513,11 @@ CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf, con
   }
   const bool masked = c.causal_flag || c.variant.has_value();
   const std::string variant_name = c.variant ? kernel->name() : std::string();
-  l.cfg16 = o.config_bf16.empty() ? kernels::attention_variant_default_config(variant_name, DType::bf16, c.D, masked, 0, c.S)
-                                  : Config::from_json(o.config_bf16);
-  l.cfg8 = o.config_fp8.empty() ? kernels::attention_variant_default_config(variant_name, DType::e4m3, c.D, masked, 0, c.S)
-                                : Config::from_json(o.config_fp8);
+  // --config-bf16 / --config-fp8: their entries over the default.
+  l.cfg16 = kernels::attention_variant_default_config(variant_name, DType::bf16, c.D, masked, 0, c.S);
+  if (!o.config_bf16.empty()) l.cfg16 = Config::from_json(o.config_bf16, l.cfg16);
+  l.cfg8 = kernels::attention_variant_default_config(variant_name, DType::e4m3, c.D, masked, 0, c.S);
+  if (!o.config_fp8.empty()) l.cfg8 = Config::from_json(o.config_fp8, l.cfg8);
   return l;
 }
 

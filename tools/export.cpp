@@ -346,8 +346,7 @@ int export_kernels(const ExportOptions& o) {
     if (!s.kernel.empty() && !kernel_names.count(s.kernel))
       throw Error(fmt::format("export: --shapes entry '{}' names kernel '{}', which is not being exported", s.text, s.kernel));
   }
-  std::optional<Config> forced;
-  if (!o.config.empty()) forced = Config::from_json(o.config);
+  if (!o.config.empty()) (void)Config::from_json(o.config);   // bad JSON fails before any work
   auto say = [&](const std::string& line) {
     if (!o.quiet) std::cout << line << "\n";
   };
@@ -409,26 +408,26 @@ int export_kernels(const ExportOptions& o) {
         v.spec = si;
         v.arch = arch;
         Config config;
-        if (forced) {
-          config = *forced;
-          v.note = "config given with --config";
+        std::string why;
+        std::optional<Tuned> tuned;
+        try {
+          tuned = tuned_for_export(k, spec.specs, spec.dynamic, ke.entry->arguments(spec.problem), arch, why);
+        } catch (const std::exception& e) {
+          why = fmt::format("cannot read the tuning cache: {}", e.what());
+        }
+        if (tuned) {
+          config = tuned->config;
+          v.note = tuned->from;
         } else {
-          std::string why;
-          std::optional<Tuned> tuned;
-          try {
-            tuned = tuned_for_export(k, spec.specs, spec.dynamic, ke.entry->arguments(spec.problem), arch, why);
-          } catch (const std::exception& e) {
-            why = fmt::format("cannot read the tuning cache: {}", e.what());
-          }
-          if (tuned) {
-            config = tuned->config;
-            v.note = tuned->from;
-          } else {
-            config = autotune::untuned_config(k.trace(spec.specs), arch);
-            v.note = "default config";
+          config = autotune::untuned_config(k.trace(spec.specs), arch);
+          v.note = "default config";
+          if (o.config.empty())
             warn(fmt::format("{} {} on {}: no tuned config ({}); using the default config {}", kname,
                              describe_specs(k, spec.specs), arch, why, config.to_json()));
-          }
+        }
+        if (!o.config.empty()) {   // --config's entries over it
+          config = Config::from_json(o.config, config);
+          v.note = "--config over the " + v.note;
         }
         CompileRequest req;
         req.arch = arch;

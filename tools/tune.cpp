@@ -54,7 +54,7 @@ int tune(const ProblemOptions& o, const TuneCliOptions& t) {
   opts.progress = true;
   opts.flops = flops;
   opts.seed = t.seed;
-  if (!o.config.empty()) opts.extra_candidates.push_back(Config::from_json(o.config));
+  if (!o.config.empty()) opts.extra_candidates.push_back(Config::from_json(o.config, r.config));   // over the default
   for (const auto& only : t.only) autotune::parse_only(only, opts.space);
 
   fmt::print("kernel {}  shape [{}]  {} -> {}{}  effort {}\n", r.entry->name, fmt::join(r.problem.shape, ", "),
