@@ -373,15 +373,16 @@ std::vector<TuningEntry> TuningCache::entries() const {
   return out;
 }
 
-void TuningCache::store(const TuningEntry& entry) const {
+bool TuningCache::store(const TuningEntry& entry) const {
   TuningEntry e = entry;
   if (e.created == 0)
     e.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  rewrite(path_, [&](std::map<std::string, TuningEntry>& entries) {
+  const bool written = rewrite(path_, [&](std::map<std::string, TuningEntry>& entries) {
     entries[e.key.str()] = e;
     return true;
   });
   g_generation.fetch_add(1);
+  return written;
 }
 
 bool TuningCache::remove(const TuningKey& key) const {

@@ -95,9 +95,10 @@ class TuningCache {
   // size, modification time or inode changes.
   std::optional<TuningEntry> lookup(const TuningKey& key) const;
   std::vector<TuningEntry> entries() const;
-  // Adds or replaces key's entry (locked read-merge-write, atomic replace). I/O failures
-  // print a warning and are otherwise ignored (the cache is an optimization).
-  void store(const TuningEntry& entry) const;
+  // Adds or replaces key's entry (locked read-merge-write, atomic replace); returns whether the
+  // file now holds it. I/O failures print a warning and are otherwise ignored (the cache is an
+  // optimization).
+  bool store(const TuningEntry& entry) const;
   // Removes key's entry; returns whether it was there.
   bool remove(const TuningKey& key) const;
 

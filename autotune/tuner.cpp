@@ -910,9 +910,8 @@ TuneResult Tuner::run() {
     int measured = 0;
     for (const auto& c : result.candidates) measured += c.status == Status::ok || c.status == Status::hopeless;
     e.candidates = measured;
-    cache.store(e);
+    result.stored = cache.store(e);   // false: the warning says why (a read-only cache, ...)
     clear_launch_plans();
-    result.stored = true;
   }
   result.seconds = seconds_since(start_);
   return result;

@@ -510,6 +510,19 @@ TEST_CASE("autotune cache: round trip, replace, remove") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("autotune cache: a store that cannot write says so and returns false") {
+  fs::path dir = scratch_dir("unwritable");
+  fs::create_directories(dir);
+  const fs::path blocker = dir / "a_file";
+  std::ofstream(blocker) << "not a directory";
+  TuningCache cache(blocker / "tuning.json");   // its directory would be a regular file
+  StderrCapture err;
+  CHECK_FALSE(cache.store(entry("a", 64, 1.0)));
+  CHECK(err.text().find("cannot write tuning cache " + (blocker / "tuning.json").string()) != std::string::npos);
+  CHECK(TuningCache(dir / "ok.json").store(entry("a", 64, 1.0)));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("autotune cache: corrupt and stale files are reported and ignored") {
   fs::path dir = scratch_dir("corrupt");
   fs::path file = dir / "tuning.json";

@@ -110,6 +110,7 @@ int tune(const ProblemOptions& o, const TuneCliOptions& t) {
   }
   for (const auto& n : res.notes) fmt::print("note: {}\n", n);
   if (res.stored) fmt::print("\nstored in {}\n", autotune::TuningCache::default_path().string());
+  else if (!t.no_store && !res.from_cache) fmt::print("\nnot stored (see the warning above)\n");
   fmt::print("best: {:.4f} ms ({:.2f} TFLOP/s), {:.2f}x the default\n", res.best_ms, tflops(res.best_ms),
              std::isfinite(res.reference_ms) ? res.reference_ms / res.best_ms : 0.0);
   fmt::print("{}\n", res.best.to_json());
