@@ -473,8 +473,12 @@ TEST_CASE("cli: `run` says when nothing ran (exit 3), and refuses a shape host m
     return;
   }
   CHECK(r->status == 1);
-  CHECK(r->output.find("GiB of host memory for its inputs and output; this machine has") != std::string::npos);
+  CHECK(r->output.find("tilejit: attention [1, 16, 1000000000, 128] needs 15258.8 GiB of host memory for its tensors; this "
+                       "machine has") != std::string::npos);
   CHECK(r->output.find("bad_alloc") == std::string::npos);
+  r = run_cli("run vector_add --shape 10000000000");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("tilejit: vector_add [10000000000] needs 223.5 GiB of host memory for its tensors") != std::string::npos);
   if (tj_test::gpu_available()) {
     MESSAGE("a GPU is here: the no-GPU exit status is not reachable");
     return;

@@ -4,8 +4,6 @@
 // shapes only), so the numerics can be looked at anywhere.
 #include <fmt/format.h>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <future>
 
@@ -19,6 +17,7 @@
 #include "runtime/jit.h"
 #include "runtime/reference.h"
 #include "tools/attention.h"
+#include "tools/problem.h"
 
 namespace tj::tools {
 
@@ -128,12 +127,8 @@ int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
   if (repeats < 1) throw Error(fmt::format("--repeats must be at least 1, got {}", repeats));
   // The random inputs and the output live in host memory first: refuse a shape they cannot fit.
   const double elems = static_cast<double>(p.B) * p.H * p.S * p.D;
-  const double host_bytes = elems * (3 * size_bytes(p.source) + size_bytes(p.out));
-  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (phys > 0 && host_bytes > 0.75 * phys)
-    throw Error(fmt::format("attention [{}, {}, {}, {}] needs {:.1f} GiB of host memory for its inputs and output; this "
-                            "machine has {:.1f} GiB: use a smaller --seq, --batch or --heads",
-                            p.B, p.H, p.S, p.D, host_bytes / (1ull << 30), phys / (1ull << 30)));
+  check_host_memory(elems * (3 * size_bytes(p.source) + size_bytes(p.out)),
+                    fmt::format("attention [{}, {}, {}, {}]", p.B, p.H, p.S, p.D));
   fmt::print("attention [B, H, S, D] = [{}, {}, {}, {}]  {}{} -> {}{}\npath: {}\n", p.B, p.H, p.S, p.D, name(p.in),
              p.path == AttentionPath::fp8_pipeline ? " (quantized from random bf16)" : "", name(p.out), p.causal ? "  causal" : "",
              describe(p.path));

@@ -6,6 +6,7 @@
 #include "runtime/driver.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <charconv>
 #include <cmath>
@@ -139,6 +140,25 @@ double default_tolerance(DType out) {
     case DType::bf16: return 2e-2;
     default: return 0.13;
   }
+}
+
+void check_host_memory(double bytes, const std::string& what) {
+  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && bytes > 0.75 * phys)
+    throw Error(fmt::format("{} needs {:.1f} GiB of host memory for its tensors; this machine has {:.1f} GiB: use a smaller "
+                            "shape",
+                            what, bytes / (1ull << 30), phys / (1ull << 30)));
+}
+
+double tensor_bytes(const std::vector<ArgSpec>& specs) {
+  double bytes = 0;
+  for (const ArgSpec& s : specs)
+    if (const auto* t = std::get_if<TensorSpec>(&s)) {
+      double n = size_bytes(t->dtype);
+      for (int64_t d : t->shape) n *= static_cast<double>(std::max<int64_t>(d, 1));
+      bytes += n;
+    }
+  return bytes;
 }
 
 }  // namespace tj::tools

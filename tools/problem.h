@@ -59,4 +59,10 @@ double default_tolerance(DType out);    // relative to the largest reference mag
 namespace tj::tools {
 // The architecture to compile for: the requested one, the GPU's, or sm_90a without a GPU.
 std::string default_arch(const std::string& requested);
+
+// Throws tj::Error when `bytes` of host memory for `what` ("attention [1, 16, 4096, 128]") would not
+// fit in this machine's memory (a clear limit instead of std::bad_alloc).
+void check_host_memory(double bytes, const std::string& what);
+// The bytes of a problem's tensors (its specs' shapes and dtypes).
+double tensor_bytes(const std::vector<ArgSpec>& specs);
 }  // namespace tj::tools

@@ -46,6 +46,13 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
     o.batch = o.heads = o.seq = o.head_dim = 0;
   }
   ResolvedProblem r = resolve(o);
+  const double bytes = tensor_bytes(r.specs);
+  check_host_memory(2 * bytes, fmt::format("{} [{}]", r.entry->name, fmt::join(r.problem.shape, ", ")));   // + the reference's copy
+  // Long preparations say what they are doing (random inputs for a billion elements take a while).
+  if (bytes > 256e6) {
+    fmt::print("preparing {:.1f} GB of random inputs ...\n", bytes / 1e9);
+    std::fflush(stdout);
+  }
   std::mt19937 rng(20261121);
   HostArguments host = make_host_arguments(r, rng);
   const int out = out_tensor(r, host);
@@ -58,6 +65,10 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
 
   HostTensor reference = host.tensors[out];
   if (run_reference_too) {
+    if (flops > 1e9 || bytes > 256e6) {
+      fmt::print("CPU reference executor: {:.1f} GFLOP on {:.1f} GB ...\n", flops / 1e9, bytes / 1e9);
+      std::fflush(stdout);
+    }
     std::vector<HostTensor> ref_inputs = host.tensors;
     auto t0 = std::chrono::steady_clock::now();
     run_reference(r.ir, r.config, reference_arguments(r, views(ref_inputs)));
