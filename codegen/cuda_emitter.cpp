@@ -67,6 +67,12 @@ void Emitter::analyze() {
       ++uses_[c->operands[0]];
       o->value = c->operands[0];
     }
+  // Scalar indices that can leave a static dim (every load and store, staged ones too).
+  ir::walk(f_.body, [&](const Op& op, int) {
+    if (op.kind != OpKind::load && op.kind != OpKind::store) return;
+    for (size_t d = 0; d < op.indices.size(); ++d)
+      if (op.indices[d].kind == ir::Index::Kind::scalar) check_scalar_index(op, static_cast<int>(d), range(op.operands[d]));
+  });
   // Dead code: pure ops whose results are never used free their operands, to a fixpoint.
   std::set<const Op*> dead;
   for (bool changed = true; changed;) {
@@ -155,6 +161,19 @@ void Emitter::compute_range(const Op& op) {
     }
     default: break;
   }
+}
+
+// A scalar index whose range, from the launch's and loops' static bounds, leaves a static dim is
+// a mistake (a head index over q's heads used on k with fewer): such an element reads 0 and a
+// store there is dropped, a silently wrong answer. Say so at the user's line.
+void Emitter::check_scalar_index(const Op& op, int d, const Range& r) const {
+  const ir::Param& p = f_.params.at(op.param);
+  const int64_t dim = p.static_shape[d];
+  if (dim < 0 || !r.known_lo() || !r.known_hi() || (r.lo >= 0 && r.hi < dim)) return;
+  throw Error(fmt::format("kernel '{}': the {} at {} indexes dim {} of '{}' (size {}) with a scalar that ranges over [{}, {}]: "
+                          "past the dim an element would read 0 and a store would be dropped. Index within the dim (e.g. "
+                          "a grouped-query head as h / (H / Hkv))",
+                          f_.name, op.kind == OpKind::store ? "store" : "load", op.loc.str(), d, p.name, dim, r.lo, r.hi));
 }
 
 bool Emitter::provably_inside(int start, int64_t extent, int64_t dim) const {

@@ -175,6 +175,8 @@ class Emitter {
   std::string cast_expr(DType from, DType to, const std::string& x) const;
   // Is `start + [0, extent)` provably inside [0, dim) for a static dim?
   bool provably_inside(int start, int64_t extent, int64_t dim) const;
+  // Throws at the op's line when scalar index d of load / store `op`, of range r, can leave its dim.
+  void check_scalar_index(const Op& op, int d, const Range& r) const;
   std::string define(int v, const std::string& expr, const ir::SourceLoc& loc);
   // Interval [lo, hi] (C++ expressions) of an integer tile made of aranges, broadcasts, casts,
   // sums and differences of them and scalars; nothing for other values.
