@@ -30,7 +30,7 @@ optional=("fp8_gemm:256,512,128@e4m3" "attention_fp8:1,2,256,64@e4m3")
 for entry in "${optional[@]}"; do
   k="${entry%%:*}"
   grep -q "\"$k\"" kernels/library.cpp || continue
-  if "$EXPORT" "$k" --arch "$ARCH" --shapes "$entry" --causal both -q -o .embed/probe > .embed/probe.log 2>&1; then
+  if "$EXPORT" "$k" --arch "$ARCH" --shapes "$entry" --both -q -o .embed/probe > .embed/probe.log 2>&1; then
     kernels+=("$k"); shapes+=("$entry")
   else
     echo "embed_bundle: leaving out $k: it does not export for $ARCH:" >&2
@@ -38,7 +38,7 @@ for entry in "${optional[@]}"; do
   fi
 done
 rm -rf .embed/probe .embed/probe.log
-"$EXPORT" "${kernels[@]}" --arch "$ARCH" --shapes "${shapes[@]}" --causal both --test-data -o .embed/export
+"$EXPORT" "${kernels[@]}" --arch "$ARCH" --shapes "${shapes[@]}" --both --test-data -o .embed/export
 rm -rf .embed/cache
 
 cc -std=c11 -O2 -Wall -Wextra -I.embed/export -I"$CUDA_HOME/include" examples/embed/embed_example.c \

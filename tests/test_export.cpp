@@ -857,7 +857,7 @@ TEST_CASE("export: tilejit export writes headers, objects, a library and test da
   std::string log;
   // `tilejit export` runs tilejit-export.
   REQUIRE(run(fmt::format("{} export vector_add attention --arch sm_90a --shapes vector_add:dynamic=1000 vector_add:4096 "
-                          "attention:1,2,128,64 --causal both --test-data --emit-llvm -o {}",
+                          "attention:1,2,128,64 --both --test-data --emit-llvm -o {}",
                           TJ_CLI_EXE, out.string()),
               &log) == 0);
   INFO(log);
@@ -950,11 +950,16 @@ TEST_CASE("export: specializations take the tuned config for their architecture 
   CHECK(readme.find("sm_90a x=f32[4000] y=f32[4000] out=f32[4000]  config {\"blocks\":{\"n\":256},\"num_stages\":2,"
                     "\"num_warps\":2} (tuned on NVIDIA H100 80GB HBM3 (cc 9.0)") != std::string::npos);
   CHECK(readme.find("sm_80 x=f32[4000] y=f32[4000] out=f32[4000]  config {\"blocks\":{\"n\":64}") != std::string::npos);
-  // --config overrides the cache.
+  // --config's entries go over the cache's config: the block changes, its 2 warps stay.
   o.config = R"({"blocks":{"n":32}})";
   o.archs = "sm_90a";
   CHECK(tools::export_kernels(o) == 0);
-  CHECK(read(dir / "out" / "README.md").find(R"({"blocks":{"n":32})") != std::string::npos);
+  CHECK(read(dir / "out" / "README.md").find(R"(config {"blocks":{"n":32},"num_stages":2,"num_warps":2} (--config over the tuned)") !=
+        std::string::npos);
+  // Attention's mask variants are chosen as `bench attention` chooses them: one of three flags.
+  o.causal = o.both = true;
+  CHECK_THROWS_WITH_AS(tools::export_kernels(o),
+                       "export: --causal, --non-causal and --both choose attention's mask variants: give at most one", Error);
   if (old) ::setenv("TILEJIT_CACHE_DIR", saved.c_str(), 1);
   else ::unsetenv("TILEJIT_CACHE_DIR");
   fs::remove_all(dir);

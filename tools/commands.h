@@ -102,7 +102,9 @@ struct ExportOptions {
   std::vector<std::string> shapes;             // [KERNEL:]DIMS|dynamic[@DTYPE]
   std::string dtypes = "f32";                  // comma-separated
   std::string out_dtype;
-  std::string causal = "off";                  // off, on, both
+  // Attention's mask variants, spelled as `bench attention` spells them: --causal (causal only),
+  // --non-causal (the default), --both; at most one.
+  bool causal = false, non_causal = false, both = false;
   std::string config;                          // JSON forced for every specialization
   std::string out_dir;
   std::string lib_name = "tilejit_exports";

@@ -309,7 +309,9 @@ void add_export_options(CLI::App* cmd, ExportOptions& o) {
   cmd->add_option("--dtype", o.dtypes, "input element types, comma-separated (f32, f16, bf16, e4m3, e5m2)")
       ->capture_default_str();
   cmd->add_option("--out-dtype", o.out_dtype, "output element type (default: the input's; bf16 for fp8)");
-  cmd->add_option("--causal", o.causal, "causal variants of attention: off, on or both")->capture_default_str();
+  cmd->add_flag("--causal", o.causal, "attention: the causal variant only");
+  cmd->add_flag("--non-causal", o.non_causal, "attention: the non-causal variant only (the default)");
+  cmd->add_flag("--both", o.both, "attention: causal and non-causal variants");
   cmd->add_option("--config", o.config, "force this config JSON for every specialization (default: the tuning cache's)");
   cmd->add_option("-o,--output", o.out_dir, "output directory")->required();
   cmd->add_option("--lib", o.lib_name, "name of the static library and the aggregate header")->capture_default_str();
@@ -334,11 +336,9 @@ int export_kernels(const ExportOptions& o) {
   for (const auto& d : dtype_names) dtypes.push_back(parse_dtype(d, "--dtype"));
   std::optional<DType> out_dtype;
   if (!o.out_dtype.empty()) out_dtype = parse_dtype(o.out_dtype, "--out-dtype");
-  std::vector<bool> causal_values;
-  if (o.causal == "off") causal_values = {false};
-  else if (o.causal == "on") causal_values = {true};
-  else if (o.causal == "both") causal_values = {false, true};
-  else throw Error(fmt::format("export: --causal must be off, on or both, got '{}'", o.causal));
+  if (int(o.causal) + int(o.non_causal) + int(o.both) > 1)
+    throw Error("export: --causal, --non-causal and --both choose attention's mask variants: give at most one");
+  const std::vector<bool> causal_values = o.both ? std::vector<bool>{false, true} : std::vector<bool>{o.causal};
   std::vector<ShapeSpec> shape_specs;
   for (const auto& s : o.shapes) shape_specs.push_back(parse_shape_spec(s));
   std::set<std::string> kernel_names(o.kernels.begin(), o.kernels.end());
