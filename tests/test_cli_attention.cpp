@@ -509,13 +509,27 @@ TEST_CASE("cli: `tune --help` does not offer --arch, which tune refuses with a r
 }
 
 TEST_CASE("cli: --config's entries go over the kernel's default config, not instead of it") {
-  auto r = run_cli(R"(show attention --dtype bf16 --shape 1,2,256,64 --arch sm_90a --config '{"knobs":{"persistent":0}}')");
+  auto r = run_cli(R"(show gemm --dtype bf16 --shape 512,512,512 --arch sm_90a --config '{"num_stages":3}')");
   if (!r) {
     MESSAGE("the tilejit program is not where this build put it: skipped");
     return;
   }
   CHECK(r->status == 0);
-  // The untuned blocks, warps and the other knob stay; the one knob given changes.
-  CHECK(r->output.find(R"(config {"blocks":{"m":128,"n":128},"knobs":{"persistent":0,"raster_group":8},"num_stages":4,"num_warps":8})") !=
+  // The untuned blocks, warps and knob stay; the stages given change.
+  CHECK(r->output.find(R"(config {"blocks":{"k":64,"m":128,"n":256},"knobs":{"cluster":2},"num_stages":3,"num_warps":4})") !=
         std::string::npos);
+}
+
+TEST_CASE("cli: `show attention` with 16-bit or fp8 inputs shows attention_fp8, the kernel run and tune take") {
+  auto r = run_cli("show attention --dtype bf16 --shape 1,2,256,64 --arch sm_90a");
+  if (!r) {
+    MESSAGE("the tilejit program is not where this build put it: skipped");
+    return;
+  }
+  CHECK(r->status == 0);
+  CHECK(r->output.find("attention with bf16 inputs is attention_fp8 on the tensor cores (as tilejit run and tune take it)") !=
+        std::string::npos);
+  CHECK(r->output.find("// tilejit: kernel attention_fp8 for sm_90a") != std::string::npos);
+  r = run_cli("show attention --dtype f32 --shape 1,2,256,64 --arch sm_90a");
+  CHECK(r->output.find("// tilejit: kernel attention for sm_90a") != std::string::npos);
 }
