@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <future>
+#include <optional>
 
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
@@ -93,14 +94,18 @@ bool report_check(const AttentionProblem& p, const AttentionAccuracy& a, const R
   return ok;
 }
 
+// Without a GPU, a problem above the CPU executor's budget runs nothing: say so (before any input
+// is made) and return kNothingRan; else nullopt.
+std::optional<int> nothing_to_run(const AttentionProblem& p) {
+  if (runtime::driver().available() || p.flops() <= kCpuExecutorFlopLimit) return std::nullopt;
+  fmt::print("no GPU ({}): nothing ran. The CPU reference executor would need {:.2f} GFLOP for this shape (it runs up to "
+             "{:.2f}; e.g. --shape 1,2,256,64)\n",
+             runtime::driver().unavailable_reason(), p.flops() / 1e9, kCpuExecutorFlopLimit / 1e9);
+  return kNothingRan;
+}
+
 int run_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const HostTensor& k, const HostTensor& v, CheckMode check) {
   const std::string why = runtime::driver().unavailable_reason();
-  if (p.flops() > kCpuExecutorFlopLimit) {
-    fmt::print("no GPU ({}): nothing ran. The CPU reference executor would need {:.2f} GFLOP for this shape (it runs up to "
-               "{:.2f}; e.g. --shape 1,2,256,64)\n",
-               why, p.flops() / 1e9, kCpuExecutorFlopLimit / 1e9);
-    return kNothingRan;
-  }
   if (p.hadamard || p.q_residual)
     fmt::print("note: --hadamard / --q-residual run on the GPU; the CPU reference executor runs the plain recipe\n");
   Config cfg = p.config ? *p.config : kernels::attention_variant_default_config("", p.in, p.D, p.causal, 0, p.S);
@@ -132,6 +137,7 @@ int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
   fmt::print("attention [B, H, S, D] = [{}, {}, {}, {}]  {}{} -> {}{}\npath: {}\n", p.B, p.H, p.S, p.D, name(p.in),
              p.path == AttentionPath::fp8_pipeline ? " (quantized from random bf16)" : "", name(p.out), p.causal ? "  causal" : "",
              describe(p.path));
+  if (const std::optional<int> status = nothing_to_run(p)) return *status;
   const HostTensor q = random_normal(p.source, p.shape(), 1), k = random_normal(p.source, p.shape(), 2),
                    v = random_normal(p.source, p.shape(), 3);
   if (!runtime::driver().available()) return run_on_cpu_executor(p, q, k, v, check);

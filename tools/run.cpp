@@ -48,6 +48,18 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
   ResolvedProblem r = resolve(o);
   const double bytes = tensor_bytes(r.specs);
   check_host_memory(2 * bytes, fmt::format("{} [{}]", r.entry->name, fmt::join(r.problem.shape, ", ")));   // + the reference's copy
+  const double flops = r.entry->flops(r.problem);
+  const bool have_gpu = runtime::driver().available();
+  const bool run_reference_too =
+      check == CheckMode::always || (check == CheckMode::automatic && flops <= kReferenceFlopLimit);
+  fmt::print("kernel {}  shape [{}]  {}{}  config {}\n", r.entry->name, fmt::join(r.problem.shape, ", "), name(r.problem.dtype),
+             r.problem.causal ? "  causal" : "", r.config.to_json());
+  if (!have_gpu && !run_reference_too) {   // said before any input is made
+    if (check == CheckMode::never) fmt::print("CPU reference: skipped (--no-check)\n");
+    else fmt::print("CPU reference: skipped ({:.1f} GFLOP is too much for the interpreter; --check forces it)\n", flops / 1e9);
+    fmt::print("no GPU ({}): nothing ran\n", runtime::driver().unavailable_reason());
+    return kNothingRan;
+  }
   // Long preparations say what they are doing (random inputs for a billion elements take a while).
   if (bytes > 256e6) {
     fmt::print("preparing {:.1f} GB of random inputs ...\n", bytes / 1e9);
@@ -56,12 +68,6 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
   std::mt19937 rng(20261121);
   HostArguments host = make_host_arguments(r, rng);
   const int out = out_tensor(r, host);
-  const double flops = r.entry->flops(r.problem);
-  const bool have_gpu = runtime::driver().available();
-  const bool run_reference_too =
-      check == CheckMode::always || (check == CheckMode::automatic && flops <= kReferenceFlopLimit);
-  fmt::print("kernel {}  shape [{}]  {}{}  config {}\n", r.entry->name, fmt::join(r.problem.shape, ", "), name(r.problem.dtype),
-             r.problem.causal ? "  causal" : "", r.config.to_json());
 
   HostTensor reference = host.tensors[out];
   if (run_reference_too) {
@@ -80,10 +86,6 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
     else fmt::print("CPU reference: skipped ({:.1f} GFLOP is too much for the interpreter; --check forces it)\n", flops / 1e9);
   }
 
-  if (!have_gpu && !run_reference_too) {
-    fmt::print("no GPU ({}): nothing ran\n", runtime::driver().unavailable_reason());
-    return kNothingRan;
-  }
   if (!have_gpu) {
     fmt::print("no GPU ({}): ran the CPU reference executor only\n", runtime::driver().unavailable_reason());
     Comparison self = compare(reference, reference);
