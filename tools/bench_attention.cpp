@@ -149,7 +149,7 @@ int bench_attention(const BenchAttentionOptions& o) {
   bool all_ok = true;
   fmt::print("{}\n{} shapes; {} timed launches each (median), {} warm-ups\n", header[0], shapes.size(), o.reps, o.warmup);
   if (!dev.supports_wgmma())
-    notes.push_back(fmt::format("{} has no wgmma: attention_fp8 ran its SIMT path (the tensor-core lowering needs sm_90a)", dev.name));
+    notes.push_back(fmt::format("{} has no wgmma: attention_fp8 ran on the generic tensor-core lowering's mma.sync path (the hand-tuned Hopper kernel needs sm_90a)", dev.name));
   {
     int64_t n = 0;
     for (const auto& s : shapes) n = std::max(n, s.B * s.H * s.S * s.D);

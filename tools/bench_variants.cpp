@@ -732,7 +732,7 @@ int bench_variants(const BenchVariantsOptions& o) {
   bool all_ok = true;
   fmt::print("{}\n{} cases; {} timed launches each (median), {} warm-ups\n", header[0], cases.size(), o.reps, o.warmup);
   if (!dev.supports_wgmma())
-    notes.push_back(fmt::format("{} has no wgmma: the kernels ran their SIMT path (the tensor-core lowering needs sm_90a)", dev.name));
+    notes.push_back(fmt::format("{} has no wgmma: the kernels ran on the generic tensor-core lowering's mma.sync path where their dots fit, else SIMT (the hand-tuned Hopper kernels need sm_90a)", dev.name));
   {
     auto t0 = std::chrono::steady_clock::now();
     int64_t n = 0, heads = 0;
