@@ -572,6 +572,32 @@ std::string stride_of(const ir::Param& p, const std::string& tensor, int d) {
   return s >= 0 ? int_literal(s, DType::i64) : fmt::format("{}.stride[{}]", tensor, d);
 }
 
+std::string Emitter::loop_step(const Op& loop) const {
+  return loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
+}
+
+std::string Emitter::dim_limit(int param, int d) const {
+  const int64_t dim = f_.params.at(param).static_shape[d];
+  return dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", names_param_.at(param), d);
+}
+
+std::pair<std::string, std::string> Emitter::scalar_index_terms(const Op& op,
+                                                                const std::function<std::string(int)>& val) const {
+  const ir::Param& p = f_.params.at(op.param);
+  std::vector<std::string> offsets, oks;
+  for (size_t d = 0; d < op.indices.size(); ++d) {
+    if (op.indices[d].kind != ir::Index::Kind::scalar) continue;
+    const int idx = op.operands[d];
+    const Range r = range(idx);   // a value's range holds in every iteration
+    if (!(r.constant() && r.lo == 0))
+      offsets.push_back(fmt::format("{} * {}", val(idx), stride_of(p, names_param_.at(op.param), static_cast<int>(d))));
+    if (!provably_inside(idx, 1, p.static_shape[d]))
+      oks.push_back(fmt::format("tj::dev::in_range({}, {})", val(idx), dim_limit(op.param, static_cast<int>(d))));
+  }
+  return {offsets.empty() ? "0" : fmt::format("{}", fmt::join(offsets, " + ")),
+          oks.empty() ? "true" : fmt::format("{}", fmt::join(oks, " && "))};
+}
+
 void Emitter::emit_memory(const Op& op) {
   const ir::Param& p = f_.params.at(op.param);
   const std::string& T = names_param_.at(op.param);
@@ -581,23 +607,13 @@ void Emitter::emit_memory(const Op& op) {
     int start;
     int64_t extent;
   };
-  std::vector<std::string> offsets, oks;
   std::vector<TileDim> tile_dims;
   for (size_t d = 0; d < op.indices.size(); ++d) {
-    const int idx = op.operands[d];
-    const int64_t dim = p.static_shape[d];
-    const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, d);
-    if (op.indices[d].kind == ir::Index::Kind::scalar) {
-      Range r = range(idx);
-      if (!(r.constant() && r.lo == 0)) offsets.push_back(fmt::format("{} * {}", ref(idx), stride_of(p, T, static_cast<int>(d))));
-      if (!provably_inside(idx, 1, dim)) oks.push_back(fmt::format("tj::dev::in_range({}, {})", ref(idx), limit));
-    } else {
-      int64_t extent = op.indices[d].kind == ir::Index::Kind::block ? cfg_.block(f_, op.indices[d].block_id) : dim;
-      tile_dims.push_back({static_cast<int>(d), idx, extent});
-    }
+    if (op.indices[d].kind == ir::Index::Kind::scalar) continue;
+    const int64_t extent = op.indices[d].kind == ir::Index::Kind::block ? cfg_.block(f_, op.indices[d].block_id) : p.static_shape[d];
+    tile_dims.push_back({static_cast<int>(d), op.operands[d], extent});
   }
-  std::string offset = offsets.empty() ? "0" : fmt::format("{}", fmt::join(offsets, " + "));
-  std::string ok = oks.empty() ? "true" : fmt::format("{}", fmt::join(oks, " && "));
+  auto [offset, ok] = scalar_index_terms(op, [&](int v) { return ref(v); });
   const std::string E = dtag(p.dtype);
 
   if (tile_dims.empty()) {
@@ -633,8 +649,7 @@ void Emitter::emit_memory(const Op& op) {
     const TileDim& td = tile_dims[t];
     const int axis = L.axis_of_dim(static_cast<int>(t));
     const int64_t dim = p.static_shape[td.tensor_dim];
-    const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, td.tensor_dim);
-    spans[axis] = fmt::format("{{{}, {}, {}}}", ref(td.start), stride_of(p, T, td.tensor_dim), limit);
+    spans[axis] = fmt::format("{{{}, {}, {}}}", ref(td.start), stride_of(p, T, td.tensor_dim), dim_limit(op.param, td.tensor_dim));
     checks[axis] = !provably_inside(td.start, td.extent, dim);
   }
   if (is_store && op.ival == 1) {

@@ -122,24 +122,15 @@ void Emitter::emit_copy(const StagedLoad& s, const std::string& slot, const std:
   const ir::Param& p = f_.params.at(op.param);
   const std::string& T = names_param_.at(op.param);
   auto val = [&](int v) { return iteration.empty() ? ref(v) : ahead_expr(v, *s.home, iteration); };
-  std::vector<std::string> offsets, oks, spans;   // spans: the slot's rows, then their bytes
+  const auto [offset, ok] = scalar_index_terms(op, val);
+  std::vector<std::string> spans;   // the slot's rows, then their bytes
   for (size_t d = 0; d < op.indices.size(); ++d) {
-    const int64_t dim = p.static_shape[d];
-    const std::string limit = dim >= 0 ? int_literal(dim, DType::i64) : fmt::format("{}.shape[{}]", T, d);
-    if (op.indices[d].kind == ir::Index::Kind::scalar) {
-      const std::string idx = val(op.operands[d]);
-      if (!(range(op.operands[d]).constant() && range(op.operands[d]).lo == 0))
-        offsets.push_back(fmt::format("{} * {}", idx, stride_of(p, T, static_cast<int>(d))));
-      // (A value's range holds in every iteration: ahead too.)
-      if (!provably_inside(op.operands[d], 1, dim)) oks.push_back(fmt::format("tj::dev::in_range({}, {})", idx, limit));
-    } else {
-      const std::string start = op.indices[d].kind == ir::Index::Kind::all ? "0LL" : val(op.operands[d]);
-      spans.push_back(fmt::format("{{{}, {}, {}}}", start, stride_of(p, T, static_cast<int>(d)), limit));
-    }
+    if (op.indices[d].kind == ir::Index::Kind::scalar) continue;
+    const std::string start = op.indices[d].kind == ir::Index::Kind::all ? "0LL" : val(op.operands[d]);
+    spans.push_back(fmt::format("{{{}, {}, {}}}", start, stride_of(p, T, static_cast<int>(d)), dim_limit(op.param, static_cast<int>(d))));
   }
   line(fmt::format("tj::dev::copy_operand<{}, {}, {}>({}, {}.data, {}, {}, {}, {});", dtag(p.dtype), operand_type(s.tile),
-                   plan_.threads, slot, T, offsets.empty() ? "0" : fmt::format("{}", fmt::join(offsets, " + ")),
-                   oks.empty() ? "true" : fmt::format("{}", fmt::join(oks, " && ")), spans.at(0), spans.at(1)),
+                   plan_.threads, slot, T, offset, ok, spans.at(0), spans.at(1)),
        &op.loc);
 }
 
@@ -147,8 +138,7 @@ void Emitter::emit_ring_prologue(const Op& loop) {
   if (const auto rings = copy_rings(loop); !rings.empty()) {
     // mma.sync: the first stages - 1 iterations' tiles, one cp.async group per iteration.
     const int S = rings[0]->stages;
-    const std::string step =
-        loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
+    const std::string step = loop_step(loop);
     line("tj::dev::sync_threads();   // every warp is done with the slots' last contents", &loop.loc);
     line("{");
     ++indent_;
@@ -175,8 +165,7 @@ void Emitter::emit_ring_prologue(const Op& loop) {
     const int i = staged_index(s);
     line(fmt::format("const unsigned tj_first{} = tj_use{};   // ring {}: this run of the loop's first use", i, i, i));
     if (!s.prefetch || s.producer) continue;   // filled where it stands, or by the producer warpgroup
-    const std::string step =
-        loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
+    const std::string step = loop_step(loop);
     line(fmt::format("if (threadIdx.x == 0) {{   // ring {}: fills for the loop's first {} iterations", i, s.stages), &loop.loc);
     ++indent_;
     line(fmt::format("long long tj_it = {};", ref(loop.operands[0])));
@@ -202,8 +191,7 @@ void Emitter::emit_ring_iteration(const Op& loop) {
     // iterations'); after the barrier every warp is done with the previous iteration's slots,
     // which take the tiles of the iteration stages - 1 ahead.
     const int S = rings[0]->stages;
-    const std::string step =
-        loop.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, loop.block_id), DType::i64) : "1LL";
+    const std::string step = loop_step(loop);
     line(fmt::format("tj::dev::cp_async_wait<{}>();", S - 2));
     line("tj::dev::sync_threads();");
     line(fmt::format("if (const long long tj_next = {} + {} * {}; tj_next < {}) {{", ref(loop.body_index), S - 1, step,
@@ -269,8 +257,7 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
       continue;
     }
     const Op& home = *s.home;
-    const std::string step =
-        home.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, home.block_id), DType::i64) : "1LL";
+    const std::string step = loop_step(home);
     if (exited_loop == &home) {   // after its home loop: the last iteration's use, if the loop ran
       line(fmt::format("if (tj_use{0} != tj_first{0}) tj_r{0}.release(tj_use{0} - 1u);   // ring {0}: the last iteration's use",
                        i));
@@ -358,8 +345,7 @@ void Emitter::emit_producer_op(const Op& op) {
   if (op.kind == OpKind::loop) {
     if (!holds_producer_load(op, mma_)) return;
     names_[op.body_index] = fmt::format("v{}", op.body_index);
-    const std::string step =
-        op.loop_kind == ir::LoopKind::tile ? int_literal(cfg_.block(f_, op.block_id), DType::i64) : "1LL";
+    const std::string step = loop_step(op);
     line(fmt::format("for (long long v{0} = {1}; v{0} < {2}; v{0} += {3}) {{", op.body_index, ref(op.operands[0]),
                      ref(op.operands[1]), step),
          &op.loc);

@@ -175,6 +175,15 @@ class Emitter {
   std::string cast_expr(DType from, DType to, const std::string& x) const;
   // Is `start + [0, extent)` provably inside [0, dim) for a static dim?
   bool provably_inside(int start, int64_t extent, int64_t dim) const;
+  // A loop's step in generated code: its block size (tile loops) or 1.
+  std::string loop_step(const Op& loop) const;
+  // Dim d of tensor parameter `param` in generated code: the spec's size, compiled in, else the
+  // argument's.
+  std::string dim_limit(int param, int d) const;
+  // The element offset ("0" if none) and the in-range condition ("true" if none) of load / store
+  // `op`'s scalar indices, each index written by `val` (its name, or its value for another
+  // iteration); ranges drop the terms that are provably 0 or true.
+  std::pair<std::string, std::string> scalar_index_terms(const Op& op, const std::function<std::string(int)>& val) const;
   // Throws at the op's line when scalar index d of load / store `op`, of range r, can leave its dim.
   void check_scalar_index(const Op& op, int d, const Range& r) const;
   std::string define(int v, const std::string& expr, const ir::SourceLoc& loc);
