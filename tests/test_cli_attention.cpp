@@ -527,7 +527,7 @@ TEST_CASE("cli: `show attention` with 16-bit or fp8 inputs shows attention_fp8, 
     return;
   }
   CHECK(r->status == 0);
-  CHECK(r->output.find("attention with bf16 inputs is attention_fp8 on the tensor cores (as tilejit run and tune take it)") !=
+  CHECK(r->output.find("attention with bf16 inputs runs attention_fp8 on the tensor cores (tilejit run attention): showing it") !=
         std::string::npos);
   CHECK(r->output.find("// tilejit: kernel attention_fp8 for sm_90a") != std::string::npos);
   r = run_cli("show attention --dtype f32 --shape 1,2,256,64 --arch sm_90a");

@@ -73,6 +73,10 @@ std::string describe(AttentionPath p);
 // other than f32 (f32 keeps the SIMT library kernel; unknown dtypes get the attention path's
 // error, which lists what each dtype runs).
 bool runs_attention_pipeline(const ProblemOptions& o);
+// `o` with kernel `attention` and such a --dtype turned into attention_fp8, the kernel `tilejit run`
+// launches on the tensor cores, for the commands that look at one kernel (show, tune: `doing`
+// says what they do with it, on stderr); `o` itself otherwise.
+ProblemOptions as_run_takes_it(const ProblemOptions& o, const char* doing);
 
 struct AttentionProblem {
   AttentionPath path = AttentionPath::fp8_pipeline;

@@ -70,6 +70,16 @@ std::string describe(AttentionPath p) {
 
 bool runs_attention_pipeline(const ProblemOptions& o) { return o.kernel == "attention" && o.dtype != "f32"; }
 
+ProblemOptions as_run_takes_it(const ProblemOptions& o, const char* doing) {
+  ProblemOptions po = o;
+  if (runs_attention_pipeline(po)) {
+    po.kernel = "attention_fp8";
+    fmt::print(stderr, "attention with {} inputs runs attention_fp8 on the tensor cores (tilejit run attention): {}\n",
+               po.dtype, doing);
+  }
+  return po;
+}
+
 std::vector<int64_t> attention_shape(const ProblemOptions& o) {
   const bool parts = o.batch != 0 || o.heads != 0 || o.seq != 0 || o.head_dim != 0;
   if (!o.shape.empty() && parts)

@@ -11,22 +11,8 @@
 
 namespace tj::tools {
 
-namespace {
-// `attention` with e4m3 / bf16 / f16 inputs means attention_fp8 on the tensor cores, as `tilejit run`
-// and `tilejit tune` take it (f32: the SIMT library kernel `attention`).
-ProblemOptions as_run_takes_it(const ProblemOptions& o) {
-  ProblemOptions po = o;
-  if (runs_attention_pipeline(po)) {
-    po.kernel = "attention_fp8";
-    fmt::print(stderr, "attention with {} inputs is attention_fp8 on the tensor cores (as tilejit run and tune take it)\n",
-               po.dtype);
-  }
-  return po;
-}
-}  // namespace
-
 int show(const ProblemOptions& given, bool ir, bool ptx) {
-  const ProblemOptions o = as_run_takes_it(given);
+  const ProblemOptions o = as_run_takes_it(given, "showing it");
   ResolvedProblem r = resolve(o);
   if (ir) {
     fmt::print("{}", ir::print(r.ir));
@@ -49,7 +35,7 @@ int show(const ProblemOptions& given, bool ir, bool ptx) {
 }
 
 int show_knobs(const ProblemOptions& given) {
-  const ProblemOptions o = as_run_takes_it(given);
+  const ProblemOptions o = as_run_takes_it(given, "showing it");
   ResolvedProblem r = resolve(o);
   CompileRequest req;
   req.arch = default_arch(o.arch);

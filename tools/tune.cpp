@@ -30,15 +30,10 @@ int tune(const ProblemOptions& o, const TuneCliOptions& t) {
   if (!o.arch.empty()) throw Error("tune runs on this machine's GPU; --arch does not apply (use `tilejit show --arch` to inspect code)");
   auto effort = autotune::effort_from_name(t.effort);
   if (!effort) throw Error(fmt::format("unknown --effort '{}' (none, quick, full, exhaustive)", t.effort));
-  ProblemOptions po = o;
+  // `tilejit run attention` with e4m3 / bf16 / f16 runs attention_fp8 (and takes its tuned
+  // config): tune that kernel, not the SIMT one.
+  ProblemOptions po = as_run_takes_it(o, "tuning it");
   po.config.clear();
-  // `tilejit run attention` with e4m3 / bf16 / f16 runs attention_fp8 on the tensor cores (and
-  // takes its tuned config): tune that kernel, not the SIMT one.
-  if (runs_attention_pipeline(po)) {
-    po.kernel = "attention_fp8";
-    fmt::print("attention with {} inputs runs attention_fp8 on the tensor cores (tilejit run attention): tuning it\n",
-               po.dtype);
-  }
   ResolvedProblem r = resolve(po);
   const double flops = r.entry->flops(r.problem);
 
