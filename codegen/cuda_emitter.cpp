@@ -399,6 +399,21 @@ void Emitter::emit_loop(const Op& op) {
   std::string idx = fmt::format("v{}", op.body_index);
   names_[op.body_index] = idx;
   const std::string b = ref(op.operands[0]), e = ref(op.operands[1]);
+  // Knob wg_turns: the warpgroups take turns issuing the dots of this loop's body (not of loops
+  // inside it: those take their own turns).
+  if (wg_turns_ && mma_.wgmma() && mma_.warpgroups >= 2 && !op.launch) {
+    const Op* last = nullptr;
+    for (const Op& o : op.body->ops)
+      if (o.kind == OpKind::dot && mma_.dot_of(&o)) {
+        turns_[&o] = Turn{&op, false};
+        last = &o;
+      }
+    if (last) {
+      turns_[last].last = true;
+      line(fmt::format("if ({} < {}) tj::dev::Turns<{}>::start();   // warpgroup 0 issues first", b, e, mma_.warpgroups),
+           &op.loc);
+    }
+  }
   if (op.loop_kind == ir::LoopKind::grid)
     line(fmt::format("for (long long {0} = {1}; {0} < {2}; ++{0}) {{", idx, b, e), &op.loc);
   else
@@ -1030,6 +1045,7 @@ GeneratedKernel Emitter::run() {
   persistent_ = knobs::persistent.on(cfg_);
   longest_first_ = knobs::longest_first.on(cfg_);
   raster_group_ = knobs::raster_group.of(cfg_);
+  wg_turns_ = knobs::wg_turns.on(cfg_);
   if (raster_group_ < 1 || raster_group_ > 64)
     throw Error(fmt::format("kernel '{}': knob raster_group must be in [1, 64] (1: off), got {}", f_.name, raster_group_));
   plan_ = assign_layouts(f_, cfg_, target_, &mma_);

@@ -473,7 +473,9 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
            &op.loc);
     return;
   }
-  // 3. Issue: one commit group per dot.
+  // 3. Issue: one commit group per dot (in its warpgroup's turn, knob wg_turns).
+  const auto turn = turns_.find(&op);
+  if (turn != turns_.end()) line(fmt::format("tj::dev::Turns<{}>::take();", G));
   line("tj::dev::wgmma_fence();");
   if (d.a.source == MmaOperand::Source::fragment)
     line(fmt::format("tj::dev::wgmma_rs<{}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", rb, d.n, d.n_per_instr, ks,
@@ -485,6 +487,12 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
                      has_acc ? 1 : 0),
          &op.loc);
   line("tj::dev::wgmma_commit();");
+  if (turn != turns_.end()) {
+    const Op& loop = *turn->second.loop;
+    line(fmt::format("tj::dev::Turns<{}>::pass({});", G,
+                     turn->second.last ? fmt::format("v{} + {} >= {}", loop.body_index, loop_step(loop), ref(loop.operands[1]))
+                                       : "false"));
+  }
   line(fmt::format("tj::dev::fence_tile({});", dest));
 }
 

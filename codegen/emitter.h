@@ -94,6 +94,14 @@ class Emitter {
   bool persistent_ = false;              // knob persistent: blocks loop over the programs
   int64_t raster_group_ = 1;             // knob raster_group
   bool longest_first_ = false;           // knob longest_first
+  bool wg_turns_ = false;                // knob wg_turns (wgmma, two or more warpgroups)
+  // Knob wg_turns: the dots that take a turn, each with its loop; the loop's last such dot passes
+  // the turn with the loop's final-iteration condition.
+  struct Turn {
+    const Op* loop = nullptr;
+    bool last = false;
+  };
+  std::map<const Op*, Turn> turns_;
   MmaPlan mma_;                          // the dots on the tensor cores (empty: a SIMT kernel)
   AsyncPlan async_;                      // their waits and slot releases
   bool fast_math_ = false;

@@ -78,51 +78,71 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // 4 warps on 64 x 64 where a loop steps over the columns (FlashAttention-2's shape); K steps of
   // 64 bytes.
   const bool wg = t.has_wgmma();
-  Config c = default_config(f);
-  c.num_warps = wg || gemm_like ? 8 : 4;
-  const int64_t row_block = wg || gemm_like ? 128 : 64;
-  const int64_t wide_cols = wg ? 256 : 128, loop_cols = wg ? 128 : 64, k_bytes = wg ? 128 : 64;
-  // Rows first: a block that is any dot's rows takes row_block, whatever other dots do with it;
-  // then the columns and the K steps that are nobody's rows.
-  std::set<int64_t> chosen;   // blocks sized here
-  std::set<int64_t> rows;     // blocks that are some dot's rows: never narrowed
-  for (const ir::Op* d : dots) {
-    const TileType& r = f.type(d->result);
-    if (r.rank() != 2) continue;
-    set_block(f, c, r.shape[0], row_block, chosen);
-    if (r.shape[0].is_block()) rows.insert(r.shape[0].value);
-  }
-  for (const ir::Op* d : dots) {
-    const TileType& r = f.type(d->result);
-    const TileType& a = f.type(d->operands[0]);
-    if (r.rank() != 2 || a.rank() != 2) continue;
-    set_block(f, c, r.shape[1], wide(d) ? wide_cols : loop_cols, chosen);
-    set_block(f, c, a.shape[1], k_bytes / size_bytes(a.dtype), chosen);
-  }
-  // The accumulators of all its dots share the registers: halve the widest dot's columns (never a
-  // block that is some dot's rows) until they take at most 160 of a thread's (of 232; the rest for
-  // the operands and the epilogue).
-  for (int guard = 0; guard < 8; ++guard) {
-    const MmaPlan p = plan_mma(f, c, t);
-    int64_t regs = 0;
-    const MmaDot* widest = nullptr;   // of the dots whose columns are a tunable block
-    for (const MmaDot& d : p.dots) {
-      regs += d.m * d.n / (32 * c.num_warps);
-      const Dim& n = f.type(d.op->result).shape[1];
-      if (n.is_block() && !rows.count(n.value) && f.blocks.at(n.value).fixed <= 0 && d.n > 32 &&
-          (!widest || d.n > widest->n))
-        widest = &d;
+  // The accumulators of all its dots share the registers: at most `cap` of a thread's (160: of 232
+  // with wgmma, the rest for the operands and the epilogue; FlashAttention-2's 192 of 255 for
+  // mma.sync's attention-like pairs of dots, measured fastest at 128 x 64 on 4 warps for D 128).
+  auto attempt = [&](int64_t row_block, int warps, int64_t cap, int64_t& regs) {
+    Config c = default_config(f);
+    c.num_warps = warps;
+    const int64_t wide_cols = wg ? 256 : 128, loop_cols = wg ? 128 : 64, k_bytes = wg ? 128 : 64;
+    // Rows first: a block that is any dot's rows takes row_block, whatever other dots do with it;
+    // then the columns and the K steps that are nobody's rows.
+    std::set<int64_t> chosen;   // blocks sized here
+    std::set<int64_t> rows;     // blocks that are some dot's rows: never narrowed
+    for (const ir::Op* d : dots) {
+      const TileType& r = f.type(d->result);
+      if (r.rank() != 2) continue;
+      set_block(f, c, r.shape[0], row_block, chosen);
+      if (r.shape[0].is_block()) rows.insert(r.shape[0].value);
     }
-    if (regs <= 160 || !widest) break;
-    c.blocks[f.blocks.at(f.type(widest->op->result).shape[1].value).name] = widest->n / 2;
-  }
+    for (const ir::Op* d : dots) {
+      const TileType& r = f.type(d->result);
+      const TileType& a = f.type(d->operands[0]);
+      if (r.rank() != 2 || a.rank() != 2) continue;
+      set_block(f, c, r.shape[1], wide(d) ? wide_cols : loop_cols, chosen);
+      set_block(f, c, a.shape[1], k_bytes / size_bytes(a.dtype), chosen);
+    }
+    // Halve the widest dot's columns (never a block that is some dot's rows) until the
+    // accumulators fit the cap.
+    for (int guard = 0; guard < 8; ++guard) {
+      const MmaPlan p = plan_mma(f, c, t);
+      regs = 0;
+      const MmaDot* widest = nullptr;   // of the dots whose columns are a tunable block
+      for (const MmaDot& d : p.dots) {
+        regs += d.m * d.n / (32 * c.num_warps);
+        const Dim& n = f.type(d.op->result).shape[1];
+        if (n.is_block() && !rows.count(n.value) && f.blocks.at(n.value).fixed <= 0 && d.n > 32 &&
+            (!widest || d.n > widest->n))
+          widest = &d;
+      }
+      if (regs <= cap || !widest) break;
+      c.blocks[f.blocks.at(f.type(widest->op->result).shape[1].value).name] = widest->n / 2;
+    }
+    return c;
+  };
+  // wgmma: two warpgroups of 64 rows each; 256 columns where the columns are a launch loop's
+  // tiles (a GEMM's: wide wgmmas read A once per 256 columns), 128 where a loop inside the
+  // program steps over them (attention's keys: the scores, their exp2 and the output share the
+  // registers); K steps of 128 bytes. mma.sync (no wgmma): operands read through ldmatrix from
+  // slots the threads fill; 8 warps of 16 rows on 128 x 128 GEMM tiles; where a loop steps over
+  // the columns (attention), FlashAttention-2's shape: 4 warps of 32 rows, 64 columns (16 rows a
+  // warp where 32 do not fit the registers); K steps of 64 bytes.
+  int64_t regs = 0;
+  const bool pair = !wg && !gemm_like && dots.size() <= 2;
+  Config c = attempt(128, wg || gemm_like ? 8 : 4, pair ? 192 : 160, regs);
+  // (More than two dots, as in attention's backward, keep more tiles live than their accumulators:
+  // 16 rows a warp there.)
+  if (!wg && !gemm_like && (regs > 192 || !pair)) c = attempt(64, 4, 160, regs);
   // Programs that all do the same work loop in persistent blocks (the next program's operands load
   // during this one's epilogue), GEMM-like tile grids in L2-friendly groups. Where a loop's bounds
   // depend on the program (causal attention), the programs' work differs and the hardware's own
   // block scheduling balances it better.
   // (mma.sync: its copy rings start with each loop, so a persistent block has nothing to overlap.)
+  // Attention-like nests of two or more warpgroups take turns at their wgmmas (H200, README
+  // attention S 4096 D 128: +7%; causal, where the programs' work differs: -2%, so off there).
   if (uniform_work(f)) {
     if (wg) c.knobs[knobs::persistent.name] = 1;
+    if (wg && !gemm_like && c.num_warps >= 8) c.knobs[knobs::wg_turns.name] = 1;
     c.knobs[knobs::raster_group.name] = 8;
   } else {
     c.knobs[knobs::longest_first.name] = 1;
@@ -157,6 +177,7 @@ const bool registered = [] {
     out.push_back({knobs::persistent.name, {0, 1}, knobs::persistent.fallback});
     out.push_back({knobs::raster_group.name, {1, 8}, knobs::raster_group.fallback});
     out.push_back({knobs::longest_first.name, {0, 1}, knobs::longest_first.fallback});
+    if (p.wgmma() && p.warpgroups >= 2) out.push_back({knobs::wg_turns.name, {0, 1}, knobs::wg_turns.fallback});
     return out;
   });
   return true;

@@ -119,6 +119,16 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
       {DType::f16, {1, 3, 256, 64}, true,
        R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":3,"knobs":{"persistent":1,"persistent_blocks":2,"warp_specialize":0}})",
        2e-3},
+      // The warpgroups taking turns at their wgmmas (knob wg_turns): over several programs per
+      // block (the named barriers' arrivals pair up per run of the loop), without a producer
+      // warpgroup, and with a ragged causal tail.
+      {DType::bf16, {2, 3, 300, 128}, true,
+       R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1,"persistent_blocks":5,"wg_turns":1}})",
+       1e-2},
+      {DType::f16, {1, 3, 256, 64}, true,
+       R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":3,"knobs":{"warp_specialize":0,"wg_turns":1}})", 2e-3},
+      {DType::e4m3, {1, 2, 256, 128}, false, R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"wg_turns":1}})",
+       6e-2},
   };
   for (const Case& c : cases) {
     CAPTURE(fmt::format("{} {} causal={} {}", name(c.t), fmt::join(c.shape, "x"), c.causal, c.config));

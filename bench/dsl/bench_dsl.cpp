@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
   std::set<std::string> only;
   int reps = 20, warmup = 3;
   bool quick = false;
+  // --also LABEL=JSON: one more generic path for every case, JSON over the untuned config.
+  std::vector<std::pair<std::string, std::string>> also;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -125,6 +127,15 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(next());
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--quick") quick = true;
+    else if (a == "--also") {
+      const std::string v = next();
+      const size_t eq = v.find('=');
+      if (eq == std::string::npos) {
+        std::fprintf(stderr, "--also takes LABEL=JSON (knobs over the untuned config), got '%s'\n", v.c_str());
+        return 2;
+      }
+      also.push_back({"generic " + v.substr(0, eq), "+" + v.substr(eq + 1)});
+    }
     else if (a == "--cases") {
       std::string list = next();
       for (size_t p = 0; p <= list.size();) {
@@ -135,7 +146,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention,variants] [--reps N] "
-                           "[--warmup N] [--quick]\n");
+                           "[--warmup N] [--quick] [--also LABEL=JSON ...]\n");
       return 2;
     }
   }
@@ -260,13 +271,14 @@ int main(int argc, char** argv) {
 
     std::printf("%-44s %-26s %9s %9s %10s  %s\n", "case", "path", "ms", "TFLOP/s", "rel err", "config");
     for (Case& c : cases) {
+      c.paths.insert(c.paths.end(), also.begin(), also.end());
       for (auto& h : c.host) c.dev.push_back(DeviceTensor::from_host(h));
       const std::vector<Arg> args = args_of(c.dev, c.tail);
       for (const auto& [path, json] : c.paths) try {
         std::vector<Arg> run_args = args;
         const Kernel* k = c.kernel;
         std::optional<Config> config;
-        if (!json.empty()) config = Config::from_json(json);
+        if (!json.empty() && json[0] != '+') config = Config::from_json(json);
         std::vector<DeviceTensor> fast_dev;
         const bool template_path = path == "template";
         bool checked = true;   // the output is the problem's (not a padded or different one)
@@ -317,7 +329,8 @@ int main(int argc, char** argv) {
         // Without a config: the library's default (template) or the generic lowering's untuned one.
         const bool sm80 = path.size() >= 7 && path.compare(path.size() - 7, 7, "(sm_80)") == 0;
         const std::string arch = sm80 ? "sm_80" : dev.arch();
-        const Config cfg = config ? *config : codegen::untuned_config(k->trace(specs), arch);
+        Config cfg = config ? *config : codegen::untuned_config(k->trace(specs), arch);
+        if (!json.empty() && json[0] == '+') cfg = Config::from_json(json.substr(1), cfg);
         CompileRequest req;
         if (sm80) req.arch = arch;
         const CompiledKernel& ck = compile(*k, specs, cfg, req);

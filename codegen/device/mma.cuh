@@ -10,6 +10,8 @@
 //                     from registers (tile_to_a_frag makes its fragments); fence_tile keeps the
 //                     compiler off an in-flight accumulator.
 //   zero_k_tail       zeroes the positions of a staged tile past a dot's k range.
+//   Turns<G>          G consumer warpgroups take turns issuing their wgmmas (named barriers), so
+//                     that one's elementwise work runs while the tensor cores take another's dots.
 #include "mma_layout.cuh"
 #include "hopper.cuh"
 
@@ -99,6 +101,26 @@ TJ_DEV void wgmma_rs(float* acc, const unsigned* a, unsigned b_base, int accumul
         mma_async_rs<NC, TA, TB, 1, 1, OB::mn_major ? 1 : 0>(acc + b * (N / 2) + c * (NC / 2), a + (b * KS + s) * 4,
                                                                smem_desc<OB>(b_base, NC * c, 32 * s), (accumulate || s > 0) ? 1 : 0);
 }
+
+// Turn-taking of the G warpgroups that hold the tiles (FA3's inter-warpgroup schedule): warpgroup
+// g takes its turn on named barrier kFirst + g (it syncs there, the previous warpgroup arrives)
+// and passes it to warpgroup (g + 1) % G. Per run of a loop: the last warpgroup pre-arrives for
+// warpgroup 0 (start), and skips its final pass, so that every barrier's arrivals and syncs pair
+// up and the next run starts clean. Barrier 1 is sync_threads'; kFirst.. are these.
+template <int G>
+struct Turns {
+  static constexpr int kFirst = 2;
+  static_assert(G >= 2 && kFirst + G <= 16, "2 to 14 warpgroups take turns");
+  TJ_DEV static int me() { return warpgroup_idx(); }
+  TJ_DEV static void start() {
+    if (me() == G - 1) asm volatile("bar.arrive %0, 256;" ::"r"(kFirst) : "memory");
+  }
+  TJ_DEV static void take() { asm volatile("bar.sync %0, 256;" ::"r"(kFirst + me()) : "memory"); }
+  // last: this is the run's final pass (the last warpgroup skips it).
+  TJ_DEV static void pass(bool last) {
+    if (!(last && me() == G - 1)) asm volatile("bar.arrive %0, 256;" ::"r"(kFirst + (me() + 1) % G) : "memory");
+  }
+};
 
 // Keeps the compiler from moving reads or writes of an in-flight accumulator across the wgmma
 // issue and wait (every register of the tile).
