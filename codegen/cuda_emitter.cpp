@@ -327,7 +327,7 @@ void Emitter::wait_before(const Op& op) {
 void Emitter::emit_op(const Op& op) {
   if (pure_and_unused(op)) return;
   wait_before(op);
-  if (auto w = async_.before.find(&op); w != async_.before.end()) emit_wait(w->second, &op.loc);
+  if (auto w = async_.before.find(&op); w != async_.before.end() && !suppress_async_) emit_wait(w->second, &op.loc);
   if (op.kind == OpKind::loop) emit_ring_prologue(op);
   if (const StagedLoad* st = mma_.staged_of(&op)) {
     emit_staged_load(op, *st);
@@ -336,7 +336,7 @@ void Emitter::emit_op(const Op& op) {
   } else {
     emit_simt_op(op);
   }
-  if (auto w = async_.after.find(&op); w != async_.after.end())
+  if (auto w = async_.after.find(&op); w != async_.after.end() && !suppress_async_)
     emit_wait(w->second, &op.loc, op.kind == OpKind::loop ? &op : nullptr);
 }
 
@@ -399,6 +399,18 @@ void Emitter::emit_loop(const Op& op) {
   std::string idx = fmt::format("v{}", op.body_index);
   names_[op.body_index] = idx;
   const std::string b = ref(op.operands[0]), e = ref(op.operands[1]);
+  if (overlap_ && mma_.wgmma() && !op.launch) {
+    bool has_dot = false;
+    for (const Op& o : op.body->ops) has_dot |= o.kind == OpKind::dot && mma_.dot_of(&o) != nullptr;
+    if (has_dot) {
+      const OverlapLoop o = plan_overlap(f_, op, mma_, async_, [&](int v) {
+        const Layout& l = plan_.of(v);
+        return l.is_scalar() ? 0 : l.slots();
+      });
+      if (o.why.empty()) return emit_overlapped_loop(op, o);
+      line(fmt::format("// knob overlap: not this loop: {}", o.why), &op.loc);
+    }
+  }
   // Knob wg_turns: the warpgroups take turns issuing the dots of this loop's body (not of loops
   // inside it: those take their own turns).
   if (wg_turns_ && mma_.wgmma() && mma_.warpgroups >= 2 && !op.launch) {
@@ -1046,6 +1058,7 @@ GeneratedKernel Emitter::run() {
   longest_first_ = knobs::longest_first.on(cfg_);
   raster_group_ = knobs::raster_group.of(cfg_);
   wg_turns_ = knobs::wg_turns.on(cfg_);
+  overlap_ = knobs::overlap.on(cfg_);
   if (raster_group_ < 1 || raster_group_ > 64)
     throw Error(fmt::format("kernel '{}': knob raster_group must be in [1, 64] (1: off), got {}", f_.name, raster_group_));
   plan_ = assign_layouts(f_, cfg_, target_, &mma_);

@@ -235,11 +235,14 @@ void Emitter::emit_staged_load(const Op& op, const StagedLoad& s) {
     --indent_;
     line("}");
   }
-  line(fmt::format("tj_r{}.wait(tj_u{});   // '{}' [{} x {} bytes] has landed", i, i, f_.params.at(op.param).name, s.tile.rows,
+  // (Knob overlap: a late load reads the use of the iteration its late ops belong to.)
+  const auto renamed = use_name_.find(i);
+  const std::string use = renamed != use_name_.end() ? renamed->second : fmt::format("tj_u{}", i);
+  line(fmt::format("tj_r{}.wait({});   // '{}' [{} x {} bytes] has landed", i, use, f_.params.at(op.param).name, s.tile.rows,
                    s.tile.row_bytes),
        &op.loc);
   names_[op.result] = fmt::format("v{}", op.result);
-  line(fmt::format("const unsigned v{} = tj::dev::smem_u32(tj_tc + {}) + (tj_u{} % {}u) * {}u;", op.result, s.smem_offset, i,
+  line(fmt::format("const unsigned v{} = tj::dev::smem_u32(tj_tc + {}) + ({} % {}u) * {}u;", op.result, s.smem_offset, use,
                    s.stages, s.slot_stride),
        &op.loc);
 }
@@ -409,6 +412,10 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
   for (int which = 0; which < 2; ++which) {
     const MmaOperand& o = which == 0 ? d.a : d.b;
     if (o.source == MmaOperand::Source::fragment) {
+      if (auto carried = carried_fragment_.find(&op); carried != carried_fragment_.end()) {
+        addr[which] = carried->second;   // knob overlap: converted (and k-masked) where the value was made
+        continue;
+      }
       std::string value = ref(o.value);
       if (d.k_masked && has_krange) {
         // Where the tile runs past the dot's k range, its columns there contribute nothing.

@@ -16,6 +16,7 @@
 #include "codegen/cuda_emitter.h"
 #include "codegen/layout.h"
 #include "codegen/mma_plan.h"
+#include "codegen/overlap_plan.h"
 #include "codegen/scalar_expr.h"
 
 namespace tj::codegen::emitter {
@@ -95,6 +96,12 @@ class Emitter {
   int64_t raster_group_ = 1;             // knob raster_group
   bool longest_first_ = false;           // knob longest_first
   bool wg_turns_ = false;                // knob wg_turns (wgmma, two or more warpgroups)
+  bool overlap_ = false;                 // knob overlap (codegen/overlap_plan.h)
+  // While a loop's ops are emitted out of program order (knob overlap): the async plan's waits
+  // are the overlap's own, ring uses and carried values go by other names.
+  bool suppress_async_ = false;
+  std::map<int, std::string> use_name_;                 // staged load index -> its use's expression
+  std::map<const Op*, std::string> carried_fragment_;   // dot -> its register A fragments' array
   // Knob wg_turns: the dots that take a turn, each with its loop; the loop's last such dot passes
   // the turn with the loop's final-iteration condition.
   struct Turn {
@@ -161,6 +168,13 @@ class Emitter {
   void check_power_of_two_tiles() const;
   void emit_scalar_leaf(const Op& op);
   void emit_loop(const Op& op);
+  // Knob overlap: `op` with its late ops one iteration behind (codegen/emit_overlap.cpp).
+  void emit_overlapped_loop(const Op& op, const OverlapLoop& o);
+  // The late ops of the iteration whose index is `index`, their ring uses `use(i)` (i: staged load).
+  void emit_late_ops(const Op& loop, const OverlapLoop& o, const std::string& index,
+                     const std::function<std::string(int)>& use);
+  // Declares a register tile / scalar of value v's type named `name` (no initializer).
+  std::string value_type(int v) const;
   void emit_memory(const Op& op);
   void emit_gather(const Op& op);
   void emit_elementwise(const Op& op);

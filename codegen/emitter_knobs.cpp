@@ -19,6 +19,11 @@ const KnobSpec wg_turns{
     "wg_turns", 0, "0 (the untuned config: 1 where two or more warpgroups hold a loop's wgmma dots)",
     "1: in each loop inside a program, the warpgroups that hold the tiles take turns issuing its wgmma dots (named "
     "barriers), so that one warpgroup's elementwise work (a softmax) runs while the tensor cores take another's dots"};
+const KnobSpec overlap{
+    "overlap", 0, "0",
+    "1: in a loop whose body issues a first wgmma dot and ends with a chained one into a loop-carried accumulator "
+    "(attention's S = Q.K^T and O += P.V), the chained dot and the ops that only feed it run one iteration late, so the "
+    "elementwise work between the dots (the softmax) overlaps the chained dot on the tensor cores"};
 const KnobSpec fast_math{"fast_math", 0, "0", "1: exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations"};
 const KnobSpec simt_vec{"simt_vec", 1, "1", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
 const KnobSpec simt_lanes_c{"simt_lanes_c", 8, "chosen from the tile shapes", "lanes of a warp along the columns (SIMT layout)"};
@@ -27,7 +32,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

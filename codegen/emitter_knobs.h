@@ -12,6 +12,7 @@ extern const KnobSpec persistent;
 extern const KnobSpec persistent_blocks;
 extern const KnobSpec raster_group;
 extern const KnobSpec longest_first;
+extern const KnobSpec overlap;           // a loop's chained dot one iteration late
 extern const KnobSpec wg_turns;          // the consumer warpgroups take turns issuing wgmmas
 extern const KnobSpec fast_math;
 extern const KnobSpec simt_vec;

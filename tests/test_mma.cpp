@@ -393,8 +393,43 @@ TEST_CASE("mma codegen: generated kernels match their golden files (TILEJIT_UPDA
   check_golden("readme_attention_causal_mma_sync.cu",
                codegen::generate_cuda(attention(DType::bf16, {2, 4, 256, 128}, true),
                                       cfg(R"({"blocks":{"m":64,"n":64},"num_warps":4})"), Target::parse("sm_80")));
+  // Knobs overlap and wg_turns: O += P.V one iteration late (P carried as A fragments, alpha as a
+  // row vector), the first dot issued in turns.
+  check_golden("readme_attention_overlap_wgmma.cu",
+               codegen::generate_cuda(attention(DType::bf16, {2, 4, 300, 128}, false),
+                                      cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"overlap":1,"wg_turns":1}})"),
+                                      Target{}));
   // The SIMT path: a row softmax with its reductions across lanes and warps.
   check_golden("softmax_simt.cu",
                codegen::generate_cuda(kernels::softmax().trace({T(DType::bf16, {64, 1000}), T(DType::f32, {64, 1000})}),
                                       cfg(R"({"blocks":{"c":256,"c2":256},"num_warps":4})"), Target{}));
+}
+
+TEST_CASE("mma codegen: knob overlap runs a loop's chained dot one iteration late where the loop allows it, and says why not") {
+  const Config c = cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"overlap":1}})");
+  // Attention: the rescale and O += P.V late, P carried as fragments, alpha as a row vector.
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const auto g = codegen::generate_cuda(attention(DType::bf16, {2, 4, 300, 128}, causal), c, Target{});
+    INFO(g.source);
+    CHECK(contains(g.source, "knob overlap: the dot at line"));
+    CHECK(contains(g.source, "unsigned tj_pa"));
+    CHECK(contains(g.source, "tj::dev::wgmma_wait<1>(); else tj::dev::wgmma_wait<0>();"));
+    CHECK(contains(g.source, "// the last iteration's late ops"));
+    const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+    INFO(r.log);
+    CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
+  }
+  // A GEMM's K loop holds one dot; attention's backward four; without the producer warpgroup the
+  // late loads' slots could not be refilled in time. Each says so in the generated code.
+  CHECK(contains(codegen::generate_cuda(gemm_nk(DType::bf16, 512, 256, 1024),
+                                        cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"knobs":{"lowering":0,"overlap":1}})"),
+                                        Target{})
+                     .source,
+                 "knob overlap: not this loop: 1 tensor-core dots in its body"));
+  CHECK(contains(codegen::generate_cuda(attention(DType::bf16, {2, 4, 300, 128}, false),
+                                        cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"knobs":{"overlap":1,"warp_specialize":0}})"),
+                                        Target{})
+                     .source,
+                 "knob overlap: not this loop: no producer warpgroup"));
 }

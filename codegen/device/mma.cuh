@@ -129,6 +129,12 @@ TJ_DEV void fence_tile(Tile<T, L>& t) {
 #pragma unroll
   for (int i = 0; i < L::slots; ++i) fence_operand(t.v[i]);
 }
+// The same for register A fragments an in-flight wgmma reads.
+template <int R>
+TJ_DEV void fence_frags(unsigned (&a)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) fence_operand(a[i]);
+}
 #endif
 
 // Zeroes the K positions from `from` on of a staged operand tile (a tile that runs past its

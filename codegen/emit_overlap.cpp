@@ -1,0 +1,146 @@
+// The CUDA emitter: a loop with its chained dot one iteration late (knob overlap; the plan is
+// codegen/overlap_plan.h's). Iteration j of the emitted loop:
+//   1. the ops up to the first dot, and its issue (S_j);
+//   2. if j is not the first: the late ops of iteration j - 1 (acc *= alpha_{j-1}; the chained
+//      dot's issue, O += P_{j-1} . V_{j-1}), from the values carried over the back edge;
+//   3. the wait for the first dot only (the chained one stays in flight), the releases of the
+//      slots it read, and the rest of the body (the softmax of S_j) while the chained dot runs;
+//   4. the wait for the chained dot, the release of its slots, and the carries: the fragment
+//      operand converted to A fragments (only now: the in-flight dot read the previous ones), the
+//      other carried values copied.
+// After the loop, the last iteration's late ops. The async plan's waits inside the body are
+// replaced by these; its waits before and after the loop stand.
+#include "codegen/emitter.h"
+#include "core/error.h"
+
+namespace tj::codegen::emitter {
+
+std::string Emitter::value_type(int v) const {
+  const Layout& l = plan_.of(v);
+  if (l.is_scalar()) return reg_type(f_.type(v).dtype);
+  return fmt::format("tj::dev::Tile<{}, {}>", reg_type(f_.type(v).dtype), const_cast<Emitter*>(this)->alias(l));
+}
+
+void Emitter::emit_late_ops(const Op& loop, const OverlapLoop& o, const std::string& index,
+                            const std::function<std::string(int)>& use) {
+  // The late ops read the loop index, the carried values and their ring slots of the iteration
+  // they belong to.
+  const std::map<int, std::string> saved_names = [&] {
+    std::map<int, std::string> m{{loop.body_index, names_[loop.body_index]}};
+    for (int v : o.carried) m[v] = names_[v];
+    return m;
+  }();
+  names_[loop.body_index] = index;
+  for (int v : o.carried) names_[v] = fmt::format("tj_c{}", v);
+  if (o.fragment >= 0) carried_fragment_[o.chained] = fmt::format("tj_pa{}", o.chained->result);
+  for (const Op& op : loop.body->ops)
+    if (const StagedLoad* s = mma_.staged_of(&op); s && o.late.count(&op)) use_name_[staged_index(*s)] = use(staged_index(*s));
+  for (const Op& op : loop.body->ops)
+    if (o.late.count(&op)) emit_op(op);
+  use_name_.clear();
+  carried_fragment_.clear();
+  for (const auto& [v, n] : saved_names) names_[v] = n;
+}
+
+void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
+  const std::string idx = fmt::format("v{}", op.body_index);
+  names_[op.body_index] = idx;
+  const std::string b = ref(op.operands[0]), e = ref(op.operands[1]), step = loop_step(op);
+  const int G = mma_.warpgroups;
+  const MmaDot& cd = *mma_.dot_of(o.chained);
+  line(fmt::format("// knob overlap: the dot at line {} and the {} op(s) that only feed it run one iteration late, while "
+                   "the next iteration's work after its first dot (line {}) runs",
+                   o.chained->loc.line, o.late.size() - 1, o.first->loc.line),
+       &op.loc);
+  const std::string last = fmt::format("tj_i{}", op.body_index);
+  line(fmt::format("long long {} = {};   // the index of the iteration whose late ops run next", last, b));
+  std::string frags;
+  int64_t frag_regs = 0;
+  if (o.fragment >= 0) {
+    const int64_t rb = cd.m / (64 * G), ks = cd.k * size_bytes(cd.ta) / 32;
+    frag_regs = rb * ks * 4;
+    frags = fmt::format("tj_pa{}", o.chained->result);
+    line(fmt::format("unsigned {}[{}];   // the late dot's A fragments, carried", frags, frag_regs));
+  }
+  for (int v : o.carried) line(fmt::format("{} tj_c{};   // carried to the late ops", value_type(v), v));
+  const bool turns = wg_turns_ && G >= 2;
+  if (turns) {
+    // Only the first dot takes turns: the late ops may hold a block barrier (a staged tile's k
+    // tail zeroed), which a warpgroup must not reach while it holds the turn.
+    turns_[o.first] = Turn{&op, true};
+    line(fmt::format("if ({} < {}) tj::dev::Turns<{}>::start();   // warpgroup 0 issues first", b, e, G), &op.loc);
+  }
+  line(fmt::format("for (long long {0} = {1}; {0} < {2}; {0} += {3}) {{", idx, b, e, step), &op.loc);
+  ++indent_;
+  emit_ring_iteration(op);
+  // The releases the async plan makes inside the body, of the slots the first dot's side reads:
+  // once the first dot is complete. (The late loads' slots: once the chained dot is.)
+  AsyncPlan::Wait early, late;
+  auto collect = [&](const AsyncPlan::Wait& w) {
+    for (const AsyncPlan::Release& r : w.releases) {
+      const StagedLoad& s = mma_.staged[r.staged];
+      if (s.home == &op && !o.late.count(s.op)) early.releases.push_back(r);
+    }
+  };
+  for (const Op& x : op.body->ops) {
+    if (auto w = async_.before.find(&x); w != async_.before.end()) collect(w->second);
+    if (auto w = async_.after.find(&x); w != async_.after.end()) collect(w->second);
+  }
+  if (auto w = async_.body_end.find(&op); w != async_.body_end.end()) collect(w->second);
+  for (const Op& x : op.body->ops)
+    if (const StagedLoad* s = mma_.staged_of(&x); s && o.late.count(&x))
+      late.releases.push_back(AsyncPlan::Release{staged_index(*s), true});
+
+  suppress_async_ = true;
+  bool head = true;
+  for (const Op& x : op.body->ops) {
+    if (o.late.count(&x)) continue;
+    emit_op(x);
+    if (&x != o.first) continue;
+    head = false;
+    line(fmt::format("if ({} != {}) {{   // the late ops of the previous iteration", idx, b));
+    ++indent_;
+    emit_late_ops(op, o, last, [](int i) { return fmt::format("(tj_u{} - 1u)", i); });
+    --indent_;
+    line("}");
+    line(fmt::format("if ({} != {}) tj::dev::wgmma_wait<1>(); else tj::dev::wgmma_wait<0>();   // the first dot is complete",
+                     idx, b));
+    line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.first)));
+    emit_wait(early, nullptr);
+  }
+  suppress_async_ = false;
+  if (head) throw Error(fmt::format("internal error: kernel '{}': knob overlap lost the first dot at {}", f_.name, o.first->loc.str()));
+  line("tj::dev::wgmma_wait<0>();   // the late dot is complete");
+  line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.chained)));
+  if (!frags.empty()) line(fmt::format("tj::dev::fence_frags({});", frags));
+  emit_wait(late, nullptr);
+  // The carries, for the next iteration's late ops.
+  if (!frags.empty()) {
+    std::string value = ref(o.fragment);
+    const bool has_acc = o.chained->ival == 1;
+    const size_t kpos = has_acc ? 3 : 2;
+    if (cd.k_masked && o.chained->operands.size() >= kpos + 2) {
+      const std::string masked = fresh(o.fragment, "k"), kb = ref(o.chained->operands[kpos]),
+                        ke = ref(o.chained->operands[kpos + 1]);
+      line(fmt::format("{} {} = {};", tile_type(DType::f32, plan_.of(o.fragment)), masked, value), &o.chained->loc);
+      line(fmt::format("if ({} + {} > {}) {} = tj::dev::mask_k_cols({}, {}, {});", kb, cd.k, ke, masked, value, kb, ke),
+           &o.chained->loc);
+      value = masked;
+    }
+    line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(cd.ta), cd.m / (64 * G), cd.k, value, frags),
+         &o.chained->loc);
+  }
+  for (int v : o.carried) line(fmt::format("tj_c{} = {};", v, ref(v)));
+  line(fmt::format("{} = {};", last, idx));
+  --indent_;
+  line("}");
+  line(fmt::format("if ({} < {}) {{   // the last iteration's late ops", b, e));
+  ++indent_;
+  emit_late_ops(op, o, last, [](int i) { return fmt::format("(tj_use{} - 1u)", i); });
+  line("tj::dev::wgmma_wait<0>();");
+  line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.chained)));
+  --indent_;
+  line("}");
+}
+
+}  // namespace tj::codegen::emitter
