@@ -745,6 +745,27 @@ void Emitter::emit_elementwise(const Op& op) {
       return;
     }
   }
+  // A large f32 tile times a broadcast vector (attention's acc * alpha.col()): the factors are all
+  // 1 in most iterations (no row maximum moved), and a warp that holds only ones skips the
+  // product (lazy rescaling).
+  if (op.kind == OpKind::binary && op.binary == BinaryFn::mul && rt.dtype == DType::f32 && !L.is_scalar() && L.slots() >= 16) {
+    for (int side = 0; side < 2; ++side) {
+      const Op* b = def_[op.operands[side]];
+      if (!b || b->kind != OpKind::broadcast) continue;
+      const int factor = b->operands[0];
+      const Layout& fl = plan_.of(factor);
+      if (fl.is_scalar() || f_.type(factor).dtype != DType::f32 || fl.slots() > 4 ||
+          f_.type(op.operands[1 - side]).dtype != DType::f32)
+        continue;
+      const std::string n = fmt::format("v{}", op.result);
+      line(fmt::format("{} {} = {};", tile_type(rt.dtype, L), n, args[1 - side]), &op.loc);
+      line(fmt::format("if (tj::dev::any_not_one({})) {} = tj::dev::map<{}>([]({}) {{ return {}; }}, {});   // x * 1 == x",
+                       ref(factor), n, alias(L), fmt::join(params, ", "), expr, fmt::join(args, ", ")),
+           &op.loc);
+      names_[op.result] = n;
+      return;
+    }
+  }
   define_mapped(op, L, "[]", params, expr, args);
 }
 

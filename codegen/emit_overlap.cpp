@@ -5,7 +5,7 @@
 //      dot's issue, O += P_{j-1} . V_{j-1}), from the values carried over the back edge;
 //   3. the wait for the first dot only (the chained one stays in flight), the releases of the
 //      slots it read, and the rest of the body (the softmax of S_j) while the chained dot runs;
-//   4. the wait for the chained dot, the release of its slots, and the carries: the fragment
+//   4. (the rest's results pinned above it) the wait for the chained dot, the release of its slots, and the carries: the fragment
 //      operand converted to A fragments (only now: the in-flight dot read the previous ones), the
 //      other carried values copied.
 // After the loop, the last iteration's late ops. The async plan's waits inside the body are
@@ -110,6 +110,17 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
   }
   suppress_async_ = false;
   if (head) throw Error(fmt::format("internal error: kernel '{}': knob overlap lost the first dot at {}", f_.name, o.first->loc.str()));
+  // The rest of the body's results stay above the wait, so that they overlap the late dot
+  // (otherwise the compiler may sink their instructions below it).
+  std::set<std::string> pinned;
+  auto pin = [&](int v) {
+    if (v < 0 || plan_.of(v).is_scalar() || f_.type(v).dtype != DType::f32 || !pinned.insert(ref(v)).second) return;
+    line(fmt::format("tj::dev::compute_before({});", ref(v)));
+  };
+  pin(o.fragment);
+  for (int v : o.carried) pin(v);
+  for (const Op& x : op.body->ops)
+    if (x.kind == OpKind::var_write && !o.late.count(&x) && x.operands[0] != o.acc_var) pin(x.operands[0]);
   line("tj::dev::wgmma_wait<0>();   // the late dot is complete");
   line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.chained)));
   if (!frags.empty()) line(fmt::format("tj::dev::fence_frags({});", frags));

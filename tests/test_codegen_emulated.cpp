@@ -72,6 +72,15 @@ inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   tj_emu_barrier->arrive_and_wait();
   return r;
 }
+inline int __any_sync(unsigned, int p) {
+  const unsigned t = threadIdx.x, w = t & ~31u;
+  tj_emu_lanes<int>[t] = p != 0;
+  tj_emu_barrier->arrive_and_wait();
+  int any = 0;
+  for (unsigned l = w; l < w + 32 && l < blockDim.x; ++l) any |= tj_emu_lanes<int>[l];
+  tj_emu_barrier->arrive_and_wait();
+  return any;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int __float2int_rz(float x) {
   if (std::isnan(x)) return 0;

@@ -129,6 +129,13 @@ TJ_DEV void fence_tile(Tile<T, L>& t) {
 #pragma unroll
   for (int i = 0; i < L::slots; ++i) fence_operand(t.v[i]);
 }
+// Pins the computation of an f32 tile above what follows (a wgmma wait): volatile asm that reads
+// every register keeps its place among the other volatile asm, so the tile is computed before.
+template <class L>
+TJ_DEV void compute_before(const Tile<float, L>& t) {
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) asm volatile("" ::"f"(t.v[i]) : "memory");
+}
 // The same for register A fragments an in-flight wgmma reads.
 template <int R>
 TJ_DEV void fence_frags(unsigned (&a)[R]) {

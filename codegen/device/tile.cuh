@@ -485,6 +485,17 @@ TJ_DEV auto map(F f, const X&... x) {
   return out;
 }
 
+// Whether any thread of the calling warp holds an element of t other than 1 (warp-uniform): a
+// product by t where it holds only ones is a copy (x * 1 == x for every x, NaN and infinities
+// included), which the warp skips.
+template <class L>
+TJ_DEV bool any_not_one(const Tile<float, L>& t) {
+  bool not_one = false;
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) not_one |= t.v[i] != 1.0f;
+  return __any_sync(0xffffffffu, not_one);
+}
+
 // ---------------------------------------------------------------- data movement
 // Broadcast without data exchange: along axes where the source has extent 1 (the source is
 // on the destination's thread arrangement, or is a single replicated element).

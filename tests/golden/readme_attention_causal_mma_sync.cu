@@ -93,7 +93,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<float, M64x1> v53 = v48;  // @ user_kernels.cpp:99
     const tj::dev::Tile<float, M64x128> v54 = var17;  // @ user_kernels.cpp:99
     const tj::dev::Tile<float, M64x128> v55 = tj::dev::broadcast<M64x128>(v53);  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M64x128> v56 = tj::dev::map<M64x128>([](float a, float b) { return a * b; }, v54, v55);  // @ user_kernels.cpp:99
+    tj::dev::Tile<float, M64x128> v56 = v54;  // @ user_kernels.cpp:99
+    if (tj::dev::any_not_one(v53)) v56 = tj::dev::map<M64x128>([](float a, float b) { return a * b; }, v54, v55);   // x * 1 == x  // @ user_kernels.cpp:99
     unsigned char* const v58 = tj_tc + 49152 + (tj_u2 % 2u) * 16384;   // 'v' [64 x 256 bytes]  // @ user_kernels.cpp:99
     // 64 x 128 += 64 x 64 . 64 x 128 on the tensor cores: mma.sync m16n8k16 bf16 x bf16; a: registers (A fragments); b: 'v' copied by the threads (MN-major)  // @ user_kernels.cpp:99
     var17 = v56;  // @ user_kernels.cpp:99

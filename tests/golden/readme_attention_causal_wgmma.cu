@@ -139,7 +139,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<float, M128x1> v53 = v48;  // @ user_kernels.cpp:99
     const tj::dev::Tile<float, M128x128> v54 = var17;  // @ user_kernels.cpp:99
     const tj::dev::Tile<float, M128x128> v55 = tj::dev::broadcast<M128x128>(v53);  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M128x128> v56 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v54, v55);  // @ user_kernels.cpp:99
+    tj::dev::Tile<float, M128x128> v56 = v54;  // @ user_kernels.cpp:99
+    if (tj::dev::any_not_one(v53)) v56 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v54, v55);   // x * 1 == x  // @ user_kernels.cpp:99
     tj_r2.wait(tj_u2);   // 'v' [128 x 256 bytes] has landed  // @ user_kernels.cpp:99
     const unsigned v58 = tj::dev::smem_u32(tj_tc + 98304) + (tj_u2 % 2u) * 32768u;  // @ user_kernels.cpp:99
     // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
