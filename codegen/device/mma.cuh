@@ -23,15 +23,26 @@ namespace dev {
 // starts at M/N index mn0 (a multiple of 8; MN-major: of SW / element bytes) and byte kb0 of K
 // (a multiple of 32; MN-major: the piece starts at K row kb0 / element bytes, a multiple of 8).
 template <class O>
+TJ_DEV constexpr int desc_offset(int mn0, int kb0) {
+  constexpr int R = O::rows, SW = O::swizzle, ES = O::elem_bytes;
+  if constexpr (!O::mn_major) return (kb0 / SW) * R * SW + mn0 * SW + kb0 % SW;
+  else return ((mn0 * ES) / SW) * R * SW + (kb0 / ES) * SW;
+}
+template <class O>
 TJ_DEV unsigned long long smem_desc(unsigned base, int mn0, int kb0) {
-  constexpr int R = O::rows, SW = O::swizzle, ES = O::elem_bytes, mode = O::mode;
-  if constexpr (!O::mn_major) {
-    const unsigned a = base + (unsigned)((kb0 / SW) * R * SW + mn0 * SW + kb0 % SW);
-    return make_smem_desc(a, mode, 16u, 8u * SW);
-  } else {
-    const unsigned a = base + (unsigned)(((mn0 * ES) / SW) * R * SW + (kb0 / ES) * SW);
-    return make_smem_desc(a, mode, (unsigned)(R * SW), 8u * SW);
-  }
+  constexpr int R = O::rows, SW = O::swizzle, mode = O::mode;
+  const unsigned a = base + (unsigned)desc_offset<O>(mn0, kb0);
+  if constexpr (!O::mn_major) return make_smem_desc(a, mode, 16u, 8u * SW);
+  else return make_smem_desc(a, mode, (unsigned)(R * SW), 8u * SW);
+}
+// The descriptor of the piece at (mn0 + dmn, kb0 + dkb) from that of the piece at (mn0, kb0):
+// the start address moves by the pieces' byte distance (shared addresses stay below 2^18, so the
+// 14-bit address field never carries). dmn a multiple of 64 rows, dkb of 32 bytes: the distance
+// is a compile-time constant where they are.
+template <class O>
+TJ_DEV unsigned long long desc_step(unsigned long long d, int dmn, int dkb) {
+  static_assert(!O::mn_major || (64 * O::elem_bytes) % O::swizzle == 0, "MN-major pieces start at whole swizzle atoms");
+  return desc_advance(d, (unsigned)desc_offset<O>(dmn, dkb));
 }
 
 #if TJ_SM90_ENABLED
@@ -78,6 +89,8 @@ struct Ring {
 template <int G, int RB, int N, int NC, int KS, int TA, int TB, class OA, class OB>
 TJ_DEV void wgmma_ss(float* acc, unsigned a_base, unsigned b_base, int accumulate) {
   const int g = warpgroup_idx();
+  // Two descriptors, then constant steps (make_smem_desc per instruction cost ~9 uniform ops each).
+  const unsigned long long da = smem_desc<OA>(a_base, 64 * g, 0), db = smem_desc<OB>(b_base, 0, 0);
 #pragma unroll
   for (int s = 0; s < KS; ++s)
 #pragma unroll
@@ -85,13 +98,14 @@ TJ_DEV void wgmma_ss(float* acc, unsigned a_base, unsigned b_base, int accumulat
 #pragma unroll
       for (int c = 0; c < N / NC; ++c)
         mma_async_ss<NC, TA, TB, 1, 1, OA::mn_major ? 1 : 0, OB::mn_major ? 1 : 0>(
-            acc + b * (N / 2) + c * (NC / 2), smem_desc<OA>(a_base, 64 * (g + G * b), 32 * s), smem_desc<OB>(b_base, NC * c, 32 * s),
+            acc + b * (N / 2) + c * (NC / 2), desc_step<OA>(da, 64 * G * b, 32 * s), desc_step<OB>(db, NC * c, 32 * s),
             (accumulate || s > 0) ? 1 : 0);
 }
 
 // The same with A from registers: a[RB][KS][4], the A fragments of this thread (acc_to_a_*).
 template <int RB, int N, int NC, int KS, int TA, int TB, class OB>
 TJ_DEV void wgmma_rs(float* acc, const unsigned* a, unsigned b_base, int accumulate) {
+  const unsigned long long db = smem_desc<OB>(b_base, 0, 0);
 #pragma unroll
   for (int s = 0; s < KS; ++s)
 #pragma unroll
@@ -99,7 +113,7 @@ TJ_DEV void wgmma_rs(float* acc, const unsigned* a, unsigned b_base, int accumul
 #pragma unroll
       for (int c = 0; c < N / NC; ++c)
         mma_async_rs<NC, TA, TB, 1, 1, OB::mn_major ? 1 : 0>(acc + b * (N / 2) + c * (NC / 2), a + (b * KS + s) * 4,
-                                                               smem_desc<OB>(b_base, NC * c, 32 * s), (accumulate || s > 0) ? 1 : 0);
+                                                               desc_step<OB>(db, NC * c, 32 * s), (accumulate || s > 0) ? 1 : 0);
 }
 
 // Turn-taking of the G warpgroups that hold the tiles (FA3's inter-warpgroup schedule): warpgroup
