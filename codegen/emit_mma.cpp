@@ -474,7 +474,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
                        wgmma_type(d.tb), operand_type(d.b.tile), dest, addr[0], addr[1], has_acc ? 1 : 0),
            &op.loc);
     else
-      line(fmt::format("tj::dev::mma_sync_ss<{}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", mma_.warps_r, rb, d.n, ks,
+      line(fmt::format("tj::dev::mma_sync_ss<{}, {}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", mma_.warps_r, mma_.warps_c, rb, d.n, ks,
                        wgmma_type(d.ta), wgmma_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0],
                        addr[1], has_acc ? 1 : 0),
            &op.loc);

@@ -400,6 +400,30 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
   plan.isa = plan.dots.empty() ? MmaPlan::Isa::none : isa;
   plan.warps_r = cfg.num_warps;
   plan.warps_c = 1;
+  // mma.sync where every dot reads both operands from shared memory: a 2-D grid of warps, each
+  // on a block of rows and columns, so that a warp's ldmatrix loads per k step (its rows of A
+  // plus its columns of B) are fewest: 128 x 128 on 4 warps, 64 x 64 each, reads 2x less than
+  // 32 x 128 each. (A register A operand needs its rows' every K column in one warp: rows only.)
+  if (!wg && !plan.dots.empty() &&
+      std::all_of(plan.dots.begin(), plan.dots.end(), [](const MmaDot& d) {
+        return d.a.source == MmaOperand::Source::staged && d.b.source == MmaOperand::Source::staged;
+      })) {
+    int64_t best = -1;
+    for (int wc = 1; wc <= cfg.num_warps; wc *= 2) {
+      if (cfg.num_warps % wc != 0) continue;
+      const int wr = cfg.num_warps / wc;
+      int64_t cost = 0;
+      for (const MmaDot& d : plan.dots) {
+        if (d.m % (16 * wr) != 0 || d.n % (8 * wc) != 0) cost = -1;
+        if (cost >= 0) cost += d.m / wr + d.n / wc;
+      }
+      if (cost >= 0 && (best < 0 || cost < best)) {
+        best = cost;
+        plan.warps_r = wr;
+        plan.warps_c = wc;
+      }
+    }
+  }
   plan.warpgroups = wg ? cfg.num_warps / 4 : 0;
   plan.producer_warp = wg && knobs::warp_specialize.on(cfg) &&
                        std::any_of(plan.staged.begin(), plan.staged.end(), [](const StagedLoad& s) { return s.producer; });

@@ -14,9 +14,10 @@
 //                     zeroes a tile's positions past a k range.
 //   mma_m16n8<TA, TB> d (the m16n8 C fragment, 4 f32) += a (m16 x 32 bytes of K) . b (32 bytes
 //                     of K x n8): m16n8k16 for bf16 / f16, m16n8k32 for e4m3 / e5m2.
-//   mma_sync_ss / mma_sync_rs  a warp's share of acc += A . B, A from shared memory or from
-//                     registers (tile_to_a_frag), B from shared memory; K-major tiles through
-//                     ldmatrix, MN-major ones (16-bit) through ldmatrix.trans.
+//   mma_sync_ss / mma_sync_rs  a warp's share of acc += A . B, A from shared memory (warps on
+//                     a 2-D grid of rows and columns) or from registers (tile_to_a_frag; warps
+//                     on rows only), B from shared memory; K-major tiles through ldmatrix,
+//                     MN-major ones (16-bit) through ldmatrix.trans.
 //
 // On the host (tests/test_codegen_emulated.cpp, where __CUDA_ARCH__ is not defined and the
 // threads of a block are std::threads) the warp collectives call tj_host_ldmatrix and
@@ -176,16 +177,17 @@ TJ_DEV void a_frag(unsigned (&a)[4], const unsigned char* base, int m0, int s) {
     ldmatrix<4, true>(a, base + O::offset(16 * s + 8 * (lane >> 4) + (lane & 7), 2 * (m0 + 8 * ((lane >> 3) & 1))));
 }
 
-// The B fragments of the n8 blocks j and j + 1 (b[0..1], b[2..3]) at K step s of operand tile O
-// (K-major: rows N; MN-major, 16-bit: rows K of N) at `base`; only block j (b[0..1]) when it is
-// the last.
+// The B fragments of the n8 blocks j and j + 1 (b[0..1], b[2..3]) of a warp's N columns, which
+// start at n8 block n0 of operand tile O (K-major: rows N; MN-major, 16-bit: rows K of N) at
+// `base`, at K step s; only block j (b[0..1]) when it is the warp's last.
 template <class O, int N>
-TJ_DEV void b_frags(unsigned (&b)[4], const unsigned char* base, int j, int s) {
+TJ_DEV void b_frags(unsigned (&b)[4], const unsigned char* base, int n0, int j, int s) {
   const int lane = (int)threadIdx.x & 31;
   const int last = j + 1 == N / 8;
+  const int c = n0 + j;
   const unsigned char* row = !O::mn_major
-                                 ? base + O::offset(8 * j + 8 * (lane >> 4) + (lane & 7), 32 * s + 16 * ((lane >> 3) & 1))
-                                 : base + O::offset(16 * s + 8 * ((lane >> 3) & 1) + (lane & 7), 16 * (j + (lane >> 4)));
+                                 ? base + O::offset(8 * c + 8 * (lane >> 4) + (lane & 7), 32 * s + 16 * ((lane >> 3) & 1))
+                                 : base + O::offset(16 * s + 8 * ((lane >> 3) & 1) + (lane & 7), 16 * (c + (lane >> 4)));
   if (!last) {
     ldmatrix<4, O::mn_major>(b, row);
   } else {
@@ -196,16 +198,16 @@ TJ_DEV void b_frags(unsigned (&b)[4], const unsigned char* base, int j, int s) {
   }
 }
 
-// K step s of acc += A . B for RB row blocks: block r's A fragment at a + r * a_stride, B from
-// operand tile OB at b (mma_sync_ss / mma_sync_rs).
+// K step s of acc += A . B for RB row blocks and the warp's N columns from n8 block n0: block
+// r's A fragment at a + r * a_stride, B from operand tile OB at b (mma_sync_ss / mma_sync_rs).
 template <int RB, int N, int TA, int TB, class OB>
-TJ_DEV void mma_k_step(float* acc, const unsigned* a, int a_stride, const unsigned char* b, int s) {
+TJ_DEV void mma_k_step(float* acc, const unsigned* a, int a_stride, const unsigned char* b, int n0, int s) {
   static_assert(!OB::mn_major || TB == WG_BF16 || TB == WG_F16, "MN-major tiles of 16-bit types only");
   static_assert(N % 8 == 0, "n8 blocks");
 #pragma unroll
   for (int j = 0; j < N / 8; j += 2) {
     unsigned bf[4];
-    b_frags<OB, N>(bf, b, j, s);
+    b_frags<OB, N>(bf, b, n0, j, s);
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
       mma_m16n8<TA, TB>(acc + r * (N / 2) + 4 * j, a + r * a_stride, bf);
@@ -215,24 +217,26 @@ TJ_DEV void mma_k_step(float* acc, const unsigned* a, int a_stride, const unsign
 }
 
 // The calling warp's share of acc += A [M x K] . B [K x N], where acc holds the registers of an
-// Mma<MmaArr<WR, 1>, M, N> tile (RB = M / (16 * WR) row blocks; warp w's block r is rows
-// 16 * (w + WR * r) ..) and both operands are SmemOperands in shared memory (OA: rows M, OB:
-// rows N; K-major, or MN-major for 16-bit types) at a and b; KS k steps of 32 bytes.
-// accumulate = 0 overwrites acc with A . B.
-template <int WR, int RB, int N, int KS, int TA, int TB, class OA, class OB>
+// Mma<MmaArr<WR, WC>, M, N> tile (warp (wr, wc): RB = M / (16 * WR) row blocks, block r is rows
+// 16 * (wr + WR * r) .., and the N / WC columns from wc * N / WC) and both operands are
+// SmemOperands in shared memory (OA: rows M, OB: rows N; K-major, or MN-major for 16-bit types)
+// at a and b; KS k steps of 32 bytes. accumulate = 0 overwrites acc with A . B.
+template <int WR, int WC, int RB, int N, int KS, int TA, int TB, class OA, class OB>
 TJ_DEV void mma_sync_ss(float* acc, const unsigned char* a, const unsigned char* b, int accumulate) {
   static_assert(!OA::mn_major || TA == WG_BF16 || TA == WG_F16, "MN-major tiles of 16-bit types only");
+  static_assert(N % (8 * WC) == 0, "8 columns per warp column, or a multiple");
+  constexpr int NW = N / WC;   // the warp's columns
   if (!accumulate) {
 #pragma unroll
-    for (int i = 0; i < RB * N / 2; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < RB * NW / 2; ++i) acc[i] = 0.0f;
   }
-  const int w = (int)threadIdx.x >> 5;
+  const int w = (int)threadIdx.x >> 5, wr = w / WC, wc = w % WC;
 #pragma unroll
   for (int s = 0; s < KS; ++s) {
     unsigned af[RB][4];
 #pragma unroll
-    for (int r = 0; r < RB; ++r) a_frag<OA>(af[r], a, 16 * (w + WR * r), s);
-    mma_k_step<RB, N, TA, TB, OB>(acc, &af[0][0], 4, b, s);
+    for (int r = 0; r < RB; ++r) a_frag<OA>(af[r], a, 16 * (wr + WR * r), s);
+    mma_k_step<RB, NW, TA, TB, OB>(acc, &af[0][0], 4, b, wc * (NW / 8), s);
   }
 }
 
@@ -244,7 +248,7 @@ TJ_DEV void mma_sync_rs(float* acc, const unsigned* a, const unsigned char* b, i
     for (int i = 0; i < RB * N / 2; ++i) acc[i] = 0.0f;
   }
 #pragma unroll
-  for (int s = 0; s < KS; ++s) mma_k_step<RB, N, TA, TB, OB>(acc, a + 4 * s, 4 * KS, b, s);
+  for (int s = 0; s < KS; ++s) mma_k_step<RB, N, TA, TB, OB>(acc, a + 4 * s, 4 * KS, b, 0, s);
 }
 
 }  // namespace dev

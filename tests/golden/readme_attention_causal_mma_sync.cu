@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     unsigned char* const v26 = tj_tc + 16384 + (tj_u1 % 2u) * 16384;   // 'k' [64 x 256 bytes]  // @ user_kernels.cpp:93
     // 64 x 64 += 64 x 128 . 128 x 64 on the tensor cores: mma.sync m16n8k16 bf16 x bf16; a: 'q' copied by the threads (K-major); b: 'k' copied by the threads (K-major)  // @ user_kernels.cpp:93
     tj::dev::Tile<float, M64x64> v28;  // @ user_kernels.cpp:93
-    tj::dev::mma_sync_ss<4, 1, 64, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<64, 256, 128, false, 2>, tj::dev::SmemOperand<64, 256, 128, false, 2>>(v28.v, v19, v26, 0);  // @ user_kernels.cpp:93
+    tj::dev::mma_sync_ss<4, 1, 1, 64, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<64, 256, 128, false, 2>, tj::dev::SmemOperand<64, 256, 128, false, 2>>(v28.v, v19, v26, 0);  // @ user_kernels.cpp:93
     const tj::dev::Tile<float, M64x64> v29 = tj::dev::map<M64x64>([](float a, float b) { return a * b; }, v28, scale);  // @ user_kernels.cpp:93
     const tj::dev::Tile<int, M1x64> v30 = tj::dev::arange<M1x64, 1>(v24);  // @ user_kernels.cpp:94
     const tj::dev::Tile<int, M1x64> v31 = v30;  // @ user_kernels.cpp:94
