@@ -372,6 +372,25 @@ void Emitter::emit_producer_op(const Op& op) {
   if (op.result >= 0 && producer_needs_.count(op.result)) emit_simt_op(op);
 }
 
+int64_t Emitter::a_frag_regs(const MmaDot& d) const {
+  const int64_t rb = mma_.wgmma() ? d.m / (64 * mma_.warpgroups) : d.m / (16 * mma_.warps_r);
+  return rb * (d.k * size_bytes(d.ta) / 32) * 4;
+}
+
+void Emitter::emit_a_frags(const Op& op, const MmaDot& d, const std::string& frags) {
+  std::string value = ref(d.a.value);
+  const size_t kpos = op.ival == 1 ? 3 : 2;
+  if (d.k_masked && op.operands.size() >= kpos + 2) {
+    // Where the tile runs past the dot's k range, its columns there contribute nothing.
+    const std::string masked = fresh(d.a.value, "k"), kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
+    line(fmt::format("{} {} = {};", tile_type(DType::f32, plan_.of(d.a.value)), masked, value), &op.loc);
+    line(fmt::format("if ({} + {} > {}) {} = tj::dev::mask_k_cols({}, {}, {});", kb, d.k, ke, masked, value, kb, ke), &op.loc);
+    value = masked;
+  }
+  const int64_t rb = mma_.wgmma() ? d.m / (64 * mma_.warpgroups) : d.m / (16 * mma_.warps_r);
+  line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(d.ta), rb, d.k, value, frags), &op.loc);
+}
+
 void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
   const Layout& L = plan_.of(op.result);
   if (!L.is_mma())
@@ -416,18 +435,9 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
         addr[which] = carried->second;   // knob overlap: converted (and k-masked) where the value was made
         continue;
       }
-      std::string value = ref(o.value);
-      if (d.k_masked && has_krange) {
-        // Where the tile runs past the dot's k range, its columns there contribute nothing.
-        const std::string masked = fresh(o.value, "k"), kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
-        line(fmt::format("{} {} = {};", tile_type(DType::f32, plan_.of(o.value)), masked, value), &op.loc);
-        line(fmt::format("if ({} + {} > {}) {} = tj::dev::mask_k_cols({}, {}, {});", kb, d.k, ke, masked, value, kb, ke),
-             &op.loc);
-        value = masked;
-      }
       addr[which] = fmt::format("tj_a{}", op.result);
-      line(fmt::format("unsigned {}[{}];   // a as register fragments", addr[which], rb * ks * 4), &op.loc);
-      line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(d.ta), rb, d.k, value, addr[which]), &op.loc);
+      line(fmt::format("unsigned {}[{}];   // a as register fragments", addr[which], a_frag_regs(d)), &op.loc);
+      emit_a_frags(op, d, addr[which]);
       continue;
     }
     // Which dim of the operand's tile holds K.

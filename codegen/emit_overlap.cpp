@@ -55,12 +55,9 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
   const std::string last = fmt::format("tj_i{}", op.body_index);
   line(fmt::format("long long {} = {};   // the index of the iteration whose late ops run next", last, b));
   std::string frags;
-  int64_t frag_regs = 0;
   if (o.fragment >= 0) {
-    const int64_t rb = cd.m / (64 * G), ks = cd.k * size_bytes(cd.ta) / 32;
-    frag_regs = rb * ks * 4;
     frags = fmt::format("tj_pa{}", o.chained->result);
-    line(fmt::format("unsigned {}[{}];   // the late dot's A fragments, carried", frags, frag_regs));
+    line(fmt::format("unsigned {}[{}];   // the late dot's A fragments, carried", frags, a_frag_regs(cd)));
   }
   for (int v : o.carried) line(fmt::format("{} tj_c{};   // carried to the late ops", value_type(v), v));
   const bool turns = wg_turns_ && G >= 2;
@@ -126,21 +123,7 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
   if (!frags.empty()) line(fmt::format("tj::dev::fence_frags({});", frags));
   emit_wait(late, nullptr);
   // The carries, for the next iteration's late ops.
-  if (!frags.empty()) {
-    std::string value = ref(o.fragment);
-    const bool has_acc = o.chained->ival == 1;
-    const size_t kpos = has_acc ? 3 : 2;
-    if (cd.k_masked && o.chained->operands.size() >= kpos + 2) {
-      const std::string masked = fresh(o.fragment, "k"), kb = ref(o.chained->operands[kpos]),
-                        ke = ref(o.chained->operands[kpos + 1]);
-      line(fmt::format("{} {} = {};", tile_type(DType::f32, plan_.of(o.fragment)), masked, value), &o.chained->loc);
-      line(fmt::format("if ({} + {} > {}) {} = tj::dev::mask_k_cols({}, {}, {});", kb, cd.k, ke, masked, value, kb, ke),
-           &o.chained->loc);
-      value = masked;
-    }
-    line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(cd.ta), cd.m / (64 * G), cd.k, value, frags),
-         &o.chained->loc);
-  }
+  if (!frags.empty()) emit_a_frags(*o.chained, cd, frags);
   for (int v : o.carried) line(fmt::format("tj_c{} = {};", v, ref(v)));
   line(fmt::format("{} = {};", last, idx));
   --indent_;

@@ -225,6 +225,10 @@ class Emitter {
   // does not run ahead).
   void emit_staged_load(const Op& op, const StagedLoad& s);
   void emit_mma_dot(const Op& op, const MmaDot& d);
+  // Registers of dot d's A fragments (a register A operand), and their making from its value
+  // (k-masked where the tile runs past the dot's k range) into the array `frags`.
+  int64_t a_frag_regs(const MmaDot& d) const;
+  void emit_a_frags(const Op& dot, const MmaDot& d, const std::string& frags);
   // The async plan's wait and releases at one point.
   // `exited_loop`: the wait stands right after that loop (its last iteration's uses).
   void emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, const Op* exited_loop = nullptr);

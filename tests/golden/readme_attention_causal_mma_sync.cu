@@ -98,9 +98,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     unsigned char* const v58 = tj_tc + 49152 + (tj_u2 % 2u) * 16384;   // 'v' [64 x 256 bytes]  // @ user_kernels.cpp:99
     // 64 x 128 += 64 x 64 . 64 x 128 on the tensor cores: mma.sync m16n8k16 bf16 x bf16; a: registers (A fragments); b: 'v' copied by the threads (MN-major)  // @ user_kernels.cpp:99
     var17 = v56;  // @ user_kernels.cpp:99
+    unsigned tj_a60[16];   // a as register fragments  // @ user_kernels.cpp:99
     tj::dev::Tile<float, M64x64> v45_k0 = v45;  // @ user_kernels.cpp:99
     if (v24 + 64 > v22) v45_k0 = tj::dev::mask_k_cols(v45, v24, v22);  // @ user_kernels.cpp:99
-    unsigned tj_a60[16];   // a as register fragments  // @ user_kernels.cpp:99
     tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 64>(v45_k0, tj_a60);  // @ user_kernels.cpp:99
     if (v24 + 64 > v22) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
       tj::dev::zero_k_tail<tj::dev::SmemOperand<64, 256, 128, true, 2>, 128>(v58, (int)(v22 - v24));

@@ -145,9 +145,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     const unsigned v58 = tj::dev::smem_u32(tj_tc + 98304) + (tj_u2 % 2u) * 32768u;  // @ user_kernels.cpp:99
     // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
     var17 = v56;  // @ user_kernels.cpp:99
+    unsigned tj_a60[32];   // a as register fragments  // @ user_kernels.cpp:99
     tj::dev::Tile<float, M128x128> v45_k0 = v45;  // @ user_kernels.cpp:99
     if (v24 + 128 > v22) v45_k0 = tj::dev::mask_k_cols(v45, v24, v22);  // @ user_kernels.cpp:99
-    unsigned tj_a60[32];   // a as register fragments  // @ user_kernels.cpp:99
     tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 128>(v45_k0, tj_a60);  // @ user_kernels.cpp:99
     if (v24 + 128 > v22) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
       tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v58, (int)(v22 - v24));
