@@ -15,10 +15,9 @@
 
 namespace tj::codegen::emitter {
 
-std::string Emitter::value_type(int v) const {
+std::string Emitter::value_type(int v) {
   const Layout& l = plan_.of(v);
-  if (l.is_scalar()) return reg_type(f_.type(v).dtype);
-  return fmt::format("tj::dev::Tile<{}, {}>", reg_type(f_.type(v).dtype), const_cast<Emitter*>(this)->alias(l));
+  return l.is_scalar() ? reg_type(f_.type(v).dtype) : tile_type(f_.type(v).dtype, l);
 }
 
 void Emitter::emit_late_ops(const Op& loop, const OverlapLoop& o, const std::string& index,

@@ -173,8 +173,8 @@ class Emitter {
   // The late ops of the iteration whose index is `index`, their ring uses `use(i)` (i: staged load).
   void emit_late_ops(const Op& loop, const OverlapLoop& o, const std::string& index,
                      const std::function<std::string(int)>& use);
-  // Declares a register tile / scalar of value v's type named `name` (no initializer).
-  std::string value_type(int v) const;
+  // The C++ type of value v's registers (a tile in its layout, or a scalar).
+  std::string value_type(int v);
   void emit_memory(const Op& op);
   void emit_gather(const Op& op);
   void emit_elementwise(const Op& op);
