@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -287,4 +288,57 @@ TEST_CASE("gpu: attention variants written as user code (sink logits, MLA head d
       CHECK(o.rel_rmse < 1e-2);
     }
   }
+}
+
+TEST_CASE("gpu: attention backward as user code (dK / dV and dQ) on wgmma and mma.sync matches the reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(17);
+  const int64_t B = 1, H = 2, S = 200, D = 128;   // S ragged against every block
+  const std::vector<int64_t> shape = {B, H, S, D}, rows = {B, H, S};
+  const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));   // log2 units
+  for (bool causal : {false, true})
+    for (const char* arch : {"sm_90a", "sm_80"}) {
+      CAPTURE(causal);
+      CAPTURE(std::string(arch));
+      const HostTensor q = random_tensor(DType::bf16, shape, rng), k = random_tensor(DType::bf16, shape, rng),
+                       v = random_tensor(DType::bf16, shape, rng), dout = random_tensor(DType::bf16, shape, rng);
+      // The forward's LSE (log2 units) in float64; delta = rowsum(dO * O) may be any row vector here.
+      HostTensor lse(DType::f32, rows), delta = random_tensor(DType::f32, rows, rng, 0.1);
+      for (int64_t bh = 0; bh < B * H; ++bh)
+        for (int64_t i = 0; i < S; ++i) {
+          std::vector<double> s;
+          for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += q.at((bh * S + i) * D + d) * k.at((bh * S + j) * D + d);
+            s.push_back(dot * scale);
+          }
+          const double mx = *std::max_element(s.begin(), s.end());
+          double sum = 0;
+          for (double x : s) sum += std::exp2(x - mx);
+          lse.set(bh * S + i, mx + std::log2(sum));
+        }
+      auto config_for = [&](const Kernel& kern, const std::vector<HostTensor>& t, const std::vector<Arg>& tail) {
+        std::vector<Arg> args;
+        for (const auto& x : t) args.push_back(x.view());
+        args.insert(args.end(), tail.begin(), tail.end());
+        return codegen::untuned_config(kern.trace(specs_for(kern, args, false)), arch);
+      };
+      const std::vector<Arg> tail = {scale, causal};
+      const std::string lowering = std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)";
+      std::vector<HostTensor> kv = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape), HostTensor(DType::bf16, shape)};
+      const Config ckv = config_for(examples::attention_bwd_dkdv(), kv, tail);
+      for (size_t out : {size_t{6}, size_t{7}}) {
+        CAPTURE(out == 6 ? "dk" : "dv");
+        const Outcome o = run_both(examples::attention_bwd_dkdv(), kv, tail, out, ckv, arch);
+        CHECK(o.lowering == lowering);
+        CHECK(o.nan_count == 0);
+        CHECK(o.rel_rmse < 2e-2);
+      }
+      std::vector<HostTensor> qt = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape)};
+      const Outcome o = run_both(examples::attention_bwd_dq(), qt, tail, 6, config_for(examples::attention_bwd_dq(), qt, tail), arch);
+      CAPTURE("dq");
+      CHECK(o.lowering == lowering);
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse < 2e-2);
+    }
 }
