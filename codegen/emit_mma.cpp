@@ -372,10 +372,11 @@ void Emitter::emit_producer_op(const Op& op) {
   if (op.result >= 0 && producer_needs_.count(op.result)) emit_simt_op(op);
 }
 
-int64_t Emitter::a_frag_regs(const MmaDot& d) const {
-  const int64_t rb = mma_.wgmma() ? d.m / (64 * mma_.warpgroups) : d.m / (16 * mma_.warps_r);
-  return rb * (d.k * size_bytes(d.ta) / 32) * 4;
+int64_t Emitter::row_blocks(const MmaDot& d) const {
+  return mma_.wgmma() ? d.m / (64 * mma_.warpgroups) : d.m / (16 * mma_.warps_r);
 }
+
+int64_t Emitter::a_frag_regs(const MmaDot& d) const { return row_blocks(d) * (d.k * size_bytes(d.ta) / 32) * 4; }
 
 void Emitter::emit_a_frags(const Op& op, const MmaDot& d, const std::string& frags) {
   std::string value = ref(d.a.value);
@@ -387,8 +388,8 @@ void Emitter::emit_a_frags(const Op& op, const MmaDot& d, const std::string& fra
     line(fmt::format("if ({} + {} > {}) {} = tj::dev::mask_k_cols({}, {}, {});", kb, d.k, ke, masked, value, kb, ke), &op.loc);
     value = masked;
   }
-  const int64_t rb = mma_.wgmma() ? d.m / (64 * mma_.warpgroups) : d.m / (16 * mma_.warps_r);
-  line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(d.ta), rb, d.k, value, frags), &op.loc);
+  line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(d.ta), row_blocks(d), d.k, value, frags),
+       &op.loc);
 }
 
 void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
@@ -425,7 +426,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
   // 2. The operands' shared-memory tiles (a register-A fragment for a in the accumulator layout).
   std::string addr[2];
   const int G = mma_.warpgroups;
-  const int64_t rb = wg ? d.m / (64 * G) : d.m / (16 * mma_.warps_r);   // row blocks per warpgroup (warp)
+  const int64_t rb = row_blocks(d);
   const int64_t ks = d.k * es / 32;
   bool staging = false;   // a register operand is being written into its buffer
   for (int which = 0; which < 2; ++which) {

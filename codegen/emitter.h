@@ -228,6 +228,7 @@ class Emitter {
   // Registers of dot d's A fragments (a register A operand), and their making from its value
   // (k-masked where the tile runs past the dot's k range) into the array `frags`.
   int64_t a_frag_regs(const MmaDot& d) const;
+  int64_t row_blocks(const MmaDot& d) const;   // of d's rows per warpgroup (wgmma) or warp (mma.sync)
   void emit_a_frags(const Op& dot, const MmaDot& d, const std::string& frags);
   // The async plan's wait and releases at one point.
   // `exited_loop`: the wait stands right after that loop (its last iteration's uses).

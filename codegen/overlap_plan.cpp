@@ -50,7 +50,6 @@ OverlapLoop plan_overlap(const ir::Function& f, const ir::Op& loop, const MmaPla
   if (ip == async.in_place.end() || o.chained->ival != 1)
     return fail("its last dot does not accumulate into a loop-carried variable");
   o.acc_var = ip->second;
-  // The variable's value id -> its var_decl's result (what var_read / var_write name).
   const MmaDot& cd = *mma.dot_of(o.chained);
   if (cd.a.source == MmaOperand::Source::fragment) o.fragment = cd.a.value;
 
