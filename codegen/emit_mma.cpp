@@ -448,6 +448,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
       if (d.k_masked && !wg) {
         const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
         line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
+        line("  tj::dev::sync_threads();   // no warp still reads the buffer for an earlier dot");
         line(fmt::format("  tj::dev::zero_k_tail<{}, {}>({}, (int)({} - {}));", operand_type(o.tile), plan_.threads, addr[which],
                          ke, kb));
         line("  tj::dev::sync_threads();");
@@ -456,6 +457,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
         // Past k_end the rows of K contribute nothing: zero them where the tile runs past it.
         const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
         line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
+        line("  tj::dev::sync_threads();   // no warpgroup still reads the buffer for an earlier dot");
         line(fmt::format("  tj::dev::zero_k_tail<{}, {}, {}>({}, (int)({} - {}));", operand_type(o.tile), o.tile.mn_major,
                          plan_.threads, addr[which], ke, kb));
         line("  tj::dev::fence_proxy_async_shared();");
