@@ -369,7 +369,7 @@ std::string HookWriter::interval_expr(const Op& op) const {
         case UnaryFn::neg: return fmt::format("tj::dev::iv_neg({})", in(0));
         case UnaryFn::abs: return fmt::format("tj::dev::iv_abs({})", in(0));
         case UnaryFn::logical_not: return fmt::format("tj::dev::iv_not({})", in(0));
-        case UnaryFn::exp2: return monotone("exp2f");
+        case UnaryFn::exp2: return monotone("tj::dev::exp2");
         case UnaryFn::exp: return monotone("expf");
         case UnaryFn::log2: return monotone("log2f");
         case UnaryFn::log: return monotone("logf");

@@ -62,7 +62,7 @@ std::string unary_expr(UnaryFn fn, DType t, const std::string& x, bool fm) {
   switch (fn) {
     case UnaryFn::neg: return fmt::format("-{}", x);
     case UnaryFn::abs: return is_float(t) ? fmt::format("fabsf({})", x) : fmt::format("tj::dev::iabs({})", x);
-    case UnaryFn::exp2: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_exp2({})" : "exp2f({})"), x));
+    case UnaryFn::exp2: return rounding(t, fmt::format("tj::dev::exp2({})", x));
     case UnaryFn::log2: return rounding(t, fmt::format(fmt::runtime(fm ? "tj::dev::fast_log2({})" : "log2f({})"), x));
     case UnaryFn::exp: return rounding(t, fmt::format(fmt::runtime(fm ? "__expf({})" : "expf({})"), x));
     case UnaryFn::log: return rounding(t, fmt::format(fmt::runtime(fm ? "__logf({})" : "logf({})"), x));

@@ -73,7 +73,10 @@ double unary_elem(const Op& op, UnaryFn fn, DType t, double x) {
   switch (fn) {
     case UnaryFn::neg: r = -f; break;
     case UnaryFn::abs: r = std::fabs(f); break;
-    case UnaryFn::exp2: r = std::exp2(f); break;
+    case UnaryFn::exp2:   // as on the GPU (ex2.approx.ftz): a result below 2^-126 is 0
+      r = std::exp2(f);
+      if (r < std::numeric_limits<float>::min()) r = 0.0f;
+      break;
     case UnaryFn::log2: r = std::log2(f); break;
     case UnaryFn::exp: r = std::exp(f); break;
     case UnaryFn::log: r = std::log(f); break;

@@ -81,10 +81,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<float, M64x1> v42 = v41;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M64x64> v43 = tj::dev::broadcast<M64x64>(v42);  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M64x64> v44 = tj::dev::map<M64x64>([](float a, float b) { return a - b; }, v38, v43);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M64x64> v45 = tj::dev::map<M64x64>([](float a) { return exp2f(a); }, v44);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M64x64> v45 = tj::dev::map<M64x64>([](float a) { return tj::dev::exp2(a); }, v44);  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M64x1> v46 = var13;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M64x1> v47 = tj::dev::map<M64x1>([](float a, float b) { return a - b; }, v46, v41);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M64x1> v48 = tj::dev::map<M64x1>([](float a) { return exp2f(a); }, v47);  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M64x1> v48 = tj::dev::map<M64x1>([](float a) { return tj::dev::exp2(a); }, v47);  // @ user_kernels.cpp:97
     const tj::dev::Tile<float, M64x1> v49 = ((v24 + 64 <= v22) ? tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v45, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, true>(v45, v24, v22, tj_smem));  // @ user_kernels.cpp:98
     const tj::dev::Tile<float, M64x1> v50 = var15;  // @ user_kernels.cpp:98
     const tj::dev::Tile<float, M64x1> v51 = tj::dev::map<M64x1>([](float a, float b) { return a * b; }, v50, v48);  // @ user_kernels.cpp:98
@@ -103,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     if (v24 + 64 > v22) v45_k0 = tj::dev::mask_k_cols(v45, v24, v22);  // @ user_kernels.cpp:99
     tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 64>(v45_k0, tj_a60);  // @ user_kernels.cpp:99
     if (v24 + 64 > v22) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
+      tj::dev::sync_threads();   // no warp still reads the buffer for an earlier dot
       tj::dev::zero_k_tail<tj::dev::SmemOperand<64, 256, 128, true, 2>, 128>(v58, (int)(v22 - v24));
       tj::dev::sync_threads();
     }

@@ -114,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
       // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
       var17 = v44;  // @ user_kernels.cpp:99
       if (tj_i21 + 128 > 300LL) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
+        tj::dev::sync_threads();   // no warpgroup still reads the buffer for an earlier dot
         tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v46, (int)(300LL - tj_i21));
         tj::dev::fence_proxy_async_shared();
         tj::dev::sync_threads();
@@ -135,10 +136,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<float, M128x1> v30 = v29;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x128> v31 = tj::dev::broadcast<M128x128>(v30);  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x128> v32 = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v26, v31);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v33 = tj::dev::map<M128x128>([](float a) { return exp2f(a); }, v32);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x128> v33 = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v32);  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x1> v34 = var13;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x1> v35 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v34, v29);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M128x1> v36 = tj::dev::map<M128x1>([](float a) { return exp2f(a); }, v35);  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x1> v36 = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v35);  // @ user_kernels.cpp:97
     const tj::dev::Tile<float, M128x1> v37 = ((v21 + 128 <= 300LL) ? tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v33, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, true>(v33, v21, 300LL, tj_smem));  // @ user_kernels.cpp:98
     const tj::dev::Tile<float, M128x1> v38 = var15;  // @ user_kernels.cpp:98
     const tj::dev::Tile<float, M128x1> v39 = tj::dev::map<M128x1>([](float a, float b) { return a * b; }, v38, v36);  // @ user_kernels.cpp:98
@@ -172,6 +173,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
     var17 = v44;  // @ user_kernels.cpp:99
     if (tj_i21 + 128 > 300LL) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
+      tj::dev::sync_threads();   // no warpgroup still reads the buffer for an earlier dot
       tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v46, (int)(300LL - tj_i21));
       tj::dev::fence_proxy_async_shared();
       tj::dev::sync_threads();

@@ -25,11 +25,11 @@ extern "C" __global__ void __launch_bounds__(128) softmax(tj::dev::TensorArg<2> 
     const float v15 = var5;  // @ elementwise.cpp:21
     const float v16 = fmaxf(v15, v14);  // @ elementwise.cpp:21
     const tj::dev::Tile<float, L256> v17 = tj::dev::map<L256>([](float a, float b) { return a - b; }, v13, v16);  // @ elementwise.cpp:22
-    const tj::dev::Tile<float, L256> v18 = tj::dev::map<L256>([](float a) { return exp2f(a); }, v17);  // @ elementwise.cpp:22
+    const tj::dev::Tile<float, L256> v18 = tj::dev::map<L256>([](float a) { return tj::dev::exp2(a); }, v17);  // @ elementwise.cpp:22
     const float v19 = ((v9 + 256 <= 1000LL) ? tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v18, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, true>(v18, v9, 1000LL, tj_smem)).v[0];  // @ elementwise.cpp:22
     const float v20 = var5;  // @ elementwise.cpp:22
     const float v21 = v20 - v16;  // @ elementwise.cpp:22
-    const float v22 = exp2f(v21);  // @ elementwise.cpp:22
+    const float v22 = tj::dev::exp2(v21);  // @ elementwise.cpp:22
     const float v23 = var7;  // @ elementwise.cpp:22
     const float v24 = v23 * v22;  // @ elementwise.cpp:22
     const float v25 = v24 + v19;  // @ elementwise.cpp:22
@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(128) softmax(tj::dev::TensorArg<2> 
     const float v32 = var7;  // @ elementwise.cpp:26
     const float v33 = var5;  // @ elementwise.cpp:26
     const tj::dev::Tile<float, L256> v34 = tj::dev::map<L256>([](float a, float b) { return a - b; }, v31, v33);  // @ elementwise.cpp:27
-    const tj::dev::Tile<float, L256> v35 = tj::dev::map<L256>([](float a) { return exp2f(a); }, v34);  // @ elementwise.cpp:27
+    const tj::dev::Tile<float, L256> v35 = tj::dev::map<L256>([](float a) { return tj::dev::exp2(a); }, v34);  // @ elementwise.cpp:27
     const tj::dev::Tile<float, L256> v36 = tj::dev::map<L256>([](float a, float b) { return a / b; }, v35, v32);  // @ elementwise.cpp:27
     tj::dev::store<tj::dev::f32, L256, false, true>(out.data, v3 * out.stride[0], true, {0, 0, 1}, {v27, out.stride[1], 1000LL}, v36);  // @ elementwise.cpp:27
   }
