@@ -897,6 +897,36 @@ void Emitter::emit_shape(const Op& op) {
   define(op.result, W.same_registers(L) ? x : fmt::format("tj::dev::broadcast<{}>({})", alias(L), x), op.loc);
 }
 
+// max(x * s) over a tile x times an f32 scalar s is s * max(x) for a finite s > 0 (rounding is
+// monotone, so the two are equal bit for bit) and s * min(x) for a finite s < 0; min alike. The
+// scaled tile then feeds only its other uses (softmax's x * s - m, which becomes one FFMA). Other
+// s (0, infinities, NaN) reduce x * s recomputed (tj::dev::times: separately rounded products,
+// the same values). Returns the reduction's code, or nothing where the rule does not apply. Only
+// for a reduction over the whole tile (not masked at a range's end).
+std::optional<std::string> Emitter::scaled_extremum(const Op& op) {
+  if (op.reduce == ir::ReduceFn::sum) return std::nullopt;
+  const int x = op.operands[0];
+  const Op* m = def_[x];
+  if (!m || m->kind != OpKind::binary || m->binary != BinaryFn::mul || f_.type(x).dtype != DType::f32) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    const int s = m->operands[side], t = m->operands[1 - side];
+    if (!plan_.of(s).is_scalar() || f_.type(s).dtype != DType::f32 || f_.type(t).dtype != DType::f32 ||
+        !plan_.of(t).same_registers(plan_.of(x)))
+      continue;
+    const int axis = plan_.of(x).axis_of_dim(op.axis);
+    auto red = [&](const char* fn) {
+      return fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, false>({}, 0, 0, tj_smem)", fn, axis, ref(t));
+    };
+    const bool mx = op.reduce == ir::ReduceFn::max;
+    const std::string sv = ref(s);
+    const std::string self = fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, false>(tj::dev::times({}, {}), 0, 0, tj_smem)",
+                                         mx ? "op_max" : "op_min", axis, ref(t), sv);
+    return fmt::format("(tj::dev::finite_nonzero({0}) ? tj::dev::times({0} > 0.0f ? {1} : {2}, {0}) : {3})", sv,
+                       red(mx ? "op_max" : "op_min"), red(mx ? "op_min" : "op_max"), self);
+  }
+  return std::nullopt;
+}
+
 void Emitter::emit_reduce(const Op& op) {
   const int x = op.operands[0];
   const Layout& S = plan_.of(x);
@@ -919,9 +949,10 @@ void Emitter::emit_reduce(const Op& op) {
   };
   // Only a loop's last tile can run past its end: the others take the unmasked reduction, decided
   // once per tile (the per-element test would sit in a softmax's hot loop).
-  const std::string call = masked ? fmt::format("(({} + {} <= {}) ? {} : {})", ref(op.operands[1]), extent, ref(op.operands[2]),
-                                                call_of(false), call_of(true))
-                                  : call_of(false);
+  std::string call = masked ? fmt::format("(({} + {} <= {}) ? {} : {})", ref(op.operands[1]), extent, ref(op.operands[2]),
+                                          call_of(false), call_of(true))
+                            : call_of(false);
+  if (auto scaled = masked ? std::nullopt : scaled_extremum(op)) call = *scaled;
   const Layout& R = plan_.of(op.result);
   if (R.is_scalar()) {
     define(op.result, call + ".v[0]", op.loc);

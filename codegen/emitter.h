@@ -146,6 +146,7 @@ class Emitter {
   void line(const std::string& code, const ir::SourceLoc* loc = nullptr);
   std::string marker(const ir::SourceLoc& loc) const;
   std::string alias(const Layout& l);
+  std::optional<std::string> scaled_extremum(const ir::Op& op);
   std::string tile_type(DType t, const Layout& l) { return fmt::format("tj::dev::Tile<{}, {}>", reg_type(t), alias(l)); }
   std::string fresh(int v, const char* what) { return fmt::format("v{}_{}{}", v, what, temp_++); }
   void need_smem(int64_t bytes, const std::string& what);

@@ -618,3 +618,22 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
             {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});
 }
+
+TEST_CASE("codegen (emulated): the row max of scores times a scale, as the scale times the max or min of the scores, matches the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  // amax(dot(...) * scale) over whole tiles: s * amax(x) for a finite s > 0, s * amin(x) for a
+  // finite s < 0, amax(x * s) itself for s = 0 (and infinities, NaN).
+  const DType bf16 = DType::bf16;
+  const std::vector<int64_t> s64{1, 2, 64, 32};
+  for (float scale : {0.125f, -0.125f, 0.0f}) {
+    CAPTURE(scale);
+    const EmuCase c{"README attention bf16, whole tiles", &readme_attention,
+                    {T(bf16, s64), T(bf16, s64), T(bf16, s64), T(bf16, s64), RuntimeScalar{scale}, false},
+                    R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", "tensor cores (mma.sync)"};
+    const codegen::GeneratedKernel g =
+        codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
+    CHECK(g.source.find("tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max") !=
+          std::string::npos);
+    run_case(c);
+  }
+}

@@ -490,6 +490,24 @@ TJ_DEV auto map(F f, const X&... x) {
   return out;
 }
 
+// t * s elementwise, each product rounded on its own (mul.rn: never fused into an FMA, and never
+// merged with the kernel's own x * s, which then stays free to fuse into its one other use).
+// For a reduction's result scaled back: max(x * s) = s * max(x) for s > 0.
+template <class T, class L>
+TJ_DEV Tile<T, L> times(const Tile<T, L>& t, float s) {
+  Tile<T, L> r;
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) {
+#if defined(__CUDA_ARCH__)
+    r.v[i] = __fmul_rn(t.v[i], s);
+#else
+    r.v[i] = t.v[i] * s;
+#endif
+  }
+  return r;
+}
+TJ_DEV bool finite_nonzero(float s) { return s != 0.0f && fabsf(s) <= 3.40282347e38f; }
+
 // Whether any thread of the calling warp holds an element of t other than 1 (warp-uniform): a
 // product by t where it holds only ones is a copy (x * 1 == x for every x, NaN and infinities
 // included), which the warp skips.
