@@ -914,15 +914,14 @@ std::optional<std::string> Emitter::scaled_extremum(const Op& op) {
         !plan_.of(t).same_registers(plan_.of(x)))
       continue;
     const int axis = plan_.of(x).axis_of_dim(op.axis);
-    auto red = [&](const char* fn) {
-      return fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, false>({}, 0, 0, tj_smem)", fn, axis, ref(t));
+    auto red = [&](const char* fn, const std::string& tile) {
+      return fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, false>({}, 0, 0, tj_smem)", fn, axis, tile);
     };
-    const bool mx = op.reduce == ir::ReduceFn::max;
+    const char* same = op.reduce == ir::ReduceFn::max ? "op_max" : "op_min";
+    const char* other = op.reduce == ir::ReduceFn::max ? "op_min" : "op_max";
     const std::string sv = ref(s);
-    const std::string self = fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, false>(tj::dev::times({}, {}), 0, 0, tj_smem)",
-                                         mx ? "op_max" : "op_min", axis, ref(t), sv);
-    return fmt::format("(tj::dev::finite_nonzero({0}) ? tj::dev::times({0} > 0.0f ? {1} : {2}, {0}) : {3})", sv,
-                       red(mx ? "op_max" : "op_min"), red(mx ? "op_min" : "op_max"), self);
+    return fmt::format("(tj::dev::finite_nonzero({0}) ? tj::dev::times({0} > 0.0f ? {1} : {2}, {0}) : {3})", sv, red(same, ref(t)),
+                       red(other, ref(t)), red(same, fmt::format("tj::dev::times({}, {})", ref(t), sv)));
   }
   return std::nullopt;
 }
@@ -949,10 +948,11 @@ void Emitter::emit_reduce(const Op& op) {
   };
   // Only a loop's last tile can run past its end: the others take the unmasked reduction, decided
   // once per tile (the per-element test would sit in a softmax's hot loop).
-  std::string call = masked ? fmt::format("(({} + {} <= {}) ? {} : {})", ref(op.operands[1]), extent, ref(op.operands[2]),
-                                          call_of(false), call_of(true))
-                            : call_of(false);
-  if (auto scaled = masked ? std::nullopt : scaled_extremum(op)) call = *scaled;
+  const std::optional<std::string> scaled = masked ? std::nullopt : scaled_extremum(op);
+  const std::string call = masked   ? fmt::format("(({} + {} <= {}) ? {} : {})", ref(op.operands[1]), extent, ref(op.operands[2]),
+                                                  call_of(false), call_of(true))
+                           : scaled ? *scaled
+                                    : call_of(false);
   const Layout& R = plan_.of(op.result);
   if (R.is_scalar()) {
     define(op.result, call + ".v[0]", op.loc);
