@@ -21,6 +21,10 @@
 
 namespace tj::codegen::emitter {
 
+// Knob longest_first: the L2 that a group of outer programs' operands may fill together (the
+// attention template's measured budget for 16-bit inputs; an H100 / H200 has 50 / 60 MB).
+constexpr int64_t kGroupL2Bytes = int64_t(8) << 20;
+
 // ---- analysis ----------------------------------------------------------------------------------
 
 void Emitter::analyze() {
@@ -525,9 +529,73 @@ void Emitter::emit_launch() {
   }
   const bool raster = !(longest_first_ && !growing.empty()) && raster_group_ > 1 && n >= 2 &&
                       chain[n - 2]->loop_kind == ir::LoopKind::tile && chain[n - 1]->loop_kind == ir::LoopKind::tile;
+  // Knob longest_first with growing loops: the longest programs first, over groups of outer
+  // programs (the other launch loops: attention's heads) whose operands fit kGroupL2Bytes of L2
+  // together (or raster_group of them, where the knob is set): a group's longest programs of
+  // every outer index first, outer indices fastest, then the programs before them. Programs that
+  // run together then share their operands in L2, and the short ones fill the grid's tail.
+  const bool grouped = longest_first_ && !growing.empty();
+  program_order_ = grouped;
+  std::string group_size;
+  if (grouped) {
+    const int64_t g = knobs::raster_group.of(cfg_, 0);
+    if (g > 0) {
+      group_size = fmt::format("{}u", g);
+    } else {
+      // The bytes of the tensors that loops inside a program load, per outer index.
+      std::set<int> params;
+      for (const Op* l : chain)
+        ir::walk(*l->body, [&](const Op& op, int) {
+          if (op.kind == OpKind::loop && !op.launch)
+            ir::walk(*op.body, [&](const Op& in, int) {
+              if (in.kind == OpKind::load || in.kind == OpKind::gather) params.insert(in.param);
+            });
+        });
+      std::vector<std::string> bytes;
+      for (int p : params) {
+        const ir::Param& t = f_.params.at(p);
+        std::string b = fmt::format("{}LL", size_bytes(t.dtype));
+        for (size_t d = 0; d < t.static_shape.size(); ++d) b += " * " + dim_limit(p, static_cast<int>(d));
+        bytes.push_back(b);
+      }
+      std::string outer = "1LL";
+      for (size_t k = 0; k < n; ++k)
+        if (!growing.count(k)) outer += fmt::format(" * tj_n{}", k);
+      group_size = bytes.empty() ? std::string("1u")
+                                 : fmt::format("(unsigned)tj::dev::imin((long long)tj_total, {}LL * ({}) / tj::dev::imax(1LL, {}))",
+                                               kGroupL2Bytes, outer, fmt::join(bytes, " + "));
+    }
+  }
   auto decode = [&] {
     std::vector<std::string> idx(n);
-    const size_t plain = raster ? n - 2 : n;   // loops decoded innermost fastest
+    if (grouped) {
+      // The flat outer and growing indices by the attention template's order (attn_tile_order.cuh:
+      // .bh the outer index, .m_tile the growing one), each decoded innermost fastest.
+      std::vector<size_t> outer, grow;
+      for (size_t k = 0; k < n; ++k) (growing.count(k) ? grow : outer).push_back(k);
+      auto product = [](const std::vector<size_t>& ks) {
+        std::string r = "1u";
+        for (size_t k : ks) r += fmt::format(" * (unsigned)tj_n{}", k);
+        return r;
+      };
+      line("// knob longest_first: the longest programs first, over groups of outer programs (not innermost fastest)");
+      line(fmt::format("const unsigned tj_on = {}, tj_gn = {};   // outer programs, growing ones per outer index", product(outer),
+                       product(grow)));
+      line(fmt::format("const tj::dev::AttnTile tj_lf = tj::dev::attn_tile_longest_first((unsigned)tj_pid, tj_gn, tj_on, {});",
+                       group_size));
+      for (const auto* ks : {&outer, &grow}) {
+        const std::string flat = ks == &outer ? "(unsigned)tj_lf.bh" : "(unsigned)tj_lf.m_tile";
+        std::string stride;
+        for (size_t p = ks->size(); p-- > 0;) {
+          const size_t k = (*ks)[p];
+          std::string i = stride.empty() ? flat : fmt::format("{} / ({})", flat, stride);
+          if (p > 0) i = fmt::format("({}) % (unsigned)tj_n{}", i, k);
+          idx[k] = fmt::format("(long long)({})", i);
+          stride += (stride.empty() ? "" : " * ") + fmt::format("(unsigned)tj_n{}", k);
+        }
+      }
+    }
+    const size_t plain = grouped ? 0 : raster ? n - 2 : n;   // loops decoded innermost fastest
     const std::string pid = raster ? "tj_outer" : "tj_pid";
     if (raster) {
       const std::string na = fmt::format("tj_n{}", n - 2), nb = fmt::format("tj_n{}", n - 1);
@@ -733,18 +801,23 @@ void Emitter::emit_elementwise(const Op& op) {
   // interval arithmetic on the indices.
   if (op.kind == OpKind::where && !L.is_scalar()) {
     if (auto whole = uniform_truth(op.operands[0])) {
-      const std::string n = fmt::format("v{}", op.result);
-      line(fmt::format("{} {};", tile_type(rt.dtype, L), n), &op.loc);
-      line(fmt::format("if ({}) {} = {};   // the mask holds on the whole tile", whole->first, n,
+      const std::string n = fmt::format("v{}", op.result), w = n + "_whole";
+      line(fmt::format("const bool {} = {};   // the mask holds on the whole tile", w, whole->first), &op.loc);
+      line(fmt::format("[[maybe_unused]] {} {};", tile_type(rt.dtype, L), n), &op.loc);   // unused when pushed through
+      line(fmt::format("if ({}) {} = {};", w, n,
                        plan_.of(op.operands[1]).is_scalar() ? fmt::format("tj::dev::full<{}>({})", alias(L), args[1]) : args[1]),
            &op.loc);
       line(fmt::format("else {} = tj::dev::map<{}>([]({}) {{ return {}; }}, {});", n, alias(L), fmt::join(params, ", "), expr,
                        fmt::join(args, ", ")),
            &op.loc);
       names_[op.result] = n;
+      masked_[op.result] = MaskedValue{w, args[0], args[1], args[2], n};
       return;
     }
   }
+  if ((op.kind == OpKind::unary || op.kind == OpKind::binary || op.kind == OpKind::cast) && !L.is_scalar() &&
+      push_through_mask(op, L, params, expr, args))
+    return;
   // A large f32 tile times a broadcast vector (attention's acc * alpha.col()): the factors are all
   // 1 in most iterations (no row maximum moved), and a warp that holds only ones skips the
   // product (lazy rescaling).
@@ -766,7 +839,49 @@ void Emitter::emit_elementwise(const Op& op) {
       return;
     }
   }
+  // f32 division: tj::dev::divide (IEEE division bit for bit, without CUDA's branch per element;
+  // a broadcast divisor's reciprocal once per row).
+  if (op.kind == OpKind::binary && op.binary == BinaryFn::div && rt.dtype == DType::f32 && !L.is_scalar() &&
+      f_.type(op.operands[0]).dtype == DType::f32 && f_.type(op.operands[1]).dtype == DType::f32) {
+    auto tile = [&](int i) {
+      return plan_.of(op.operands[i]).is_scalar() ? fmt::format("tj::dev::full<{}>({})", alias(L), args[i]) : args[i];
+    };
+    define(op.result, fmt::format("tj::dev::divide({}, {})", tile(0), tile(1)), op.loc);
+    return;
+  }
   define_mapped(op, L, "[]", params, expr, args);
+}
+
+bool Emitter::push_through_mask(const Op& op, const Layout& L, const std::vector<std::string>& params, const std::string& expr,
+                                const std::vector<std::string>& args) {
+  const MaskedValue* mv = nullptr;
+  std::vector<std::string> a = args, b = args;
+  for (size_t i = 0; i < op.operands.size(); ++i) {
+    const int v = op.operands[i];
+    auto it = masked_.find(v);
+    if (it == masked_.end() || it->second.name != ref(v) || args[i] != ref(v)) continue;
+    if (mv && (mv->whole != it->second.whole || mv->mask != it->second.mask)) return false;
+    mv = &it->second;
+    a[i] = mv->a;
+    b[i] = mv->b;
+  }
+  if (!mv) return false;
+  const MaskedValue m = *mv;
+  const std::string n = fmt::format("v{}", op.result), T = reg_type(f_.type(op.result).dtype);
+  auto mapped = [&](const std::vector<std::string>& xs) {
+    return fmt::format("tj::dev::map<{}>([]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), expr, fmt::join(xs, ", "));
+  };
+  const std::string type = tile_type(f_.type(op.result).dtype, L);
+  line(fmt::format("const {} {}_a = {};   // through the mask: its arm where it holds", type, n, mapped(a)), &op.loc);
+  line(fmt::format("const {} {}_b = {};   // and where it fails", type, n, mapped(b)), &op.loc);
+  line(fmt::format("[[maybe_unused]] {} {};", type, n), &op.loc);
+  line(fmt::format("if ({}) {} = {}_a;", m.whole, n, n), &op.loc);
+  line(fmt::format("else {} = tj::dev::map<{}>([](bool c, {} a, {} b) {{ return c ? a : b; }}, {}, {}_a, {}_b);", n, alias(L), T, T,
+                   m.mask, n, n),
+       &op.loc);
+  names_[op.result] = n;
+  masked_[op.result] = MaskedValue{m.whole, m.mask, n + "_a", n + "_b", n};
+  return true;
 }
 
 std::optional<std::pair<std::string, std::string>> Emitter::index_interval(int v) const {
@@ -901,27 +1016,53 @@ void Emitter::emit_shape(const Op& op) {
 // monotone, so the two are equal bit for bit) and s * min(x) for a finite s < 0; min alike. The
 // scaled tile then feeds only its other uses (softmax's x * s - m, which becomes one FFMA). Other
 // s (0, infinities, NaN) reduce x * s recomputed (tj::dev::times: separately rounded products,
-// the same values). Returns the reduction's code, or nothing where the rule does not apply. Only
-// for a reduction over the whole tile (not masked at a range's end).
-std::optional<std::string> Emitter::scaled_extremum(const Op& op) {
+// the same values). The rule looks through a masked where(mask, x * s, K) whose K is the
+// reduction's identity (-inf for max): on a tile where the mask holds everywhere the where is
+// x * s; elsewhere (and on a range's last, partial tile) the reduction runs on the masked product,
+// recomputed, so that the kernel's own x * s keeps its one fusable use. Returns the reduction's
+// code, or nothing where the rule does not apply.
+std::optional<std::string> Emitter::scaled_extremum(const Op& op, bool range_masked) {
   if (op.reduce == ir::ReduceFn::sum) return std::nullopt;
   const int x = op.operands[0];
-  const Op* m = def_[x];
-  if (!m || m->kind != OpKind::binary || m->binary != BinaryFn::mul || f_.type(x).dtype != DType::f32) return std::nullopt;
+  const bool is_max = op.reduce == ir::ReduceFn::max;
+  int prod = x;
+  const MaskedValue* mv = nullptr;
+  if (auto it = masked_.find(x); it != masked_.end() && it->second.name == ref(x) && def_[x] && def_[x]->kind == OpKind::where) {
+    const Op* k = def_[def_[x]->operands[2]];
+    if (!k || k->kind != OpKind::const_value || k->fval != (is_max ? -1.0 : 1.0) * std::numeric_limits<double>::infinity())
+      return std::nullopt;
+    prod = def_[x]->operands[1];
+    mv = &it->second;
+  }
+  const Op* m = def_[prod];
+  if (!m || m->kind != OpKind::binary || m->binary != BinaryFn::mul || f_.type(prod).dtype != DType::f32) return std::nullopt;
   for (int side = 0; side < 2; ++side) {
     const int s = m->operands[side], t = m->operands[1 - side];
     if (!plan_.of(s).is_scalar() || f_.type(s).dtype != DType::f32 || f_.type(t).dtype != DType::f32 ||
-        !plan_.of(t).same_registers(plan_.of(x)))
+        !plan_.of(t).same_registers(plan_.of(x)) || !plan_.of(prod).same_registers(plan_.of(x)))
       continue;
     const int axis = plan_.of(x).axis_of_dim(op.axis);
-    auto red = [&](const char* fn, const std::string& tile) {
-      return fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, false>({}, 0, 0, tj_smem)", fn, axis, tile);
-    };
-    const char* same = op.reduce == ir::ReduceFn::max ? "op_max" : "op_min";
-    const char* other = op.reduce == ir::ReduceFn::max ? "op_min" : "op_max";
     const std::string sv = ref(s);
-    return fmt::format("(tj::dev::finite_nonzero({0}) ? tj::dev::times({0} > 0.0f ? {1} : {2}, {0}) : {3})", sv, red(same, ref(t)),
-                       red(other, ref(t)), red(same, fmt::format("tj::dev::times({}, {})", ref(t), sv)));
+    auto red = [&](const char* fn, const std::string& tile, bool masked) {
+      return fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, {}>({}, {}, {}, tj_smem)", fn, axis, masked, tile,
+                         masked ? ref(op.operands[1]) : "0", masked ? ref(op.operands[2]) : "0");
+    };
+    const char* same = is_max ? "op_max" : "op_min";
+    const char* other = is_max ? "op_min" : "op_max";
+    const std::string fast = fmt::format("(tj::dev::finite_nonzero({0}) ? tj::dev::times({0} > 0.0f ? {1} : {2}, {0}) : {3})", sv,
+                                         red(same, ref(t), false), red(other, ref(t), false),
+                                         red(same, fmt::format("tj::dev::times({}, {})", ref(t), sv), false));
+    std::vector<std::string> conds;
+    if (range_masked)
+      conds.push_back(fmt::format("{} + {} <= {}", ref(op.operands[1]), shape(x).at(op.axis), ref(op.operands[2])));
+    std::string product = fmt::format("tj::dev::times({}, {})", ref(t), sv);
+    if (mv) {
+      conds.push_back(mv->whole);
+      product = fmt::format("tj::dev::map<{}>([](bool c, float v) {{ return c ? v : {}tj::dev::inf(); }}, {}, {})",
+                            alias(plan_.of(x)), is_max ? "-" : "", mv->mask, product);
+    }
+    if (conds.empty()) return fast;
+    return fmt::format("(({}) ? {} : {})", fmt::join(conds, " && "), fast, red(same, product, range_masked));
   }
   return std::nullopt;
 }
@@ -948,10 +1089,10 @@ void Emitter::emit_reduce(const Op& op) {
   };
   // Only a loop's last tile can run past its end: the others take the unmasked reduction, decided
   // once per tile (the per-element test would sit in a softmax's hot loop).
-  const std::optional<std::string> scaled = masked ? std::nullopt : scaled_extremum(op);
-  const std::string call = masked   ? fmt::format("(({} + {} <= {}) ? {} : {})", ref(op.operands[1]), extent, ref(op.operands[2]),
+  const std::optional<std::string> scaled = scaled_extremum(op, masked);
+  const std::string call = scaled ? *scaled
+                           : masked ? fmt::format("(({} + {} <= {}) ? {} : {})", ref(op.operands[1]), extent, ref(op.operands[2]),
                                                   call_of(false), call_of(true))
-                           : scaled ? *scaled
                                     : call_of(false);
   const Layout& R = plan_.of(op.result);
   if (R.is_scalar()) {
@@ -1034,6 +1175,7 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
   if (mma_.producer_warp)
     out += fmt::format("#define TJ_TILE_THREADS {}   // the warps before the producer warpgroup hold the tiles\n", plan_.threads);
   out += mma_.wgmma() ? "#include \"mma.cuh\"\n" : mma_.on_tensor_cores() ? "#include \"mma_sync.cuh\"\n" : "#include \"tile.cuh\"\n";
+  if (program_order_) out += "#include \"attn_tile_order.cuh\"\n";   // knob longest_first's order
   for (const MmaDot& d : mma_.dots) {
     if (!mma_.wgmma()) break;
     // hopper_wgmma.cuh defines the common wgmma widths; others get their own.
@@ -1156,6 +1298,7 @@ GeneratedKernel Emitter::run() {
   k.source += body_;
   k.source += "}\n";
   k.device_headers = {"tile.cuh", "fp8.cuh"};
+  if (program_order_) k.device_headers.push_back("attn_tile_order.cuh");
   k.notes = mma_.simt_dots;
   if (mma_.on_tensor_cores()) k.device_headers.insert(k.device_headers.end(), {"swizzle.cuh", "frag.cuh", "mma_layout.cuh"});
   if (mma_.wgmma()) {

@@ -95,6 +95,7 @@ class Emitter {
   bool persistent_ = false;              // knob persistent: blocks loop over the programs
   int64_t raster_group_ = 1;             // knob raster_group
   bool longest_first_ = false;           // knob longest_first
+  bool program_order_ = false;           // the launch decodes programs with attn_tile_order.cuh
   bool wg_turns_ = false;                // knob wg_turns (wgmma, two or more warpgroups)
   bool overlap_ = false;                 // knob overlap (codegen/overlap_plan.h)
   // While a loop's ops are emitted out of program order (knob overlap): the async plan's waits
@@ -120,6 +121,22 @@ class Emitter {
   bool waited_ = false;
 
   std::vector<const Op*> def_;           // defining op per value
+  // A value emitted as where(mask, a, b) whose mask holds on whole tiles in most iterations
+  // (uniform_truth), or an elementwise op pushed through one: f(where(c, a, b), y) is computed as
+  // where(c, f(a, y), f(b, y)), so that a whole tile runs the arm `a` alone and an elementwise
+  // chain on it stays one expression for the compiler (softmax's x * s - m: one FFMA, no select).
+  // The arms hold only while the value goes by `name` (not a carried copy of another iteration).
+  struct MaskedValue {
+    std::string whole;   // C++ condition: the mask holds on the whole tile
+    std::string mask;    // the boolean tile, in the value's layout
+    std::string a, b;    // the arms (tiles in the value's layout, or scalars)
+    std::string name;    // the value's own tile
+  };
+  std::map<int, MaskedValue> masked_;
+  // Emits an elementwise op with a masked operand as the where of its two arms; false where no
+  // operand is masked (or two disagree on the mask).
+  bool push_through_mask(const Op& op, const Layout& L, const std::vector<std::string>& params, const std::string& expr,
+                         const std::vector<std::string>& args);
   std::vector<int> uses_;                // effective uses per value
   std::set<int> folded_;                 // transpose results folded into the dots that use them
   std::vector<Range> range_;             // integer scalars
@@ -146,7 +163,9 @@ class Emitter {
   void line(const std::string& code, const ir::SourceLoc* loc = nullptr);
   std::string marker(const ir::SourceLoc& loc) const;
   std::string alias(const Layout& l);
-  std::optional<std::string> scaled_extremum(const ir::Op& op);
+  // max / min of a tile times an f32 scalar (through a mask's where, and under a range mask):
+  // the code of the reduction op, or nothing where the rule does not apply.
+  std::optional<std::string> scaled_extremum(const ir::Op& op, bool range_masked);
   std::string tile_type(DType t, const Layout& l) { return fmt::format("tj::dev::Tile<{}, {}>", reg_type(t), alias(l)); }
   std::string fresh(int v, const char* what) { return fmt::format("v{}_{}{}", v, what, temp_++); }
   void need_smem(int64_t bytes, const std::string& what);

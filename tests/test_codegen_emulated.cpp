@@ -619,21 +619,48 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});
 }
 
-TEST_CASE("codegen (emulated): the row max of scores times a scale, as the scale times the max or min of the scores, matches the reference executor") {
+TEST_CASE("codegen (emulated): knob longest_first runs every program once, the longest first over groups of heads") {
   TJ_REQUIRE_HOST_COMPILER();
-  // amax(dot(...) * scale) over whole tiles: s * amax(x) for a finite s > 0, s * amin(x) for a
-  // finite s < 0, amax(x * s) itself for s = 0 (and infinities, NaN).
+  // 3 heads x 3 query tiles, causal: groups from the L2 budget (all 3 heads), of 2 heads (the last
+  // group short) and head by head; each must cover every (head, tile) once to match.
   const DType bf16 = DType::bf16;
-  const std::vector<int64_t> s64{1, 2, 64, 32};
-  for (float scale : {0.125f, -0.125f, 0.0f}) {
-    CAPTURE(scale);
-    const EmuCase c{"README attention bf16, whole tiles", &readme_attention,
-                    {T(bf16, s64), T(bf16, s64), T(bf16, s64), T(bf16, s64), RuntimeScalar{scale}, false},
-                    R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", "tensor cores (mma.sync)"};
+  const std::vector<int64_t> s{1, 3, 70, 32};
+  for (const char* group : {"", ",\"raster_group\":2", ",\"raster_group\":1"}) {
+    CAPTURE(group);
+    const EmuCase c{"README attention bf16 causal", &readme_attention,
+                    {T(bf16, s), T(bf16, s), T(bf16, s), T(bf16, s), RuntimeScalar{0.125f}, true},
+                    fmt::format(R"({{"blocks":{{"m":32,"n":32}},"num_warps":2,"knobs":{{"longest_first":1{}}}}})", group),
+                    {}, false, "sm_80", "tensor cores (mma.sync)"};
     const codegen::GeneratedKernel g =
         codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
-    CHECK(g.source.find("tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max") !=
-          std::string::npos);
+    CHECK(g.source.find("tj::dev::attn_tile_longest_first((unsigned)tj_pid") != std::string::npos);
     run_case(c);
   }
+}
+
+TEST_CASE("codegen (emulated): the row max of scores times a scale, as the scale times the max or min of the scores, matches the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  // amax(dot(...) * scale): s * amax(x) for a finite s > 0, s * amin(x) for a finite s < 0,
+  // amax(x * s) itself for s = 0 (and infinities, NaN). Also through the causal where (the rule on
+  // tiles the mask holds on, the masked product elsewhere) and on a ragged range's last tile.
+  const DType bf16 = DType::bf16;
+  const std::vector<int64_t> s64{1, 2, 64, 32}, s70{1, 2, 70, 32};
+  // (Each scale causal and not, one on whole tiles only, one with a ragged last tile.)
+  for (float scale : {0.125f, -0.125f, 0.0f})
+    for (bool causal : {false, true}) {
+      const std::vector<int64_t>* shape = causal == (scale != -0.125f) ? &s70 : &s64;
+      CAPTURE(scale);
+      CAPTURE(causal);
+      CAPTURE((*shape)[2]);
+      const EmuCase c{"README attention bf16", &readme_attention,
+                      {T(bf16, *shape), T(bf16, *shape), T(bf16, *shape), T(bf16, *shape), RuntimeScalar{scale}, causal},
+                      R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", "tensor cores (mma.sync)"};
+      const codegen::GeneratedKernel g =
+          codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
+      CHECK(g.source.find("tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max") !=
+            std::string::npos);
+      // softmax's scores - max goes through the causal mask: one expression on whole tiles
+      CHECK((g.source.find("through the mask: its arm where it holds") != std::string::npos) == causal);
+      run_case(c);
+    }
 }

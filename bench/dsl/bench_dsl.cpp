@@ -3,7 +3,7 @@
 // is one, and writes one JSON line per measurement; bench/dsl/peers.py times torch on the same
 // problems and merges both into one table (bench/dsl/run.sh).
 //
-//   bench_dsl [--out FILE.jsonl] [--cases NAME,...] [--reps 20] [--warmup 3] [--quick]
+//   bench_dsl [--out FILE.jsonl] [--cases NAME,...] [--only SUBSTRING] [--reps 20] [--warmup 3] [--quick]
 //
 // Method: inputs ~ N(0, 1) (attention: q, k, v; GEMMs: scaled by 1/sqrt(K) where the output
 // feeds a nonlinearity), rounded to the input type; each sample is one launch between two CUDA
@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   std::set<std::string> only;
   int reps = 20, warmup = 3;
   bool quick = false;
+  std::string name_has;   // --only: the cases whose name contains it (e.g. "1024x128 causal")
   // --also LABEL=JSON: one more generic path for every case, JSON over the untuned config.
   std::vector<std::pair<std::string, std::string>> also;
   for (int i = 1; i < argc; ++i) {
@@ -127,6 +128,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(next());
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--quick") quick = true;
+    else if (a == "--only") name_has = next();
     else if (a == "--also") {
       const std::string v = next();
       const size_t eq = v.find('=');
@@ -146,7 +148,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention,variants] [--reps N] "
-                           "[--warmup N] [--quick] [--also LABEL=JSON ...]\n");
+                           "[--warmup N] [--quick] [--only SUBSTRING] [--also LABEL=JSON ...]\n");
       return 2;
     }
   }
@@ -271,6 +273,7 @@ int main(int argc, char** argv) {
 
     std::printf("%-44s %-26s %9s %9s %10s  %s\n", "case", "path", "ms", "TFLOP/s", "rel err", "config");
     for (Case& c : cases) {
+      if (!name_has.empty() && c.name.find(name_has) == std::string::npos) continue;
       c.paths.insert(c.paths.end(), also.begin(), also.end());
       for (auto& h : c.host) c.dev.push_back(DeviceTensor::from_host(h));
       const std::vector<Arg> args = args_of(c.dev, c.tail);

@@ -404,6 +404,33 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
   constexpr int step = grouped ? L::vec : 1;
   M* base = static_cast<M*>(data) + offset;
   const bool unit = grouped && c.stride == 1;
+  if constexpr (grouped) {
+    // Every group aligned (the base, the row stride and the first column; a group's columns start
+    // at multiples of vec): one test per tile, not one per group.
+    if (unit && ok && G::aligned(base) && r.stride % L::vec == 0 && c.start % L::vec == 0) {
+#pragma unroll
+      for (int i = 0; i < L::sr; ++i) {
+        const long long pr = r.start + L::coord_r(i);
+        if (!L::primary_r(i) || (CR && !in_range(pr, r.limit))) continue;
+#pragma unroll
+        for (int j0 = 0; j0 < L::sc; j0 += step) {
+          const long long pc = c.start + L::coord_c(j0);
+          if (!L::primary_c(j0)) continue;
+          if (CC && !(pc >= 0 && pc + L::vec <= c.limit)) {   // a group across the end: its elements in range
+#pragma unroll
+            for (int j = j0; j < j0 + step; ++j)
+              if (in_range(c.start + L::coord_c(j), c.limit)) E::st(base + pr * r.stride + c.start + L::coord_c(j), x.v[L::idx(i, j)]);
+            continue;
+          }
+          alignas(16) M group[L::vec];
+#pragma unroll
+          for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[L::idx(i, j0 + v)]);
+          G::copy(base + pr * r.stride + pc, group);
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < L::sr; ++i) {
     const long long pr = r.start + L::coord_r(i);
@@ -507,6 +534,40 @@ TJ_DEV Tile<T, L> times(const Tile<T, L>& t, float s) {
   return r;
 }
 TJ_DEV bool finite_nonzero(float s) { return s != 0.0f && fabsf(s) <= 3.40282347e38f; }
+
+// a / b elementwise, bit for bit the `/` of CUDA C (IEEE division, round to nearest even), with no
+// branch per element: CUDA's own fast sequence (the divisor's reciprocal refined by one FMA step,
+// the quotient, one correction) where every a and b of the tile lies in [2^-60, 2^60] in
+// magnitude -- well inside the range where CUDA's operand check (FCHK) takes that sequence, which
+// is exact there -- and element by element for the whole tile otherwise (zeros, tiny or huge
+// values, infinities, NaN). A divisor that repeats across the tile (a broadcast row vector: a
+// softmax's or attention's row sums) has its reciprocal computed once per distinct register.
+TJ_DEV bool divide_fast_ok(float x) { return (fabsf(x) >= 0x1p-60f) & (fabsf(x) <= 0x1p60f); }   // false for NaN
+template <class L>
+TJ_DEV Tile<float, L> divide(const Tile<float, L>& a, const Tile<float, L>& b) {
+  Tile<float, L> q;
+#if defined(__CUDA_ARCH__)
+  // The check first: the quotients then take the registers of the operands they replace.
+  bool ok = true;
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) ok = ok & divide_fast_ok(a.v[i]) & divide_fast_ok(b.v[i]);
+  if (ok) {
+#pragma unroll
+    for (int i = 0; i < L::slots; ++i) {
+      const float d = b.v[i];
+      float y;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d));
+      y = __fmaf_rn(y, __fmaf_rn(-d, y, 1.0f), y);
+      const float q0 = __fmul_rn(a.v[i], y);
+      q.v[i] = __fmaf_rn(y, __fmaf_rn(-d, q0, a.v[i]), q0);
+    }
+    return q;
+  }
+#endif
+#pragma unroll
+  for (int i = 0; i < L::slots; ++i) q.v[i] = a.v[i] / b.v[i];
+  return q;
+}
 
 // Whether any thread of the calling warp holds an element of t other than 1 (warp-uniform): a
 // product by t where it holds only ones is a copy (x * 1 == x for every x, NaN and infinities

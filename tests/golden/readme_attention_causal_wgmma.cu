@@ -118,16 +118,25 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<int, M128x128> v34 = tj::dev::broadcast<M128x128>(v33);  // @ user_kernels.cpp:94
     const tj::dev::Tile<int, M128x128> v35 = tj::dev::broadcast<M128x128>(v31);  // @ user_kernels.cpp:94
     const tj::dev::Tile<bool, M128x128> v36 = tj::dev::map<M128x128>([](int a, int b) { return a >= b; }, v34, v35);  // @ user_kernels.cpp:94
-    tj::dev::Tile<float, M128x128> v38;  // @ user_kernels.cpp:94
-    if (((long long)(v11) >= ((long long)(v24) + 127))) v38 = v29;   // the mask holds on the whole tile  // @ user_kernels.cpp:94
+    const bool v38_whole = ((long long)(v11) >= ((long long)(v24) + 127));   // the mask holds on the whole tile  // @ user_kernels.cpp:94
+    [[maybe_unused]] tj::dev::Tile<float, M128x128> v38;  // @ user_kernels.cpp:94
+    if (v38_whole) v38 = v29;  // @ user_kernels.cpp:94
     else v38 = tj::dev::map<M128x128>([](bool a, float b, float c) { return a ? b : c; }, v36, v29, (-tj::dev::inf()));  // @ user_kernels.cpp:94
-    const tj::dev::Tile<float, M128x1> v39 = ((v24 + 128 <= v22) ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v38, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(v38, v24, v22, tj_smem));  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v39 = ((v24 + 128 <= v22 && v38_whole) ? (tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v28, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(tj::dev::map<M128x128>([](bool c, float v) { return c ? v : -tj::dev::inf(); }, v36, tj::dev::times(v28, scale)), v24, v22, tj_smem));  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v40 = var13;  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v41 = tj::dev::map<M128x1>([](float a, float b) { return fmaxf(a, b); }, v40, v39);  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v42 = v41;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x128> v43 = tj::dev::broadcast<M128x128>(v42);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v44 = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v38, v43);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v45 = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v44);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x128> v44_a = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v29, v43);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x128> v44_b = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, (-tj::dev::inf()), v43);   // and where it fails  // @ user_kernels.cpp:96
+    [[maybe_unused]] tj::dev::Tile<float, M128x128> v44;  // @ user_kernels.cpp:96
+    if (v38_whole) v44 = v44_a;  // @ user_kernels.cpp:96
+    else v44 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v44_a, v44_b);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x128> v45_a = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v44_a);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x128> v45_b = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v44_b);   // and where it fails  // @ user_kernels.cpp:96
+    [[maybe_unused]] tj::dev::Tile<float, M128x128> v45;  // @ user_kernels.cpp:96
+    if (v38_whole) v45 = v45_a;  // @ user_kernels.cpp:96
+    else v45 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v45_a, v45_b);  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x1> v46 = var13;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x1> v47 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v46, v41);  // @ user_kernels.cpp:97
     const tj::dev::Tile<float, M128x1> v48 = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v47);  // @ user_kernels.cpp:97
@@ -169,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   const tj::dev::Tile<float, M128x1> v62 = v61;  // @ user_kernels.cpp:102
   const tj::dev::Tile<float, M128x128> v63 = var17;  // @ user_kernels.cpp:102
   const tj::dev::Tile<float, M128x128> v64 = tj::dev::broadcast<M128x128>(v62);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v65 = tj::dev::map<M128x128>([](float a, float b) { return a / b; }, v63, v64);  // @ user_kernels.cpp:102
+  const tj::dev::Tile<float, M128x128> v65 = tj::dev::divide(v63, v64);  // @ user_kernels.cpp:102
   const tj::dev::Tile<float, M128x128> v66 = tj::dev::map<M128x128>([](float a) { return tj::dev::round_bf16(a); }, v65);  // @ user_kernels.cpp:102
   tj::dev::store<tj::dev::bf16, M128x128, false, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 256LL}, {0LL, o.stride[3], 128LL}, v66);  // @ user_kernels.cpp:102
 }

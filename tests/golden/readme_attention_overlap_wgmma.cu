@@ -130,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
       tj_r1.release(tj_u1);
     }
     const tj::dev::Tile<float, M128x128> v26 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v25, scale);  // @ user_kernels.cpp:93
-    const tj::dev::Tile<float, M128x1> v27 = ((v21 + 128 <= 300LL) ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v26, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(v26, v21, 300LL, tj_smem));  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v27 = ((v21 + 128 <= 300LL) ? (tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v25, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v25, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v25, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(tj::dev::times(v25, scale), v21, 300LL, tj_smem));  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v28 = var13;  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v29 = tj::dev::map<M128x1>([](float a, float b) { return fmaxf(a, b); }, v28, v27);  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v30 = v29;  // @ user_kernels.cpp:96
@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   const tj::dev::Tile<float, M128x1> v50 = v49;  // @ user_kernels.cpp:102
   const tj::dev::Tile<float, M128x128> v51 = var17;  // @ user_kernels.cpp:102
   const tj::dev::Tile<float, M128x128> v52 = tj::dev::broadcast<M128x128>(v50);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v53 = tj::dev::map<M128x128>([](float a, float b) { return a / b; }, v51, v52);  // @ user_kernels.cpp:102
+  const tj::dev::Tile<float, M128x128> v53 = tj::dev::divide(v51, v52);  // @ user_kernels.cpp:102
   const tj::dev::Tile<float, M128x128> v54 = tj::dev::map<M128x128>([](float a) { return tj::dev::round_bf16(a); }, v53);  // @ user_kernels.cpp:102
   tj::dev::store<tj::dev::bf16, M128x128, true, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 300LL}, {0LL, o.stride[3], 128LL}, v54);  // @ user_kernels.cpp:102
 }

@@ -21,7 +21,7 @@ extern "C" __global__ void __launch_bounds__(128) softmax(tj::dev::TensorArg<2> 
     const tj::dev::Tile<float, L256> v10 = tj::dev::load<tj::dev::bf16, L256, false, true>(x.data, v3 * x.stride[0], true, {0, 0, 1}, {v9, x.stride[1], 1000LL});  // @ elementwise.cpp:20
     const tj::dev::Tile<float, L256> v11 = tj::dev::map<L256>([](float a) { return a; }, v10);  // @ elementwise.cpp:20
     const tj::dev::Tile<float, L256> v13 = tj::dev::map<L256>([](float a, float b) { return a * b; }, v11, 1.442695f);  // @ elementwise.cpp:20
-    const float v14 = ((v9 + 256 <= 1000LL) ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v13, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(v13, v9, 1000LL, tj_smem)).v[0];  // @ elementwise.cpp:21
+    const float v14 = ((v9 + 256 <= 1000LL) ? (tj::dev::finite_nonzero(1.442695f) ? tj::dev::times(1.442695f > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v11, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v11, 0, 0, tj_smem), 1.442695f) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v11, 1.442695f), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(tj::dev::times(v11, 1.442695f), v9, 1000LL, tj_smem)).v[0];  // @ elementwise.cpp:21
     const float v15 = var5;  // @ elementwise.cpp:21
     const float v16 = fmaxf(v15, v14);  // @ elementwise.cpp:21
     const tj::dev::Tile<float, L256> v17 = tj::dev::map<L256>([](float a, float b) { return a - b; }, v13, v16);  // @ elementwise.cpp:22
@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(128) softmax(tj::dev::TensorArg<2> 
     const float v33 = var5;  // @ elementwise.cpp:26
     const tj::dev::Tile<float, L256> v34 = tj::dev::map<L256>([](float a, float b) { return a - b; }, v31, v33);  // @ elementwise.cpp:27
     const tj::dev::Tile<float, L256> v35 = tj::dev::map<L256>([](float a) { return tj::dev::exp2(a); }, v34);  // @ elementwise.cpp:27
-    const tj::dev::Tile<float, L256> v36 = tj::dev::map<L256>([](float a, float b) { return a / b; }, v35, v32);  // @ elementwise.cpp:27
+    const tj::dev::Tile<float, L256> v36 = tj::dev::divide(v35, tj::dev::full<L256>(v32));  // @ elementwise.cpp:27
     tj::dev::store<tj::dev::f32, L256, false, true>(out.data, v3 * out.stride[0], true, {0, 0, 1}, {v27, out.stride[1], 1000LL}, v36);  // @ elementwise.cpp:27
   }
 }
