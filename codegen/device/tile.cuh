@@ -404,33 +404,6 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
   constexpr int step = grouped ? L::vec : 1;
   M* base = static_cast<M*>(data) + offset;
   const bool unit = grouped && c.stride == 1;
-  if constexpr (grouped) {
-    // Every group aligned (the base, the row stride and the first column; a group's columns start
-    // at multiples of vec): one test per tile, not one per group.
-    if (unit && ok && G::aligned(base) && r.stride % L::vec == 0 && c.start % L::vec == 0) {
-#pragma unroll
-      for (int i = 0; i < L::sr; ++i) {
-        const long long pr = r.start + L::coord_r(i);
-        if (!L::primary_r(i) || (CR && !in_range(pr, r.limit))) continue;
-#pragma unroll
-        for (int j0 = 0; j0 < L::sc; j0 += step) {
-          const long long pc = c.start + L::coord_c(j0);
-          if (!L::primary_c(j0)) continue;
-          if (CC && !(pc >= 0 && pc + L::vec <= c.limit)) {   // a group across the end: its elements in range
-#pragma unroll
-            for (int j = j0; j < j0 + step; ++j)
-              if (in_range(c.start + L::coord_c(j), c.limit)) E::st(base + pr * r.stride + c.start + L::coord_c(j), x.v[L::idx(i, j)]);
-            continue;
-          }
-          alignas(16) M group[L::vec];
-#pragma unroll
-          for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[L::idx(i, j0 + v)]);
-          G::copy(base + pr * r.stride + pc, group);
-        }
-      }
-      return;
-    }
-  }
 #pragma unroll
   for (int i = 0; i < L::sr; ++i) {
     const long long pr = r.start + L::coord_r(i);
