@@ -756,6 +756,23 @@ void Emitter::emit_memory(const Op& op) {
                      T, offset, ok, spans[0], spans[1], value, m),
          &op.loc);
   } else if (is_store) {
+    // A tile in the accumulator layout whose rows are contiguous in memory (stride 1 compiled
+    // in) leaves through shared memory in 16-byte row chunks (knob stage_stores), where the block's
+    // shared memory has room for it.
+    const int elem = size_bytes(p.dtype), chunk = 16 / std::max(1, elem);
+    const int64_t stage = L.extent_r * (L.extent_c + chunk) * elem;
+    const bool staged = knobs::stage_stores.on(cfg_) && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
+                        L.extent_c > 1 && L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1 &&
+                        16 % elem == 0 && L.extent_c % chunk == 0 &&
+                        1024 + mma_.smem_bytes + std::max(smem_, stage) <= target_.max_smem_per_block();
+    if (staged) {
+      need_smem(stage, fmt::format("the staged store at {}", op.loc.str()));
+      line(fmt::format("tj::dev::store_staged<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, tj_smem);   // through shared memory, "
+                       "16-byte row chunks",
+                       E, alias(L), checks[0], checks[1], T, offset, ok, spans[0], spans[1], value),
+           &op.loc);
+      return;
+    }
     line(fmt::format("tj::dev::store<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {});", E, alias(L), checks[0], checks[1], T,
                      offset, ok, spans[0], spans[1], value),
          &op.loc);

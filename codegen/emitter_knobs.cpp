@@ -24,6 +24,10 @@ const KnobSpec overlap{
     "1: in a loop whose body issues a first wgmma dot and ends with a chained one into a loop-carried accumulator "
     "(attention's S = Q.K^T and O += P.V), the chained dot and the ops that only feed it run one iteration late, so the "
     "elementwise work between the dots (the softmax) overlaps the chained dot on the tensor cores"};
+const KnobSpec stage_stores{
+    "stage_stores", 1, "1",
+    "1: a store of a tile in the tensor cores' accumulator layout (rows contiguous in memory) goes through shared memory and "
+    "leaves in 16-byte row chunks, where the shared memory allows; 0: each thread stores its fragments (4 or 8 bytes each)"};
 const KnobSpec fast_math{"fast_math", 0, "0", "1: exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations"};
 const KnobSpec simt_vec{"simt_vec", 1, "1", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
 const KnobSpec simt_lanes_c{"simt_lanes_c", 8, "chosen from the tile shapes", "lanes of a warp along the columns (SIMT layout)"};
@@ -32,7 +36,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

@@ -14,6 +14,7 @@ extern const KnobSpec raster_group;
 extern const KnobSpec longest_first;
 extern const KnobSpec overlap;           // a loop's chained dot one iteration late
 extern const KnobSpec wg_turns;          // the consumer warpgroups take turns issuing wgmmas
+extern const KnobSpec stage_stores;      // accumulator-layout stores through shared memory
 extern const KnobSpec fast_math;
 extern const KnobSpec simt_vec;
 extern const KnobSpec simt_lanes_c;
