@@ -759,16 +759,19 @@ void Emitter::emit_memory(const Op& op) {
     // A tile in the accumulator layout whose rows are contiguous in memory (stride 1 compiled
     // in) leaves through shared memory in 16-byte row chunks (knob stage_stores), where the block's
     // shared memory has room for it.
+    // Each warp stages its own rows and columns (tj::dev::StoreStage): the region past the scratch.
     const int elem = size_bytes(p.dtype), chunk = 16 / std::max(1, elem);
-    const int64_t stage = L.extent_r * (L.extent_c + chunk) * elem;
+    const int64_t warps_c = L.is_mma() ? L.arr.warps_c : 1;
+    const int64_t stage = L.extent_r * (L.extent_c + warps_c * chunk) * elem;
     const bool staged = knobs::stage_stores.on(cfg_) && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
                         L.extent_c > 1 && L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1 &&
-                        16 % elem == 0 && L.extent_c % chunk == 0 &&
-                        1024 + mma_.smem_bytes + std::max(smem_, stage) <= target_.max_smem_per_block();
+                        16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 &&
+                        1024 + mma_.smem_bytes + (smem_ + 15) / 16 * 16 + std::max(stage_bytes_, stage) <=
+                            target_.max_smem_per_block();
     if (staged) {
-      need_smem(stage, fmt::format("the staged store at {}", op.loc.str()));
-      line(fmt::format("tj::dev::store_staged<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, tj_smem);   // through shared memory, "
-                       "16-byte row chunks",
+      stage_bytes_ = std::max(stage_bytes_, stage);
+      line(fmt::format("tj::dev::store_staged<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, tj_smem + tj_stage_at);   // through "
+                       "shared memory, 16-byte row chunks",
                        E, alias(L), checks[0], checks[1], T, offset, ok, spans[0], spans[1], value),
            &op.loc);
       return;
@@ -1193,6 +1196,9 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
     out += fmt::format("#define TJ_TILE_THREADS {}   // the warps before the producer warpgroup hold the tiles\n", plan_.threads);
   out += mma_.wgmma() ? "#include \"mma.cuh\"\n" : mma_.on_tensor_cores() ? "#include \"mma_sync.cuh\"\n" : "#include \"tile.cuh\"\n";
   if (program_order_) out += "#include \"attn_tile_order.cuh\"\n";   // knob longest_first's order
+  if (stage_bytes_ > 0)
+    out += fmt::format("\nconstexpr unsigned tj_stage_at = {};   // the staged stores' region in tj_smem, past the scratch\n",
+                       stage_at_);
   for (const MmaDot& d : mma_.dots) {
     if (!mma_.wgmma()) break;
     // hopper_wgmma.cuh defines the common wgmma widths; others get their own.
@@ -1291,6 +1297,12 @@ GeneratedKernel Emitter::run() {
   if (starts_early_ && !waited_) line("tj::dev::griddep_wait();");
 
   const int64_t tc_bytes = mma_.on_tensor_cores() ? 1024 + mma_.smem_bytes : 0;   // with the alignment slack
+  // The staged stores' region follows the scratch (tj_stage_at, in the header).
+  stage_at_ = (smem_ + 15) / 16 * 16;
+  if (stage_bytes_ > 0) {
+    smem_ = stage_at_ + stage_bytes_;
+    if (smem_what_.empty()) smem_what_ = "staged stores";
+  }
   if (tc_bytes + smem_ > target_.max_smem_per_block())
     throw Error(fmt::format("kernel '{}' with config {} needs {} bytes of shared memory ({} for {}{}), more than the {} bytes "
                             "({} KB) a block can use on {}: use smaller block sizes{}",

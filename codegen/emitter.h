@@ -96,6 +96,8 @@ class Emitter {
   int64_t raster_group_ = 1;             // knob raster_group
   bool longest_first_ = false;           // knob longest_first
   bool program_order_ = false;           // the launch decodes programs with attn_tile_order.cuh
+  int64_t stage_bytes_ = 0;              // staged stores' region (knob stage_stores), after the scratch
+  int64_t stage_at_ = 0;
   bool wg_turns_ = false;                // knob wg_turns (wgmma, two or more warpgroups)
   bool overlap_ = false;                 // knob overlap (codegen/overlap_plan.h)
   // While a loop's ops are emitted out of program order (knob overlap): the async plan's waits

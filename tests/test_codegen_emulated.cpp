@@ -63,6 +63,7 @@ inline std::barrier<>* tj_emu_barrier = nullptr;
 alignas(16) inline unsigned char tj_emu_smem[256 * 1024];
 template <class T> inline T tj_emu_lanes[1024];
 inline void __syncthreads() { tj_emu_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { tj_emu_barrier->arrive_and_wait(); }   // (stronger: the block)
 template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   const unsigned t = threadIdx.x;

@@ -68,6 +68,63 @@ struct Mma {
   template <long long R, long long C> using with_extents = Mma<A, R, C>;
 };
 
+// ---------------------------------------------------------------- staged stores
+// Stores an accumulator-layout tile as store() does (same addressing and masking), through
+// shared memory: each warp writes its own rows x columns of the tile into its region of `stage`
+// (a row every warp_cols + 16 bytes of elements: the 8 rows of one fragment store fall on
+// distinct banks), then moves them out in 16-byte row chunks -- where a fragment's own stores
+// are 4 or 8 bytes from 8 rows per instruction (half-sector writes). Only the warp itself
+// synchronizes (__syncwarp): no warp waits for another. A chunk across the column limit, unaligned
+// or with strided columns goes element by element.
+template <class E, class L>
+struct StoreStage {
+  using M = typename E::mem;
+  static constexpr int chunk = 16 / (int)sizeof(M);                               // elements per 16 bytes
+  static constexpr int rows = 16 * L::row_blocks, pitch = L::warp_cols + chunk;   // one warp's region
+  static constexpr long long warp_bytes = (long long)rows * pitch * (long long)sizeof(M);
+  static constexpr long long bytes = warp_bytes * L::arr::threads / 32;
+};
+template <class E, class L, bool CR, bool CC>
+TJ_DEV void store_staged(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
+                         unsigned char* stage) {
+  using M = typename E::mem;
+  using S = StoreStage<E, L>;
+  using A = typename L::arr;
+  static_assert(L::er > 1 && L::ec > 1 && L::warp_cols % S::chunk == 0, "store_staged: whole 16-byte chunks per warp row");
+  M* w = reinterpret_cast<M*>(stage + S::warp_bytes * A::warp());
+  const int lane = A::lane();
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j0 = 0; j0 < L::sc; j0 += 2) {
+      alignas(8) M pair[2];
+      E::st(&pair[0], x.v[L::idx(i, j0)]);
+      E::st(&pair[1], x.v[L::idx(i, j0 + 1)]);
+      detail::Group<M, 2>::copy(w + (16 * (i >> 1) + 8 * (i & 1) + (lane >> 2)) * S::pitch + 8 * (j0 >> 1) + 2 * (lane & 3), pair);
+    }
+  __syncwarp();
+  if (ok) {
+    M* base = static_cast<M*>(data) + offset;
+    constexpr int per_row = L::warp_cols / S::chunk;
+#pragma unroll 4
+    for (int k = lane; k < S::rows * per_row; k += 32) {
+      const int lr = k / per_row, lc = (k - lr * per_row) * S::chunk;
+      const long long pr = r.start + 16 * (A::wr() + A::warps_r * (lr >> 4)) + (lr & 15);
+      const long long pc = c.start + A::wc() * L::warp_cols + lc;
+      if (CR && !in_range(pr, r.limit)) continue;
+      const M* src = w + lr * S::pitch + lc;
+      M* g = base + pr * r.stride + pc;
+      if (c.stride == 1 && (!CC || (pc >= 0 && pc + S::chunk <= c.limit)) && ((unsigned long long)g & 15ull) == 0) {
+        *reinterpret_cast<uint4*>(g) = *reinterpret_cast<const uint4*>(src);
+        continue;
+      }
+      for (int e = 0; e < S::chunk; ++e)
+        if (!CC || in_range(pc + e, c.limit)) base[pr * r.stride + (pc + e) * c.stride] = src[e];
+    }
+  }
+  __syncwarp();   // the region's reads are done before the warp's next staged store writes it
+}
+
 // ---------------------------------------------------------------- shared-memory operands
 // A dot operand tile in shared memory with swizzle SW bytes (128, 64 or 32), as a TMA box of SW
 // bytes along the contiguous dim writes it (hopper.cuh's conventions), its base 8 * SW aligned:

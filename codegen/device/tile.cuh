@@ -431,60 +431,6 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
   }
 }
 
-// Stores the tile as store() does, through shared memory `stage` (L::er rows of L::ec elements,
-// a row every ec + 16 bytes: the rows that one fragment store of a warp touches fall on distinct
-// banks): the tile's threads (the first L::arr::threads of the block) write their fragments there,
-// then move 16-byte row chunks to global memory, where a fragment layout's own stores are 4 or 8
-// bytes from 8 rows per warp instruction (half-sector writes). Edges and strides as in store():
-// a chunk across the column limit, unaligned or with strided columns goes element by element.
-template <class E, class L>
-struct StoreStage {
-  using M = typename E::mem;
-  static constexpr int chunk = 16 / (int)sizeof(M);                  // elements per 16 bytes
-  static constexpr int pitch = (int)L::ec + chunk;                   // elements per staged row
-  static constexpr long long bytes = L::er * (long long)pitch * (long long)sizeof(M);
-};
-template <class E, class L, bool CR, bool CC>
-TJ_DEV void store_staged(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
-                         unsigned char* stage) {
-  using M = typename E::mem;
-  using S = StoreStage<E, L>;
-  using G = detail::Group<M, L::vec>;
-  constexpr int threads = L::arr::threads;
-  static_assert(L::ec % S::chunk == 0, "store_staged: whole 16-byte chunks per row");
-  M* s = reinterpret_cast<M*>(stage);
-  sync_threads();   // the stage's previous readers are done
-#pragma unroll
-  for (int i = 0; i < L::sr; ++i) {
-    if (!L::primary_r(i)) continue;
-#pragma unroll
-    for (int j0 = 0; j0 < L::sc; j0 += L::vec) {
-      if (!L::primary_c(j0)) continue;
-      alignas(16) M group[L::vec];
-#pragma unroll
-      for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[L::idx(i, j0 + v)]);
-      G::copy(s + L::coord_r(i) * S::pitch + L::coord_c(j0), group);
-    }
-  }
-  sync_threads();
-  if (!ok) return;
-  M* base = static_cast<M*>(data) + offset;
-  constexpr int per_row = (int)(L::ec / S::chunk);
-  for (int k = (int)threadIdx.x; k < (int)L::er * per_row; k += threads) {
-    const int row = k / per_row, col = (k - row * per_row) * S::chunk;
-    const long long pr = r.start + row, pc = c.start + col;
-    if (CR && !in_range(pr, r.limit)) continue;
-    const M* src = s + row * S::pitch + col;
-    M* g = base + pr * r.stride + pc;
-    if (c.stride == 1 && (!CC || (pc >= 0 && pc + S::chunk <= c.limit)) && ((unsigned long long)g & 15ull) == 0) {
-      *reinterpret_cast<uint4*>(g) = *reinterpret_cast<const uint4*>(src);
-      continue;
-    }
-    for (int e = 0; e < S::chunk; ++e)
-      if (!CC || in_range(pc + e, c.limit)) base[pr * r.stride + (pc + e) * c.stride] = src[e];
-  }
-}
-
 // The same, only where `mask` holds (store_where in the DSL), one element at a time.
 template <class E, class L, bool CR, bool CC>
 TJ_DEV void store_where(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
