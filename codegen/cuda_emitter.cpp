@@ -763,11 +763,23 @@ void Emitter::emit_memory(const Op& op) {
     const int elem = size_bytes(p.dtype), chunk = 16 / std::max(1, elem);
     const int64_t warps_c = L.is_mma() ? L.arr.warps_c : 1;
     const int64_t stage = L.extent_r * (L.extent_c + warps_c * chunk) * elem;
-    const bool staged = knobs::stage_stores.on(cfg_) && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
+    // Only where the block still fits, and (knob value 1) as many blocks per SM fit as without it,
+    // on the target's SMs and on Hopper's, the largest that run sm_80 / sm_89 code (mma.sync's
+    // attention runs two blocks per SM there).
+    const int64_t without = 1024 + mma_.smem_bytes + (smem_ + 15) / 16 * 16 + stage_bytes_;
+    const int64_t with = without - stage_bytes_ + std::max(stage_bytes_, stage);
+    const int64_t block_threads = plan_.threads + (mma_.producer_warp ? 128 : 0);
+    auto blocks = [&](int64_t per_sm, int64_t bytes) {
+      return std::min(per_sm / (bytes + 1024), target_.max_threads_per_sm() / std::max<int64_t>(1, block_threads));
+    };
+    const int64_t hopper_sm = codegen::Target::parse("sm_90a").smem_per_sm();
+    const int64_t mode = knobs::stage_stores.of(cfg_);
+    const bool room = with <= target_.max_smem_per_block() &&
+                      (mode == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
+                                     blocks(hopper_sm, with) == blocks(hopper_sm, without)));
+    const bool staged = mode != 0 && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
                         L.extent_c > 1 && L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1 &&
-                        16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 &&
-                        1024 + mma_.smem_bytes + (smem_ + 15) / 16 * 16 + std::max(stage_bytes_, stage) <=
-                            target_.max_smem_per_block();
+                        16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 && room;
     if (staged) {
       stage_bytes_ = std::max(stage_bytes_, stage);
       line(fmt::format("tj::dev::store_staged<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, tj_smem + tj_stage_at);   // through "

@@ -27,7 +27,8 @@ const KnobSpec overlap{
 const KnobSpec stage_stores{
     "stage_stores", 1, "1",
     "1: a store of a tile in the tensor cores' accumulator layout (rows contiguous in memory) goes through shared memory and "
-    "leaves in 16-byte row chunks, where the shared memory allows; 0: each thread stores its fragments (4 or 8 bytes each)"};
+    "leaves in 16-byte row chunks, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
+    "block's shared memory has room; 0: each thread stores its fragments (4 or 8 bytes each)"};
 const KnobSpec fast_math{"fast_math", 0, "0", "1: exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations"};
 const KnobSpec simt_vec{"simt_vec", 1, "1", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
 const KnobSpec simt_lanes_c{"simt_lanes_c", 8, "chosen from the tile shapes", "lanes of a warp along the columns (SIMT layout)"};

@@ -17,6 +17,7 @@ struct Target {
   bool has_wgmma() const;          // sm_90a: wgmma and the other arch-specific Hopper features
   bool has_fp8() const;            // sm_89+: cvt to/from e4m3 / e5m2 in hardware
   int64_t max_smem_per_block() const;   // opt-in dynamic shared memory per block, in bytes
+  int64_t smem_per_sm() const { return max_smem_per_block() + 1024; }   // each block also reserves 1 KB
   int64_t max_threads_per_sm() const;   // resident threads per SM: 2048 (sm_80, sm_90), 1536 (sm_89)
   bool operator==(const Target&) const = default;
 };
