@@ -1288,6 +1288,9 @@ GeneratedKernel Emitter::run() {
   raster_group_ = knobs::raster_group.of(cfg_);
   wg_turns_ = knobs::wg_turns.on(cfg_);
   overlap_ = knobs::overlap.on(cfg_);
+  rescale_at_end_ = knobs::overlap.of(cfg_) == 2;
+  if (knobs::overlap.of(cfg_) < 0 || knobs::overlap.of(cfg_) > 2)
+    throw Error(fmt::format("kernel '{}': knob overlap is 0, 1 or 2, got {}", f_.name, knobs::overlap.of(cfg_)));
   if (raster_group_ < 1 || raster_group_ > 64)
     throw Error(fmt::format("kernel '{}': knob raster_group must be in [1, 64] (1: off), got {}", f_.name, raster_group_));
   plan_ = assign_layouts(f_, cfg_, target_, &mma_);

@@ -10,6 +10,11 @@
 //      other carried values copied.
 // After the loop, the last iteration's late ops. The async plan's waits inside the body are
 // replaced by these; its waits before and after the loop stand.
+// Knob overlap 2: the late ops that make the chained dot's accumulator operand (acc * alpha_j)
+// run at the end of iteration j instead, right after the wait for the chained dot of j - 1, and
+// leave their result in the accumulator variable: no instruction then touches the accumulator's
+// registers while the first dot of j + 1 is in flight (ptxas otherwise waits for that dot there,
+// warning C7517), as FlashAttention-3 orders its rescale.
 #include "codegen/emitter.h"
 #include "core/error.h"
 
@@ -21,7 +26,7 @@ std::string Emitter::value_type(int v) {
 }
 
 void Emitter::emit_late_ops(const Op& loop, const OverlapLoop& o, const std::string& index,
-                            const std::function<std::string(int)>& use) {
+                            const std::function<std::string(int)>& use, const std::set<const Op*>& prep) {
   // The late ops read the loop index, the carried values and their ring slots of the iteration
   // they belong to.
   const std::map<int, std::string> saved_names = [&] {
@@ -34,8 +39,12 @@ void Emitter::emit_late_ops(const Op& loop, const OverlapLoop& o, const std::str
   if (o.fragment >= 0) carried_fragment_[o.chained] = fmt::format("tj_pa{}", o.chained->result);
   for (const Op& op : loop.body->ops)
     if (const StagedLoad* s = mma_.staged_of(&op); s && o.late.count(&op)) use_name_[staged_index(*s)] = use(staged_index(*s));
+  const int acc_in = prep.empty() ? -1 : o.chained->operands[2];
+  const std::string acc_in_name = acc_in >= 0 ? names_[acc_in] : "";
+  if (acc_in >= 0) names_[acc_in] = names_[o.acc_var];   // prepared at the previous iteration's end
   for (const Op& op : loop.body->ops)
-    if (o.late.count(&op)) emit_op(op);
+    if (o.late.count(&op) && !prep.count(&op)) emit_op(op);
+  if (acc_in >= 0) names_[acc_in] = acc_in_name;
   use_name_.clear();
   carried_fragment_.clear();
   for (const auto& [v, n] : saved_names) names_[v] = n;
@@ -47,6 +56,26 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
   const std::string b = ref(op.operands[0]), e = ref(op.operands[1]), step = loop_step(op);
   const int G = mma_.warpgroups;
   const MmaDot& cd = *mma_.dot_of(o.chained);
+  // Knob overlap 2: the late ops the chained dot's accumulator operand is made of (not its
+  // staged loads), and the carried values only they read (not carried then).
+  std::set<const Op*> prep;
+  if (rescale_at_end_ && o.chained->ival == 1) {
+    std::function<void(int)> add = [&](int v) {
+      const Op* d = v >= 0 ? def_[v] : nullptr;
+      if (!d || !o.late.count(d) || mma_.staged_of(d) || prep.count(d)) return;
+      prep.insert(d);
+      for (int x : d->operands) add(x);
+    };
+    add(o.chained->operands[2]);
+  }
+  std::vector<int> carried;
+  for (int v : o.carried) {
+    bool used = false;
+    for (const Op* x : o.late)
+      if (!prep.count(x))
+        for (int a : x->operands) used = used || a == v;
+    if (used || prep.empty()) carried.push_back(v);
+  }
   line(fmt::format("// knob overlap: the dot at line {} and the {} op(s) that only feed it run one iteration late, while "
                    "the next iteration's work after its first dot (line {}) runs",
                    o.chained->loc.line, o.late.size() - 1, o.first->loc.line),
@@ -58,7 +87,7 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
     frags = fmt::format("tj_pa{}", o.chained->result);
     line(fmt::format("unsigned {}[{}];   // the late dot's A fragments, carried", frags, a_frag_regs(cd)));
   }
-  for (int v : o.carried) line(fmt::format("{} tj_c{};   // carried to the late ops", value_type(v), v));
+  for (int v : carried) line(fmt::format("{} tj_c{};   // carried to the late ops", value_type(v), v));
   const bool turns = wg_turns_ && G >= 2;
   if (turns) {
     // Only the first dot takes turns: the late ops may hold a block barrier (a staged tile's k
@@ -96,7 +125,7 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
     head = false;
     line(fmt::format("if ({} != {}) {{   // the late ops of the previous iteration", idx, b));
     ++indent_;
-    emit_late_ops(op, o, last, [](int i) { return fmt::format("(tj_u{} - 1u)", i); });
+    emit_late_ops(op, o, last, [](int i) { return fmt::format("(tj_u{} - 1u)", i); }, prep);
     --indent_;
     line("}");
     line(fmt::format("if ({} != {}) tj::dev::wgmma_wait<1>(); else tj::dev::wgmma_wait<0>();   // the first dot is complete",
@@ -123,13 +152,19 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
   emit_wait(late, nullptr);
   // The carries, for the next iteration's late ops.
   if (!frags.empty()) emit_a_frags(*o.chained, cd, frags);
-  for (int v : o.carried) line(fmt::format("tj_c{} = {};", v, ref(v)));
+  if (!prep.empty()) {
+    line("// knob overlap 2: the next late dot's accumulator, prepared now (no dot in flight)");
+    for (const Op& x : op.body->ops)
+      if (prep.count(&x)) emit_op(x);
+    line(fmt::format("{} = {};", names_[o.acc_var], ref(o.chained->operands[2])));
+  }
+  for (int v : carried) line(fmt::format("tj_c{} = {};", v, ref(v)));
   line(fmt::format("{} = {};", last, idx));
   --indent_;
   line("}");
   line(fmt::format("if ({} < {}) {{   // the last iteration's late ops", b, e));
   ++indent_;
-  emit_late_ops(op, o, last, [](int i) { return fmt::format("(tj_use{} - 1u)", i); });
+  emit_late_ops(op, o, last, [](int i) { return fmt::format("(tj_use{} - 1u)", i); }, prep);
   line("tj::dev::wgmma_wait<0>();");
   line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.chained)));
   --indent_;

@@ -100,6 +100,7 @@ class Emitter {
   int64_t stage_at_ = 0;
   bool wg_turns_ = false;                // knob wg_turns (wgmma, two or more warpgroups)
   bool overlap_ = false;                 // knob overlap (codegen/overlap_plan.h)
+  bool rescale_at_end_ = false;          // knob overlap 2: the late dot's accumulator prepared at the iteration's end
   // While a loop's ops are emitted out of program order (knob overlap): the async plan's waits
   // are the overlap's own, ring uses and carried values go by other names.
   bool suppress_async_ = false;
@@ -193,8 +194,10 @@ class Emitter {
   // Knob overlap: `op` with its late ops one iteration behind (codegen/emit_overlap.cpp).
   void emit_overlapped_loop(const Op& op, const OverlapLoop& o);
   // The late ops of the iteration whose index is `index`, their ring uses `use(i)` (i: staged load).
+  // `prep`: late ops that make the chained dot's accumulator operand, emitted at the end of
+  // the iteration instead (knob overlap 2), whose result the accumulator variable then holds.
   void emit_late_ops(const Op& loop, const OverlapLoop& o, const std::string& index,
-                     const std::function<std::string(int)>& use);
+                     const std::function<std::string(int)>& use, const std::set<const Op*>& prep);
   // The C++ type of value v's registers (a tile in its layout, or a scalar).
   std::string value_type(int v);
   void emit_memory(const Op& op);

@@ -23,7 +23,8 @@ const KnobSpec overlap{
     "overlap", 0, "0 (the untuned config: 1 for nests of two or more wgmma dots that no launch loop's tiles widen)",
     "1: in a loop whose body issues a first wgmma dot and ends with a chained one into a loop-carried accumulator "
     "(attention's S = Q.K^T and O += P.V), the chained dot and the ops that only feed it run one iteration late, so the "
-    "elementwise work between the dots (the softmax) overlaps the chained dot on the tensor cores"};
+    "elementwise work between the dots (the softmax) overlaps the chained dot on the tensor cores; 2: the same, with the "
+    "chained dot's accumulator operand (acc * alpha) made at the end of the iteration, when no dot is in flight"};
 const KnobSpec stage_stores{
     "stage_stores", 1, "1",
     "1: a store of a tile in the tensor cores' accumulator layout (rows contiguous in memory) goes through shared memory and "

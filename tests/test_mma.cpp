@@ -196,6 +196,29 @@ TEST_CASE("async plan: a K loop's dot accumulates in place and keeps one iterati
   CHECK(a.before.empty());                        // nothing waits inside the loop
 }
 
+TEST_CASE("mma codegen: knob overlap 2 prepares the late dot's accumulator at the iteration's end, and ptxas injects no wgmma wait") {
+  // README attention, causal and not: with the rescale acc * alpha among the late ops (knob
+  // overlap 1), it touches the accumulator's registers while S = Q.K^T is in flight; at the end
+  // of the iteration (2) no dot is in flight there.
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const TensorSpec x = T(DType::bf16, {2, 4, 512, 128});
+    const ir::Function f = examples::readme_attention().trace({x, x, x, x, RuntimeScalar{0.125f}, causal});
+    const auto g = codegen::generate_cuda(
+        f, cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"overlap":2,"longest_first":1}})"),
+        Target::parse("sm_90a"));
+    INFO(g.source);
+    CHECK(contains(g.source, "knob overlap 2: the next late dot's accumulator, prepared now"));
+    // the rescale, once: at the iteration's end
+    CHECK(g.source.find("tj::dev::any_not_one(") == g.source.rfind("tj::dev::any_not_one("));
+    const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+    INFO(r.log);
+    CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
+    CHECK_FALSE(contains(r.log, "C7517"));   // "warpgroup.wait is injected ... registers defined by GMMA"
+    CHECK_FALSE(contains(r.log, "serialized"));
+  }
+}
+
 TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a with wgmma and TMA, without spills") {
   struct Case {
     const char* what;
