@@ -22,7 +22,7 @@
 namespace tj::codegen::emitter {
 
 // Knob longest_first: the L2 that a group of outer programs' operands may fill together (the
-// attention template's measured budget for 16-bit inputs; an H100 / H200 has 50 / 60 MB).
+// attention template's measured budget for 16-bit inputs, a fraction of Hopper's L2).
 constexpr int64_t kGroupL2Bytes = int64_t(8) << 20;
 
 // ---- analysis ----------------------------------------------------------------------------------
@@ -757,9 +757,8 @@ void Emitter::emit_memory(const Op& op) {
          &op.loc);
   } else if (is_store) {
     // A tile in the accumulator layout whose rows are contiguous in memory (stride 1 compiled
-    // in) leaves through shared memory in 16-byte row chunks (knob stage_stores), where the block's
-    // shared memory has room for it.
-    // Each warp stages its own rows and columns (tj::dev::StoreStage): the region past the scratch.
+    // in) leaves through shared memory in 16-byte row chunks (knob stage_stores); each warp stages
+    // its own rows and columns (tj::dev::StoreStage) in a region past the scratch.
     const int elem = size_bytes(p.dtype), chunk = 16 / std::max(1, elem);
     const int64_t warps_c = L.is_mma() ? L.arr.warps_c : 1;
     const int64_t stage = L.extent_r * (L.extent_c + warps_c * chunk) * elem;
