@@ -1052,6 +1052,11 @@ void Emitter::emit_shape(const Op& op) {
 // x * s; elsewhere (and on a range's last, partial tile) the reduction runs on the masked product,
 // recomputed, so that the kernel's own x * s keeps its one fusable use. Returns the reduction's
 // code, or nothing where the rule does not apply.
+std::string Emitter::reduce_call(const Op& op, const char* fn, int axis, DType t, const std::string& tile, bool masked) const {
+  return fmt::format("tj::dev::reduce<tj::dev::{}, {}, {}, {}>({}, {}, {}, tj_smem)", fn, axis, dtag(t), masked, tile,
+                     masked ? ref(op.operands[1]) : "0", masked ? ref(op.operands[2]) : "0");
+}
+
 std::optional<std::string> Emitter::scaled_extremum(const Op& op, bool range_masked) {
   if (op.reduce == ir::ReduceFn::sum) return std::nullopt;
   const int x = op.operands[0];
@@ -1075,8 +1080,7 @@ std::optional<std::string> Emitter::scaled_extremum(const Op& op, bool range_mas
     const int axis = plan_.of(x).axis_of_dim(op.axis);
     const std::string sv = ref(s);
     auto red = [&](const char* fn, const std::string& tile, bool masked) {
-      return fmt::format("tj::dev::reduce<tj::dev::{}, {}, tj::dev::f32, {}>({}, {}, {}, tj_smem)", fn, axis, masked, tile,
-                         masked ? ref(op.operands[1]) : "0", masked ? ref(op.operands[2]) : "0");
+      return reduce_call(op, fn, axis, DType::f32, tile, masked);
     };
     const char* same = is_max ? "op_max" : "op_min";
     const char* other = is_max ? "op_min" : "op_max";
@@ -1114,10 +1118,7 @@ void Emitter::emit_reduce(const Op& op) {
   if (axis == 0 && S.arr.warps_r > 1)
     // one value per raw column position (tile.cuh: raw_c < reps * cover) per warp row
     need_smem(int64_t(S.reps_c()) * S.arr.col_cover() * S.arr.warps_r * bytes, fmt::format("the reduction at {}", op.loc.str()));
-  auto call_of = [&](bool m) {
-    return fmt::format("tj::dev::reduce<tj::dev::{}, {}, {}, {}>({}, {}, {}, tj_smem)", fn, axis, dtag(t), m, ref(x),
-                       m ? ref(op.operands[1]) : "0", m ? ref(op.operands[2]) : "0");
-  };
+  auto call_of = [&](bool m) { return reduce_call(op, fn, axis, t, ref(x), m); };
   // Only a loop's last tile can run past its end: the others take the unmasked reduction, decided
   // once per tile (the per-element test would sit in a softmax's hot loop).
   const std::optional<std::string> scaled = scaled_extremum(op, masked);

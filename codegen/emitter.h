@@ -169,6 +169,9 @@ class Emitter {
   // max / min of a tile times an f32 scalar (through a mask's where, and under a range mask):
   // the code of the reduction op, or nothing where the rule does not apply.
   std::optional<std::string> scaled_extremum(const ir::Op& op, bool range_masked);
+  // The device call of reduction `op` (fn: op_sum / op_max / op_min) over `tile`, masked at the
+  // op's valid range or not.
+  std::string reduce_call(const ir::Op& op, const char* fn, int axis, DType t, const std::string& tile, bool masked) const;
   std::string tile_type(DType t, const Layout& l) { return fmt::format("tj::dev::Tile<{}, {}>", reg_type(t), alias(l)); }
   std::string fresh(int v, const char* what) { return fmt::format("v{}_{}{}", v, what, temp_++); }
   void need_smem(int64_t bytes, const std::string& what);
