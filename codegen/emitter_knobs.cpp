@@ -20,7 +20,7 @@ const KnobSpec wg_turns{
     "1: in each loop inside a program, the warpgroups that hold the tiles take turns issuing its wgmma dots (named "
     "barriers), so that one warpgroup's elementwise work (a softmax) runs while the tensor cores take another's dots"};
 const KnobSpec overlap{
-    "overlap", 0, "0 (the untuned config: 1 for nests of two or more wgmma dots that no launch loop's tiles widen)",
+    "overlap", 0, "0 (the untuned config: 2 for nests of two or more wgmma dots that no launch loop's tiles widen)",
     "1: in a loop whose body issues a first wgmma dot and ends with a chained one into a loop-carried accumulator "
     "(attention's S = Q.K^T and O += P.V), the chained dot and the ops that only feed it run one iteration late, so the "
     "elementwise work between the dots (the softmax) overlaps the chained dot on the tensor cores; 2: the same, with the "
