@@ -22,82 +22,6 @@ int64_t next_pow2(int64_t v) {
   return p;
 }
 
-// Integer value of scalar ops whose operands are known (constants folded by tracing, dims of
-// static tensors, arithmetic on those).
-std::optional<int64_t> fold_binary(ir::BinaryFn fn, int64_t a, int64_t b) {
-  switch (fn) {
-    case ir::BinaryFn::add: return a + b;
-    case ir::BinaryFn::sub: return a - b;
-    case ir::BinaryFn::mul: return a * b;
-    case ir::BinaryFn::div: return b == 0 ? std::nullopt : std::optional<int64_t>(a / b);
-    case ir::BinaryFn::floordiv: {
-      if (b == 0) return std::nullopt;
-      int64_t q = a / b;
-      if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-      return q;
-    }
-    case ir::BinaryFn::mod: {
-      if (b == 0) return std::nullopt;
-      int64_t r = a % b;
-      if (r != 0 && ((r < 0) != (b < 0))) r += b;
-      return r;
-    }
-    case ir::BinaryFn::maximum: return std::max(a, b);
-    case ir::BinaryFn::minimum: return std::min(a, b);
-    default: return std::nullopt;
-  }
-}
-
-}  // namespace
-
-std::vector<int64_t> constant_block_extents(const ir::Function& f) {
-  std::vector<int64_t> extents(f.blocks.size(), -1);
-  std::map<int, int64_t> known;
-  ir::walk(f.body, [&](const ir::Op& op, int) {
-    auto get = [&](int v) -> std::optional<int64_t> {
-      auto it = known.find(v);
-      if (it == known.end()) return std::nullopt;
-      return it->second;
-    };
-    switch (op.kind) {
-      case ir::OpKind::const_value:
-        if (op.result >= 0 && is_int(f.type(op.result).dtype)) known[op.result] = op.ival;
-        break;
-      case ir::OpKind::tensor_dim: {
-        const auto& p = f.params.at(op.param);
-        if (op.axis >= 0 && op.axis < p.rank() && p.static_shape[op.axis] >= 0) known[op.result] = p.static_shape[op.axis];
-        break;
-      }
-      case ir::OpKind::block_size:
-        if (f.blocks.at(op.block_id).fixed > 0) known[op.result] = f.blocks[op.block_id].fixed;
-        break;
-      case ir::OpKind::binary:
-        if (op.result >= 0 && op.operands.size() == 2 && is_int(f.type(op.result).dtype)) {
-          auto a = get(op.operands[0]), b = get(op.operands[1]);
-          if (a && b)
-            if (auto r = fold_binary(op.binary, *a, *b)) known[op.result] = *r;
-        }
-        break;
-      case ir::OpKind::loop:
-        if (op.loop_kind == ir::LoopKind::tile && op.block_id >= 0 && op.operands.size() >= 2) {
-          auto b = get(op.operands[0]), e = get(op.operands[1]);
-          int64_t& slot = extents.at(op.block_id);
-          if (b && e) {
-            if (slot != -2) slot = std::max(slot, *e - *b);
-          } else {
-            slot = -2;   // some loop over this block has a run-time extent
-          }
-        }
-        break;
-      default: break;
-    }
-  });
-  for (auto& e : extents)
-    if (e < 0) e = -1;
-  return extents;
-}
-
-namespace {
 
 // Blocks that size a tile of rank >= 2 anywhere in the function.
 std::vector<bool> blocks_in_2d_tiles(const ir::Function& f) {
@@ -234,7 +158,8 @@ ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& o) {
     d.name = b.name;
     for (int64_t v = next_pow2(std::max<int64_t>(lo, 1)); v <= hi; v *= 2) d.values.push_back(v);
     if (d.values.empty()) d.values.push_back(hi);
-    if (auto u = untuned.blocks.find(b.name); u != untuned.blocks.end() && u->second >= lo && u->second <= hi &&
+    // (The untuned value joins even above the cap: a streaming kernel's whole row, codegen/simt_config.h.)
+    if (auto u = untuned.blocks.find(b.name); u != untuned.blocks.end() && u->second >= lo &&
                                               std::find(d.values.begin(), d.values.end(), u->second) == d.values.end()) {
       d.values.push_back(u->second);
       std::sort(d.values.begin(), d.values.end());

@@ -7,7 +7,8 @@
 //     out): powers of two from 16 up to the loop's extent rounded up to a power of two
 //     (when the extent is a compile-time constant), at most 256 when the block sizes a
 //     rank-2 tile and 1024 when it only ever sizes rank-1 tiles (elementwise kernels), and
-//     the value of the lowering's untuned config (untuned_config) where it is none of those;
+//     the value of the lowering's untuned config (untuned_config) where it is none of those (even
+//     above the cap: a streaming kernel's whole row);
 //   - num_warps: {2, 4, 8};
 //   - num_stages: {1, 2, 3, 4} when the kernel has a loop inside a program that loads from
 //     memory (something to pipeline), else fixed at the default;
@@ -25,6 +26,7 @@
 #include "codegen/lowering.h"
 #include "dsl/config.h"
 #include "dsl/ir.h"
+#include "dsl/static_extents.h"
 
 namespace tj::autotune {
 
@@ -93,8 +95,6 @@ void parse_only(const std::string& text, SpaceOptions& o);
 // default_config(f).
 ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& options = {});
 
-// The loop extent of each block symbol when it is a compile-time constant (end - begin of
-// every tile loop that steps by it, the largest if several), else -1. Index: block id.
-std::vector<int64_t> constant_block_extents(const ir::Function& f);
+using ir::constant_block_extents;   // dsl/static_extents.h
 
 }  // namespace tj::autotune

@@ -205,6 +205,8 @@ std::string Emitter::marker(const ir::SourceLoc& loc) const {
 }
 
 void Emitter::line(const std::string& code, const ir::SourceLoc* loc) {
+  if (!code.empty() && code[0] == '}')   // a scope closes: the loads defined inside it are gone
+    std::erase_if(loaded_, [&](const auto& e) { return e.second.indent > indent_; });
   body_ += std::string(2 * indent_, ' ') + code + (loc ? marker(*loc) : std::string()) + "\n";
 }
 
@@ -399,10 +401,29 @@ std::string Emitter::leaf_name(const Op& op) const {
   }
 }
 
+bool Emitter::single_trip(const Op& loop) const {
+  if (loop.loop_kind != ir::LoopKind::tile || loop.launch) return false;
+  const Range b = range(loop.operands[0]), e = range(loop.operands[1]);
+  if (!b.constant() || !e.constant()) return false;
+  const int64_t extent = e.lo - b.lo;
+  return extent > 0 && extent <= cfg_.block(f_, loop.block_id);
+}
+
 void Emitter::emit_loop(const Op& op) {
   std::string idx = fmt::format("v{}", op.body_index);
   names_[op.body_index] = idx;
   const std::string b = ref(op.operands[0]), e = ref(op.operands[1]);
+  // A SIMT tile loop of one trip runs its body in the enclosing scope, its index the constant
+  // start: loads of In tensors that two such loops repeat (a row read by a first pass and again
+  // by a second) are then one load, and the row stays in registers between the passes.
+  if (!mma_.on_tensor_cores() && single_trip(op)) {
+    names_[op.body_index] = b;
+    line(fmt::format("// one trip of the tile loop ({} to {} in a block of {}): its body in this scope", b, e,
+                     cfg_.block(f_, op.block_id)),
+         &op.loc);
+    emit_region(*op.body);
+    return;
+  }
   if (overlap_ && mma_.wgmma() && !op.launch) {
     bool has_dot = false;
     for (const Op& o : op.body->ops) has_dot |= o.kind == OpKind::dot && mma_.dot_of(&o) != nullptr;
@@ -791,10 +812,16 @@ void Emitter::emit_memory(const Op& op) {
                      offset, ok, spans[0], spans[1], value),
          &op.loc);
   } else {
-    define(op.result,
-           fmt::format("tj::dev::load<{}, {}, {}, {}>({}.data, {}, {}, {}, {})", E, alias(L), checks[0], checks[1], T, offset,
-                       ok, spans[0], spans[1]),
-           op.loc);
+    const std::string expr = fmt::format("tj::dev::load<{}, {}, {}, {}>({}.data, {}, {}, {}, {})", E, alias(L), checks[0],
+                                         checks[1], T, offset, ok, spans[0], spans[1]);
+    const bool read_only = p.kind == ir::ParamKind::tensor_in;
+    if (auto it = loaded_.find(expr); read_only && it != loaded_.end()) {
+      names_[op.result] = it->second.name;
+      line(fmt::format("// the same tile of '{}' as {}: loaded once", p.name, it->second.name), &op.loc);
+      return;
+    }
+    const std::string n = define(op.result, expr, op.loc);
+    if (read_only) loaded_[expr] = LoadedTile{n, indent_};
   }
 }
 
@@ -1387,7 +1414,13 @@ const bool simt_knobs_registered = [] {
         return knobs;   // the lowering's pattern, with a config it cannot use
       }
     }
-    knobs.push_back({"simt_vec", {1, 4, 8}, 1});
+    std::vector<int64_t> vecs = {1, 4, 8};
+    const int64_t untuned_vec = knobs::simt_vec.of(base);   // a streaming kernel's (codegen/simt_config.h)
+    if (std::find(vecs.begin(), vecs.end(), untuned_vec) == vecs.end()) {
+      vecs.push_back(untuned_vec);
+      std::sort(vecs.begin(), vecs.end());
+    }
+    knobs.push_back({"simt_vec", vecs, 1});
     return knobs;
   });
   return true;

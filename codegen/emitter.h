@@ -147,6 +147,19 @@ class Emitter {
   std::vector<std::string> names_param_; // C++ name per parameter
   std::set<const Op*> hoisted_;          // launch-bound ops emitted before the program decode
 
+  // Loads of In tensors already emitted, by their expression, with the indent of the statement
+  // that defines them: a load with the same expression reuses the tile while that statement's
+  // scope is open (In tensors are not written during a launch). Entries deeper than a closing
+  // brace's line leave when it is emitted (line()).
+  struct LoadedTile {
+    std::string name;
+    int indent = 0;
+  };
+  std::map<std::string, LoadedTile> loaded_;
+  // Whether a tile loop runs exactly once (constant bounds, 0 < end - begin <= block): its body
+  // is emitted in the enclosing scope (emit_loop).
+  bool single_trip(const Op& loop) const;
+
   std::string body_;
   int indent_ = 1;
   int64_t smem_ = 0;

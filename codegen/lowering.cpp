@@ -1,6 +1,7 @@
 #include "codegen/lowering.h"
 
 #include "codegen/mma_config.h"
+#include "codegen/simt_config.h"
 #include "core/error.h"
 
 #include <mutex>
@@ -81,12 +82,13 @@ Config untuned_config(const ir::Function& f, const std::string& arch) {
   for (const auto& [name, provider] : copy_of(&Registry::defaults))
     if (provider)
       if (std::optional<Config> c = provider(f, arch)) return *c;
-  // Kernels nobody configures: the generic tensor-core lowering's choice for their dots, else
-  // blocks of 64.
+  // Kernels nobody configures: the generic tensor-core lowering's choice for their dots, the SIMT
+  // path's for streaming kernels, else blocks of 64.
   try {
     if (std::optional<Config> c = mma_default_config(f, Target::parse(arch))) return *c;
   } catch (const Error&) {
   }
+  if (std::optional<Config> c = simt_streaming_config(f)) return *c;
   return tj::default_config(f);
 }
 

@@ -49,7 +49,8 @@ std::vector<Knob> registered_knobs(const ir::Function& f, const std::string& arc
 void register_default_config_provider(const std::string& name, DefaultConfigProvider provider);
 // The config of `f` on `arch` when nothing was tuned: the first registered default-config
 // provider's (in registration order) that answers, else the generic tensor-core lowering's for a
-// kernel with dots (codegen/mma_config.h), else default_config(f) (64 for every tunable block).
+// kernel with dots (codegen/mma_config.h), else the SIMT path's for a streaming kernel
+// (codegen/simt_config.h), else default_config(f) (64 for every tunable block).
 Config untuned_config(const ir::Function& f, const std::string& arch);
 
 // A lowering that takes whole kernels (e.g. a K-loop of dots on sm_90a) and emits tensor-core

@@ -173,10 +173,12 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
     CHECK(n->values == std::vector<int64_t>{16, 32, 64, 128, 256, 512, 1024});
     CHECK(find_dim(s, "num_warps")->values == std::vector<int64_t>{2, 4, 8});
     CHECK(find_dim(s, "num_stages") == nullptr);
-    // The SIMT path's vector width (no pattern lowering takes vector_add).
+    // The SIMT path's vector width (no pattern lowering takes vector_add); 4, the streaming
+    // default's for f32 (codegen/simt_config.h), is one of them.
     CHECK(find_dim(s, "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
     CHECK(s.size() == 21 * 3);
     CHECK(s.base() == default_config(f));
+    CHECK(untuned_config(f, "sm_90a").knob("simt_vec", 1) == 4);
     // A tiny problem bounds the block by its extent.
     ir::Function small = k.trace(kernels::find("vector_add").arguments({DType::f32, {}, {40}, false}));
     CHECK(find_dim(derive_space(small), "n")->values == std::vector<int64_t>{16, 32, 64});
@@ -690,14 +692,17 @@ TEST_CASE("autotune tuner: the whole pipeline against a simulated GPU worker") {
   CHECK(r.best.blocks.at("c2") == 128);
   CHECK(r.best.num_warps == 8);
   CHECK(r.best_ms == doctest::Approx(0.5));
-  CHECK(r.reference_config == default_config(e.get().trace(specs)));
+  // The reference is the untuned config: the SIMT path's streaming one (rows of 500 in one block of
+  // 512, 2 warps: codegen/simt_config.h).
+  CHECK(r.reference_config == untuned_config(e.get().trace(specs), "sm_90a"));
+  CHECK(r.reference_config.blocks.at("c") == 512);
   CHECK(r.reference_ms == doctest::Approx(tj::autotune::detail::simulated_ms(r.reference_config.to_json())));
-  CHECK(r.reference_ms == doctest::Approx(0.7));
+  CHECK(r.reference_ms == doctest::Approx(0.9));
   CHECK(r.device.name == "Simulated GPU");
   CHECK(r.isolated);
   CHECK(r.stored);
   CHECK_FALSE(r.from_cache);
-  CHECK(r.space_size == 4 * 4 * 3 * 4);
+  CHECK(r.space_size == 5 * 5 * 3 * 4);   // blocks 16..128 and the untuned whole row (512) each
   CHECK(r.strategy == Strategy::pattern);   // full: exhaustive only up to 128 points
   CHECK(seen.size() == r.candidates.size());
   // num_stages does not change the SIMT code: those candidates are duplicates, never compiled or run twice.
@@ -749,7 +754,9 @@ TEST_CASE("autotune tuner: faulting, hanging and crashing candidates are contain
   // The tuning went on: every point of the space was measured, and the winner is right.
   int ok = 0;
   for (const auto& c : r.candidates) ok += c.status == Candidate::Status::ok;
-  CHECK(ok == 5 * 3);
+  // blocks 16..256 and the untuned 1024 (above the cap: codegen/simt_config.h) x
+  // 3 warp counts, and the untuned reference itself (simt_vec 4, outside the restricted space)
+  CHECK(ok == 6 * 3 + 1);
   CHECK(r.best.blocks.at("n") == 128);
   CHECK(r.best.num_warps == 8);
   CHECK_FALSE(r.best.knobs.count(knob_names::fault));
@@ -761,7 +768,7 @@ TEST_CASE("autotune tuner: effort none and bad problems") {
   TuneOptions none;
   none.effort = Effort::none;
   TuneResult r = tune(e.get(), e.arguments({DType::f32, {}, {1000}, false}), none);
-  CHECK(r.best == default_config(e.get().trace(e.arguments({DType::f32, {}, {1000}, false}))));
+  CHECK(r.best == untuned_config(e.get().trace(e.arguments({DType::f32, {}, {1000}, false})), "sm_90a"));
   CHECK(r.candidates.empty());
   auto dyn = e.arguments({DType::f32, {}, {1000}, false});
   std::get<TensorSpec>(dyn[0]).shape = {-1};

@@ -423,6 +423,28 @@ TEST_CASE("codegen: softmax compiles for sm_90a and sm_80 (f32, f16, bf16)") {
   compile_and_check(dyn, config(R"({"blocks":{"c":128,"c2":128},"num_warps":4})"));
 }
 
+TEST_CASE("codegen: a tile loop of one trip runs in its scope, and a row a second pass reads again is the first pass's tile") {
+  // softmax reads x[r, :] in its max/sum pass and again in its normalizing pass; with blocks of the
+  // whole row both loops run once and the row is loaded once.
+  ir::Function f = kernels::softmax().trace({contiguous_spec(DType::bf16, {64, 4096}), contiguous_spec(DType::bf16, {64, 4096})});
+  const Config whole = config(R"({"blocks":{"c":4096,"c2":4096},"num_warps":4,"knobs":{"simt_vec":8}})");
+  const codegen::GeneratedKernel g = codegen::generate_cuda(f, whole, codegen::Target::parse("sm_90a"));
+  CHECK(count(g.source, "tj::dev::load<") == 1);
+  CHECK(count(g.source, "for (long long") == 0);
+  CHECK(contains(g.source, "// one trip of the tile loop (0LL to 4096LL in a block of 4096): its body in this scope"));
+  CHECK(contains(g.source, "// the same tile of 'x' as v"));
+  compile_and_check(f, whole);
+  // The untuned streaming config: rows of 1000 in one block of 1024 (the tail masked), one load;
+  // rows of 4096 in four trips of 1024 a pass, each pass loading its tiles.
+  ir::Function ragged = kernels::softmax().trace({contiguous_spec(DType::f32, {4, 1000}), contiguous_spec(DType::f32, {4, 1000})});
+  const Config cr = codegen::untuned_config(ragged, "sm_90a");
+  CHECK(cr.blocks.at("c") == 1024);
+  CHECK(count(codegen::generate_cuda(ragged, cr, codegen::Target::parse("sm_90a")).source, "tj::dev::load<") == 1);
+  const std::string src = codegen::generate_cuda(f, codegen::untuned_config(f, "sm_90a"), codegen::Target::parse("sm_90a")).source;
+  CHECK(count(src, "tj::dev::load<") == 2);
+  CHECK(count(src, "for (long long") == 2);
+}
+
 TEST_CASE("codegen: attention compiles for sm_90a and sm_80 (f32, f16, bf16, causal and not)") {
   const Config cfgs[] = {config(R"({"blocks":{"m":64,"n":64},"num_warps":4})"),
                          config(R"({"blocks":{"m":32,"n":16},"num_warps":2})")};

@@ -377,6 +377,21 @@ TEST_CASE("config: JSON round trip, entries over a base, and errors") {
   CHECK_THROWS_WITH_AS(check_config(f, bad), doctest::Contains("config sets block 'm', but kernel 'add' has blocks: n"), Error);
   bad.blocks = {{"n", 48}};
   CHECK_THROWS_WITH_AS(check_config(f, bad), doctest::Contains("must be a power of two or a multiple of 32"), Error);
+  // A block of rank-1 tiles only may hold a whole row: up to 32768; one of rank-2 tiles up to 1024.
+  Config row;
+  row.blocks = {{"n", 32768}};
+  CHECK_NOTHROW(check_config(f, row));
+  row.blocks = {{"n", 65536}};
+  CHECK_THROWS_WITH_AS(check_config(f, row),
+                       "block 'n' must be a power of two or a multiple of 32 in [1, 32768] (a block of rank-1 tiles only), got 65536",
+                       Error);
+  Kernel k2 = kernel("copy2d", {"x", "out"}, [](In x, Out out) {
+    for (auto r : tile(x.dim(0), block("r"))) out.store(r, all, x.load(r, all));
+  });
+  ir::Function f2 = k2.trace({t(DType::f32, {64, 8}), t(DType::f32, {64, 8})});
+  Config wide;
+  wide.blocks = {{"r", 2048}};
+  CHECK_THROWS_WITH_AS(check_config(f2, wide), "block 'r' must be a power of two or a multiple of 32 in [1, 1024], got 2048", Error);
   Config tensor_core_only;
   tensor_core_only.blocks = {{"n", 96}};
   CHECK_NOTHROW(check_config(f, tensor_core_only));

@@ -448,14 +448,18 @@ TEST_CASE("gemm: the untuned config is the lowering's default tile, fp8 promotin
   const Config cb = autotune::untuned_config(fb, "sm_90a");
   CHECK(cb.blocks.at("n") == 256);
   CHECK_FALSE(contains(codegen::generate_cuda(fb, cb, codegen::Target::parse("sm_90a")).source, "fp32 promotion"));
-  // the mma.sync path's own default on sm_80 / sm_89; kernels no lowering claims keep 64s
+  // the mma.sync path's own default on sm_80 / sm_89; streaming kernels get the SIMT path's
+  // (codegen/simt_config.h)
   const Config c80 = autotune::untuned_config(fb, "sm_80");
   CHECK(c80.blocks.at("m") == 128);
   CHECK(c80.blocks.at("k") == 32);
   CHECK(codegen::generate_cuda(fb, c80, codegen::Target::parse("sm_80")).lowering == "sm80_gemm");
   CHECK(autotune::untuned_config(f8, "sm_89").blocks.at("k") == 64);
   const ir::Function va = kernels::vector_add().trace({T(DType::f32, {4096}), T(DType::f32, {4096}), T(DType::f32, {4096})});
-  CHECK(autotune::untuned_config(va, "sm_90a") == default_config(va));
+  const Config streaming = autotune::untuned_config(va, "sm_90a");
+  CHECK(streaming.blocks.at("n") == 1024);
+  CHECK(streaming.num_warps == 4);   // no reduction
+  CHECK(streaming.knob("simt_vec", 1) == 4);
 }
 
 TEST_CASE("gemm: the knob provider declares the lowering's knobs for GEMMs on sm_90a only") {
