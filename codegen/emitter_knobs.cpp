@@ -31,7 +31,7 @@ const KnobSpec stage_stores{
     "leaves in 16-byte row chunks, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
     "block's shared memory has room; 0: each thread stores its fragments (4 or 8 bytes each)"};
 const KnobSpec fast_math{"fast_math", 0, "0", "1: exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations"};
-const KnobSpec simt_vec{"simt_vec", 1, "1", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
+const KnobSpec simt_vec{"simt_vec", 1, "1 (the untuned config of a streaming kernel: 16 bytes of its widest element, codegen/simt_config.h)", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
 const KnobSpec simt_lanes_c{"simt_lanes_c", 8, "chosen from the tile shapes", "lanes of a warp along the columns (SIMT layout)"};
 const KnobSpec simt_warps_c{"simt_warps_c", 1, "chosen from the tile shapes", "warps along the columns (SIMT layout)"};
 const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the registers must allow (__launch_bounds__)"};

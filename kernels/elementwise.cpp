@@ -31,4 +31,49 @@ const Kernel& softmax() {
   return k;
 }
 
+const Kernel& rmsnorm() {
+  static const Kernel k = kernel("rmsnorm", {"x", "w", "out", "eps"}, [](In x, In w, Out out, Scalar eps) {
+    auto [rows, cols] = x.shape<2>();
+    for (auto r : grid(rows)) {
+      Var squares = constant(0.0, DType::f32);
+      for (auto c : tile(cols, block("c"))) {             // pass 1: the sum of squares
+        auto t = x.load(r, c).to(DType::f32);
+        squares = squares + sum(t * t, 0);
+      }
+      auto inv_rms = rsqrt(squares / cols.to(DType::f32) + eps);
+      for (auto c : tile(cols, block("c2")))              // pass 2: scale
+        out.store(r, c, (x.load(r, c).to(DType::f32) * inv_rms * w.load(c).to(DType::f32)).to(out.dtype()));
+    }
+  });
+  return k;
+}
+
+const Kernel& layernorm() {
+  static const Kernel k = kernel("layernorm", {"x", "w", "b", "out", "eps"}, [](In x, In w, In b, Out out, Scalar eps) {
+    auto [rows, cols] = x.shape<2>();
+    for (auto r : grid(rows)) {
+      // Sums of x - shift with shift = x[r, 0]: the variance E[d^2] - E[d]^2 of the shifted
+      // values does not cancel away when the row's mean is large against its spread.
+      auto shift = x.load(r, 0).to(DType::f32);
+      Var s1 = constant(0.0, DType::f32);
+      Var s2 = constant(0.0, DType::f32);
+      for (auto c : tile(cols, block("c"))) {             // pass 1: the shifted sums
+        auto d = x.load(r, c).to(DType::f32) - shift;
+        s1 = s1 + sum(d, 0);
+        s2 = s2 + sum(d * d, 0);
+      }
+      auto n = cols.to(DType::f32);
+      auto mean_d = s1 / n;
+      auto var = maximum(s2 / n - mean_d * mean_d, 0.0);
+      auto rstd = rsqrt(var + eps);
+      auto mean = mean_d + shift;
+      for (auto c : tile(cols, block("c2"))) {            // pass 2: normalize, scale, shift
+        auto y = (x.load(r, c).to(DType::f32) - mean) * rstd * w.load(c).to(DType::f32) + b.load(c).to(DType::f32);
+        out.store(r, c, y.to(out.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
 }  // namespace tj::kernels

@@ -30,6 +30,19 @@ std::vector<ArgSpec> softmax_args(const Problem& p) {
   return {TensorSpec{p.dtype, p.shape}, TensorSpec{out_type(p), p.shape}};
 }
 
+// rmsnorm / layernorm ([rows, cols]): weights (and layernorm's bias) [cols] of x's type.
+std::vector<ArgSpec> norm_args(const Problem& p, bool with_bias) {
+  expect_rank(p, 2, with_bias ? "layernorm" : "rmsnorm", "[rows, cols]");
+  TensorSpec w{p.dtype, {p.shape[1]}};
+  std::vector<ArgSpec> out = {TensorSpec{p.dtype, p.shape}, w};
+  if (with_bias) out.push_back(w);
+  out.push_back(TensorSpec{out_type(p), p.shape});
+  out.push_back(RuntimeScalar{1e-5f});
+  return out;
+}
+std::vector<ArgSpec> rmsnorm_args(const Problem& p) { return norm_args(p, false); }
+std::vector<ArgSpec> layernorm_args(const Problem& p) { return norm_args(p, true); }
+
 std::vector<ArgSpec> attention_args(const Problem& p) {
   expect_rank(p, 4, "attention", "[batch, heads, seq, head_dim]");
   TensorSpec t{p.dtype, p.shape};
@@ -123,6 +136,10 @@ const std::vector<LibraryEntry>& library() {
       {"vector_add", &vector_add, "out = x + y (1-D)", {1 << 20}, &laid_out<&vector_add_args>, [](const Problem& p) { return numel(p); }},
       {"softmax", &softmax, "row softmax with online max/sum in exp2 (2-D)", {256, 1000}, &laid_out<&softmax_args>,
        [](const Problem& p) { return 5 * numel(p); }},
+      {"rmsnorm", &rmsnorm, "RMSNorm over rows with a weight, f32 math (2-D)", {256, 1000}, &laid_out<&rmsnorm_args>,
+       [](const Problem& p) { return 4 * numel(p); }},
+      {"layernorm", &layernorm, "LayerNorm over rows with a weight and a bias, f32 math (2-D)", {256, 1000},
+       &laid_out<&layernorm_args>, [](const Problem& p) { return 8 * numel(p); }},
       {"attention", &attention, "attention forward, online softmax, causal or not ([B, H, S, D])", {1, 2, 256, 64},
        &laid_out<&attention_args>,
        [](const Problem& p) {

@@ -16,6 +16,14 @@ const Kernel& vector_add();
 // (exp(x) = exp2(x · log2 e)), any number of columns.
 const Kernel& softmax();
 
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w (RMSNorm), f32 math; x, out [rows, cols],
+// w [cols].
+const Kernel& rmsnorm();
+
+// out[r, :] = (x[r, :] - mean) / sqrt(var + eps) * w + b (LayerNorm, biased variance), f32 math;
+// x, out [rows, cols], w, b [cols].
+const Kernel& layernorm();
+
 // o = softmax(q kᵀ · scale) v per (batch, head); q [B, H, Sq, D], k/v [B, H, Skv, D],
 // o [B, H, Sq, D]. `scale` already includes log2(e). Causal masks keys after the query
 // (aligned at the top-left). A plain tiled loop; tensor-core lowering is the compiler's job.

@@ -406,7 +406,17 @@ TEST_CASE("cli: the tilejit program wires `run attention`, `tune attention`, `be
   CHECK(r->status == 1);
   CHECK(r->output.find("tilejit: --seq 3000 is not in the benchmark's grid") != std::string::npos);
   r = run_cli("bench gemm");
-  CHECK(r->output.find("tilejit: no benchmark named 'gemm' (benchmarks: attention, variants)") != std::string::npos);
+  CHECK(r->output.find("tilejit: no benchmark named 'gemm' (benchmarks: attention, variants, memory)") != std::string::npos);
+  // `bench memory` (tools/bench_memory.cpp) takes its own shape options, and no attention ones.
+  r = run_cli("bench memory --causal");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("tilejit: `tilejit bench memory` takes --rows, --cols, --reps") != std::string::npos);
+  r = run_cli("bench attention --rows 1024");
+  CHECK(r->output.find("tilejit: --rows and --cols apply to `tilejit bench memory`") != std::string::npos);
+  r = run_cli("bench memory --rows 1000 --cols 100 --no-peers");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("--rows x --cols = 100000 elements: the quantizer rows view them as heads of 4096 x 128") !=
+        std::string::npos);
   // `bench variants` (tests/test_cli_variants.cpp) shares the `bench` options; the mask flags and
   // --variant each belong to one of the two.
   r = run_cli("bench variants --variant causal,flash --no-peers");

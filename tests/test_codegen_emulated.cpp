@@ -24,6 +24,7 @@
 #include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/device_library.h"
+#include "codegen/lowering.h"
 #include "dsl/kernel.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
@@ -328,7 +329,7 @@ struct EmuCase {
   std::string name;
   const Kernel& (*kernel)();
   std::vector<ArgSpec> specs;
-  std::string config;
+  std::string config;                              // JSON, or "untuned": untuned_config's
   std::vector<std::vector<int64_t>> shapes = {};   // actual tensor shapes (for dynamic specs)
   bool strided = false;
   const char* arch = "sm_90a";
@@ -340,7 +341,8 @@ struct EmuCase {
 void run_case(const EmuCase& c) {
   CAPTURE(c.name);
   ir::Function f = c.kernel().trace(c.specs);
-  Config cfg = Config::from_json(c.config);
+  Config cfg = c.config == "untuned" ? codegen::untuned_config(f, c.arch) : Config::from_json(c.config);
+  CAPTURE(cfg.to_json());
   codegen::GeneratedKernel g = codegen::generate_cuda(f, cfg, codegen::Target::parse(c.arch));
   INFO("generated source:\n", g.source);
   CHECK(g.lowering == c.lowering);
@@ -426,6 +428,8 @@ TensorSpec T(DType t, std::vector<int64_t> shape) { return TensorSpec{t, std::mo
 const Kernel& attention() { return kernels::attention(); }
 const Kernel& softmax() { return kernels::softmax(); }
 const Kernel& vector_add() { return kernels::vector_add(); }
+const Kernel& rmsnorm() { return kernels::rmsnorm(); }
+const Kernel& layernorm() { return kernels::layernorm(); }
 const Kernel& readme_attention() { return examples::readme_attention(); }
 const Kernel& grouped_gemm() { return examples::grouped_gemm(); }
 const Kernel& attention_bwd_dkdv() { return examples::attention_bwd_dkdv(); }
@@ -452,6 +456,18 @@ TEST_CASE("codegen (emulated): softmax and vector_add match the reference execut
   run_case({"softmax bf16 -> f32", &softmax, {T(bf16, {5, 333}), T(f32, {5, 333})}, R"({"blocks":{"c":128,"c2":64},"num_warps":2})"});
   run_case({"vector_add f16, dynamic, strided", &vector_add, {T(f16, {-1}), T(f16, {-1}), T(f16, {-1})},
             R"({"blocks":{"n":256},"num_warps":4})", {{1000}, {1000}, {1000}}, true});
+}
+
+TEST_CASE("codegen (emulated): streaming kernels with the SIMT path's untuned config (rows in blocks of up to 1024, 16-byte groups) match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  auto C = [](DType t, std::vector<int64_t> shape) { return contiguous_spec(t, std::move(shape)); };
+  // Rows of 3000: three trips of 1024, the last one ragged; rows of 40: one block of 64 on 2 warps.
+  run_case({"softmax bf16, 3 trips", &softmax, {C(bf16, {3, 3000}), C(bf16, {3, 3000})}, "untuned"});
+  run_case({"softmax f32, short rows", &softmax, {C(f32, {6, 40}), C(f32, {6, 40})}, "untuned"});
+  run_case({"rmsnorm bf16", &rmsnorm, {C(bf16, {4, 1000}), C(bf16, {1000}), C(bf16, {4, 1000}), RuntimeScalar{1e-5f}}, "untuned"});
+  run_case({"layernorm f16 -> f32", &layernorm,
+            {C(f16, {3, 777}), C(f16, {777}), C(f16, {777}), C(f32, {3, 777}), RuntimeScalar{1e-5f}}, "untuned"});
+  run_case({"vector_add f16, dynamic", &vector_add, {T(f16, {-1}), T(f16, {-1}), T(f16, {-1})}, "untuned", {{5000}, {5000}, {5000}}});
 }
 
 TEST_CASE("codegen (emulated): elementwise ops, transposes and integer tiles match the reference executor") {

@@ -235,9 +235,10 @@ std::string config_brief(const Config& c);
 BenchResult measure(const std::function<void()>& fn, DeviceTensor& out, std::optional<HostTensor>* output, double flops,
                     CUstream stream, int reps, int warmup, L2Flusher& l2);
 
-// bench/attention/peers.py: `given` (throws tj::Error when it does not exist), else the one in the
-// current directory, the source tree, or beside the program; "" when none is found.
-std::string find_peers_script(const std::string& given);
+// A peers' script: `given` (throws tj::Error when it does not exist), else `default_script` (a path
+// in the repository) from the current directory, the source tree, or beside the program; "" when
+// none is found.
+std::string find_peers_script(const std::string& given, const std::string& default_script = "bench/attention/peers.py");
 // Runs argv (PATH lookup) with this process's stdout/stderr and PYTHONUNBUFFERED=1; its exit
 // status (128 + signal when killed). Throws tj::Error when it cannot start (e.g. no python3).
 int run_subprocess(const std::vector<std::string>& argv);
@@ -246,7 +247,7 @@ int run_subprocess(const std::vector<std::string>& argv);
 // `what` names the peers in the progress line.
 void run_peers_script(const std::string& python, const std::string& script_option, const std::vector<std::string>& args,
                       const std::string& what, const std::function<void(std::istream&)>& read,
-                      std::vector<std::string>& notes);
+                      std::vector<std::string>& notes, const std::string& default_script = "bench/attention/peers.py");
 
 // --out FILE.md: throws tj::Error now (before any timing) when its directory does not exist.
 void check_out_path(const std::string& out);

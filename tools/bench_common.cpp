@@ -72,18 +72,18 @@ BenchResult measure(const std::function<void()>& fn, DeviceTensor& out, std::opt
   return r;
 }
 
-std::string find_peers_script(const std::string& given) {
+std::string find_peers_script(const std::string& given, const std::string& default_script) {
   if (!given.empty()) {
     if (!fs::exists(given)) throw Error(fmt::format("--peers-script {}: no such file", given));
     return given;
   }
-  std::vector<fs::path> candidates = {"bench/attention/peers.py"};
+  std::vector<fs::path> candidates = {default_script};
 #ifdef TILEJIT_SOURCE_DIR
-  candidates.push_back(fs::path(TILEJIT_SOURCE_DIR) / "bench/attention/peers.py");
+  candidates.push_back(fs::path(TILEJIT_SOURCE_DIR) / default_script);
 #endif
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(exe.parent_path() / "../../bench/attention/peers.py");   // build/tools, .device/bin
+  if (!ec) candidates.push_back(exe.parent_path() / "../.." / default_script);   // build/tools, .device/bin
   for (const auto& c : candidates)
     if (fs::exists(c, ec)) return c.string();
   return "";
@@ -113,11 +113,11 @@ int run_subprocess(const std::vector<std::string>& argv) {
 
 void run_peers_script(const std::string& python, const std::string& script_option, const std::vector<std::string>& args,
                       const std::string& what, const std::function<void(std::istream&)>& read,
-                      std::vector<std::string>& notes) {
-  const std::string script = find_peers_script(script_option);
+                      std::vector<std::string>& notes, const std::string& default_script) {
+  const std::string script = find_peers_script(script_option, default_script);
   if (script.empty()) {
-    notes.push_back("peers: bench/attention/peers.py not found (run from the repository root, or give --peers-script); "
-                    "tilejit rows only");
+    notes.push_back(fmt::format("peers: {} not found (run from the repository root, or give --peers-script); tilejit rows only",
+                                default_script));
     return;
   }
   const fs::path csv = fs::temp_directory_path() / fmt::format("tilejit_peers_{}.csv", ::getpid());
@@ -134,8 +134,8 @@ void run_peers_script(const std::string& python, const std::string& script_optio
     return;
   }
   if (status == 127) notes.push_back(fmt::format("peers: '{}' could not be run (exit status 127); tilejit rows only", python));
-  else if (status != 0) notes.push_back(fmt::format("peers: peers.py exited with status {} (its output above says why); "
-                                                    "the rows it finished are kept", status));
+  else if (status != 0) notes.push_back(fmt::format("peers: {} exited with status {} (its output above says why); "
+                                                    "the rows it finished are kept", script, status));
   std::ifstream in(csv);
   if (in) read(in);
   else if (status == 0) notes.push_back("peers: peers.py wrote no CSV; tilejit rows only");

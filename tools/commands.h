@@ -88,6 +88,21 @@ struct BenchVariantsOptions {
 BenchVariantsOptions variants_options(const BenchAttentionOptions& common, const std::string& variant, bool reps_given);
 int bench_variants(const BenchVariantsOptions& o);
 
+// `tilejit bench memory` (tools/bench_memory.cpp): softmax, RMSNorm, LayerNorm, an add and the
+// e4m3 quantizer with its amax (and transposing) over bf16 [rows, cols], against a copy of the same
+// bytes and bench/memory/peers.py (PyTorch eager and torch.compile), one markdown table.
+struct BenchMemoryOptions {
+  int64_t rows = 16384, cols = 4096;   // 128 MB of bf16: past the L2 cache
+  int reps = 20;
+  int warmup = 3;
+  bool peers = true;
+  std::string out;
+  std::string python = "python3";
+  std::string peers_script;            // empty: bench/memory/peers.py
+  uint64_t seed = 20261122;
+};
+int bench_memory(const BenchMemoryOptions& o);
+
 // `tilejit demo`: trace, generate, compile and check kernels end to end, on any machine.
 int demo();
 

@@ -97,11 +97,14 @@ int main(int argc, char** argv) {
 
   tj::tools::BenchAttentionOptions bench_opts;
   std::string bench_what, bench_variant;
-  auto* bench = app.add_subcommand("bench", "Benchmark a kernel family against its peers on this GPU (attention, variants)");
+  auto* bench = app.add_subcommand("bench", "Benchmark a kernel family against its peers on this GPU (attention, variants, memory)");
   bench->add_option("what", bench_what,
-                    "what to benchmark: attention (FP8 / bf16 vs SDPA and Triton) or variants (issue #7's attention variants "
-                    "vs flex_attention and masked SDPA)")
+                    "what to benchmark: attention (FP8 / bf16 vs SDPA and Triton), variants (issue #7's attention variants "
+                    "vs flex_attention and masked SDPA) or memory (softmax, norms, quantizers, add vs a copy and torch)")
       ->required();
+  tj::tools::BenchMemoryOptions memory_opts;
+  auto* memory_rows = bench->add_option("--rows", memory_opts.rows, "memory: rows of the bf16 [rows, cols] inputs (default 16384)");
+  auto* memory_cols = bench->add_option("--cols", memory_opts.cols, "memory: columns (default 4096)");
   bench->add_option("--seq", bench_opts.seq,
                     "one sequence length of the grid (1024 .. 16384; default: attention all, variants 2048 and 8192)");
   bench->add_option("--head-dim", bench_opts.head_dim, "one head dim of the grid (64, 128, 256; default: attention all, variants 128)");
@@ -175,8 +178,23 @@ int main(int argc, char** argv) {
       }
       if (!bench_config_bf16.empty() || !bench_config_fp8.empty())
         throw tj::Error("--config-bf16 and --config-fp8 apply to `tilejit bench variants`");
+      if (bench_what == "memory") {
+        if (bench_opts.seq || bench_opts.head_dim || bench_opts.causal || bench_opts.non_causal || bench_opts.both ||
+            !bench_variant.empty() || bench_opts.quick)
+          throw tj::Error("`tilejit bench memory` takes --rows, --cols, --reps, --warmup, --peers/--no-peers, --out, --python, "
+                          "--peers-script and --seed (not the attention shape options)");
+        memory_opts.reps = bench_opts.reps;
+        memory_opts.warmup = bench_opts.warmup;
+        memory_opts.peers = bench_opts.peers;
+        memory_opts.out = bench_opts.out;
+        memory_opts.python = bench_opts.python;
+        memory_opts.peers_script = bench_opts.peers_script;
+        memory_opts.seed = bench_opts.seed;
+        return tj::tools::bench_memory(memory_opts);
+      }
+      if (memory_rows->count() || memory_cols->count()) throw tj::Error("--rows and --cols apply to `tilejit bench memory`");
       if (bench_what != "attention")
-        throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention, variants)", bench_what));
+        throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention, variants, memory)", bench_what));
       if (!bench_variant.empty())
         throw tj::Error("--variant applies to `tilejit bench variants`; `tilejit bench attention` times plain attention");
       return tj::tools::bench_attention(bench_opts);

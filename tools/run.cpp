@@ -135,7 +135,10 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
     times.push_back(runtime::Event::elapsed_ms(start, stop));
   }
   double ms = median(times);
-  fmt::print("time: {:.4f} ms (median of {}), {:.2f} TFLOP/s\n", ms, repeats, flops / (ms * 1e-3) / 1e12);
+  // GB/s counts every tensor argument's bytes once: what a kernel that reads its inputs and
+  // writes its outputs once moves (the measure of memory-bound kernels).
+  fmt::print("time: {:.4f} ms (median of {}), {:.2f} TFLOP/s, {:.0f} GB/s\n", ms, repeats, flops / (ms * 1e-3) / 1e12,
+             bytes / (ms * 1e-3) / 1e9);
   return status;
 }
 
