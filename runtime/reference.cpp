@@ -770,6 +770,51 @@ std::string describe(const ir::Param& p) {
 
 }  // namespace
 
+namespace {
+
+// The bytes [first, last) a view can touch (negative strides included); empty for no elements.
+std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
+  if (t.numel() == 0 || !t.data) return {0, 0};
+  const std::vector<int64_t> strides = t.effective_strides();
+  int64_t lo = 0, hi = 0;
+  for (int d = 0; d < t.rank(); ++d) {
+    const int64_t reach = (t.shape[d] - 1) * strides[d];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  const int64_t bytes = size_bytes(t.dtype);
+  return {base + lo * bytes, base + (hi + 1) * bytes};
+}
+
+// An input (tj::In) that the kernel reads shares no memory with a tensor it writes: code
+// generation may read an input's element once and reuse it (dsl/SEMANTICS.md), which a write
+// through another view would make stale.
+void check_inputs_apart(const ir::Function& f, const std::vector<ArgValue>& args) {
+  // Only inputs the kernel reads: a slot that a specialization never loads (an unused rotation,
+  // a bias that is not there) may hold any tensor.
+  std::vector<bool> read(f.params.size(), false);
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if ((op.kind == ir::OpKind::load || op.kind == ir::OpKind::gather) && op.param >= 0) read[op.param] = true;
+  });
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (f.params[i].kind != ir::ParamKind::tensor_in || !read[i]) continue;
+    const auto in = byte_range(std::get<TensorView>(args[i]));
+    if (in.first == in.second) continue;
+    for (size_t j = 0; j < args.size(); ++j) {
+      if (!f.params[j].is_tensor() || !f.params[j].writes()) continue;
+      const TensorView& w = std::get<TensorView>(args[j]);
+      const auto out = byte_range(w);
+      if (w.device != std::get<TensorView>(args[i]).device || out.first == out.second) continue;
+      if (in.first < out.second && out.first < in.second)
+        throw Error(fmt::format("kernel '{}': input '{}' shares memory with '{}', which the kernel writes: an input (tj::In) "
+                                "must not change during a launch; pass separate buffers, or declare '{}' tj::InOut",
+                                f.name, f.params[i].name, f.params[j].name, f.params[i].name));
+    }
+  }
+}
+
+}  // namespace
+
 void check_arguments(const ir::Function& f, const std::vector<ArgValue>& args, bool require_host) {
   if (args.size() != f.params.size()) {
     std::vector<std::string> names;
@@ -813,6 +858,7 @@ void check_arguments(const ir::Function& f, const std::vector<ArgValue>& args, b
       if (!t.data && t.numel() > 0) throw Error(fmt::format("{}: data is null ({})", at, t.describe()));
     }
   }
+  check_inputs_apart(f, args);
 }
 
 LaunchShape launch_shape(const ir::Function& f, const Config& cfg, const std::vector<ArgValue>& args) {

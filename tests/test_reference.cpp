@@ -212,6 +212,36 @@ TEST_CASE("reference: vector add with a length that is not a multiple of the blo
   }
 }
 
+TEST_CASE("reference: an input that shares memory with a tensor the kernel writes is refused, naming both") {
+  const Kernel k = vector_add();
+  const int64_t N = 64;
+  const ir::Function f = k.trace({TensorSpec{DType::f32, {N}}, TensorSpec{DType::f32, {N}}, TensorSpec{DType::f32, {N}}});
+  std::vector<float> buf(3 * N, 1.0f);
+  auto view = [&](int64_t at, std::vector<int64_t> strides = {}) {
+    TensorView t;
+    t.data = buf.data() + at;
+    t.dtype = DType::f32;
+    t.shape = {N};
+    t.strides = std::move(strides);
+    return t;
+  };
+  const std::string refused = "kernel 'vadd': input 'b' shares memory with 'c', which the kernel writes: an input (tj::In) must not "
+                              "change during a launch; pass separate buffers, or declare 'b' tj::InOut";
+  // b and c the same buffer; c overlapping b's last element; c starting inside b
+  CHECK_THROWS_WITH_AS(run_reference(f, blocks({{"b", 16}}), {view(0), view(N), view(N)}), refused.c_str(), Error);
+  CHECK_THROWS_WITH_AS(run_reference(f, blocks({{"b", 16}}), {view(0), view(N), view(2 * N - 1)}), refused.c_str(), Error);
+  CHECK_THROWS_WITH_AS(launch_shape(f, blocks({{"b", 16}}), {view(0), view(N), view(N + 1, {1})}), refused.c_str(), Error);
+  // Inputs may share memory with each other; neighbours that do not overlap are fine.
+  CHECK_NOTHROW(run_reference(f, blocks({{"b", 16}}), {view(0), view(0), view(N)}));
+  CHECK_NOTHROW(run_reference(f, blocks({{"b", 16}}), {view(0), view(N), view(2 * N)}));
+  // An input slot the kernel never reads may hold any tensor (a library kernel's unused operand).
+  const Kernel ignores_b = kernel("copy_a", {"a", "b", "c"}, [](In a, In b, Out c) {
+    for (auto t : tile(a.dim(0), block("b"))) c.store(t, a.load(t));
+  });
+  const ir::Function g = ignores_b.trace({TensorSpec{DType::f32, {N}}, TensorSpec{DType::f32, {N}}, TensorSpec{DType::f32, {N}}});
+  CHECK_NOTHROW(run_reference(g, blocks({{"b", 16}}), {view(0), view(N), view(N)}));
+}
+
 TEST_CASE("reference: strided (non-contiguous) views are read and written through their strides") {
   const Kernel k = vector_add();
   const ir::Function f = k.trace({TensorSpec{DType::f32, {-1}}, TensorSpec{DType::f32, {-1}}, TensorSpec{DType::f32, {-1}}});
