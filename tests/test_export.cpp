@@ -389,14 +389,15 @@ TEST_CASE("export: the launcher packs vector_add's arguments like runtime/jit.cp
     mock::st().launches.clear();
     mock::st().param_sizes = {24, 24, 24};
     std::vector<int64_t> shape{n};
-    TjTensor x = tj_tensor(0x10000, DType::f32, shape), y = tj_tensor(0x20000, DType::f32, shape),
-             out = tj_tensor(0x30000, DType::f32, shape);
+    // Fake device addresses 16 MB apart: the launch's check keeps an input apart from the output.
+    TjTensor x = tj_tensor(0x1000000, DType::f32, shape), y = tj_tensor(0x2000000, DType::f32, shape),
+             out = tj_tensor(0x3000000, DType::f32, shape);
     CUstream stream = reinterpret_cast<CUstream>(0x77);
     REQUIRE_MESSAGE(launch(stream, &x, &y, &out) == kSuccess, e->last_error());
     REQUIRE(mock::st().launches.size() == 1);
     const mock::Launch& l = mock::st().launches[0];
-    std::vector<ArgValue> args{view(0x10000, DType::f32, shape), view(0x20000, DType::f32, shape),
-                               view(0x30000, DType::f32, shape)};
+    std::vector<ArgValue> args{view(0x1000000, DType::f32, shape), view(0x2000000, DType::f32, shape),
+                               view(0x3000000, DType::f32, shape)};
     CHECK(l.grid[0] == expected_programs(ck, args));
     CHECK(l.grid[1] == 1);
     CHECK(l.block[0] == static_cast<unsigned>(e->lk.variants[0].kernel->threads));
@@ -404,9 +405,9 @@ TEST_CASE("export: the launcher packs vector_add's arguments like runtime/jit.cp
     CHECK(l.stream == stream);
     CHECK(!l.ex);
     REQUIRE(l.params.size() == 3);
-    CHECK(words(l.params[0]) == std::vector<int64_t>{0x10000, n, 1});
-    CHECK(words(l.params[1]) == std::vector<int64_t>{0x20000, n, 1});
-    CHECK(words(l.params[2]) == std::vector<int64_t>{0x30000, n, 1});
+    CHECK(words(l.params[0]) == std::vector<int64_t>{0x1000000, n, 1});
+    CHECK(words(l.params[1]) == std::vector<int64_t>{0x2000000, n, 1});
+    CHECK(words(l.params[2]) == std::vector<int64_t>{0x3000000, n, 1});
   }
   // One module load and function lookup for every launch in this context.
   CHECK(mock::st().module_loads == 1);
@@ -420,11 +421,11 @@ TEST_CASE("export: the launcher packs vector_add's arguments like runtime/jit.cp
   mock::st().launches.clear();
   std::vector<int64_t> shape{500};
   int64_t stride2[] = {2};
-  TjTensor x = tj_tensor(0x10000, DType::f32, shape, stride2), y = tj_tensor(0x20000, DType::f32, shape),
-           out = tj_tensor(0x30000, DType::f32, shape);
+  TjTensor x = tj_tensor(0x1000000, DType::f32, shape, stride2), y = tj_tensor(0x2000000, DType::f32, shape),
+           out = tj_tensor(0x3000000, DType::f32, shape);
   REQUIRE(launch(nullptr, &x, &y, &out) == kSuccess);
   REQUIRE(mock::st().launches.size() == 1);
-  CHECK(words(mock::st().launches[0].params[0]) == std::vector<int64_t>{0x10000, 500, 2});
+  CHECK(words(mock::st().launches[0].params[0]) == std::vector<int64_t>{0x1000000, 500, 2});
   mock::st().launches.clear();
   std::vector<int64_t> empty{0};
   TjTensor ex = tj_tensor(0, DType::f32, empty), ey = tj_tensor(0, DType::f32, empty), eo = tj_tensor(0, DType::f32, empty);

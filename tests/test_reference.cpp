@@ -781,7 +781,8 @@ TEST_CASE("reference: argument validation names the parameter") {
   e = run({bad_strides, good, good, good, 0.1f});
   CHECK(contains(e, "argument 'q': 3 strides given for a rank-4 tensor"));
 
-  e = error_of([&] { run_reference(f, blocks({{"m", 0}}), {good, good, good, good, 0.1f}); });
+  RefTensor o(DType::bf16, {2, 4, 128, 64});   // the output apart from the inputs (check_arguments)
+  e = error_of([&] { run_reference(f, blocks({{"m", 0}}), {good, good, good, o.view(), 0.1f}); });
   CHECK(contains(e, "block 'm' must be positive"));
 
   // launch_shape reads only shapes: device tensors (no host data) are fine.
