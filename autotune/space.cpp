@@ -23,17 +23,6 @@ int64_t next_pow2(int64_t v) {
 }
 
 
-// Blocks that size a tile of rank >= 2 anywhere in the function.
-std::vector<bool> blocks_in_2d_tiles(const ir::Function& f) {
-  std::vector<bool> out(f.blocks.size(), false);
-  for (const auto& v : f.values) {
-    if (v.type.rank() < 2) continue;
-    for (const Dim& d : v.type.shape)
-      if (d.is_block() && d.value >= 0 && static_cast<size_t>(d.value) < out.size()) out[d.value] = true;
-  }
-  return out;
-}
-
 // Whether some loop that runs inside a program (not a launch loop) loads from memory: the
 // loop a pipeline would overlap.
 bool has_pipelinable_loop(const ir::Function& f) {
@@ -142,7 +131,7 @@ ConfigSpace derive_space(const ir::Function& f, const SpaceOptions& o) {
   const Config untuned = o.arch.empty() ? base : untuned_config(f, o.arch);
   std::vector<Dimension> dims;
   const auto extents = constant_block_extents(f);
-  const auto in_2d = blocks_in_2d_tiles(f);
+  const auto in_2d = ir::blocks_in_2d_tiles(f);
   for (size_t i = 0; i < f.blocks.size(); ++i) {
     const ir::BlockSymbol& b = f.blocks[i];
     if (b.fixed > 0) continue;

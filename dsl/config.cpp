@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "dsl/static_extents.h"
 
 namespace tj {
 
@@ -68,24 +69,13 @@ Config default_config(const ir::Function& f) {
   return c;
 }
 
-namespace {
-
-// Whether block `id` sizes a tile of rank 2 or more anywhere in `f`.
-bool sizes_2d_tile(const ir::Function& f, int id) {
-  for (const auto& v : f.values)
-    if (v.type.rank() >= 2)
-      for (const Dim& d : v.type.shape)
-        if (d.is_block() && d.value == id) return true;
-  return false;
-}
-
-}  // namespace
-
 void check_config(const ir::Function& f, const Config& c) {
+  const std::vector<bool> in_2d = ir::blocks_in_2d_tiles(f);
   for (const auto& [name, size] : c.blocks) {
-    bool known = false;
-    for (const auto& b : f.blocks) known |= b.name == name;
-    if (!known) {
+    int id = -1;
+    for (size_t i = 0; i < f.blocks.size(); ++i)
+      if (f.blocks[i].name == name) id = static_cast<int>(i);
+    if (id < 0) {
       std::string names;
       for (const auto& b : f.blocks) names += (names.empty() ? "" : ", ") + b.name;
       throw Error(fmt::format("config sets block '{}', but kernel '{}' has blocks: {}", name, f.name, names));
@@ -95,10 +85,7 @@ void check_config(const ir::Function& f, const Config& c) {
     // 1024 where a block sizes rank-2 tiles; a block of rank-1 tiles only may hold a whole row
     // (codegen/simt_config.h), up to 32768 (32 elements per thread of 1024).
     const bool power_of_two = size >= 1 && (size & (size - 1)) == 0;
-    int id = -1;
-    for (size_t i = 0; i < f.blocks.size(); ++i)
-      if (f.blocks[i].name == name) id = static_cast<int>(i);
-    const int64_t limit = sizes_2d_tile(f, id) ? 1024 : 32768;
+    const int64_t limit = in_2d[id] ? 1024 : 32768;
     if (size < 1 || size > limit || (!power_of_two && size % 32 != 0))
       throw Error(fmt::format("block '{}' must be a power of two or a multiple of 32 in [1, {}]{}, got {}", name, limit,
                               limit == 1024 ? "" : " (a block of rank-1 tiles only)", size));

@@ -84,4 +84,14 @@ std::vector<int64_t> constant_block_extents(const Function& f) {
 }
 
 
+std::vector<bool> blocks_in_2d_tiles(const Function& f) {
+  std::vector<bool> out(f.blocks.size(), false);
+  for (const auto& v : f.values) {
+    if (v.type.rank() < 2) continue;
+    for (const Dim& d : v.type.shape)
+      if (d.is_block() && d.value >= 0 && static_cast<size_t>(d.value) < out.size()) out[d.value] = true;
+  }
+  return out;
+}
+
 }  // namespace tj::ir

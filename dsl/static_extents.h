@@ -1,6 +1,7 @@
 #pragma once
-// Loop extents the IR fixes before the kernel runs: an analysis the tuner (the space of block
-// sizes) and the SIMT path's untuned config both read.
+// What the IR fixes about its block symbols before the kernel runs: loop extents (the tuner's
+// space of block sizes, the SIMT path's untuned config) and which blocks size rank-2 tiles (the
+// limits check_config and the tuner put on them).
 #include <cstdint>
 #include <vector>
 
@@ -12,5 +13,8 @@ namespace tj::ir {
 // every tile loop that steps by it, the largest if several), else -1. Index: block id.
 // Constants come from tracing, dims of static tensors and integer arithmetic on those.
 std::vector<int64_t> constant_block_extents(const Function& f);
+
+// Per block id: whether the block sizes a tile of rank 2 or more anywhere in `f`.
+std::vector<bool> blocks_in_2d_tiles(const Function& f);
 
 }  // namespace tj::ir

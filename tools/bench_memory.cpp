@@ -69,7 +69,8 @@ struct RowCheck {
   bool ok(double tol) const { return nan == 0 && worst <= tol; }
 };
 
-std::vector<int64_t> sample_rows(int64_t rows, int64_t n) {
+// n indices spread evenly over [0, rows), the first and the last included.
+std::vector<int64_t> evenly_spaced(int64_t rows, int64_t n) {
   std::vector<int64_t> out;
   for (int64_t i = 0; i < std::min(rows, n); ++i) out.push_back(i * (rows - 1) / std::max<int64_t>(1, std::min(rows, n) - 1));
   return out;
@@ -96,17 +97,6 @@ std::vector<double> row_f64(const std::string& op, const HostTensor& x, int64_t 
   const double inv = 1.0 / std::sqrt(sq / cols + 1e-5);
   for (int64_t c = 0; c < cols; ++c) out[c] = (v[c] - mean) * inv * w.at(c) + (op == "layernorm" ? b.at(c) : 0.0);
   return out;
-}
-
-HostTensor random_host(DType dt, std::vector<int64_t> shape, uint64_t seed) {
-  HostTensor t(dt, std::move(shape));
-  const int64_t n = t.numel(), chunk = 1 << 20;
-  parallel_for((n + chunk - 1) / chunk, [&](int64_t i) {
-    std::mt19937_64 rng(seed + static_cast<uint64_t>(i));
-    std::normal_distribution<double> normal(0.0, 1.0);
-    for (int64_t j = i * chunk; j < std::min(n, (i + 1) * chunk); ++j) t.set(j, normal(rng));
-  });
-  return t;
 }
 
 void run_peers(const BenchMemoryOptions& o, std::vector<MemoryCase>& cases, std::vector<std::string>& notes) {
@@ -175,8 +165,8 @@ int bench_memory(const BenchMemoryOptions& o) {
 
   fmt::print("preparing {:.0f} MB of random bf16 inputs ...\n", 2.0 * n * 2 / 1e6);
   std::fflush(stdout);
-  const HostTensor hx = random_host(bf16, {R, C}, o.seed), hy = random_host(bf16, {n}, o.seed + 7777);
-  const HostTensor hw = random_host(bf16, {C}, o.seed + 1), hb = random_host(bf16, {C}, o.seed + 2);
+  const HostTensor hx = random_normal(bf16, {R, C}, o.seed), hy = random_normal(bf16, {n}, o.seed + 7777);
+  const HostTensor hw = random_normal(bf16, {C}, o.seed + 1), hb = random_normal(bf16, {C}, o.seed + 2);
   DeviceTensor x = DeviceTensor::from_host(hx), y = DeviceTensor::from_host(hy), w = DeviceTensor::from_host(hw),
                b = DeviceTensor::from_host(hb);
   DeviceTensor out(bf16, {R, C}), q8(DType::e4m3, {heads, 1, S, D}), qt8(DType::e4m3, {heads, 1, D, S}),
@@ -209,7 +199,7 @@ int bench_memory(const BenchMemoryOptions& o) {
     std::optional<HostTensor> got;
     c.tilejit = measure([&] { launch(k, args, lo); }, out, &got, 0, stream, o.reps, o.warmup, l2);
     RowCheck check;
-    for (int64_t r : sample_rows(op == "add" ? 1 : R, 64)) {
+    for (int64_t r : evenly_spaced(op == "add" ? 1 : R, 64)) {
       if (op == "add") {
         for (int64_t i = 0; i < n; i += 997) check.add(got->at(i), hx.at(i) + hy.at(i), 1.0);
         continue;
@@ -246,7 +236,7 @@ int bench_memory(const BenchMemoryOptions& o) {
     // amax / 448.
     const HostTensor ds = descale.to_host();
     RowCheck check;
-    for (int64_t h : sample_rows(heads, 8)) {
+    for (int64_t h : evenly_spaced(heads, 8)) {
       double amax = 0;
       for (int64_t i = h * S * D; i < (h + 1) * S * D; ++i) amax = std::max(amax, std::abs(hx.at(i)));
       check.add(ds.at(h), amax / 448.0, 1e-30);
