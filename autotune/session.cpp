@@ -414,7 +414,6 @@ struct BenchSession::State {
       op.param = t.at("param").get<int>();
       op.box = t.at("box").get<std::vector<int>>();
       op.swizzle_bytes = t.value("swizzle", 128);
-      op.fold_outer_dims = t.value("fold", std::vector<int>{});
       op.element_strides = t.value("element_strides", std::vector<int>{});
       tma.push_back(std::move(op));
     }

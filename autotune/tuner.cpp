@@ -541,7 +541,6 @@ void Tuner::bench(Cand& c, bool as_reference) {
       tma.push_back(json{{"param", op.param},
                          {"box", op.box},
                          {"swizzle", op.swizzle_bytes},
-                         {"fold", op.fold_outer_dims},
                          {"element_strides", op.element_strides}});
     req["tma"] = tma;
   }

@@ -20,7 +20,7 @@ install(TARGETS tilejit EXPORT tilejitTargets
 
 # Headers keep their folder: include/tilejit/runtime/nvrtc.h is #include "runtime/nvrtc.h".
 # The folders are globbed at install time, so new headers need no CMake edit.
-foreach(dir core dsl codegen runtime autotune kernels)
+foreach(dir core dsl codegen runtime autotune kernels api)
   if(EXISTS ${CMAKE_SOURCE_DIR}/${dir})
     install(DIRECTORY ${CMAKE_SOURCE_DIR}/${dir}
       DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tilejit

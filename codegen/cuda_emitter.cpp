@@ -1374,7 +1374,7 @@ GeneratedKernel Emitter::run() {
   if (mma_.on_tensor_cores()) k.device_headers.insert(k.device_headers.end(), {"swizzle.cuh", "frag.cuh", "mma_layout.cuh"});
   if (mma_.wgmma()) {
     k.device_headers.insert(k.device_headers.end(), {"hopper.cuh", "hopper_wgmma.cuh", "mma.cuh"});
-    for (const MmaPlan::Tma& t : mma_.tmas) k.tma.push_back(TmaOperand{t.param, t.box, t.swizzle, {}, {}});
+    for (const MmaPlan::Tma& t : mma_.tmas) k.tma.push_back(TmaOperand{t.param, t.box, t.swizzle, {}});
     k.lowering = "tensor cores (wgmma)";
   } else if (mma_.on_tensor_cores()) {
     k.device_headers.push_back("mma_sync.cuh");

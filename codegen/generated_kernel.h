@@ -14,12 +14,9 @@ struct TmaOperand {
   int param = -1;                          // index into f.params (a tensor)
   std::vector<int> box;                    // elements per tensor dim copied at once (1 = one index)
   int swizzle_bytes = 128;                 // 0 (none), 32, 64 or 128
-  // Dims to view as one (e.g. {0, 1, 2} folds [B, H, S] of a contiguous [B, H, S, D] into a
-  // single dim), so the map has fewer than 6 dims; empty: keep every dim.
-  std::vector<int> fold_outer_dims;
   // Traversal stride per tensor dim (outermost first, like box; empty: all 1): a box of n along a
   // dim of stride k copies elements 0, k, 2k, ... (ceil(n / k) of them) next to each other in
-  // shared memory. Folded dims must have stride 1.
+  // shared memory.
   std::vector<int> element_strides;
 };
 

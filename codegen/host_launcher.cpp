@@ -423,23 +423,17 @@ class Emitter {
         if (static_cast<int>(op.box.size()) != p.rank())
           throw Error(fmt::format("export: kernel '{}': the TMA box of '{}' has {} dims for rank {}", k_.name, p.name,
                                   op.box.size(), p.rank()));
-        int rank = p.rank();
-        if (!op.fold_outer_dims.empty()) rank -= static_cast<int>(op.fold_outer_dims.size()) - 1;
-        if (rank > 5) throw Error(fmt::format("export: kernel '{}': TMA on '{}' needs more than 5 dims", k_.name, p.name));
+        if (p.rank() > 5) throw Error(fmt::format("export: kernel '{}': TMA on '{}' needs more than 5 dims", k_.name, p.name));
         for (int b : op.box)
           if (b < 1 || b > 256)
             throw Error(fmt::format("export: kernel '{}': TMA box size {} of '{}' is outside [1, 256]", k_.name, b, p.name));
         if (!op.element_strides.empty() && op.element_strides.size() != op.box.size())
           throw Error(fmt::format("export: kernel '{}': the TMA traversal strides of '{}' have {} dims for rank {}", k_.name,
                                   p.name, op.element_strides.size(), p.rank()));
-        for (size_t d = 0; d < op.element_strides.size(); ++d) {
-          const bool folded = !op.fold_outer_dims.empty() && static_cast<int>(d) >= op.fold_outer_dims.front() &&
-                              static_cast<int>(d) <= op.fold_outer_dims.back();
-          if (op.element_strides[d] < 1 || op.element_strides[d] > 8 || (folded && op.element_strides[d] != 1))
-            throw Error(fmt::format("export: kernel '{}': TMA traversal stride {} of '{}' (dim {}) is outside [1, 8] or on a "
-                                    "folded dim",
+        for (size_t d = 0; d < op.element_strides.size(); ++d)
+          if (op.element_strides[d] < 1 || op.element_strides[d] > 8)
+            throw Error(fmt::format("export: kernel '{}': TMA traversal stride {} of '{}' (dim {}) is outside [1, 8]",
                                     k_.name, op.element_strides[d], p.name, d));
-        }
       }
     }
   }
@@ -1132,27 +1126,6 @@ class Emitter {
       TmaVals m{&op, t.dims, t.strides, std::vector<int64_t>(op.box.begin(), op.box.end()),
                 op.element_strides.empty() ? std::vector<int64_t>(op.box.size(), 1)
                                            : std::vector<int64_t>(op.element_strides.begin(), op.element_strides.end())};
-      if (!op.fold_outer_dims.empty()) {
-        const int first = op.fold_outer_dims.front(), last = op.fold_outer_dims.back();
-        llvm::Value* merged = c64(1);
-        int64_t box_merged = 1;
-        for (int d = first; d <= last; ++d) {
-          if (d < last)
-            fail_if(B_.CreateICmpNE(m.strides[d], B_.CreateMul(m.strides[d + 1], m.dims[d + 1])), LaunchStatus::alignment,
-                    {T(at_arg + fmt::format("dims {}..{} must be contiguous to be viewed as one (", first, last)),
-                     Tensor(targ[op.param]), T(")")});
-          merged = B_.CreateMul(merged, m.dims[d]);
-          box_merged *= op.box[d];
-        }
-        llvm::Value* merged_stride = m.strides[last];
-        m.dims.erase(m.dims.begin() + first, m.dims.begin() + last + 1);
-        m.strides.erase(m.strides.begin() + first, m.strides.begin() + last + 1);
-        m.box.erase(m.box.begin() + first, m.box.begin() + last + 1);
-        m.dims.insert(m.dims.begin() + first, merged);
-        m.strides.insert(m.strides.begin() + first, merged_stride);
-        m.box.insert(m.box.begin() + first, box_merged);
-        m.elem_strides.erase(m.elem_strides.begin() + first, m.elem_strides.begin() + last);   // folded: all 1
-      }
       const int elem = size_bytes(prm.dtype);
       fail_if(B_.CreateICmpNE(m.strides.back(), c64(1)), LaunchStatus::alignment,
               {T(at_arg + "the last dim must be contiguous (stride 1), got stride "), I(m.strides.back())});
@@ -1726,21 +1699,6 @@ std::string upper(std::string s) {
 
 }  // namespace
 
-const char* status_message(LaunchStatus s) {
-  switch (s) {
-    case LaunchStatus::success: return "success";
-    case LaunchStatus::invalid_argument: return "invalid argument (a NULL tensor, a negative dimension, a wrong argument kind or count, or memory that is not on the GPU)";
-    case LaunchStatus::dtype: return "no exported specialization takes these element types or ranks";
-    case LaunchStatus::shape: return "no exported specialization for these shapes or flags";
-    case LaunchStatus::alignment: return "a tensor's data or strides are not aligned as the kernel needs";
-    case LaunchStatus::unsupported_device: return "no CUBIN for the current GPU's architecture";
-    case LaunchStatus::no_context: return "no current CUDA context on the calling thread";
-    case LaunchStatus::cuda: return "a CUDA driver call failed";
-    case LaunchStatus::too_large: return "the problem needs more thread blocks than one launch allows";
-    case LaunchStatus::too_many_contexts: return "more CUDA contexts than the launcher tracks";
-  }
-  return "unknown tj_status";
-}
 
 std::string c_identifier(std::string_view name) {
   std::string out;

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "dsl/config.h"
+#include "codegen/launch_status.h"
 #include "codegen/cuda_emitter.h"
 #include "dsl/ir.h"
 #include "dsl/kernel.h"
@@ -120,20 +121,5 @@ std::string describe_variants(const LauncherKernel& k);
 // A static library (GNU ar format with a symbol table) of (member name, object bytes).
 std::string write_static_library(const std::vector<std::pair<std::string, std::string>>& objects);
 
-// Status codes of the C API (the header's tj_status).
-enum class LaunchStatus : int32_t {
-  success = 0,
-  invalid_argument = 1,     // NULL tensor, wrong argument count/kind, not device memory, negative dim
-  dtype = 2,                // no exported specialization takes these element types / ranks
-  shape = 3,                // no exported specialization for these shapes / host values
-  alignment = 4,            // data or strides not aligned as the kernel needs (TMA: 16 bytes)
-  unsupported_device = 5,   // no CUBIN for the current GPU's architecture
-  no_context = 6,           // no current CUDA context on the calling thread
-  cuda = 7,                 // a CUDA driver call failed
-  too_large = 8,            // more blocks than one launch allows
-  too_many_contexts = 9,    // more CUDA contexts than the launcher tracks (64)
-};
 inline constexpr int kMaxLauncherContexts = 64;
-const char* status_message(LaunchStatus s);
-
 }  // namespace tj::codegen

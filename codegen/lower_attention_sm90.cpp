@@ -521,11 +521,12 @@ std::optional<GeneratedKernel> try_lower(const ir::Function& f, const Config& cf
   g.device_headers = {"tile.cuh", "fp8.cuh", "hopper_wgmma.cuh", "hopper.cuh", "exp2_fma.cuh", "hopper_attention.cuh", "attn_tile_order.cuh"};
   if (hooks_src) g.device_headers.push_back("interval.cuh");
   const int ib = static_cast<int>(bm), nb = static_cast<int>(bn), d = static_cast<int>(D);
-  g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {0, 1}, {}});
-  g.tma.push_back(TmaOperand{1, {1, 1, nb, wq / es}, wq, {0, 1}, {}});
+  // 4-D maps, batch and head kept apart (hopper_attention.cuh): any strides TMA takes work.
+  g.tma.push_back(TmaOperand{0, {1, 1, ib, wq / es}, wq, {}});
+  g.tma.push_back(TmaOperand{1, {1, 1, nb, wq / es}, wq, {}});
   if (keys_by_parity) g.tma.back().element_strides = {1, 1, 2, 1};   // half a block per load: even or odd keys
-  if (fp8) g.tma.push_back(TmaOperand{2, {1, 1, d, wv}, wv, {0, 1}, {}});
-  else g.tma.push_back(TmaOperand{2, {1, 1, nb, 64}, 128, {0, 1}, {}});
+  if (fp8) g.tma.push_back(TmaOperand{2, {1, 1, d, wv}, wv, {}});
+  else g.tma.push_back(TmaOperand{2, {1, 1, nb, 64}, 128, {}});
   return g;
 }
 

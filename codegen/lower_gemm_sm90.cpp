@@ -200,8 +200,8 @@ GeneratedKernel write_kernel(const gemm::Match& g, const Plan& p, const Config& 
   k.dynamic_smem_bytes = static_cast<size_t>(p.smem);
   k.device_headers = {"tile.cuh", "fp8.cuh", "hopper.cuh", "hopper_wgmma.cuh", "gemm_common.cuh", "hopper_gemm.cuh"};
   const int esz = size_bytes(g.ta);
-  k.tma.push_back(TmaOperand{g.load_a->param, {p.bm, p.swz_bytes / esz}, p.swz_bytes, {}, {}});
-  k.tma.push_back(TmaOperand{g.load_b->param, {p.bn / p.cluster, p.swz_bytes / esz}, p.swz_bytes, {}, {}});
+  k.tma.push_back(TmaOperand{g.load_a->param, {p.bm, p.swz_bytes / esz}, p.swz_bytes, {}});
+  k.tma.push_back(TmaOperand{g.load_b->param, {p.bn / p.cluster, p.swz_bytes / esz}, p.swz_bytes, {}});
   k.cluster_x = p.cluster;
   k.persistent = true;
   k.blocks_per_sm = 1;

@@ -5,9 +5,9 @@
 //   (quantize_transpose_fp8 writes it; FP8 wgmma needs both P·V operands K-major), 16-bit:
 //   v [B, Hkv, Skv, D] natural. Hkv divides H (grouped-query attention: head h reads kv head
 //   h / (H / Hkv)).
-//   q_descale, k_descale, v_descale [B, Hkv] f32: x_true = x_fp8 * descale (per-tensor
-//   scaling is the broadcast case: every entry equal, or a view with strides 0). 16-bit inputs
-//   pass ones.
+//   q_descale [B, H], k_descale and v_descale [B, Hkv] f32: x_true = x_fp8 * descale, Q's per
+//   query head, K's and V's per kv head (per-tensor scaling is the broadcast case: every entry
+//   equal, or a view with strides 0). 16-bit inputs pass ones.
 //   o [B, H, Sq, D] (bf16, f16, or e4m3 -- then o = e4m3(O * o_scale)); lse [B, H, Sq] f32,
 //   written when `with_lse` (natural-log logsumexp of the scaled scores; else any tensor).
 //   scale: softmax scale * log2(e) (e.g. log2(e)/sqrt(D)), a runtime scalar.
@@ -109,7 +109,7 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
     auto b = floordiv(bh, H);
     auto h = bh % H;
     auto hk = floordiv(h, floordiv(H, Hkv));
-    auto qk_scale = scale * q_descale.load(b, hk) * k_descale.load(b, hk);   // one constant
+    auto qk_scale = scale * q_descale.load(b, h) * k_descale.load(b, hk);   // one constant
     auto v_scale = v_descale.load(b, hk);
     for (auto m : tile(S, block("m"))) {
       Var m_i = full({m}, -INFINITY, DType::f32);

@@ -297,6 +297,10 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   if (k.shape[0] != B || v.shape != k.shape || k.shape[3] != D || o.shape != q.shape)
     throw Error(fmt::format("attention_fp8_forward: shapes q {} k {} v {} o {} do not fit", q.describe(), k.describe(),
                             v.describe(), o.describe()));
+  if (Hkv < 1 || H % Hkv != 0)
+    throw Error(fmt::format("attention_fp8_forward: q's {} heads are not a multiple of k's and v's {} (grouped-query "
+                            "attention: query head h reads kv head h / (H / Hkv))",
+                            H, Hkv));
   if (!opt.quantize && (opt.hadamard || opt.q_residual))
     throw Error("attention_fp8_forward: hadamard and q_residual are quantization recipes; with quantize = false the "
                 "16-bit inputs run as given");
@@ -325,22 +329,22 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
     // Grown, never shrunk: a new buffer costs a copy from the host and the old one's free, which
     // waits for the device. Callers whose views change shape within a call (dilated attention's
     // pairs, kernels/dilated_attention.cpp) would pay that at every launch.
-    if (!ws.ones || ws.ones->view().numel() < B * Hkv) {
-      HostTensor h(DType::f32, {B * Hkv});
+    if (!ws.ones || ws.ones->view().numel() < B * H) {
+      HostTensor h(DType::f32, {B * H});
       for (int64_t i = 0; i < h.numel(); ++i) h.set(i, 1.0);
       ws.ones.emplace(DeviceTensor::from_host(h));
     }
-    TensorView one = ws.ones->view();
-    one.shape = {B, Hkv};   // its first B·Hkv ones, row-major
+    // Their first B·H (Q's, per query head) or B·Hkv (K's and V's) ones, row-major.
+    TensorView q_one = ws.ones->view(), kv_one = ws.ones->view();
+    q_one.shape = {B, H};
+    kv_one.shape = {B, Hkv};
     ao.start_early = opt.start_early;
-    launch_attention(opt, {q, k, v, one, one, one, o, lse, scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},
+    launch_attention(opt, {q, k, v, q_one, kv_one, kv_one, o, lse, scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},
                      ao);
     return;
   }
-  // q's descales are per query head; attention_fp8 reads them per (b, kv head): fine when H == Hkv
-  // (grouped-query attention would need a per-kv-head amax over the group's query heads).
-  if (H != Hkv)
-    throw Error("attention_fp8_forward: grouped-query inputs (H != Hkv) need q descales per kv head; not supported yet");
+  // Q's descales are per query head, K's and V's per kv head, as attention_fp8 reads them: grouped-query
+  // inputs (H a multiple of Hkv) quantize like any other.
   const int64_t S_pad = (Skv + 15) / 16 * 16;
   ensure(ws.vt8, DType::e4m3, {B, Hkv, D, S_pad}, /*zero=*/true);   // the pad past Skv must be finite
   ensure(ws.vd, DType::f32, {B, Hkv});

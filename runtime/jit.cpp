@@ -225,26 +225,6 @@ CUtensorMap encode_tma(const std::string& kernel, const std::string& param, cons
   std::vector<int> elem_strides = op.element_strides.empty() ? std::vector<int>(box.size(), 1) : op.element_strides;
   if (box.size() != shape.size() || elem_strides.size() != box.size())
     throw fail("internal error: the box's or the traversal strides' rank differs from the tensor's");
-  if (!op.fold_outer_dims.empty()) {
-    // Merge dims fold_outer_dims[0..] (consecutive) into one; they must be contiguous.
-    int first = op.fold_outer_dims.front(), last = op.fold_outer_dims.back();
-    int64_t merged = 1, box_merged = 1;
-    for (int d = first; d <= last; ++d) {
-      if (d < last && strides[d] != strides[d + 1] * shape[d + 1])
-        throw fail(fmt::format("dims {}..{} must be contiguous to be viewed as one", first, last));
-      if (elem_strides[d] != 1) throw fail("internal error: a folded dim with a traversal stride");
-      merged *= shape[d];
-      box_merged *= box[d];
-    }
-    elem_strides.erase(elem_strides.begin() + first, elem_strides.begin() + last);
-    int64_t merged_stride = strides[last];
-    shape.erase(shape.begin() + first, shape.begin() + last + 1);
-    strides.erase(strides.begin() + first, strides.begin() + last + 1);
-    box.erase(box.begin() + first, box.begin() + last + 1);
-    shape.insert(shape.begin() + first, merged);
-    strides.insert(strides.begin() + first, merged_stride);
-    box.insert(box.begin() + first, static_cast<int>(box_merged));
-  }
   const int rank = static_cast<int>(shape.size());
   if (rank > 5) throw fail("more than 5 dims");
   const int64_t elem = size_bytes(t.dtype);

@@ -37,6 +37,15 @@ inline tj::HostTensor filled(tj::DType dt, std::vector<int64_t> shape, double v)
 }
 
 // N(0,1) (+ N(0, 10^2) with probability outlier_p: the outlier inputs), rounded to dt.
+// A device view with no memory behind it: enough for the argument checks that run before a launch.
+inline tj::TensorView unbacked_device_view(tj::DType dt, std::vector<int64_t> shape) {
+  tj::TensorView v;
+  v.dtype = dt;
+  v.shape = std::move(shape);
+  v.device = tj::Device::cuda;
+  return v;
+}
+
 inline tj::HostTensor randn(tj::DType dt, std::vector<int64_t> shape, std::mt19937& rng, double outlier_p = 0.0) {
   tj::HostTensor t(dt, std::move(shape));
   std::normal_distribution<double> n(0.0, 1.0);

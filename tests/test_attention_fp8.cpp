@@ -383,7 +383,7 @@ TEST_CASE("attention_fp8: lowered for sm_90a, NVRTC compiles it (e4m3 wgmma, TMA
               .ptx;
       CHECK(ptx_lean.find("wgmma.mma_async.sync.aligned.m64n8k") == std::string::npos);
     }
-    CHECK(ptx.find("cp.async.bulk.tensor.3d") != std::string::npos);
+    CHECK(ptx.find("cp.async.bulk.tensor.4d") != std::string::npos);
     CHECK(ptx.find("setmaxnreg") != std::string::npos);
     CHECK(ptx.find("mbarrier.try_wait") != std::string::npos);
     // fp8: P reaches the P.V wgmma without index shuffles (what is left broadcasts warp indices) by

@@ -30,6 +30,7 @@
 using namespace tj;
 using tj_test::Metrics;
 using tj_test::Recipe;
+using tj_test::unbacked_device_view;
 
 namespace {
 
@@ -134,15 +135,6 @@ Expected expected_quantization(const HostTensor& x, const HostTensor* rotation) 
 
 // Element i of half `half` (0: hi, 1: lo) of a [B, H, S, 2D] tensor, i indexing [B, H, S, D].
 double half_at(const HostTensor& y, int64_t i, int64_t D, int half) { return y.at((i / D) * 2 * D + half * D + i % D); }
-
-// A device view with no memory behind it: enough for the argument checks that run before a launch.
-TensorView unbacked_device_view(DType dt, std::vector<int64_t> shape) {
-  TensorView v;
-  v.dtype = dt;
-  v.shape = std::move(shape);
-  v.device = Device::cuda;
-  return v;
-}
 
 }  // namespace
 

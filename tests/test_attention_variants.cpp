@@ -182,40 +182,38 @@ HostTensor cast_to(const HostTensor& x, DType dt) {
   return y;
 }
 
-// e4m3 copies with descales per (b, kv head) -- what attention_fp8 reads; q's heads of one group
-// share theirs -- V transposed and padded to 16 keys. x = x8 * descale.
+// e4m3 copies with descales per (b, h) -- what attention_fp8 reads: Q's per query head, K's and
+// V's per kv head -- V transposed and padded to 16 keys. x = x8 * descale.
 struct Fp8Operands {
   HostTensor q8, k8, vt8, qd, kd, vd;
 };
-HostTensor grouped_e4m3(const HostTensor& x, HostTensor& descale, int64_t group, bool transpose) {
+HostTensor per_head_e4m3(const HostTensor& x, HostTensor& descale, bool transpose) {
   const auto& s = x.shape();
   const int64_t BH = s[0] * s[1], S = s[2], D = s[3], S_pad = (S + 15) / 16 * 16;
   HostTensor out(DType::e4m3, transpose ? std::vector<int64_t>{s[0], s[1], D, S_pad} : s);
   out.fill_bytes(0);
-  for (int64_t g = 0; g < BH / group; ++g) {
+  for (int64_t g = 0; g < BH; ++g) {
     double amax = 0;
-    for (int64_t i = 0; i < group * S * D; ++i) amax = std::max(amax, std::fabs(x.at(g * group * S * D + i)));
+    for (int64_t i = 0; i < S * D; ++i) amax = std::max(amax, std::fabs(x.at(g * S * D + i)));
     descale.set(g, amax > 0 ? amax / 448.0 : 1.0);
   }
   for (int64_t bh = 0; bh < BH; ++bh)
     for (int64_t r = 0; r < S; ++r)
       for (int64_t d = 0; d < D; ++d) {
-        const double val = x.at((bh * S + r) * D + d) / descale.at(bh / group);
+        const double val = x.at((bh * S + r) * D + d) / descale.at(bh);
         out.set(transpose ? (bh * D + d) * S_pad + r : (bh * S + r) * D + d, val);
       }
   return out;
 }
 Fp8Operands quantize(const HostTensor& q, const HostTensor& k, const HostTensor& v) {
-  const int64_t group = q.shape()[1] / k.shape()[1];
-  HostTensor qd(DType::f32, {k.shape()[0], k.shape()[1]}), kd(DType::f32, {k.shape()[0], k.shape()[1]}),
+  HostTensor qd(DType::f32, {q.shape()[0], q.shape()[1]}), kd(DType::f32, {k.shape()[0], k.shape()[1]}),
       vd(DType::f32, {k.shape()[0], k.shape()[1]});
-  HostTensor q8 = grouped_e4m3(q, qd, group, false), k8 = grouped_e4m3(k, kd, 1, false),
-             vt8 = grouped_e4m3(v, vd, 1, true);
+  HostTensor q8 = per_head_e4m3(q, qd, false), k8 = per_head_e4m3(k, kd, false), vt8 = per_head_e4m3(v, vd, true);
   return Fp8Operands{q8, k8, vt8, qd, kd, vd};
 }
 
 // Dequantized float64 values of an e4m3 tensor and its per-(b, h) descales (V: untransposed).
-F64 dequantized(const HostTensor& x8, const HostTensor& ds, int64_t group, bool transposed, int64_t S) {
+F64 dequantized(const HostTensor& x8, const HostTensor& ds, bool transposed, int64_t S) {
   const auto& s = x8.shape();
   const int64_t D = transposed ? s[2] : s[3];
   F64 out{{s[0], s[1], S, D}, std::vector<double>(s[0] * s[1] * S * D)};
@@ -223,7 +221,7 @@ F64 dequantized(const HostTensor& x8, const HostTensor& ds, int64_t group, bool 
     for (int64_t r = 0; r < S; ++r)
       for (int64_t d = 0; d < D; ++d)
         out.v[(bh * S + r) * D + d] =
-            x8.at(transposed ? (bh * D + d) * s[3] + r : (bh * S + r) * D + d) * ds.at(bh / group);
+            x8.at(transposed ? (bh * D + d) * s[3] + r : (bh * S + r) * D + d) * ds.at(bh);
   return out;
 }
 
@@ -270,13 +268,14 @@ KernelInputs kernel_inputs(DType dt, const HostTensor& q, const HostTensor& k, c
   KernelInputs r;
   if (is_fp8(dt)) {
     Fp8Operands f = quantize(q, k, v);
-    r.q64 = dequantized(f.q8, f.qd, q.shape()[1] / k.shape()[1], false, q.shape()[2]);
-    r.k64 = dequantized(f.k8, f.kd, 1, false, k.shape()[2]);
-    r.v64 = dequantized(f.vt8, f.vd, 1, true, v.shape()[2]);
+    r.q64 = dequantized(f.q8, f.qd, false, q.shape()[2]);
+    r.k64 = dequantized(f.k8, f.kd, false, k.shape()[2]);
+    r.v64 = dequantized(f.vt8, f.vd, true, v.shape()[2]);
     r.t = {f.q8, f.k8, f.vt8, f.qd, f.kd, f.vd};
   } else {
-    const HostTensor ones = filled(DType::f32, {k.shape()[0], k.shape()[1]}, 1.0);
-    r.t = {cast_to(q, dt), cast_to(k, dt), cast_to(v, dt), ones, ones, ones};
+    const HostTensor q_ones = filled(DType::f32, {q.shape()[0], q.shape()[1]}, 1.0),
+                     kv_ones = filled(DType::f32, {k.shape()[0], k.shape()[1]}, 1.0);
+    r.t = {cast_to(q, dt), cast_to(k, dt), cast_to(v, dt), q_ones, kv_ones, kv_ones};
     r.q64 = f64_of(r.t[0]);
     r.k64 = f64_of(r.t[1]);
     r.v64 = f64_of(r.t[2]);
@@ -358,8 +357,8 @@ TEST_CASE("attention variants: the sm_90a lowering recognizes each one and inlin
       Kernel k = kernels::attention_variant(nv.variant);
       TensorSpec q{dt, {p.B, p.H, p.Sq, p.D}}, kk{dt, {p.B, p.Hkv, p.Skv, p.D}};
       TensorSpec v = is_fp8(dt) ? TensorSpec{dt, {p.B, p.Hkv, p.D, 1008}} : kk;
-      TensorSpec ds{DType::f32, {p.B, p.Hkv}};
-      std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
+      TensorSpec qds{DType::f32, {p.B, p.H}}, ds{DType::f32, {p.B, p.Hkv}};
+      std::vector<ArgSpec> specs = {q, kk, v, qds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
                                     TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
                                     false, false};
       if (nv.input) {

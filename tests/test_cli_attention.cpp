@@ -406,13 +406,22 @@ TEST_CASE("cli: the tilejit program wires `run attention`, `tune attention`, `be
   CHECK(r->status == 1);
   CHECK(r->output.find("tilejit: --seq 3000 is not in the benchmark's grid") != std::string::npos);
   r = run_cli("bench gemm");
-  CHECK(r->output.find("tilejit: no benchmark named 'gemm' (benchmarks: attention, variants, memory)") != std::string::npos);
+  CHECK(r->output.find("tilejit: no benchmark named 'gemm' (benchmarks: attention, variants, inputs, memory)") != std::string::npos);
   // `bench memory` (tools/bench_memory.cpp) takes its own shape options, and no attention ones.
   r = run_cli("bench memory --causal");
   CHECK(r->status == 1);
   CHECK(r->output.find("tilejit: `tilejit bench memory` takes --rows, --cols, --reps") != std::string::npos);
   r = run_cli("bench attention --rows 1024");
   CHECK(r->output.find("tilejit: --rows and --cols apply to `tilejit bench memory`") != std::string::npos);
+  // `bench inputs` (tools/bench_inputs.cpp) checks its options before it looks for a GPU.
+  r = run_cli("bench inputs --quick");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("tilejit: `tilejit bench inputs` takes --seq, --head-dim, --causal / --non-causal") != std::string::npos);
+  r = run_cli("bench inputs --head-dim 96");
+  CHECK(r->output.find("tilejit bench inputs: --head-dim 96 (the tensor-core attention takes 64, 128 or 256)") !=
+        std::string::npos);
+  r = run_cli("bench inputs --seq 3000");
+  CHECK(r->output.find("tilejit bench inputs: --seq 3000 must divide 16384") != std::string::npos);
   r = run_cli("bench memory --rows 1000 --cols 100 --no-peers");
   CHECK(r->status == 1);
   CHECK(r->output.find("--rows x --cols = 100000 elements: the quantizer rows view them as heads of 4096 x 128") !=

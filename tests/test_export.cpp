@@ -692,7 +692,7 @@ TEST_CASE("export: TMA descriptors, persistent grids, clusters and the shared-me
   // vector_add's code with the launch shape of a tensor-core lowering: x through TMA, a
   // persistent grid of 2 blocks per SM, clusters of 2, 100 KB of shared memory.
   auto e = export_kernel(kernels::vector_add(), {{vector_add_specs(-1)}}, "tma", [](codegen::GeneratedKernel& g) {
-    g.tma.push_back(codegen::TmaOperand{0, {64}, 128, {}, {}});
+    g.tma.push_back(codegen::TmaOperand{0, {64}, 128, {}});
     g.persistent = true;
     g.blocks_per_sm = 2;
     g.cluster_x = 2;
@@ -778,48 +778,55 @@ TmaProbe export_attention_with_tma(const std::string& tag, const codegen::TmaOpe
   return p;
 }
 
-TEST_CASE("export: TMA dims folded into one, as encode_tma does") {
-  TmaProbe p = export_attention_with_tma("fold", codegen::TmaOperand{0, {1, 1, 64, 64}, 128, {0, 1, 2}, {}});
+TEST_CASE("export: a TMA map keeps every dim, with the tensor's own strides ([B, S, H, D] storage seen as [B, H, S, D])") {
+  TmaProbe p = export_attention_with_tma("strided", codegen::TmaOperand{0, {1, 1, 64, 64}, 128, {}});
   auto& [e, launch, shape, q, k, v, o] = p;
-  const mock::TmaCall& t = mock::st().tmas[0];
-  CHECK(t.dtype == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
-  CHECK(t.rank == 2);
-  CHECK(t.dims == std::vector<uint64_t>{64, 600});      // innermost first: [B*H*S, D] -> {D, B*H*S}
-  CHECK(t.strides == std::vector<uint64_t>{128});       // bytes of one row
-  CHECK(t.box == std::vector<uint32_t>{64, 64});
-  // Folded dims must be contiguous.
-  int64_t strides[] = {100000, 6400, 64, 1};
-  TjTensor gap = tj_tensor(0x10000, DType::bf16, shape, strides);
-  CHECK(launch(nullptr, &gap, &k, &v, &o, 1.0f, 0) == kAlignment);
-  CHECK(std::string(e->last_error()).find("dims 0..2 must be contiguous") != std::string::npos);
+  const mock::TmaCall& contiguous = mock::st().tmas[0];
+  CHECK(contiguous.dtype == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
+  CHECK(contiguous.rank == 4);
+  CHECK(contiguous.dims == std::vector<uint64_t>{64, 100, 3, 2});       // innermost first
+  CHECK(contiguous.strides == std::vector<uint64_t>{128, 12800, 38400});   // bytes, above the innermost dim
+  CHECK(contiguous.box == std::vector<uint32_t>{64, 64, 1, 1});
+  // q of [B, S, H, D] storage: strides (S·H·D, D, H·D, 1) in [B, H, S, D] order.
+  int64_t bshd[] = {100 * 3 * 64, 64, 3 * 64, 1};
+  TjTensor q_bshd = tj_tensor(0x10000, DType::bf16, shape, bshd);
+  mock::st().tmas.clear();
+  REQUIRE_MESSAGE(launch(nullptr, &q_bshd, &k, &v, &o, 1.0f, 0) == kSuccess, e->last_error());
+  REQUIRE(mock::st().tmas.size() == 1);
+  CHECK(mock::st().tmas[0].dims == std::vector<uint64_t>{64, 100, 3, 2});
+  CHECK(mock::st().tmas[0].strides == std::vector<uint64_t>{384, 128, 38400});
+  // A stride TMA cannot take (not a multiple of 16 bytes) is an alignment error naming the tensor.
+  int64_t odd[] = {100 * 3 * 64, 6404, 64, 1};
+  TjTensor q_odd = tj_tensor(0x10000, DType::bf16, shape, odd);
+  CHECK(launch(nullptr, &q_odd, &k, &v, &o, 1.0f, 0) == kAlignment);
+  CHECK(std::string(e->last_error()).find("argument 'q'") != std::string::npos);
   // A static dim that does not match is a shape error, not a layout one.
-  std::vector<int64_t> odd{1, 1, 10, 60};
-  TjTensor q2 = tj_tensor(0x10000, DType::bf16, odd), k2 = tj_tensor(0x20000, DType::bf16, odd),
-           v2 = tj_tensor(0x30000, DType::bf16, odd), o2 = tj_tensor(0x40000, DType::bf16, odd);
+  std::vector<int64_t> small{1, 1, 10, 60};
+  TjTensor q2 = tj_tensor(0x10000, DType::bf16, small), k2 = tj_tensor(0x20000, DType::bf16, small),
+           v2 = tj_tensor(0x30000, DType::bf16, small), o2 = tj_tensor(0x40000, DType::bf16, small);
   CHECK(launch(nullptr, &q2, &k2, &v2, &o2, 1.0f, 0) == kShape);   // D=64 is static
 }
 
 TEST_CASE("export: TMA traversal strides reach the tensor map, innermost first") {
   // K read as the fp8 attention lowering's attn_keys_by_parity does: every second row per load.
-  export_attention_with_tma("estride", codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {1, 1, 2, 1}});
+  export_attention_with_tma("estride", codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {1, 1, 2, 1}});
   const mock::TmaCall& t = mock::st().tmas[0];
   CHECK(t.address == 0x20000);
-  CHECK(t.dims == std::vector<uint64_t>{64, 100, 6});   // [B*H, S, D] innermost first
-  CHECK(t.box == std::vector<uint32_t>{64, 64, 1});
-  CHECK(t.element_strides == std::vector<uint32_t>{1, 2, 1});
+  CHECK(t.dims == std::vector<uint64_t>{64, 100, 3, 2});   // [B, H, S, D] innermost first
+  CHECK(t.box == std::vector<uint32_t>{64, 64, 1, 1});
+  CHECK(t.element_strides == std::vector<uint32_t>{1, 2, 1, 1});
 }
 
-TEST_CASE("export: a TMA traversal stride on a folded dim or past 8 is refused, with the tensor's name") {
+TEST_CASE("export: a TMA traversal stride outside [1, 8] is refused, with the tensor's name") {
   const std::vector<VariantSpec> vs{{attention_specs({-1, -1, -1, 64}, false, DType::bf16)}};
-  CHECK_THROWS_WITH_AS(export_kernel(kernels::attention(), vs, "estride_fold",
+  CHECK_THROWS_WITH_AS(export_kernel(kernels::attention(), vs, "estride_zero",
                                      [](codegen::GeneratedKernel& g) {
-                                       g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {2, 1, 1, 1}});
+                                       g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1, 1, 1}});
                                      }),
-                       doctest::Contains("TMA traversal stride 2 of 'k' (dim 0) is outside [1, 8] or on a folded dim"),
-                       Error);
+                       doctest::Contains("TMA traversal stride 0 of 'k' (dim 0) is outside [1, 8]"), Error);
   CHECK_THROWS_WITH_AS(export_kernel(kernels::attention(), vs, "estride_big",
                                      [](codegen::GeneratedKernel& g) {
-                                       g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {0, 1}, {1, 1, 9, 1}});
+                                       g.tma.push_back(codegen::TmaOperand{1, {1, 1, 64, 64}, 128, {1, 1, 9, 1}});
                                      }),
                        doctest::Contains("TMA traversal stride 9 of 'k' (dim 2)"), Error);
 }

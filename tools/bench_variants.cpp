@@ -439,7 +439,7 @@ constexpr double kAccuracyFlopBudget = 1e9;
 struct Buffers {
   HostTensor q, k, v;                           // bf16 N(0, 1)
   DeviceTensor dq, dk, dv, o;                   // bf16
-  DeviceTensor q8, k8, vt8, qd, kd, vd;         // e4m3 copies, V transposed, descales per (b, kv head)
+  DeviceTensor q8, k8, vt8, qd, kd, vd;         // e4m3 copies, V transposed, descales per (b, h) of each
   DeviceTensor no_lse;                          // the LSE dummy (with_lse false)
 };
 
@@ -451,7 +451,6 @@ struct CaseLaunch {
   std::optional<DeviceTensor> cu_seqlens;       // documents' cu_seqlens [documents + 1] (i32), one for all b
   std::optional<DeviceTensor> block_mask;       // block_mask's cells [1, 1, nQ, nK] (i32), one for all b and h
   TensorView q, k, v, o;                        // bf16 [B, H|Hkv, S, D]
-  TensorView q_grouped, q8_grouped;             // q, q8 as [B, Hkv, G·S, D]: one descale per (b, kv head)
   TensorView q8, k8, vt8, qd, kd, vd;
   Config cfg16, cfg8;
 
@@ -481,17 +480,15 @@ CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf, con
   CaseLaunch l;
   l.c = &c;
   l.kernel = kernel;
-  const int64_t G = c.H / c.Hkv, S_pad = (c.S + 15) / 16 * 16;
+  const int64_t S_pad = (c.S + 15) / 16 * 16;
   l.q = reshaped(buf.dq.view(), {c.B, c.H, c.S, c.D});
   l.k = reshaped(buf.dk.view(), {c.B, c.Hkv, c.S, c.D});
   l.v = reshaped(buf.dv.view(), {c.B, c.Hkv, c.S, c.D});
   l.o = reshaped(buf.o.view(), {c.B, c.H, c.S, c.D});
-  l.q_grouped = reshaped(buf.dq.view(), {c.B, c.Hkv, G * c.S, c.D});
-  l.q8_grouped = reshaped(buf.q8.view(), {c.B, c.Hkv, G * c.S, c.D});
   l.q8 = reshaped(buf.q8.view(), {c.B, c.H, c.S, c.D});
   l.k8 = reshaped(buf.k8.view(), {c.B, c.Hkv, c.S, c.D});
   l.vt8 = reshaped(buf.vt8.view(), {c.B, c.Hkv, c.D, S_pad});
-  l.qd = reshaped(buf.qd.view(), {c.B, c.Hkv});
+  l.qd = reshaped(buf.qd.view(), {c.B, c.H});
   l.kd = reshaped(buf.kd.view(), {c.B, c.Hkv});
   l.vd = reshaped(buf.vd.view(), {c.B, c.Hkv});
   if (c.prefix > 0) {
@@ -521,13 +518,13 @@ CaseLaunch prepare(const VariantCase& c, const Kernel* kernel, Buffers& buf, con
   return l;
 }
 
-// e4m3 copies of the case's bf16 inputs (amax per (b, kv head); q's heads of one group share a
-// descale, as attention_fp8 reads them), V transposed; on `stream`.
+// e4m3 copies of the case's bf16 inputs (amax per (b, h): Q's per query head, K's and V's per kv
+// head, as attention_fp8 reads them), V transposed; on `stream`.
 void quantize(const CaseLaunch& l, CUstream stream) {
   LaunchOptions qo;
   qo.stream = stream;
   qo.config = kernels::attention_fp8_quantize_config(/*rotate=*/false);
-  launch(kernels::quantize_fp8(), {l.q_grouped, l.q8_grouped, l.qd}, qo);
+  launch(kernels::quantize_fp8(), {l.q, l.q8, l.qd}, qo);
   launch(kernels::quantize_fp8(), {l.k, l.k8, l.kd}, qo);
   launch(kernels::quantize_transpose_fp8(), {l.v, l.vt8, l.vd}, qo);
 }
@@ -546,7 +543,7 @@ std::vector<CompileJob> compile_jobs(const std::vector<CaseLaunch>& launches, Bu
   for (const auto& l : launches) {
     if (!l.c->dilated.empty()) continue;   // dilated_attention_forward compiles its kernels at its first (warm-up) call
     const TensorView lse = buf.no_lse.view();
-    const auto a16 = l.args(l.q, l.k, l.v, l.qd, l.qd, l.qd, lse);
+    const auto a16 = l.args(l.q, l.k, l.v, l.qd, l.kd, l.vd, lse);
     const auto a8 = l.args(l.q8, l.k8, l.vt8, l.qd, l.kd, l.vd, lse);
     add(*l.kernel, a16, l.cfg16);
     add(*l.kernel, a8, l.cfg8);
@@ -554,7 +551,7 @@ std::vector<CompileJob> compile_jobs(const std::vector<CaseLaunch>& launches, Bu
       add(*l.kernel, a16, without_skipping(l.cfg16));
       add(*l.kernel, a8, without_skipping(l.cfg8));
     }
-    add_quantizer(kernels::quantize_fp8(), {l.q_grouped, l.q8_grouped, l.qd});
+    add_quantizer(kernels::quantize_fp8(), {l.q, l.q8, l.qd});
     add_quantizer(kernels::quantize_fp8(), {l.k, l.k8, l.kd});
     add_quantizer(kernels::quantize_transpose_fp8(), {l.v, l.vt8, l.vd});
   }
@@ -775,8 +772,8 @@ int bench_variants(const BenchVariantsOptions& o) {
     header.push_back(fmt::format(
         "tilejit: median of {} CUDA-event-timed launches after {} warm-ups, L2 flushed ({} MiB memset) before each, random "
         "N(0,1) bf16 inputs. bf16 = kernels::attention_fp8_forward(quantize = false) with the variant kernel; fp8 = the "
-        "variant kernel alone on e4m3 inputs quantized beforehand (amax per (b, kv head), V transposed); no-skip = the same "
-        "with config knob attn_block_skip = 0 (every key block visited, the mask applied to each). Configs{}: {}.",
+        "variant kernel alone on e4m3 inputs quantized beforehand (amax per (b, h): Q per query head, K and V per kv "
+        "head, V transposed); no-skip = the same with config knob attn_block_skip = 0 (every key block visited, the mask applied to each). Configs{}: {}.",
         o.reps, o.warmup, l2.bytes() >> 20,
         o.config_bf16.empty() && o.config_fp8.empty() ? " (attention_variant_default_config: attention_fp8_default_config with the variant's key_block, 128 for a score_mod (fp8: up to 4096 keys); fp8: its fp8_key_block where it has one; knob fast_math where the variant asks for it: softcap; fp8 without an LSE: attn_exp2_fma exp2s of every 8 in f16x2 pairs where the defaults move them off the MUFU)" : "",
         configs_text(launches)));

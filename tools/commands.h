@@ -103,6 +103,19 @@ struct BenchMemoryOptions {
 };
 int bench_memory(const BenchMemoryOptions& o);
 
+// `tilejit bench inputs` (issue #43): attention on grouped-query heads (4:1, 8:1) and on [B, S, H, D] /
+// packed QKV views against the multi-head [B, H, S, D] case, bf16 and FP8 (tools/bench_inputs.cpp).
+struct BenchInputsOptions {
+  int64_t seq = 4096;             // B = 16384 / seq
+  int64_t head_dim = 128;         // H = 2048 / head_dim
+  bool causal = false, non_causal = false;   // neither: both
+  int reps = 20;
+  int warmup = 3;
+  std::string out;
+  uint64_t seed = 20261122;
+};
+int bench_inputs(const BenchInputsOptions& o);
+
 // `tilejit demo`: trace, generate, compile and check kernels end to end, on any machine.
 int demo();
 

@@ -97,10 +97,12 @@ int main(int argc, char** argv) {
 
   tj::tools::BenchAttentionOptions bench_opts;
   std::string bench_what, bench_variant;
-  auto* bench = app.add_subcommand("bench", "Benchmark a kernel family against its peers on this GPU (attention, variants, memory)");
+  auto* bench =
+      app.add_subcommand("bench", "Benchmark a kernel family against its peers on this GPU (attention, variants, inputs, memory)");
   bench->add_option("what", bench_what,
                     "what to benchmark: attention (FP8 / bf16 vs SDPA and Triton), variants (issue #7's attention variants "
-                    "vs flex_attention and masked SDPA) or memory (softmax, norms, quantizers, add vs a copy and torch)")
+                    "vs flex_attention and masked SDPA), inputs (grouped-query heads and [B, S, H, D] / packed QKV views vs the "
+                    "multi-head [B, H, S, D] case) or memory (softmax, norms, quantizers, add vs a copy and torch)")
       ->required();
   tj::tools::BenchMemoryOptions memory_opts;
   auto* memory_rows = bench->add_option("--rows", memory_opts.rows, "memory: rows of the bf16 [rows, cols] inputs (default 16384)");
@@ -193,8 +195,23 @@ int main(int argc, char** argv) {
         return tj::tools::bench_memory(memory_opts);
       }
       if (memory_rows->count() || memory_cols->count()) throw tj::Error("--rows and --cols apply to `tilejit bench memory`");
+      if (bench_what == "inputs") {
+        if (bench_opts.both || !bench_variant.empty() || bench_opts.quick || !bench_opts.peers_script.empty())
+          throw tj::Error("`tilejit bench inputs` takes --seq, --head-dim, --causal / --non-causal, --reps, --warmup, --out "
+                          "and --seed");
+        tj::tools::BenchInputsOptions io;
+        if (bench_opts.seq) io.seq = bench_opts.seq;
+        if (bench_opts.head_dim) io.head_dim = bench_opts.head_dim;
+        io.causal = bench_opts.causal;
+        io.non_causal = bench_opts.non_causal;
+        io.reps = bench_opts.reps;
+        io.warmup = bench_opts.warmup;
+        io.out = bench_opts.out;
+        io.seed = bench_opts.seed;
+        return tj::tools::bench_inputs(io);
+      }
       if (bench_what != "attention")
-        throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention, variants, memory)", bench_what));
+        throw tj::Error(fmt::format("no benchmark named '{}' (benchmarks: attention, variants, inputs, memory)", bench_what));
       if (!bench_variant.empty())
         throw tj::Error("--variant applies to `tilejit bench variants`; `tilejit bench attention` times plain attention");
       return tj::tools::bench_attention(bench_opts);

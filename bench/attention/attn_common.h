@@ -66,21 +66,21 @@ static_assert(sizeof(TmaDescriptor) == sizeof(CUtensorMap), "TmaDescriptor size"
 
 
 // ============================================================================ tensor maps
-static inline TmaDescriptor make_tma_3d(const void* base, CUtensorMapDataType dt, int es,
-                                 unsigned long long d0, unsigned long long d1,
-                                 unsigned long long d2, unsigned long long stride1_bytes,
-                                 unsigned long long stride2_bytes, unsigned b0, unsigned b1,
-                                 int swizzle_bytes) {
+// [batch, heads, d1, d0] (d0 contiguous) as the 4-D map hopper_attention.cuh reads: dims {d0, d1,
+// heads, batch}, box {b0, b1, 1, 1}.
+static inline TmaDescriptor make_tma_4d(const void* base, CUtensorMapDataType dt, unsigned long long d0,
+                                        unsigned long long d1, unsigned long long heads, unsigned long long batch,
+                                        unsigned long long stride1_bytes, unsigned long long head_stride_bytes,
+                                        unsigned b0, unsigned b1, int swizzle_bytes) {
   CUtensorMap m;
-  cuuint64_t dims[3] = {d0, d1, d2};
-  cuuint64_t strides[2] = {stride1_bytes, stride2_bytes};
-  cuuint32_t box[3] = {b0, b1, 1};
-  cuuint32_t estr[3] = {1, 1, 1};
+  cuuint64_t dims[4] = {d0, d1, heads, batch};
+  cuuint64_t strides[3] = {stride1_bytes, head_stride_bytes, head_stride_bytes * heads};
+  cuuint32_t box[4] = {b0, b1, 1, 1};
+  cuuint32_t estr[4] = {1, 1, 1, 1};
   CUtensorMapSwizzle sw = swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
                           : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                 : CU_TENSOR_MAP_SWIZZLE_32B;
-  (void)es;
-  CKD(cuTensorMapEncodeTiled(&m, dt, 3, const_cast<void*>(base), dims, strides, box, estr,
+  CKD(cuTensorMapEncodeTiled(&m, dt, 4, const_cast<void*>(base), dims, strides, box, estr,
                              CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   TmaDescriptor d;
@@ -142,7 +142,7 @@ static Runner make_runner(const char* name) {
     }
     const Shape& s = P.s;
     const int es = Cfg::kEs;
-    const unsigned long long BH = (unsigned long long)s.B * s.H, BHk = (unsigned long long)s.B * P.Hkv;
+    const unsigned long long BH = (unsigned long long)s.B * s.H;
     const void *qb, *kb, *vb;
     CUtensorMapDataType dt;
     if (Cfg::kFp8) {
@@ -162,16 +162,16 @@ static Runner make_runner(const char* name) {
       dt = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     }
     const unsigned wq = Cfg::kWq / es;
-    TmaDescriptor tq = make_tma_3d(qb, dt, es, s.D, s.Sq, BH, (unsigned long long)s.D * es,
+    TmaDescriptor tq = make_tma_4d(qb, dt, s.D, s.Sq, s.H, s.B, (unsigned long long)s.D * es,
                                    (unsigned long long)s.Sq * s.D * es, wq, Cfg::kBM, Cfg::kWq);
-    TmaDescriptor tk = make_tma_3d(kb, dt, es, s.D, s.Skv, BHk, (unsigned long long)s.D * es,
+    TmaDescriptor tk = make_tma_4d(kb, dt, s.D, s.Skv, P.Hkv, s.B, (unsigned long long)s.D * es,
                                    (unsigned long long)s.Skv * s.D * es, wq, Cfg::kBN, Cfg::kWq);
     TmaDescriptor tv;
     if (Cfg::kFp8)
-      tv = make_tma_3d(vb, dt, 1, Cfg::kVPerm ? P.Skv_pad : s.Skv, s.D, BHk, (unsigned long long)P.Skv_pad,
+      tv = make_tma_4d(vb, dt, Cfg::kVPerm ? P.Skv_pad : s.Skv, s.D, P.Hkv, s.B, (unsigned long long)P.Skv_pad,
                        (unsigned long long)s.D * P.Skv_pad, Cfg::kWv, s.D, Cfg::kWv);
     else
-      tv = make_tma_3d(vb, dt, 2, s.D, s.Skv, BHk, (unsigned long long)s.D * 2,
+      tv = make_tma_4d(vb, dt, s.D, s.Skv, P.Hkv, s.B, (unsigned long long)s.D * 2,
                        (unsigned long long)s.Skv * s.D * 2, 64, Cfg::kBN, 128);
     AttnParams p;
     p.B = s.B;
@@ -191,7 +191,8 @@ static Runner make_runner(const char* name) {
     p.q_descale = Cfg::kFp8 ? P.qd : nullptr;
     p.k_descale = Cfg::kFp8 ? P.kd : nullptr;
     p.v_descale = Cfg::kFp8 ? P.vd : nullptr;
-    p.qd_sb = p.kd_sb = p.vd_sb = P.Hkv;
+    p.qd_sb = s.H;   // Q's descales per query head, K's and V's per kv head
+    p.kd_sb = p.vd_sb = P.Hkv;
     p.qd_sh = p.kd_sh = p.vd_sh = 1;
     p.score_scale = P.softmax_scale * 1.4426950408889634f;
     p.o_scale = o_scale;

@@ -6,18 +6,20 @@
 //
 //   O[b,h,i,:] = sum_j softmax_j(q_i . k_j * softmax_scale) v_j   (online softmax in exp2)
 //
-// Inputs (all loaded by TMA into 128B/64B-swizzled shared memory, 3-D tensor maps with the
-// per-head sequence as its own dimension so that tails are zero-filled per head):
-//   Q  [B*H,   Sq,  D]  K-major            map dims {D, Sq, B*H},    box {W/es, BM, 1}
-//   K  [B*Hkv, Skv, D]  K-major            map dims {D, Skv, B*Hkv}, box {W/es, BN, 1}
-//   fp8: Vt [B*Hkv, D, Skv_pad] (V transposed: FP8 wgmma needs both operands K-major)
-//                                          map dims {Skv, D, B*Hkv}, box {Wv, D, 1}
-//   16-bit: V [B*Hkv, Skv, D] natural (MN-major B operand, wgmma transpose bit)
-//                                          map dims {D, Skv, B*Hkv}, box {64, BN, 1}
+// Inputs (all loaded by TMA into 128B/64B-swizzled shared memory, 4-D tensor maps with the
+// per-head sequence as its own dimension so that tails are zero-filled per head, and batch and
+// head as two, so that any strides the copy engine takes work -- [B, S, H, D] storage seen as
+// [B, H, S, D], a packed QKV's slices -- without a copy):
+//   Q  [B, H,   Sq,  D]  K-major           map dims {D, Sq, H, B},    box {W/es, BM, 1, 1}
+//   K  [B, Hkv, Skv, D]  K-major           map dims {D, Skv, Hkv, B}, box {W/es, BN, 1, 1}
+//   fp8: Vt [B, Hkv, D, Skv_pad] (V transposed: FP8 wgmma needs both operands K-major)
+//                                          map dims {Skv, D, Hkv, B}, box {Wv, D, 1, 1}
+//   16-bit: V [B, Hkv, Skv, D] natural (MN-major B operand, wgmma transpose bit)
+//                                          map dims {D, Skv, Hkv, B}, box {64, BN, 1, 1}
 // (W = min(D bytes, 128) for Q/K; Wv = 128, 64 or 32: the widest dividing BN; es = element bytes.)
 //
-// Scaling (FlashAttention-3's FP8 recipe): descales per (batch, kv-head) as f32 arrays with
-// strides (0, 0 = per-tensor broadcast; nullptr = 1). The score scale is one constant
+// Scaling (FlashAttention-3's FP8 recipe): descales per (batch, head) -- Q's per query head, K's and
+// V's per kv head -- as f32 arrays with strides (0, 0 = per-tensor broadcast; nullptr = 1). The score scale is one constant
 // c = (score_scale * q_descale) * k_descale (score_scale = softmax scale * log2 e) applied to
 // the raw e4m3 dot product; P = exp2(s*c - (m - 8)) lies in [0, 256] (the fixed power-of-two
 // offset puts it in e4m3's range with full relative precision) and is quantized to e4m3 for the
@@ -100,9 +102,9 @@ struct AttnParams {
   long long o_sb, o_sh, o_ss, o_sd;
   float* lse;                 // [B, H, Sq] f32 (natural log) or nullptr; strides in elements
   long long lse_sb, lse_sh, lse_ss;
-  const float* q_descale;     // [B, Hkv] f32 with strides (0, 0 broadcasts one value), or
+  const float* q_descale;     // [B, H] f32 with strides (0, 0 broadcasts one value), or
   long long qd_sb, qd_sh;     // nullptr (= 1)
-  const float* k_descale;
+  const float* k_descale;     // [B, Hkv], like v_descale
   long long kd_sb, kd_sh;
   const float* v_descale;
   long long vd_sb, vd_sh;
@@ -567,13 +569,12 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
   auto with_prefix = [prefix_last](int last) { return max(last, prefix_last); };
   // The tile's head, rows and key blocks (set again at every tile of a persistent schedule)
   AttnTile tile = tiles.first();
-  int bh, b, h, hk, bhk, m0, n_blocks, m_last, span, entries;
+  int bh, b, h, hk, m0, n_blocks, m_last, span, entries;
   auto set_tile = [&](const AttnTile& t) {
     bh = t.bh;
     b = bh / p.H;
     h = bh - b * p.H;
     hk = h / (p.H / p.Hkv);
-    bhk = b * p.Hkv + hk;
     m0 = t.m_tile * BM;
     const int causal_end = max(m0 + BM, prefix_last + 1);
     const int n_end = (Cfg::kCausal && causal_end < p.Skv) ? causal_end : p.Skv;
@@ -623,9 +624,9 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
     unsigned char* k_dst = sK + s * Cfg::kKBytes;
 #pragma unroll
     for (int blk = 0; blk < Cfg::kQkBlocks; ++blk) {
-      tma_load_3d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, bhk);
+      tma_load_4d(k_dst + blk * BN * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0, hk, b);
       if constexpr (Cfg::kKeysByParity)   // the map steps 2 keys: the even ones above, the odd ones here
-        tma_load_3d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, bhk);
+        tma_load_4d(k_dst + blk * BN * WQ + (BN / 2) * WQ, tma_k, &full_k[s], blk * (WQ / Cfg::kEs), n0 + 1, hk, b);
     }
   };
   auto load_v = [&](int j, int s) {
@@ -635,11 +636,11 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
     if constexpr (Cfg::kFp8) {
 #pragma unroll
       for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
-        tma_load_3d(v_dst + blk * D * Cfg::kWv, tma_v, &full_v[s], n0 + blk * Cfg::kWv, 0, bhk);
+        tma_load_4d(v_dst + blk * D * Cfg::kWv, tma_v, &full_v[s], n0 + blk * Cfg::kWv, 0, hk, b);
     } else {
 #pragma unroll
       for (int blk = 0; blk < Cfg::kVBlocks; ++blk)
-        tma_load_3d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, bhk);
+        tma_load_4d(v_dst + blk * BN * 128, tma_v, &full_v[s], blk * 64, n0, hk, b);
     }
   };
 
@@ -680,7 +681,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
     mbar_arrive_expect_tx(q_bar, (unsigned)Cfg::kQBytes);
 #pragma unroll
     for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
-      tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
+      tma_load_4d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, h, b);
     if constexpr (Cfg::kSelfLoad) {
       prefetch_tma_descriptor(tma_k);
       prefetch_tma_descriptor(tma_v);
@@ -747,7 +748,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
           mbar_arrive_expect_tx(q_bar, (unsigned)Cfg::kQBytes);
 #pragma unroll
           for (int blk = 0; blk < Cfg::kQkBlocks; ++blk)
-            tma_load_3d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, bh);
+            tma_load_4d(sQ + blk * BM * WQ, tma_q, q_bar, blk * (WQ / Cfg::kEs), m0, h, b);
         }
       }
       int cls = 0;
@@ -880,7 +881,7 @@ __device__ __forceinline__ void attn_fwd_tiles(const TmaDescriptor* tma_q,
     if (tile_it > 0u) load_old_lse(old_lse_ahead);
   }
 
-  const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)hk * p.qd_sh] : 1.0f;
+  const float qd = p.q_descale ? p.q_descale[(long long)b * p.qd_sb + (long long)h * p.qd_sh] : 1.0f;
   const float kd = p.k_descale ? p.k_descale[(long long)b * p.kd_sb + (long long)hk * p.kd_sh] : 1.0f;
   const float vd = p.v_descale ? p.v_descale[(long long)b * p.vd_sb + (long long)hk * p.vd_sh] : 1.0f;
   // raw dot -> log2 units; the product is formed in the DSL kernel's order (scale*qd)*kd

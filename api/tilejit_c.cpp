@@ -1,0 +1,164 @@
+// The C API (api/tilejit_c.h) over kernels::attention_fp8_forward: checks the C arguments,
+// turns them into TensorViews and C++ exceptions into statuses and a per-thread message.
+#include "api/tilejit_c.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "codegen/launch_status.h"
+#include "core/error.h"
+#include "kernels/attention_fp8.h"
+#include "kernels/attention_variant.h"
+#include "kernels/attention_variants.h"
+#include "runtime/device.h"
+#include "runtime/driver.h"
+
+namespace {
+
+using tj::DType;
+using tj::Error;
+using tj::TensorView;
+
+thread_local std::string g_last_error;
+
+// A failure with its status, for the catch in tj_attention_forward.
+struct ApiError : Error {
+  tj_status status;
+  ApiError(tj_status s, const std::string& message) : Error(message), status(s) {}
+};
+
+DType dtype_of(int32_t code, const char* what) {
+  switch (code) {
+    case TJ_F32: return DType::f32;
+    case TJ_F16: return DType::f16;
+    case TJ_BF16: return DType::bf16;
+    case TJ_E4M3: return DType::e4m3;
+    case TJ_E5M2: return DType::e5m2;
+    case TJ_I32: return DType::i32;
+    case TJ_I64: return DType::i64;
+    case TJ_BOOL: return DType::i1;
+  }
+  throw ApiError(TJ_ERROR_DTYPE, fmt::format("{}: unknown tj_dtype {}", what, code));
+}
+
+TensorView view_of(const tj_tensor* t, const char* what) {
+  if (!t) throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("{} is NULL", what));
+  if (t->rank < 0 || t->rank > 8 || (t->rank > 0 && !t->shape))
+    throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("{}: rank {} (0..8, with a shape)", what, t->rank));
+  TensorView v;
+  v.data = t->data;
+  v.dtype = dtype_of(t->dtype, what);
+  v.device = tj::Device::cuda;
+  v.shape.assign(t->shape, t->shape + t->rank);
+  for (int64_t d : v.shape)
+    if (d < 0) throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("{}: negative dim in {}", what, v.describe()));
+  if (t->strides) v.strides.assign(t->strides, t->strides + t->rank);
+  return v;
+}
+
+// The variant kernels a caller named, traced once each and kept for the process (launches hold
+// references to them).
+const tj::Kernel* variant_kernel(const std::string& name, double arg, bool causal, int64_t heads) {
+  static std::mutex m;
+  static std::map<std::tuple<std::string, double, bool, int64_t>, tj::Kernel> kernels;
+  std::lock_guard lock(m);
+  const auto key = std::make_tuple(name, arg, causal, name == "alibi" ? heads : 0);
+  auto it = kernels.find(key);
+  if (it != kernels.end()) return &it->second;
+  tj::kernels::AttentionVariant v;
+  if (name == "sliding_window") {
+    if (!(arg >= 1) || arg != std::floor(arg))
+      throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("variant sliding_window: variant_arg {} is not a window of >= 1 keys", arg));
+    v = tj::kernels::sliding_window_variant(static_cast<int64_t>(arg));
+  } else if (name == "softcap") {
+    if (!(arg > 0)) throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("variant softcap: variant_arg {} is not a cap > 0", arg));
+    v = tj::kernels::softcap_variant(arg, causal);
+  } else if (name == "alibi") {
+    v = tj::kernels::alibi_variant(heads, causal);
+  } else {
+    throw ApiError(TJ_ERROR_INVALID_ARGUMENT,
+                   fmt::format("no attention variant named '{}' (variants: sliding_window, softcap, alibi)", name));
+  }
+  return &kernels.emplace(key, tj::kernels::attention_variant(v)).first->second;
+}
+
+// A workspace per stream: calls on one stream run in order, so its scratch is reused safely.
+tj::kernels::AttentionFp8Workspace& workspace(CUstream stream) {
+  static std::mutex m;
+  static std::map<CUstream, tj::kernels::AttentionFp8Workspace> spaces;
+  std::lock_guard lock(m);
+  return spaces[stream];
+}
+
+void attention_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v, const tj_tensor* o,
+                       const tj_tensor* lse, const tj_attention_options* options) {
+  const tj_attention_options defaults{0, 0, 0.0, nullptr, 0.0};
+  const tj_attention_options& opt = options ? *options : defaults;
+  TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"), ov = view_of(o, "o");
+  for (const TensorView* t : {&qv, &kv, &vv})
+    if (t->dtype != DType::bf16 && t->dtype != DType::f16)
+      throw ApiError(TJ_ERROR_DTYPE, fmt::format("q, k and v must be bf16 or f16 (fp8 = 1 quantizes them), got {}", t->describe()));
+  if (kv.dtype != qv.dtype || vv.dtype != qv.dtype || ov.dtype != qv.dtype)
+    throw ApiError(TJ_ERROR_DTYPE, fmt::format("q, k, v and o must share one type: {}, {}, {}, {}", qv.describe(), kv.describe(),
+                                               vv.describe(), ov.describe()));
+  tj::kernels::AttentionFp8Options fo;
+  fo.causal = opt.causal != 0;
+  fo.quantize = opt.fp8 != 0;
+  if (opt.softmax_scale != 0.0) {
+    if (!std::isfinite(opt.softmax_scale))
+      throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("softmax_scale {} is not finite", opt.softmax_scale));
+    fo.softmax_scale = opt.softmax_scale;
+  }
+  fo.stream = stream;
+  if (lse) fo.lse = view_of(lse, "lse");
+  const std::string variant = opt.variant ? opt.variant : "";
+  if (!variant.empty()) {
+    if (qv.rank() != 4) throw ApiError(TJ_ERROR_SHAPE, fmt::format("q must be [B, H, S, D], got {}", qv.describe()));
+    fo.kernel = variant_kernel(variant, opt.variant_arg, fo.causal, qv.shape[1]);
+    fo.causal = false;   // the variant's own mask holds the causality (sliding_window is causal)
+  }
+  tj::kernels::attention_fp8_forward(qv, kv, vv, ov, fo, workspace(stream));
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tj_status_message(tj_status status) {
+  return tj::codegen::status_message(static_cast<tj::codegen::LaunchStatus>(status));
+}
+
+tj_status tj_attention_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v, const tj_tensor* o,
+                               const tj_tensor* lse, const tj_attention_options* options) {
+  g_last_error.clear();
+  try {
+    attention_forward(stream, q, k, v, o, lse, options);
+    return TJ_SUCCESS;
+  } catch (const ApiError& e) {
+    g_last_error = fmt::format("tj_attention_forward: {}", e.what());
+    return e.status;
+  } catch (const tj::CudaError& e) {
+    g_last_error = fmt::format("tj_attention_forward: {}", e.what());
+    return TJ_ERROR_CUDA;
+  } catch (const std::exception& e) {
+    g_last_error = fmt::format("tj_attention_forward: {}", e.what());
+    return TJ_ERROR_INVALID_ARGUMENT;
+  }
+}
+
+const char* tj_last_error(void) { return g_last_error.c_str(); }
+
+int32_t tj_device_ordinal(void) {
+  try {
+    return tj::runtime::selected_device_ordinal();
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // extern "C"

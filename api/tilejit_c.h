@@ -1,0 +1,97 @@
+/* tilejit's C API: the library's attention on tensors the caller owns, for foreign callers (the
+ * PyTorch op in python/, other languages' bindings). Plain C, no tilejit or fmt header needed:
+ * a caller builds against this file and links libtilejit.
+ *
+ * The common types (tj_status, tj_dtype, tj_tensor) are the ones `tilejit export` writes into
+ * its headers, under the same guard, so that a program may include both. */
+#ifndef TILEJIT_C_H
+#define TILEJIT_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef TJ_EXPORT_COMMON_TYPES
+#define TJ_EXPORT_COMMON_TYPES 1
+#define TJ_EXPORT_ABI_VERSION 1
+
+typedef enum tj_status {
+  TJ_SUCCESS = 0,
+  TJ_ERROR_INVALID_ARGUMENT = 1,   /* NULL tensor, negative dim, wrong argument kind/count, not GPU memory */
+  TJ_ERROR_DTYPE = 2,              /* no specialization takes these element types / ranks */
+  TJ_ERROR_SHAPE = 3,              /* no specialization for these shapes / flags (the message lists them) */
+  TJ_ERROR_ALIGNMENT = 4,          /* data or strides not aligned as the kernel needs (TMA: 16 bytes) */
+  TJ_ERROR_UNSUPPORTED_DEVICE = 5, /* no CUBIN for this GPU's architecture */
+  TJ_ERROR_NO_CONTEXT = 6,         /* no current CUDA context on this thread */
+  TJ_ERROR_CUDA = 7,               /* a CUDA driver call failed */
+  TJ_ERROR_TOO_LARGE = 8,          /* more thread blocks than one launch allows */
+  TJ_ERROR_TOO_MANY_CONTEXTS = 9   /* more than 64 CUDA contexts */
+} tj_status;
+
+typedef enum tj_dtype {
+  TJ_F32 = 0, TJ_F16 = 1, TJ_BF16 = 2, TJ_E4M3 = 3, TJ_E5M2 = 4, TJ_I32 = 5, TJ_I64 = 6, TJ_BOOL = 7
+} tj_dtype;
+
+/* A tensor in GPU memory. Strides are in elements; NULL strides mean contiguous row-major.
+ * `data` is a CUdeviceptr cast to a pointer. */
+typedef struct tj_tensor {
+  void* data;
+  int32_t dtype;            /* tj_dtype */
+  int32_t rank;
+  const int64_t* shape;     /* rank entries */
+  const int64_t* strides;   /* rank entries, or NULL */
+} tj_tensor;
+
+typedef enum tj_arg_kind { TJ_ARG_TENSOR = 0, TJ_ARG_FLOAT = 1, TJ_ARG_INT = 2 } tj_arg_kind;
+typedef struct tj_arg {
+  int32_t kind;             /* tj_arg_kind */
+  int32_t reserved;
+  union {
+    const tj_tensor* tensor;
+    double f;
+    int64_t i;
+  } value;
+} tj_arg;
+
+/* A short description of a status code (static storage). */
+const char* tj_status_message(tj_status status);
+#endif /* TJ_EXPORT_COMMON_TYPES */
+
+/* What tj_attention_forward computes besides plain softmax attention. */
+typedef struct tj_attention_options {
+  int32_t causal;           /* 1: key j is seen by query i when j <= i (top-left aligned) */
+  int32_t fp8;              /* 1: quantize the 16-bit q, k, v to e4m3 (descales per (batch, head)) and run the
+                               FP8 attention; 0: the 16-bit attention on the inputs as given */
+  double softmax_scale;     /* 0: 1 / sqrt(head_dim) */
+  const char* variant;      /* NULL or "": none; "sliding_window" (causal, query i sees keys i - window < j <= i),
+                               "softcap" (score = cap * tanh(score / cap)), "alibi" (score + slope_h * (j - i)) */
+  double variant_arg;       /* sliding_window: the window in keys; softcap: the cap; alibi: unused */
+} tj_attention_options;
+
+/* o = attention(q, k, v) on `stream` (asynchronous), on the GPU tilejit runs on (ordinal
+ * tj_device_ordinal(), $TILEJIT_DEVICE or 0). q and o [B, H, Sq, D], k and v [B, Hkv, Skv, D]
+ * (bf16 or f16, all one type; H a multiple of Hkv: grouped-query heads), with any strides whose
+ * last one is 1 and the others multiples of 16 bytes ([B, S, H, D] storage viewed as [B, H, S, D],
+ * a packed QKV's slices): no copies. lse: NULL, or f32 [B, H, Sq] to receive each row's
+ * logsumexp (natural log). The first call for a shape compiles its kernels (NVRTC; then cached in
+ * memory and on disk). Workspaces (the FP8 copies) are kept per stream. On failure the message is
+ * in tj_last_error(). */
+tj_status tj_attention_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
+                               const tj_tensor* o, const tj_tensor* lse, const tj_attention_options* options);
+
+/* What the last failed call on this thread said (empty when none failed). */
+const char* tj_last_error(void);
+
+/* The CUDA device ordinal tilejit runs on ($TILEJIT_DEVICE, default 0), or -1 when the value
+ * of $TILEJIT_DEVICE is not an ordinal. */
+int32_t tj_device_ordinal(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TILEJIT_C_H */

@@ -1,0 +1,149 @@
+"""torch.ops.tilejit.attention on the GPU: accuracy against SDPA (float32 math on the same
+bf16 inputs) over layouts and grouped-query heads, inside a torch.compile'd module, and its
+per-call cost over the C++ launch (tilejit::_launch_microseconds). Prints a markdown table;
+exits 1 if a check fails.
+
+    PYTHONPATH=python python bench/torch/check_op.py [--out FILE.md]
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tilejit
+
+
+def rel_rmse(got, ref):
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def reference(q, k, v, causal):
+    # float32 SDPA (math backend) on the same bf16 values; k / v repeated for grouped-query heads
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1)
+    v = v.repeat_interleave(g, dim=1)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+
+
+def inputs(layout, B, H, Hkv, S, D, gen):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+
+    if layout == "BHSD":
+        return rnd(B, H, S, D), rnd(B, Hkv, S, D), rnd(B, Hkv, S, D)
+    if layout == "BSHD":   # Hugging Face / FlashAttention storage, passed as [B, H, S, D] views
+        return rnd(B, S, H, D).transpose(1, 2), rnd(B, S, Hkv, D).transpose(1, 2), rnd(B, S, Hkv, D).transpose(1, 2)
+    qkv = rnd(B, S, 3, H, D)   # packed
+    return qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+
+
+class Block(torch.nn.Module):
+    """An attention block as models write it, with tilejit's SDPA drop-in."""
+
+    def __init__(self, dim, heads, kv_heads):
+        super().__init__()
+        self.h, self.hkv, self.d = heads, kv_heads, dim // heads
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * kv_heads) * self.d, bias=False)
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, sdpa):
+        B, S, _ = x.shape
+        q, k, v = self.qkv(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q = q.view(B, S, self.h, self.d).transpose(1, 2)
+        k = k.view(B, S, self.hkv, self.d).transpose(1, 2)
+        v = v.view(B, S, self.hkv, self.d).transpose(1, 2)
+        o = sdpa(q, k, v, is_causal=True, enable_gqa=True)
+        return self.out(o.transpose(1, 2).reshape(B, S, -1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(43)
+    rows, ok = [], True
+    dev = torch.cuda.get_device_name()
+    lines = [f"torch.ops.tilejit.attention on {dev}, torch {torch.__version__}", ""]
+
+    # 1. accuracy over layouts, grouped-query heads, causal, bf16 and fp8
+    lines += ["| layout | H / Hkv | causal | fp8 | rel RMSE vs float32 SDPA | limit | |", "| --- | --- | --- | --- | ---: | ---: | --- |"]
+    for layout, H, Hkv in [("BHSD", 16, 16), ("BSHD", 16, 16), ("packed", 16, 16), ("BHSD", 16, 4), ("BSHD", 16, 2)]:
+        for causal in (False, True):
+            for fp8 in (False, True):
+                q, k, v = inputs(layout, 2, H, Hkv, 1000, 128, gen)
+                o = torch.ops.tilejit.attention(q, k, v, causal=causal, fp8=fp8)
+                err = rel_rmse(o, reference(q, k, v, causal))
+                limit = 6e-2 if fp8 else 1e-2
+                good = err <= limit and torch.isfinite(o).all().item() and o.stride() == (q.stride() if layout != "packed" else o.stride())
+                ok &= good
+                lines.append(f"| {layout} | {H} / {Hkv} | {causal} | {fp8} | {err:.2e} | {limit:.0e} | {'ok' if good else 'FAIL'} |")
+
+    # 2. inside a torch.compile'd module (fullgraph: the op traces, no graph break), against SDPA
+    torch.manual_seed(0)
+    block = Block(2048, 16, 4).cuda().to(torch.bfloat16)
+    x = torch.randn(2, 1024, 2048, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(lambda x: block(x, tilejit.scaled_dot_product_attention), fullgraph=True)
+    with torch.no_grad():
+        got = compiled(x)
+        ref = block(x, F.scaled_dot_product_attention)
+    err = rel_rmse(got, ref)
+    good = err <= 1e-2
+    ok &= good
+    lines += ["", f"torch.compile(fullgraph=True) of an attention block (GQA 16 / 4, causal, [B, S, H, D] views) with "
+              f"tilejit.scaled_dot_product_attention vs the same block with F.scaled_dot_product_attention: rel RMSE "
+              f"{err:.2e} (limit 1e-2) {'ok' if good else 'FAIL'}"]
+
+    # 3. per-call cost: the op from Python vs the C API from C++, at a launch-bound shape
+    q, k, v = inputs("BHSD", 1, 1, 1, 128, 64, gen)
+    o = torch.empty_like(q)
+    iters = 2000
+    cxx = statistics.median(torch.ops.tilejit._launch_microseconds(q, k, v, o, False, iters) for _ in range(5))
+    op = []
+    for _ in range(5):
+        torch.ops.tilejit.attention(q, k, v)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            torch.ops.tilejit.attention(q, k, v)
+        torch.cuda.synchronize()
+        op.append((time.perf_counter() - t0) * 1e6 / iters)
+    op = statistics.median(op)
+    good = op - cxx <= 5.0
+    ok &= good
+    lines += ["", f"Per call ({iters} calls then a synchronize, median of 5; B 1, H 1, S 128, D 64, bf16): "
+              f"torch.ops.tilejit.attention {op:.2f} us, tj_attention_forward from C++ {cxx:.2f} us: the op adds "
+              f"{op - cxx:.2f} us (limit 5) {'ok' if good else 'FAIL'}"]
+
+    # 4. bad inputs are errors that say what is wrong
+    lines += [""]
+    for what, fn, expect in [
+        ("float32 q", lambda: torch.ops.tilejit.attention(q.float(), k, v), "tilejit takes bfloat16 or float16"),
+        ("CPU tensors", lambda: torch.ops.tilejit.attention(q.cpu(), k.cpu(), v.cpu()), "must be CUDA tensors"),
+        ("3 kv heads for 4", lambda: torch.ops.tilejit.attention(*inputs("BHSD", 1, 4, 3, 128, 64, gen)), "not a multiple"),
+        ("attn_mask", lambda: tilejit.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(128, 128, device="cuda")),
+         "attn_mask is not supported"),
+    ]:
+        try:
+            fn()
+            good, msg = False, "no error"
+        except (RuntimeError, NotImplementedError) as e:
+            msg = str(e).splitlines()[0]
+            good = expect in str(e)
+        ok &= good
+        lines.append(f"- {what}: {'ok' if good else 'FAIL'}: {msg}")
+
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

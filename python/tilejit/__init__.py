@@ -1,0 +1,48 @@
+"""tilejit's attention for PyTorch.
+
+    import tilejit
+    o = torch.ops.tilejit.attention(q, k, v, causal=True)              # bf16 / f16 tensor cores
+    o = torch.ops.tilejit.attention(q, k, v, fp8=True)                 # quantized to e4m3 on the way
+    o = tilejit.scaled_dot_product_attention(q, k, v, is_causal=True)  # F.scaled_dot_product_attention's call
+
+q [B, H, Sq, D], k and v [B, Hkv, Skv, D] (Hkv divides H), any strides whose last one is 1 and
+the others multiples of 16 bytes: [B, S, H, D] storage passed as q.transpose(1, 2), a packed
+QKV's slices. No copies; on torch's current stream. The output has q's layout where q is dense.
+Registered with torch.library, with a fake kernel, so torch.compile traces through it. There is
+no backward yet (the training issue): inputs that require grad are an error at backward time.
+"""
+import glob
+import os
+
+import torch
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_libs = glob.glob(os.path.join(_here, "_C*.so"))
+if not _libs:
+    raise ImportError(f"tilejit: the compiled op (_C*.so) is not in {_here}; build it: pip install --no-build-isolation ./python")
+torch.ops.load_library(_libs[0])
+
+
+@torch.library.register_fake("tilejit::attention")
+def _attention_fake(q, k, v, *, causal=False, fp8=False, scale=None, variant="", variant_arg=0.0):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: "tilejit.attention: q, k and v must be [B, H, S, D]")
+    return torch.empty_like(q)
+
+
+def attention(q, k, v, *, causal=False, fp8=False, scale=None, variant="", variant_arg=0.0):
+    """torch.ops.tilejit.attention: softmax(q kᵀ · scale) v. variant: "" or "sliding_window"
+    (variant_arg: the window), "softcap" (variant_arg: the cap), "alibi"."""
+    return torch.ops.tilejit.attention(q, k, v, causal=causal, fp8=fp8, scale=scale, variant=variant, variant_arg=variant_arg)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, fp8=False):
+    """A drop-in for torch.nn.functional.scaled_dot_product_attention on CUDA bf16 / f16 inputs of
+    4 dims. Masks other than is_causal and dropout are not supported (an error, not a fallback);
+    fewer kv heads work with or without enable_gqa."""
+    if attn_mask is not None:
+        raise NotImplementedError("tilejit.scaled_dot_product_attention: attn_mask is not supported (is_causal, or a "
+                                  "variant through tilejit.attention)")
+    if dropout_p != 0.0:
+        raise NotImplementedError("tilejit.scaled_dot_product_attention: dropout_p must be 0")
+    return torch.ops.tilejit.attention(query, key, value, causal=is_causal, fp8=fp8, scale=scale)

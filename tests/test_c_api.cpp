@@ -1,0 +1,103 @@
+// The C API (api/tilejit_c.h): its argument errors as statuses with a message (CPU), and on the
+// GPU the same output as kernels::attention_fp8_forward for strided views and a variant.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "api/tilejit_c.h"
+#include "attention_accuracy.h"
+#include "gpu.h"
+#include "kernels/attention_fp8.h"
+#include "kernels/attention_variant.h"
+#include "kernels/attention_variants.h"
+#include "runtime/owned_tensor.h"
+
+using namespace tj;
+
+namespace {
+
+struct CTensor {
+  std::vector<int64_t> shape, strides;
+  tj_tensor t{};
+  CTensor(void* data, int32_t dtype, std::vector<int64_t> s, std::vector<int64_t> st = {}) : shape(std::move(s)), strides(std::move(st)) {
+    t = tj_tensor{data, dtype, static_cast<int32_t>(shape.size()), shape.data(), strides.empty() ? nullptr : strides.data()};
+  }
+};
+
+std::string last_error() { return tj_last_error(); }
+
+}  // namespace
+
+TEST_CASE("C API: bad arguments are statuses with a message naming the argument") {
+  void* fake = reinterpret_cast<void*>(0x100000);
+  CTensor q(fake, TJ_BF16, {1, 2, 64, 64}), f32(fake, TJ_F32, {1, 2, 64, 64}), odd(fake, 42, {1, 2, 64, 64}),
+      neg(fake, TJ_BF16, {1, -2, 64, 64}), f16(fake, TJ_F16, {1, 2, 64, 64});
+  CHECK(tj_attention_forward(nullptr, nullptr, &q.t, &q.t, &q.t, nullptr, nullptr) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error() == "tj_attention_forward: q is NULL");
+  CHECK(tj_attention_forward(nullptr, &f32.t, &q.t, &q.t, &q.t, nullptr, nullptr) == TJ_ERROR_DTYPE);
+  CHECK(last_error().find("q, k and v must be bf16 or f16 (fp8 = 1 quantizes them), got f32[1, 2, 64, 64]") != std::string::npos);
+  CHECK(tj_attention_forward(nullptr, &q.t, &odd.t, &q.t, &q.t, nullptr, nullptr) == TJ_ERROR_DTYPE);
+  CHECK(last_error() == "tj_attention_forward: k: unknown tj_dtype 42");
+  CHECK(tj_attention_forward(nullptr, &q.t, &neg.t, &q.t, &q.t, nullptr, nullptr) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("k: negative dim") != std::string::npos);
+  CHECK(tj_attention_forward(nullptr, &q.t, &q.t, &q.t, &f16.t, nullptr, nullptr) == TJ_ERROR_DTYPE);
+  CHECK(last_error().find("q, k, v and o must share one type") != std::string::npos);
+  tj_attention_options opt{0, 0, 0.0, "flash", 0.0};
+  CHECK(tj_attention_forward(nullptr, &q.t, &q.t, &q.t, &q.t, nullptr, &opt) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("no attention variant named 'flash' (variants: sliding_window, softcap, alibi)") != std::string::npos);
+  opt.variant = "sliding_window";
+  opt.variant_arg = 0.5;
+  CHECK(tj_attention_forward(nullptr, &q.t, &q.t, &q.t, &q.t, nullptr, &opt) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("variant sliding_window: variant_arg 0.5 is not a window of >= 1 keys") != std::string::npos);
+  opt = tj_attention_options{0, 0, NAN, nullptr, 0.0};
+  CHECK(tj_attention_forward(nullptr, &q.t, &q.t, &q.t, &q.t, nullptr, &opt) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("softmax_scale nan is not finite") != std::string::npos);
+  CHECK(std::string(tj_status_message(TJ_ERROR_ALIGNMENT)).find("not aligned") != std::string::npos);
+  CHECK(tj_device_ordinal() >= 0);
+}
+
+TEST_CASE("gpu: C API attention on [B, S, H, D] views (plain and sliding window) writes what attention_fp8_forward writes") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(7);
+  const int64_t B = 2, S = 300, H = 4, Hkv = 2, D = 64;
+  // [B, S, H, D] storage seen as [B, H, S, D]
+  HostTensor q = tj_test::randn(DType::bf16, {B, S, H, D}, rng), k = tj_test::randn(DType::bf16, {B, S, Hkv, D}, rng),
+             v = tj_test::randn(DType::bf16, {B, S, Hkv, D}, rng);
+  DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+  DeviceTensor o1(DType::bf16, {B, S, H, D}), o2(DType::bf16, {B, S, H, D});
+  auto bhsd = [&](const DeviceTensor& t, int64_t heads) {
+    TensorView x = t.view();
+    x.shape = {B, heads, S, D};
+    x.strides = {S * heads * D, D, heads * D, 1};
+    return x;
+  };
+  const std::vector<int64_t> qs{S * H * D, D, H * D, 1}, ks{S * Hkv * D, D, Hkv * D, 1};
+  CTensor cq(dq.view().data, TJ_BF16, {B, H, S, D}, qs), ck(dk.view().data, TJ_BF16, {B, Hkv, S, D}, ks),
+      cv(dv.view().data, TJ_BF16, {B, Hkv, S, D}, ks), co(o1.view().data, TJ_BF16, {B, H, S, D}, qs);
+  for (const char* variant : {"", "sliding_window"}) {
+    INFO(variant);
+    o1.fill_bytes(0xFF);
+    o2.fill_bytes(0x00);
+    tj_attention_options opt{1, 0, 0.0, variant, 100.0};
+    REQUIRE_MESSAGE(tj_attention_forward(nullptr, &cq.t, &ck.t, &cv.t, &co.t, nullptr, &opt) == TJ_SUCCESS, last_error());
+    kernels::AttentionFp8Options fo;
+    kernels::AttentionFp8Workspace ws;
+    std::optional<Kernel> window;
+    if (*variant) {
+      window.emplace(kernels::attention_variant(kernels::sliding_window_variant(100)));
+      fo.kernel = &*window;
+    } else {
+      fo.causal = true;
+    }
+    kernels::attention_fp8_forward(bhsd(dq, H), bhsd(dk, Hkv), bhsd(dv, Hkv), bhsd(o2, H), fo, ws);
+    runtime::synchronize();
+    HostTensor a = o1.to_host(), b = o2.to_host();
+    CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+    int64_t nan = 0;
+    for (double x : a.values()) nan += std::isnan(x) ? 1 : 0;
+    CHECK(nan == 0);
+  }
+}
