@@ -1,5 +1,7 @@
 #include "dsl/kernel.h"
 
+#include <charconv>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -26,18 +28,45 @@ TensorSpec contiguous_spec(DType dtype, std::vector<int64_t> shape) {
   return t;
 }
 
+namespace {
+void append_number(std::string& key, int64_t v) {
+  char buf[24];
+  key.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
+void append_list(std::string& key, const std::vector<int64_t>& v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) key += ',';
+    append_number(key, v[i]);
+  }
+}
+}  // namespace
+
+// Built by appending, not formatting: every launch with a config computes it (runtime/jit.cpp).
 std::string spec_key(const std::vector<ArgSpec>& specs) {
   std::string key;
+  key.reserve(32 * specs.size());
   for (const auto& s : specs) {
     std::visit(
         [&](const auto& v) {
           using T = std::decay_t<decltype(v)>;
           if constexpr (std::is_same_v<T, TensorSpec>) {
-            key += fmt::format("T{}[{}]", name(v.dtype), fmt::join(v.shape, ","));
-            if (std::any_of(v.strides.begin(), v.strides.end(), [](int64_t st) { return st >= 0; }))
-              key += fmt::format("s[{}]", fmt::join(v.strides, ","));
+            key += 'T';
+            key += name(v.dtype);
+            key += '[';
+            append_list(key, v.shape);
+            key += ']';
+            if (std::any_of(v.strides.begin(), v.strides.end(), [](int64_t st) { return st >= 0; })) {
+              key += "s[";
+              append_list(key, v.strides);
+              key += ']';
+            }
           } else if constexpr (std::is_same_v<T, RuntimeScalar>) {
-            key += "S";
+            key += 'S';
+          } else if constexpr (std::is_same_v<T, bool>) {
+            key += v ? "Htrue" : "Hfalse";
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            key += 'H';
+            append_number(key, v);
           } else {
             key += fmt::format("H{}", v);
           }

@@ -17,46 +17,13 @@
 
 using namespace tj;
 using tj_test::compare;
+using tj_test::gqa_attention_f64;
 using tj_test::Metrics;
 using tj_test::randn;
 using tj_test::str;
 using tj_test::unbacked_device_view;
 
 namespace {
-
-// float64 attention of logical q [B, H, Sq, D], k / v [B, Hkv, Skv, D] (query head h reads kv head
-// h / (H / Hkv)), scale 1/sqrt(D), causal top-left; the [B, H, Sq, D] output.
-std::vector<double> gqa_attention_f64(const HostTensor& q, const HostTensor& k, const HostTensor& v, bool causal) {
-  const int64_t B = q.shape()[0], H = q.shape()[1], Sq = q.shape()[2], D = q.shape()[3];
-  const int64_t Hkv = k.shape()[1], Skv = k.shape()[2];
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const std::vector<double> qv = q.values(), kv = k.values(), vv = v.values();
-  std::vector<double> out(q.numel());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t qo = (b * H + h) * Sq * D, ko = (b * Hkv + h / (H / Hkv)) * Skv * D;
-      for (int64_t i = 0; i < Sq; ++i) {
-        const int64_t n = causal ? std::min(i + 1, Skv) : Skv;
-        std::vector<double> s(n);
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          double d = 0;
-          for (int64_t t = 0; t < D; ++t) d += qv[qo + i * D + t] * kv[ko + j * D + t];
-          s[j] = d * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double l = 0;
-        std::vector<double> acc(D, 0.0);
-        for (int64_t j = 0; j < n; ++j) {
-          const double p = std::exp(s[j] - mx);
-          l += p;
-          for (int64_t t = 0; t < D; ++t) acc[t] += p * vv[ko + j * D + t];
-        }
-        for (int64_t t = 0; t < D; ++t) out[qo + i * D + t] = acc[t] / l;
-      }
-    }
-  return out;
-}
 
 enum class Layout { bhsd, bshd, packed_qkv };
 const char* name(Layout l) { return l == Layout::bhsd ? "BHSD" : l == Layout::bshd ? "BSHD" : "packed QKV"; }

@@ -84,6 +84,7 @@ TEST_CASE("gpu: C API attention on [B, S, H, D] views (plain and sliding window)
     tj_attention_options opt{1, 0, 0.0, variant, 100.0};
     REQUIRE_MESSAGE(tj_attention_forward(nullptr, &cq.t, &ck.t, &cv.t, &co.t, nullptr, &opt) == TJ_SUCCESS, last_error());
     kernels::AttentionFp8Options fo;
+    fo.quantize = false;   // the C API's fp8 = 0: the 16-bit attention
     kernels::AttentionFp8Workspace ws;
     std::optional<Kernel> window;
     if (*variant) {
@@ -95,6 +96,20 @@ TEST_CASE("gpu: C API attention on [B, S, H, D] views (plain and sliding window)
     kernels::attention_fp8_forward(bhsd(dq, H), bhsd(dk, Hkv), bhsd(dv, Hkv), bhsd(o2, H), fo, ws);
     runtime::synchronize();
     HostTensor a = o1.to_host(), b = o2.to_host();
+    if (!*variant) {   // against float64 too (logical [B, H, S, D] values)
+      auto logical = [&](const HostTensor& x, int64_t heads) {
+        HostTensor y(DType::bf16, {B, heads, S, D});
+        for (int64_t bb = 0; bb < B; ++bb)
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t r = 0; r < S; ++r)
+              for (int64_t d = 0; d < D; ++d) y.set(((bb * heads + h) * S + r) * D + d, x.at(((bb * S + r) * heads + h) * D + d));
+        return y;
+      };
+      const auto m = tj_test::compare(logical(a, H).values(),
+                                      tj_test::gqa_attention_f64(logical(q, H), logical(k, Hkv), logical(v, Hkv), true));
+      MESSAGE("C API, bf16 [B, S, H, D] GQA causal, vs float64: " << tj_test::str(m));
+      CHECK(m.rel_rmse <= 1e-2);
+    }
     CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
     int64_t nan = 0;
     for (double x : a.values()) nan += std::isnan(x) ? 1 : 0;

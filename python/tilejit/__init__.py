@@ -20,7 +20,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 _libs = glob.glob(os.path.join(_here, "_C*.so"))
 if not _libs:
     raise ImportError(f"tilejit: the compiled op (_C*.so) is not in {_here}; build it: pip install --no-build-isolation ./python")
-torch.ops.load_library(_libs[0])
+torch.ops.load_library(_libs[0])   # registers torch.ops.tilejit.* (TORCH_LIBRARY)
 
 
 @torch.library.register_fake("tilejit::attention")
@@ -45,4 +45,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                   "variant through tilejit.attention)")
     if dropout_p != 0.0:
         raise NotImplementedError("tilejit.scaled_dot_product_attention: dropout_p must be 0")
-    return torch.ops.tilejit.attention(query, key, value, causal=is_causal, fp8=fp8, scale=scale)
+    return attention(query, key, value, causal=is_causal, fp8=fp8, scale=scale)

@@ -3,7 +3,6 @@
 // torch's current stream. The fake (meta) kernel that torch.compile traces with is registered in
 // Python (tilejit/__init__.py: torch.library.register_fake).
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
@@ -34,19 +33,21 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
     TORCH_CHECK(t->dim() == 4, "tilejit.attention: q, k and v must be [B, H, S, D] (4 dims), got ", t->sizes());
   }
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "tilejit.attention: q, k and v must be on one device");
-  const int ordinal = tj_device_ordinal();
+  static const int ordinal = tj_device_ordinal();   // $TILEJIT_DEVICE, read once as tilejit does
   TORCH_CHECK(q.device().index() == ordinal, "tilejit.attention: tilejit runs on cuda:", ordinal,
               " ($TILEJIT_DEVICE, default 0); the tensors are on ", q.device());
 }
 
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, const tj_attention_options& opt) {
-  const c10::cuda::CUDAGuard guard(q.device());
+  // tilejit launches in its own (primary) context of q's device on the stream given: torch's current
+  // device needs no guard.
   const tj_tensor tq = view(q, "q"), tk = view(k, "k"), tv = view(v, "v"), to = view(o, "o");
   const CUstream stream = reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
   const tj_status s = tj_attention_forward(stream, &tq, &tk, &tv, &to, nullptr, &opt);
   TORCH_CHECK(s == TJ_SUCCESS, tj_last_error());
 }
 
+// The options for the C API; they point at `variant`'s characters, which must outlive them.
 tj_attention_options options(bool causal, bool fp8, std::optional<double> scale, const std::string& variant, double variant_arg) {
   return tj_attention_options{causal ? 1 : 0, fp8 ? 1 : 0, scale.value_or(0.0), variant.c_str(), variant_arg};
 }
@@ -67,7 +68,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 double launch_microseconds(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o, bool causal,
                            int64_t iters) {
   check_inputs(q, k, v);
-  const tj_attention_options opt = options(causal, false, std::nullopt, "", 0.0);
+  const std::string no_variant;   // outlives opt, which points at its characters
+  const tj_attention_options opt = options(causal, false, std::nullopt, no_variant, 0.0);
   run(q, k, v, o, opt);   // compiled and warm
   c10::cuda::getCurrentCUDAStream(q.device().index()).synchronize();
   const auto t0 = std::chrono::steady_clock::now();
@@ -88,3 +90,7 @@ TORCH_LIBRARY_IMPL(tilejit, CUDA, m) {
   m.impl("attention", &attention);
   m.impl("_launch_microseconds", &launch_microseconds);
 }
+
+// Tensors elsewhere reach the same checks, which say what is wrong (not the dispatcher's "could not
+// run with arguments from the 'CPU' backend").
+TORCH_LIBRARY_IMPL(tilejit, CPU, m) { m.impl("attention", &attention); }
