@@ -81,7 +81,9 @@ double launch_microseconds(const at::Tensor& q, const at::Tensor& k, const at::T
 }  // namespace
 
 TORCH_LIBRARY(tilejit, m) {
-  m.def("attention(Tensor q, Tensor k, Tensor v, *, bool causal=False, bool fp8=False, float? scale=None, "
+  // Positional after q, k, v too: a Python call that passes them by position skips the keyword
+  // matching (about 2.5 us a call on an H100 host).
+  m.def("attention(Tensor q, Tensor k, Tensor v, bool causal=False, bool fp8=False, float? scale=None, "
         "str variant=\"\", float variant_arg=0.0) -> Tensor");
   m.def("_launch_microseconds(Tensor q, Tensor k, Tensor v, Tensor(a!) o, bool causal, int iters) -> float");
 }
