@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -227,14 +228,20 @@ struct Bound {
   }
 };
 
-// Host-side scalar evaluation over the whole function (for launch bounds): leaf ops and
-// scalar unary/binary/cast, recursively through their operands.
+// Host-side scalar evaluation of launch bounds: leaf ops and scalar unary/binary/cast,
+// recursively through their operands. A launch loop's bounds are defined in the regions that
+// enclose it -- the function's body and the launch loops around it -- so only their own ops are
+// indexed, not the kernel's inner loops (every launch evaluates this).
 class ScalarEvaluator {
  public:
-  explicit ScalarEvaluator(const Bound& b) : b_(b) {
-    ir::walk(b.f.body, [&](const Op& op, int) {
-      if (op.result >= 0) defs_[op.result] = &op;
-    });
+  ScalarEvaluator(const Bound& b, const std::vector<const Op*>& chain) : b_(b) {
+    auto index = [&](const ir::Region& r) {
+      for (const Op& op : r.ops)
+        if (op.result >= 0) defs_[op.result] = &op;
+    };
+    index(b.f.body);
+    for (const Op* loop : chain)
+      if (loop->body) index(*loop->body);
   }
 
   double eval(int value) {
@@ -300,8 +307,9 @@ int64_t loop_extent(const Op& loop, int64_t begin, int64_t end, const Bound& b) 
 
 LaunchShape compute_launch(const Bound& b) {
   LaunchShape ls;
-  ScalarEvaluator ev(b);
-  for (const Op* loop : launch_chain(b.f)) {
+  const std::vector<const Op*> chain = launch_chain(b.f);
+  ScalarEvaluator ev(b, chain);
+  for (const Op* loop : chain) {
     const int64_t begin = to_i64(ev.eval(loop->operands[0])), end = to_i64(ev.eval(loop->operands[1]));
     ls.extents.push_back(loop_extent(*loop, begin, end, b));
     ls.programs *= ls.extents.back();
@@ -791,13 +799,20 @@ std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
 // through another view would make stale.
 void check_inputs_apart(const ir::Function& f, const std::vector<ArgValue>& args) {
   // Only inputs the kernel reads: a slot that a specialization never loads (an unused rotation,
-  // a bias that is not there) may hold any tensor.
-  std::vector<bool> read(f.params.size(), false);
-  ir::walk(f.body, [&](const ir::Op& op, int) {
-    if ((op.kind == ir::OpKind::load || op.kind == ir::OpKind::gather) && op.param >= 0) read[op.param] = true;
-  });
+  // a bias that is not there) may hold any tensor. Which ones it reads is looked up (a walk over
+  // the IR) only for an overlap: every launch comes through here.
+  std::optional<std::vector<bool>> read;
+  auto is_read = [&](size_t param) {
+    if (!read) {
+      read.emplace(f.params.size(), false);
+      ir::walk(f.body, [&](const ir::Op& op, int) {
+        if ((op.kind == ir::OpKind::load || op.kind == ir::OpKind::gather) && op.param >= 0) (*read)[op.param] = true;
+      });
+    }
+    return (*read)[param];
+  };
   for (size_t i = 0; i < args.size(); ++i) {
-    if (f.params[i].kind != ir::ParamKind::tensor_in || !read[i]) continue;
+    if (f.params[i].kind != ir::ParamKind::tensor_in) continue;
     const auto in = byte_range(std::get<TensorView>(args[i]));
     if (in.first == in.second) continue;
     for (size_t j = 0; j < args.size(); ++j) {
@@ -805,7 +820,7 @@ void check_inputs_apart(const ir::Function& f, const std::vector<ArgValue>& args
       const TensorView& w = std::get<TensorView>(args[j]);
       const auto out = byte_range(w);
       if (w.device != std::get<TensorView>(args[i]).device || out.first == out.second) continue;
-      if (in.first < out.second && out.first < in.second)
+      if (in.first < out.second && out.first < in.second && is_read(i))
         throw Error(fmt::format("kernel '{}': input '{}' shares memory with '{}', which the kernel writes: an input (tj::In) "
                                 "must not change during a launch; pass separate buffers, or declare '{}' tj::InOut",
                                 f.name, f.params[i].name, f.params[j].name, f.params[i].name));
@@ -824,38 +839,39 @@ void check_arguments(const ir::Function& f, const std::vector<ArgValue>& args, b
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const ir::Param& p = f.params[i];
-    const std::string at = fmt::format("kernel '{}': argument '{}'", f.name, p.name);
+    // Formatted only for a message: every launch checks its arguments.
+    const auto at = [&] { return fmt::format("kernel '{}': argument '{}'", f.name, p.name); };
     if (!p.is_tensor()) {
       if (!std::holds_alternative<float>(args[i]))
-        throw Error(fmt::format("{}: expected a runtime scalar ({}), got a tensor ({})", at, name(p.dtype),
+        throw Error(fmt::format("{}: expected a runtime scalar ({}), got a tensor ({})", at(), name(p.dtype),
                                 std::get<TensorView>(args[i]).describe()));
       const float v = std::get<float>(args[i]);
       if (is_int(p.dtype) && (!std::isfinite(v) || std::trunc(v) != v))
-        throw Error(fmt::format("{}: expected an integer value ({}), got {}", at, name(p.dtype), v));
+        throw Error(fmt::format("{}: expected an integer value ({}), got {}", at(), name(p.dtype), v));
       continue;
     }
     if (!std::holds_alternative<TensorView>(args[i]))
-      throw Error(fmt::format("{}: expected a tensor ({}), got a scalar ({})", at, describe(p), std::get<float>(args[i])));
+      throw Error(fmt::format("{}: expected a tensor ({}), got a scalar ({})", at(), describe(p), std::get<float>(args[i])));
     const TensorView& t = std::get<TensorView>(args[i]);
-    if (t.dtype != p.dtype) throw Error(fmt::format("{}: expected {}, got {}", at, name(p.dtype), name(t.dtype)));
+    if (t.dtype != p.dtype) throw Error(fmt::format("{}: expected {}, got {}", at(), name(p.dtype), name(t.dtype)));
     if (t.rank() != p.rank())
-      throw Error(fmt::format("{}: expected rank {} ({}), got rank {} ({})", at, p.rank(), describe(p), t.rank(), t.describe()));
+      throw Error(fmt::format("{}: expected rank {} ({}), got rank {} ({})", at(), p.rank(), describe(p), t.rank(), t.describe()));
     for (int d = 0; d < t.rank(); ++d) {
-      if (t.shape[d] < 0) throw Error(fmt::format("{}: dimension {} is negative ({})", at, d, t.shape[d]));
+      if (t.shape[d] < 0) throw Error(fmt::format("{}: dimension {} is negative ({})", at(), d, t.shape[d]));
       if (p.static_shape[d] >= 0 && t.shape[d] != p.static_shape[d])
-        throw Error(fmt::format("{}: dimension {} is {} but the kernel was traced for {}", at, d, t.shape[d], p.static_shape[d]));
+        throw Error(fmt::format("{}: dimension {} is {} but the kernel was traced for {}", at(), d, t.shape[d], p.static_shape[d]));
     }
     if (!t.strides.empty() && static_cast<int>(t.strides.size()) != t.rank())
-      throw Error(fmt::format("{}: {} strides given for a rank-{} tensor", at, t.strides.size(), t.rank()));
+      throw Error(fmt::format("{}: {} strides given for a rank-{} tensor", at(), t.strides.size(), t.rank()));
     const std::vector<int64_t> strides = t.effective_strides();
     for (int d = 0; d < t.rank(); ++d)
       if (p.static_stride(d) >= 0 && strides[d] != p.static_stride(d))
-        throw Error(fmt::format("{}: stride {} is {} but the kernel was compiled for stride {} there ({})", at, d, strides[d],
+        throw Error(fmt::format("{}: stride {} is {} but the kernel was compiled for stride {} there ({})", at(), d, strides[d],
                                 p.static_stride(d), t.describe()));
     if (require_host) {
       if (t.device != Device::host)
-        throw Error(fmt::format("{}: the CPU reference executor needs host memory, got a device tensor ({})", at, t.describe()));
-      if (!t.data && t.numel() > 0) throw Error(fmt::format("{}: data is null ({})", at, t.describe()));
+        throw Error(fmt::format("{}: the CPU reference executor needs host memory, got a device tensor ({})", at(), t.describe()));
+      if (!t.data && t.numel() > 0) throw Error(fmt::format("{}: data is null ({})", at(), t.describe()));
     }
   }
   check_inputs_apart(f, args);

@@ -242,6 +242,24 @@ TEST_CASE("reference: an input that shares memory with a tensor the kernel write
   CHECK_NOTHROW(run_reference(g, blocks({{"b", 16}}), {view(0), view(N), view(N)}));
 }
 
+TEST_CASE("reference: an inner grid whose bound reads the outer grid's index runs inside each program") {
+  // The launch grid is computed on the host before any program runs (only the enclosing launch
+  // loops' and the body's own ops are evaluated there): a grid whose extent depends on an outer
+  // index is no launch loop.
+  const Kernel k = kernel("triangle", {"x", "y"}, [](In x, Out y) {
+    for (auto i : grid(x.dim(0)))
+      for (auto j : grid(i + 1)) y.store(i, j, x.load(i, j));
+  });
+  const ir::Function f = k.trace({TensorSpec{DType::f32, {8, 8}}, TensorSpec{DType::f32, {8, 8}}});
+  std::vector<float> xs(64, 1.0f), ys(64, 0.0f);
+  TensorView x{xs.data(), DType::f32, {8, 8}, {}, Device::host}, y{ys.data(), DType::f32, {8, 8}, {}, Device::host};
+  for (int64_t i = 0; i < 64; ++i) xs[i] = static_cast<float>(i + 1);
+  CHECK(launch_shape(f, Config{}, {x, y}).extents == std::vector<int64_t>{8});
+  run_reference(f, Config{}, {x, y});
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t j = 0; j < 8; ++j) CHECK(ys[i * 8 + j] == (j <= i ? xs[i * 8 + j] : 0.0f));
+}
+
 TEST_CASE("reference: strided (non-contiguous) views are read and written through their strides") {
   const Kernel k = vector_add();
   const ir::Function f = k.trace({TensorSpec{DType::f32, {-1}}, TensorSpec{DType::f32, {-1}}, TensorSpec{DType::f32, {-1}}});
