@@ -2,14 +2,26 @@
  * PyTorch op in python/, other languages' bindings). Plain C, no tilejit or fmt header needed:
  * a caller builds against this file and links libtilejit.
  *
- * The common types (tj_status, tj_dtype, tj_tensor) are the ones `tilejit export` writes into
- * its headers, under the same guard, so that a program may include both. */
+ * The common types (tj_status, tj_dtype, tj_tensor, tj_arg, tj_dltensor) are the ones `tilejit
+ * export` writes into its headers, under the same guard, so that a program may include both in
+ * either order (tests/test_export.cpp checks that the declarations stay the same text). */
 #ifndef TILEJIT_C_H
 #define TILEJIT_C_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda.h>
+
+#ifndef TJ_EXPORT_NO_DLPACK
+#if defined(__has_include)
+#if __has_include(<dlpack/dlpack.h>)
+#include <dlpack/dlpack.h>
+#ifndef TJ_EXPORT_HAVE_DLPACK
+#define TJ_EXPORT_HAVE_DLPACK 1
+#endif
+#endif
+#endif
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +68,12 @@ typedef struct tj_arg {
     int64_t i;
   } value;
 } tj_arg;
+
+#ifdef TJ_EXPORT_HAVE_DLPACK
+typedef DLTensor tj_dltensor;
+#else
+typedef struct tj_dltensor_unavailable tj_dltensor;   /* include <dlpack/dlpack.h> first */
+#endif
 
 /* A short description of a status code (static storage). */
 const char* tj_status_message(tj_status status);

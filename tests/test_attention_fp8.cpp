@@ -48,33 +48,6 @@ Config blocks(int64_t m, int64_t n) {
   return c;
 }
 
-// float64 attention of q [B,H,Sq,D], k / v [B,H,Skv,D] (decoded values); causal top-left.
-std::vector<double> attention_f64(const HostTensor& q, const HostTensor& k, const HostTensor& v, bool causal) {
-  const int64_t B = q.shape()[0], H = q.shape()[1], Sq = q.shape()[2], D = q.shape()[3], Skv = k.shape()[2];
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  std::vector<double> qv = q.values(), kv = k.values(), vv = v.values(), out(q.numel());
-  for (int64_t bh = 0; bh < B * H; ++bh)
-    for (int64_t i = 0; i < Sq; ++i) {
-      const int64_t n = causal ? std::min(i + 1, Skv) : Skv;
-      std::vector<double> s(n);
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        double d = 0;
-        for (int64_t t = 0; t < D; ++t) d += qv[(bh * Sq + i) * D + t] * kv[(bh * Skv + j) * D + t];
-        s[j] = d * scale;
-        mx = std::max(mx, s[j]);
-      }
-      double l = 0;
-      std::vector<double> acc(D, 0.0);
-      for (int64_t j = 0; j < n; ++j) {
-        double p = std::exp(s[j] - mx);
-        l += p;
-        for (int64_t t = 0; t < D; ++t) acc[t] += p * vv[(bh * Skv + j) * D + t];
-      }
-      for (int64_t t = 0; t < D; ++t) out[(bh * Sq + i) * D + t] = l > 0 ? acc[t] / l : 0.0;
-    }
-  return out;
-}
 
 // The FP8 pipeline on the CPU reference executor: e4m3 copies, Vᵀ, descales, output, LSE.
 struct Fp8Inputs {
@@ -746,7 +719,7 @@ TEST_CASE("attention_fp8 on the CPU reference executor: FP8 pipeline vs float64 
     INFO(fmt::format("[{},{},{},{},{}] causal={}", c.B, c.H, c.Sq, c.Skv, c.D, c.causal));
     HostTensor q = randn(DType::bf16, {c.B, c.H, c.Sq, c.D}, rng), k = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng),
                v = randn(DType::bf16, {c.B, c.H, c.Skv, c.D}, rng);
-    std::vector<double> truth = attention_f64(q, k, v, c.causal);
+    std::vector<double> truth = tj_test::gqa_attention_f64(q, k, v, c.causal);
     Fp8Inputs r = quantize_ref(q, k, v);
     HostTensor o(DType::bf16, {c.B, c.H, c.Sq, c.D}), lse(DType::f32, {c.B, c.H, c.Sq});
     run_ref(kernels::attention_fp8(),
@@ -792,7 +765,7 @@ TEST_CASE("attention_fp8: lazy rescaling keeps P in e4m3's range while row maxim
   for (DType in : {DType::e4m3, DType::bf16}) {
     INFO(name(in));
     CreepInputs c = creeping_max_inputs(in, 64, 64 * 7 + 20, rng);
-    const std::vector<double> truth = attention_f64(c.q_true, c.k_true, c.v_true, false);
+    const std::vector<double> truth = tj_test::gqa_attention_f64(c.q_true, c.k_true, c.v_true, false);
     HostTensor o(DType::bf16, c.q_true.shape()), lse(DType::f32, {1, 1, 64});
     run_ref(kernels::attention_fp8(),
             attention_args(c.in[0].view(), c.in[1].view(), c.in[2].view(), c.in[3].view(), c.in[4].view(),
@@ -940,7 +913,7 @@ TEST_CASE("gpu: attention_fp8 lowered to sm_90a with row maxima creeping up (laz
   std::mt19937 rng(32);
   for (DType in : {DType::e4m3, DType::bf16}) {
     CreepInputs c = creeping_max_inputs(in, 200, 64 * 7 + 20, rng);
-    const std::vector<double> truth = attention_f64(c.q_true, c.k_true, c.v_true, false);
+    const std::vector<double> truth = tj_test::gqa_attention_f64(c.q_true, c.k_true, c.v_true, false);
     std::vector<DeviceTensor> dev;
     for (const auto& t : c.in) dev.push_back(DeviceTensor::from_host(t));
     for (int64_t bm : {64, 128, 192}) {
@@ -1066,7 +1039,7 @@ TEST_CASE("gpu: attention_fp8_forward (quantize + attention from bf16) accuracy 
       const int64_t B = 1, H = 2, S = 512, D = 128;
       HostTensor q = randn(DType::bf16, {B, H, S, D}, rng, outliers), k = randn(DType::bf16, {B, H, S, D}, rng, outliers),
                  v = randn(DType::bf16, {B, H, S, D}, rng, outliers);
-      std::vector<double> truth = attention_f64(q, k, v, causal);
+      std::vector<double> truth = tj_test::gqa_attention_f64(q, k, v, causal);
       DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
       DeviceTensor o(DType::bf16, {B, H, S, D});
       o.fill_bytes(0xFF);

@@ -851,6 +851,34 @@ TEST_CASE("export: the header compiles as C and C++, the IR names the API") {
                         (e->dir / "use.o").string())) == 0);
   CHECK(run(fmt::format("c++ -std=c++17 -Wall -Wextra -Werror {} -x c++ -fsyntax-only {}", inc,
                         (e->dir / "use.c").string())) == 0);
+  // The library's C API (api/tilejit_c.h) declares the same common types under the same guard:
+  // a program includes both, in either order, and their declarations are the same text.
+  {
+    std::ofstream(e->dir / "both.c") << "#include \"softmax.h\"\n#include \"api/tilejit_c.h\"\n"
+                                        "int f(const tj_tensor* x) { return x->rank + (int)TJ_ERROR_TOO_MANY_CONTEXTS; }\n";
+    std::ofstream(e->dir / "both_reversed.c") << "#include \"api/tilejit_c.h\"\n#include \"softmax.h\"\n"
+                                                 "int f(const tj_arg* a) { return a->kind; }\n";
+    const std::string inc2 = fmt::format("{} -I{}", inc, TJ_SOURCE_DIR);
+    for (const char* file : {"both.c", "both_reversed.c"})
+      CHECK(run(fmt::format("cc -std=c99 -Wall -Wextra -Werror {} -fsyntax-only {}", inc2, (e->dir / file).string())) == 0);
+    auto declarations = [](const std::string& text) {   // the guarded block without comments and spacing
+      const size_t a = text.find("#ifndef TJ_EXPORT_COMMON_TYPES"), b = text.find("#endif /* TJ_EXPORT_COMMON_TYPES */");
+      REQUIRE(a != std::string::npos);
+      REQUIRE(b != std::string::npos);
+      std::string block = text.substr(a, b - a), out;
+      for (size_t i = 0; i < block.size(); ++i) {
+        if (block.compare(i, 2, "/*") == 0) {
+          i = block.find("*/", i) + 1;
+          continue;
+        }
+        if (!std::isspace(static_cast<unsigned char>(block[i]))) out += block[i];
+      }
+      return out;
+    };
+    std::ifstream api(std::string(TJ_SOURCE_DIR) + "/api/tilejit_c.h");
+    const std::string api_text((std::istreambuf_iterator<char>(api)), std::istreambuf_iterator<char>());
+    CHECK(declarations(api_text) == declarations(header));
+  }
   const std::string ir = codegen::emit_launcher_ir(e->lk);
   CHECK(ir.find("define i32 @softmax_launch(ptr") != std::string::npos);
   CHECK(ir.find("@tj.msg.buf = internal thread_local global") != std::string::npos);
