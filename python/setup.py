@@ -13,8 +13,9 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
+os.chdir(here)   # setuptools takes package and source paths relative to setup.py
 lib_dir = os.path.abspath(os.environ.get("TILEJIT_LIB_DIR", os.path.join(root, "build")))
-if not any(f.startswith("libtilejit.so") for f in os.listdir(lib_dir) if os.path.isfile(os.path.join(lib_dir, f))):
+if not os.path.isdir(lib_dir) or not any(f.startswith("libtilejit.so") for f in os.listdir(lib_dir)):
     raise SystemExit(f"no libtilejit.so in {lib_dir}: build tilejit first (cmake --build build) or set TILEJIT_LIB_DIR")
 
 setup(
@@ -22,11 +23,10 @@ setup(
     version="0.1.0",
     description="tilejit's attention as a PyTorch operator (torch.ops.tilejit.attention)",
     packages=["tilejit"],
-    package_dir={"tilejit": os.path.join(here, "tilejit")},
     ext_modules=[
         CUDAExtension(
             "tilejit._C",
-            [os.path.join(here, "tilejit", "csrc", "torch_ops.cpp")],
+            ["tilejit/csrc/torch_ops.cpp"],
             include_dirs=[root],
             library_dirs=[lib_dir],
             libraries=["tilejit"],
