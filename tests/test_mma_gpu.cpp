@@ -223,6 +223,34 @@ TEST_CASE("gpu: a grouped GEMM (MoE) whose row ranges are read from the GPU matc
   }
 }
 
+TEST_CASE("gpu: varlen attention over packed sequences (row ranges read from the GPU) matches the reference, on wgmma and mma.sync") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(19);
+  // 5 sequences of uneven lengths (one of a single row, one empty), 8 query heads on 2 kv heads.
+  const std::vector<double> cu = {0, 300, 301, 301, 812, 1000};
+  const int64_t B = 5, T = 1000, H = 8, Hkv = 2, D = 128;
+  const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
+  for (const char* arch : {"", "sm_80"})
+    for (bool causal : {false, true}) {
+      CAPTURE(std::string(arch));
+      CAPTURE(causal);
+      HostTensor c(DType::i64, {B + 1});
+      for (int64_t i = 0; i <= B; ++i) c.set(i, cu[i]);
+      std::vector<HostTensor> t = {random_tensor(DType::bf16, {T, H, D}, rng), random_tensor(DType::bf16, {T, Hkv, D}, rng),
+                                   random_tensor(DType::bf16, {T, Hkv, D}, rng), c, c, HostTensor(DType::bf16, {T, H, D})};
+      const ir::Function f = examples::attention_varlen().trace(
+          {TensorSpec{DType::bf16, {T, H, D}}, TensorSpec{DType::bf16, {T, Hkv, D}}, TensorSpec{DType::bf16, {T, Hkv, D}},
+           TensorSpec{DType::i64, {B + 1}}, TensorSpec{DType::i64, {B + 1}}, TensorSpec{DType::bf16, {T, H, D}},
+           RuntimeScalar{static_cast<float>(scale)}, causal});
+      Config cfg = codegen::untuned_config(f, *arch ? arch : "sm_90a");
+      if (!*arch) cfg.blocks["n"] = 64;   // no spills (tests/test_mma.cpp)
+      const Outcome r = run_both(examples::attention_varlen(), t, {scale, causal}, 5, cfg, arch);
+      CHECK(r.lowering == (*arch ? "tensor cores (mma.sync)" : "tensor cores (wgmma)"));
+      CHECK(r.nan_count == 0);
+      CHECK(r.rel_rmse < 1e-2);
+    }
+}
+
 TEST_CASE("gpu: a launch whose dots stay on the SIMT path says so once, with the dot's line and the reason") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(3);

@@ -260,4 +260,40 @@ const Kernel& grouped_gemm() {
   return k;
 }
 
+const Kernel& attention_varlen() {
+  static const Kernel k = kernel("attention_varlen", {"q", "k", "v", "cu_q", "cu_k", "o", "scale", "causal"},
+                                 [](In q, In k, In v, In cu_q, In cu_k, Out o, Scalar scale, bool causal) {
+    auto H = q.dim(1), D = q.dim(2);
+    auto Hkv = k.dim(1);
+    auto B = cu_q.dim(0) - 1;
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H, hk = floordiv(h, floordiv(H, Hkv));
+      auto q0 = cu_q.load(b), q1 = cu_q.load(b + 1);
+      auto k0 = cu_k.load(b), k1 = cu_k.load(b + 1);
+      for (auto m : tile(q0, q1, block("m"))) {              // this sequence's query tiles
+        Var m_i = full({m}, -INFINITY, DType::f32);
+        Var l_i = zeros({m}, DType::f32);
+        Var acc = zeros({m, D}, DType::f32);
+        auto qt = q.load(m, h, all);
+        auto rows = m.index().col() - q0;                    // positions in the sequence
+        for (auto n : tile(k0, causal ? minimum(k0 + (m.end() - q0), k1) : k1, block("n"))) {
+          auto s = dot(qt, k.load(n, hk, all).T()) * scale;
+          auto keys = n.index().row() - k0;
+          auto keep = n.index().row() < k1;                  // the last key tile reaches into the next sequence
+          s = where(causal ? keep && keys <= rows : keep, s, -INFINITY);
+          auto m_new = maximum(m_i, amax(s, 1));
+          auto m_use = where(m_new == -INFINITY, 0.0, m_new);   // rows that see no key yet
+          auto p = exp2(s - m_use.col());
+          auto alpha = exp2(m_i - m_use);
+          l_i = l_i * alpha + sum(p, 1);
+          acc = dot(p.to(v.dtype()), v.load(n, hk, all), acc * alpha.col());
+          m_i = m_new;
+        }
+        o.store_where(m.index().col() < q1, m, h, all, (acc / l_i.col()).to(o.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
 }  // namespace tj::examples

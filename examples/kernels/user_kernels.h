@@ -45,4 +45,12 @@ const Kernel& attention_bwd_dq();
 // are not stored.
 const Kernel& grouped_gemm();
 
+// Variable-length attention over packed sequences (FlashAttention's varlen layout): q [Tq, H, D],
+// k / v [Tk, Hkv, D] hold the batch's sequences one after another; cu_q / cu_k [B + 1] (i64, on the
+// GPU, ascending) say where each starts (sequence b: rows cu[b] .. cu[b + 1] - 1); o [Tq, H, D]
+// (Hkv divides H). One program per (sequence, head), looping over the sequence's query tiles (the
+// row ranges are device scalars, as grouped_gemm's). causal: a query sees the keys of its own
+// sequence up to its own position (top-left per sequence).
+const Kernel& attention_varlen();
+
 }  // namespace tj::examples
