@@ -55,6 +55,7 @@ tj_attention_options options(bool causal, bool fp8, std::optional<double> scale,
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, bool fp8,
                      std::optional<double> scale, c10::string_view variant, double variant_arg) {
   check_inputs(q, k, v);
+  TORCH_CHECK(!scale || *scale != 0.0, "tilejit.attention: scale must not be 0 (None: 1 / sqrt(head_dim))");
   // The output takes q's layout where q is dense ([B, S, H, D] storage stays so), else [B, H, S, D].
   at::Tensor o = at::empty_like(q);
   const std::string name(variant);
