@@ -109,9 +109,7 @@ bool loads_as_ptx(const std::string& kernel, const std::string& arch, const runt
                             kernel, arch, dev.name, dev.cc_major, dev.cc_minor, dev.arch()));
   return target_cc / 10 != device_cc / 10;
 }
-}  // namespace
 
-namespace {
 // What tells compiled kernels apart in memory: the kernel object, the specialization, the config,
 // the target. Appended, not formatted: every launch with a config computes it (about 1 µs with a
 // dozen arguments, against 5 with spec_key's and to_json's formatting).
