@@ -234,7 +234,8 @@ struct Bound {
 // indexed, not the kernel's inner loops (every launch evaluates this).
 class ScalarEvaluator {
  public:
-  ScalarEvaluator(const Bound& b, const std::vector<const Op*>& chain) : b_(b) {
+  ScalarEvaluator(const Bound& b, const std::vector<const Op*>& chain)
+      : b_(b), defs_(b.f.values.size(), nullptr), memo_(b.f.values.size()), known_(b.f.values.size(), 0) {
     auto index = [&](const ir::Region& r) {
       for (const Op& op : r.ops)
         if (op.result >= 0) defs_[op.result] = &op;
@@ -245,11 +246,10 @@ class ScalarEvaluator {
   }
 
   double eval(int value) {
-    if (auto it = memo_.find(value); it != memo_.end()) return it->second;
-    auto it = defs_.find(value);
-    if (it == defs_.end())
+    if (known_.at(value)) return memo_[value];
+    if (!defs_[value])
       throw Error(fmt::format("kernel '{}': a launch loop bound depends on a loop index (%{})", b_.f.name, value));
-    const Op& op = *it->second;
+    const Op& op = *defs_[value];
     double r = 0;
     switch (op.kind) {
       case OpKind::const_value:
@@ -271,13 +271,16 @@ class ScalarEvaluator {
     }
     if (!b_.f.type(op.result).is_scalar()) fail_at(op, "a launch loop bound is not a scalar");
     memo_[value] = r;
+    known_[value] = 1;
     return r;
   }
 
  private:
   const Bound& b_;
-  std::unordered_map<int, const Op*> defs_;
-  std::unordered_map<int, double> memo_;
+  // By value id (dense): three allocations instead of a hash node per op.
+  std::vector<const Op*> defs_;
+  std::vector<double> memo_;
+  std::vector<char> known_;
 };
 
 // The chain of launch loops, outermost first.
