@@ -145,6 +145,27 @@ inline std::vector<double> gqa_attention_f64(const tj::HostTensor& q, const tj::
   return out;
 }
 
+// x [A, B, C, D] with dims 1 and 2 swapped, as a new contiguous tensor: [B, H, S, D] values to
+// [B, S, H, D] storage and back (the swap is its own inverse).
+inline tj::HostTensor swap_dims_1_2(const tj::HostTensor& x) {
+  const auto& s = x.shape();
+  tj::HostTensor y(x.dtype(), {s[0], s[2], s[1], s[3]});
+  for (int64_t a = 0; a < s[0]; ++a)
+    for (int64_t b = 0; b < s[1]; ++b)
+      for (int64_t c = 0; c < s[2]; ++c)
+        for (int64_t d = 0; d < s[3]; ++d) y.set(((a * s[2] + c) * s[1] + b) * s[3] + d, x.at(((a * s[1] + b) * s[2] + c) * s[3] + d));
+  return y;
+}
+
+// A [B, S, H, D] device buffer seen as [B, H, S, D] (strided, no copy).
+inline tj::TensorView bshd_view(const tj::DeviceTensor& t) {
+  tj::TensorView v = t.view();
+  const auto s = v.shape;
+  v.shape = {s[0], s[2], s[1], s[3]};
+  v.strides = {s[1] * s[2] * s[3], s[3], s[2] * s[3], 1};
+  return v;
+}
+
 struct Metrics {
   double rel_rmse = 0, rmse = 0, cosine = 0, max_abs = 0;
   int64_t nan = 0;

@@ -33,23 +33,6 @@ struct Stored {
   std::vector<DeviceTensor> buffers;
   std::vector<TensorView> views;
 };
-// [B, S, H, D] storage of a logical [B, H, S, D] tensor.
-HostTensor to_bshd(const HostTensor& x) {
-  const auto& s = x.shape();
-  HostTensor y(x.dtype(), {s[0], s[2], s[1], s[3]});
-  for (int64_t b = 0; b < s[0]; ++b)
-    for (int64_t h = 0; h < s[1]; ++h)
-      for (int64_t r = 0; r < s[2]; ++r)
-        for (int64_t d = 0; d < s[3]; ++d) y.set(((b * s[2] + r) * s[1] + h) * s[3] + d, x.at(((b * s[1] + h) * s[2] + r) * s[3] + d));
-  return y;
-}
-TensorView bshd_view(const DeviceTensor& t) {   // [B, S, H, D] storage as [B, H, S, D]
-  TensorView v = t.view();
-  const auto s = v.shape;
-  v.shape = {s[0], s[2], s[1], s[3]};
-  v.strides = {s[1] * s[2] * s[3], s[3], s[2] * s[3], 1};
-  return v;
-}
 // q, k, v in `layout` (packed QKV: one [B, S, 3, H, D] tensor, so H == Hkv).
 Stored store(Layout layout, const std::vector<const HostTensor*>& xs) {
   Stored st;
@@ -57,8 +40,8 @@ Stored store(Layout layout, const std::vector<const HostTensor*>& xs) {
     for (const HostTensor* x : xs) st.buffers.push_back(DeviceTensor::from_host(*x));
     for (const auto& b : st.buffers) st.views.push_back(b.view());
   } else if (layout == Layout::bshd) {
-    for (const HostTensor* x : xs) st.buffers.push_back(DeviceTensor::from_host(to_bshd(*x)));
-    for (const auto& b : st.buffers) st.views.push_back(bshd_view(b));
+    for (const HostTensor* x : xs) st.buffers.push_back(DeviceTensor::from_host(tj_test::swap_dims_1_2(*x)));
+    for (const auto& b : st.buffers) st.views.push_back(tj_test::bshd_view(b));
   } else {
     const auto& s = xs[0]->shape();
     const int64_t B = s[0], H = s[1], S = s[2], D = s[3];
@@ -116,7 +99,7 @@ TEST_CASE("gpu: attention_fp8_forward on grouped-query heads and [B, S, H, D] / 
       // O in the inputs' layout (packed QKV: BSHD), poisoned.
       DeviceTensor o_buf(DType::bf16, c.layout == Layout::bhsd ? std::vector<int64_t>{B, c.H, S, D} : std::vector<int64_t>{B, S, c.H, D});
       o_buf.fill_bytes(0xFF);
-      const TensorView o = c.layout == Layout::bhsd ? o_buf.view() : bshd_view(o_buf);
+      const TensorView o = c.layout == Layout::bhsd ? o_buf.view() : tj_test::bshd_view(o_buf);
       kernels::AttentionFp8Options opt;
       opt.causal = c.causal;
       opt.quantize = fp8;
@@ -124,15 +107,7 @@ TEST_CASE("gpu: attention_fp8_forward on grouped-query heads and [B, S, H, D] / 
       kernels::attention_fp8_forward(in.views[0], in.views[1], in.views[2], o, opt, ws);
       runtime::synchronize();
       HostTensor got = o_buf.to_host();
-      if (c.layout != Layout::bhsd) {   // back to [B, H, S, D] order
-        HostTensor logical(DType::bf16, {B, c.H, S, D});
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t h = 0; h < c.H; ++h)
-            for (int64_t r = 0; r < S; ++r)
-              for (int64_t d = 0; d < D; ++d)
-                logical.set(((b * c.H + h) * S + r) * D + d, got.at(((b * S + r) * c.H + h) * D + d));
-        got = std::move(logical);
-      }
+      if (c.layout != Layout::bhsd) got = tj_test::swap_dims_1_2(got);   // back to [B, H, S, D] order
       const Metrics m = compare(got.values(), truth);
       MESSAGE(what << " vs float64: " << str(m));
       CHECK(m.nan == 0);

@@ -68,12 +68,6 @@ TEST_CASE("gpu: C API attention on [B, S, H, D] views (plain and sliding window)
              v = tj_test::randn(DType::bf16, {B, S, Hkv, D}, rng);
   DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
   DeviceTensor o1(DType::bf16, {B, S, H, D}), o2(DType::bf16, {B, S, H, D});
-  auto bhsd = [&](const DeviceTensor& t, int64_t heads) {
-    TensorView x = t.view();
-    x.shape = {B, heads, S, D};
-    x.strides = {S * heads * D, D, heads * D, 1};
-    return x;
-  };
   const std::vector<int64_t> qs{S * H * D, D, H * D, 1}, ks{S * Hkv * D, D, Hkv * D, 1};
   CTensor cq(dq.view().data, TJ_BF16, {B, H, S, D}, qs), ck(dk.view().data, TJ_BF16, {B, Hkv, S, D}, ks),
       cv(dv.view().data, TJ_BF16, {B, Hkv, S, D}, ks), co(o1.view().data, TJ_BF16, {B, H, S, D}, qs);
@@ -93,20 +87,14 @@ TEST_CASE("gpu: C API attention on [B, S, H, D] views (plain and sliding window)
     } else {
       fo.causal = true;
     }
-    kernels::attention_fp8_forward(bhsd(dq, H), bhsd(dk, Hkv), bhsd(dv, Hkv), bhsd(o2, H), fo, ws);
+    kernels::attention_fp8_forward(tj_test::bshd_view(dq), tj_test::bshd_view(dk), tj_test::bshd_view(dv),
+                                   tj_test::bshd_view(o2), fo, ws);
     runtime::synchronize();
     HostTensor a = o1.to_host(), b = o2.to_host();
     if (!*variant) {   // against float64 too (logical [B, H, S, D] values)
-      auto logical = [&](const HostTensor& x, int64_t heads) {
-        HostTensor y(DType::bf16, {B, heads, S, D});
-        for (int64_t bb = 0; bb < B; ++bb)
-          for (int64_t h = 0; h < heads; ++h)
-            for (int64_t r = 0; r < S; ++r)
-              for (int64_t d = 0; d < D; ++d) y.set(((bb * heads + h) * S + r) * D + d, x.at(((bb * S + r) * heads + h) * D + d));
-        return y;
-      };
-      const auto m = tj_test::compare(logical(a, H).values(),
-                                      tj_test::gqa_attention_f64(logical(q, H), logical(k, Hkv), logical(v, Hkv), true));
+      using tj_test::swap_dims_1_2;
+      const auto m = tj_test::compare(swap_dims_1_2(a).values(),
+                                      tj_test::gqa_attention_f64(swap_dims_1_2(q), swap_dims_1_2(k), swap_dims_1_2(v), true));
       MESSAGE("C API, bf16 [B, S, H, D] GQA causal, vs float64: " << tj_test::str(m));
       CHECK(m.rel_rmse <= 1e-2);
     }
