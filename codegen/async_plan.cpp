@@ -146,6 +146,11 @@ class Planner {
           const MmaDot* md = mma_.dot_of(&op);
           if (md->a.source == MmaOperand::Source::registers || md->b.source == MmaOperand::Source::registers)
             want(&op);   // its register operands' buffers are rewritten: its last group must be done
+          // Its A fragments are converted by the threads right before it is issued: a wgmma whose
+          // register inputs the threads define while other groups are in flight makes ptxas
+          // serialize every wgmma of the kernel (C7513), so those groups complete first.
+          if (md->a.source == MmaOperand::Source::fragment && mma_.wgmma())
+            for (const Group& g : s.pending) want(g.dot);
           auto ip = out_.in_place.find(&op);
           if (ip != out_.in_place.end() && op.ival == 1) {
             const Op* acc = def_[op.operands[2]];

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "codegen/emitter.h"
+#include "codegen/issue_early.h"
 #include "codegen/lowering.h"
 #include "core/numerics.h"
 #include "dsl/error.h"
@@ -1390,6 +1391,10 @@ namespace tj::codegen {
 using emitter::Emitter;
 
 GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t, bool start_early) {
+  if (knobs::mma.on(cfg) && knobs::issue_early.on(cfg) && t.sm() >= 80) {
+    const ir::Function scheduled = issue_early(f);
+    return Emitter(scheduled, cfg, t, start_early).run();
+  }
   return Emitter(f, cfg, t, start_early).run();
 }
 

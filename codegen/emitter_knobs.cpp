@@ -30,6 +30,11 @@ const KnobSpec stage_stores{
     "1: a store of a tile in the tensor cores' accumulator layout (rows contiguous in memory) goes through shared memory and "
     "leaves in 16-byte row chunks, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
     "block's shared memory has room; 0: each thread stores its fragments (4 or 8 bytes each)"};
+const KnobSpec issue_early{
+    "issue_early", 1, "1",
+    "1 (with the tensor cores): in each inner loop's body, the loads of input tensors that the threads read and the dots whose "
+    "operands come from loads alone are issued first, so that their latency overlaps the rest of the body "
+    "(codegen/issue_early.h); 0: the order of the user's code"};
 const KnobSpec fast_math{"fast_math", 0, "0", "1: exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations"};
 const KnobSpec simt_vec{"simt_vec", 1, "1 (the untuned config of a streaming kernel: 16 bytes of its widest element, codegen/simt_config.h)", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
 const KnobSpec simt_lanes_c{"simt_lanes_c", 8, "chosen from the tile shapes", "lanes of a warp along the columns (SIMT layout)"};
@@ -38,7 +43,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &issue_early, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

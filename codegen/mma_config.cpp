@@ -7,6 +7,7 @@
 #include <set>
 
 #include "codegen/emitter_knobs.h"
+#include "codegen/issue_early.h"
 #include "codegen/layout.h"
 #include "codegen/lowering.h"
 #include "codegen/mma_plan.h"
@@ -176,6 +177,7 @@ const bool registered = [] {
     out.push_back({knobs::longest_first.name, {0, 1}, knobs::longest_first.fallback});
     if (p.wgmma() && p.warpgroups >= 2) out.push_back({knobs::wg_turns.name, {0, 1}, knobs::wg_turns.fallback});
     if (p.wgmma() && p.dots.size() >= 2) out.push_back({knobs::overlap.name, {0, 1, 2}, knobs::overlap.fallback});
+    if (ir::print(issue_early(f)) != ir::print(f)) out.push_back({knobs::issue_early.name, {0, 1}, knobs::issue_early.fallback});
     return out;
   });
   return true;

@@ -160,6 +160,8 @@ void walk(const Region& r, Fn&& fn, int depth = 0) {
 }
 
 std::string print(const Function& f);              // human-readable IR text
+Region clone(const Region& r);                      // a deep copy (loop bodies included)
+Function clone(const Function& f);
 std::string type_str(const Function& f, const TileType& t);
 
 }  // namespace tj::ir

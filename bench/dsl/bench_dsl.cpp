@@ -5,6 +5,8 @@
 //
 //   bench_dsl [--out FILE.jsonl] [--cases NAME,...] [--only SUBSTRING] [--reps 20] [--warmup 3] [--quick]
 //
+// Case groups: gemm, batched, swiglu, attention, variants, backward (bench/dsl/backward.h).
+//
 // Method: inputs ~ N(0, 1) (attention: q, k, v; GEMMs: scaled by 1/sqrt(K) where the output
 // feeds a nonlinearity), rounded to the input type; each sample is one launch between two CUDA
 // events, after a 256 MB write that flushes the L2 cache, queued behind a spin kernel; the median
@@ -34,26 +36,13 @@
 #include "runtime/driver.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
+#include "bench/dsl/backward.h"
+#include "bench/dsl/bench_util.h"
 
 using namespace tj;
+using namespace tj::bench_dsl;
 
 namespace {
-
-// Fills `t` with N(0, scale) values rounded to its type, in parallel.
-HostTensor random_tensor(DType dt, std::vector<int64_t> shape, uint64_t seed, double scale = 1.0) {
-  HostTensor t(dt, std::move(shape));
-  const int64_t n = t.numel();
-  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int w = 0; w < threads; ++w)
-    pool.emplace_back([&, w] {
-      std::mt19937_64 rng(seed * 1315423911ull + static_cast<uint64_t>(w));
-      std::normal_distribution<double> nd(0.0, scale);
-      for (int64_t i = w; i < n; i += threads) t.set(i, nd(rng));
-    });
-  for (auto& th : pool) th.join();
-  return t;
-}
 
 double gelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 
@@ -72,24 +61,6 @@ struct Case {
   // path ending in "(sm_80)" is generated for sm_80 (mma.sync) and runs as PTX on this GPU.
   std::vector<std::pair<std::string, std::string>> paths;
 };
-
-std::vector<Arg> args_of(std::vector<DeviceTensor>& dev, const std::vector<Arg>& tail) {
-  std::vector<Arg> a;
-  for (auto& d : dev) a.push_back(d.view());
-  a.insert(a.end(), tail.begin(), tail.end());
-  return a;
-}
-
-// Relative RMS error over sampled entries: ref(i) against got.at(i).
-double rel_rms(const std::vector<std::pair<double, double>>& pairs) {
-  double e = 0, r = 0;
-  for (auto [ref, got] : pairs) {
-    if (std::isnan(got)) return NAN;
-    e += (got - ref) * (got - ref);
-    r += ref * ref;
-  }
-  return std::sqrt(e / std::max(r, 1e-300));
-}
 
 Case gemm_case(bool kn, int64_t M, int64_t N, int64_t K, uint64_t seed) {
   Case c;
@@ -147,7 +118,7 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention,variants] [--reps N] "
+      std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention,variants,backward] [--reps N] "
                            "[--warmup N] [--quick] [--only SUBSTRING] [--also LABEL=JSON ...]\n");
       return 2;
     }
@@ -425,6 +396,10 @@ int main(int argc, char** argv) {
         std::printf("%-44s %-10s failed: %s\n", c.name.c_str(), path.c_str(), e.what());
       }
       c.dev.clear();
+    }
+    if (want("backward")) {
+      bench_dsl::BenchContext ctx{dev, spinner, stream, flush, jsonl, reps, warmup};
+      bench_dsl::bench_backward(ctx, quick, name_has, also);
     }
     return 0;
   } catch (const std::exception& e) {

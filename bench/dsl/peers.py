@@ -5,13 +5,14 @@
   python3 bench/dsl/peers.py --merge tilejit.jsonl torch.jsonl [--table table.md]
 
 --problems: bench_dsl's output; the peers run on the problems listed there ("gemm nk M N K",
-"gemm kn M N K", "bmm Z M N K", "swiglu M N K", "attention B H S D [causal]").
+"gemm kn M N K", "bmm Z M N K", "swiglu M N K", "attention B H S D [causal]", "attention_bwd B H S D [causal]").
 Method (as bench_dsl): inputs ~ N(0, 1) in bf16 (GEMM weights scaled by 1/sqrt(K)); each sample
 is one call between two CUDA events after a 256 MB write that flushes the L2 cache, queued behind
 torch.cuda._sleep; warm-up calls, then the median of --reps samples.
 Peers: torch.matmul / torch.bmm (cuBLAS), the same with the epilogue in eager torch; SwiGLU as two
 matmuls and one elementwise pass, eager and torch.compile; attention: SDPA with the cuDNN and the
-flash backends (scale 1/sqrt(D)).
+flash backends (scale 1/sqrt(D)); attention_bwd: the backward of SDPA (cuDNN, flash) alone, by
+autograd.grad on a saved forward.
 """
 import argparse
 import json
@@ -116,6 +117,26 @@ def peers_for(problem):
                 out.append((name, flops, run))
             except Exception as e:  # noqa: BLE001
                 print(f"{name} failed for {problem}: {e}", file=sys.stderr)
+    elif words[0] == "attention_bwd":
+        # The backward alone: autograd.grad through one saved SDPA forward per backend.
+        b, h, s, d = (int(x) for x in words[1:5])
+        causal = len(words) > 5 and words[5] == "causal"
+        q, k, v = (torch.randn(b, h, s, d, device=dev).to(bf).requires_grad_() for _ in range(3))
+        do = torch.randn(b, h, s, d, device=dev).to(bf)
+        flops = 10.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for name, backend in (("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION), ("SDPA flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                def run(o=o):
+                    return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+                run()
+                out.append((name, flops, run))
+            except Exception as e:  # noqa: BLE001
+                print(f"{name} failed for {problem}: {e}", file=sys.stderr)
     return out
 
 
@@ -141,7 +162,13 @@ def bench(args):
 
 
 MAIN_PEER = {"gemm": "torch.matmul", "bmm": "torch.bmm", "swiglu": "torch 2 GEMMs + pass", "attention": "SDPA cuDNN",
-             "sink": "SDPA cuDNN", "mla": "SDPA cuDNN"}
+             "sink": "SDPA cuDNN", "mla": "SDPA cuDNN", "attention_bwd": "SDPA cuDNN"}
+
+
+def config_text(c):
+    """A config as the table shows it: blocks, warps, stages, then knobs other than `lowering`."""
+    text = json.dumps(c["blocks"]) + f" w{c.get('num_warps', 4)} s{c.get('num_stages', 2)}"
+    return text + "".join(f" {k}={v}" for k, v in c.get("knobs", {}).items() if k != "lowering")
 
 
 def merge(args):
@@ -168,10 +195,9 @@ def merge(args):
         t = r.get("tilejit template")
         peers = {k: v for k, v in r.items() if not k.startswith("tilejit")}
         main = peers.get(MAIN_PEER.get(p.split()[0], ""))
-        cfg = json.dumps(g["config"]["blocks"]) if g else ""
-        cfg += f" w{g['config'].get('num_warps', 4)} s{g['config'].get('num_stages', 2)}" if g else ""
-        knobs = {k: v for k, v in g["config"].get("knobs", {}).items() if k != "lowering"} if g else {}
-        cfg += "".join(f" {k}={v}" for k, v in knobs.items())
+        cfg = config_text(g["config"]) if g else ""
+        if g and "config_dq" in g:   # the backward: the dK / dV kernel's config, then the dQ kernel's
+            cfg = f"dkdv {cfg}; dq {config_text(g['config_dq'])}"
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
             p,
             f"{g['tflops']:.1f}" if g else "-",
