@@ -18,6 +18,9 @@ std::string describe(const MmaOperand& o, const ir::Function& f, const MmaPlan& 
   if (o.source == MmaOperand::Source::staged) {
     const StagedLoad& s = plan.staged[o.staged];
     if (s.copy) return fmt::format("'{}' copied by the threads ({})", f.params.at(s.op->param).name, major);
+    if (s.transposed_copy)
+      return fmt::format("'{}' by TMA ({} stage{}), copied K-major by the producer warpgroup ({} slots)",
+                         f.params.at(s.op->param).name, s.stages, s.stages == 1 ? "" : "s", s.read_stages);
     return fmt::format("'{}' by TMA ({}, {} stage{})", f.params.at(s.op->param).name, major, s.stages,
                        s.stages == 1 ? "" : "s");
   }
@@ -47,10 +50,24 @@ void Emitter::emit_mma_prologue() {
     line(fmt::format("const tj::dev::Ring<{}> tj_r{}{{reinterpret_cast<unsigned long long*>(tj_tc + {})}};", s.stages, i,
                      s.barriers),
          &s.op->loc);
+    if (s.transposed_copy)
+      line(fmt::format("const tj::dev::Ring<{}> tj_rt{}{{reinterpret_cast<unsigned long long*>(tj_tc + {})}};   // ring {} "
+                       "copied K-major",
+                       s.read_stages, i, s.read_barriers, i),
+           &s.op->loc);
     line(fmt::format("unsigned tj_use{} = 0;   // uses of ring {} so far (fill n goes to slot n % {})", i, i, s.stages));
   }
   line("if (threadIdx.x == 0) {");
-  for (const StagedLoad& s : mma_.staged) line(fmt::format("  tj_r{}.init({});", staged_index(s), plan_.threads / 32));
+  for (const StagedLoad& s : mma_.staged) {
+    const int i = staged_index(s);
+    if (!s.transposed_copy) {
+      line(fmt::format("  tj_r{}.init({});", i, plan_.threads / 32));
+      continue;
+    }
+    // The transposer warps release the TMA slots and fill the K-major ones.
+    line(fmt::format("  tj_r{}.init({});", i, kTransposerWarps));
+    line(fmt::format("  tj_rt{}.init({}, {});", i, plan_.threads / 32, kTransposerWarps));
+  }
   for (size_t t = 0; t < mma_.tmas.size(); ++t) line(fmt::format("  tj::dev::prefetch_tma_descriptor(&tj_tma{});", t));
   line("  tj::dev::fence_mbarrier_init();");
   line("}");
@@ -238,13 +255,26 @@ void Emitter::emit_staged_load(const Op& op, const StagedLoad& s) {
   // (Knob overlap: a late load reads the use of the iteration its late ops belong to.)
   const auto renamed = use_name_.find(i);
   const std::string use = renamed != use_name_.end() ? renamed->second : fmt::format("tj_u{}", i);
+  names_[op.result] = fmt::format("v{}", op.result);
+  if (s.transposed_copy) {
+    line(fmt::format("{}.wait({});   // '{}' [{} x {} bytes], copied K-major, has landed", read_ring(s), use,
+                     f_.params.at(op.param).name, s.read_tile.rows, s.read_tile.row_bytes),
+         &op.loc);
+    line(fmt::format("const unsigned v{} = tj::dev::smem_u32(tj_tc + {}) + ({} % {}u) * {}u;", op.result, s.read_offset, use,
+                     s.read_stages, s.read_slot_stride),
+         &op.loc);
+    return;
+  }
   line(fmt::format("tj_r{}.wait({});   // '{}' [{} x {} bytes] has landed", i, use, f_.params.at(op.param).name, s.tile.rows,
                    s.tile.row_bytes),
        &op.loc);
-  names_[op.result] = fmt::format("v{}", op.result);
   line(fmt::format("const unsigned v{} = tj::dev::smem_u32(tj_tc + {}) + ({} % {}u) * {}u;", op.result, s.smem_offset, use,
                    s.stages, s.slot_stride),
        &op.loc);
+}
+
+std::string Emitter::read_ring(const StagedLoad& s) const {
+  return fmt::format("{}{}", s.transposed_copy ? "tj_rt" : "tj_r", staged_index(s));
 }
 
 void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, const Op* exited_loop) {
@@ -255,15 +285,16 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
   for (const AsyncPlan::Release& r : w.releases) {
     const StagedLoad& s = mma_.staged[r.staged];
     const int i = staged_index(s);
+    const std::string ring = read_ring(s);
     if (!s.home) {   // once per program
-      line(fmt::format("tj_r{0}.release(tj_u{0});   // ring {0}: this program's use", i));
+      line(fmt::format("{1}.release(tj_u{0});   // ring {0}: this program's use", i, ring));
       continue;
     }
     const Op& home = *s.home;
     const std::string step = loop_step(home);
     if (exited_loop == &home) {   // after its home loop: the last iteration's use, if the loop ran
-      line(fmt::format("if (tj_use{0} != tj_first{0}) tj_r{0}.release(tj_use{0} - 1u);   // ring {0}: the last iteration's use",
-                       i));
+      line(fmt::format("if (tj_use{0} != tj_first{0}) {1}.release(tj_use{0} - 1u);   // ring {0}: the last iteration's use",
+                       i, ring));
       continue;
     }
     const std::string idx = ref(home.body_index), begin = ref(home.operands[0]), end = ref(home.operands[1]);
@@ -272,7 +303,7 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
     line(r.previous ? fmt::format("if ({} != {}) {{   // ring {}: the previous iteration's use", idx, begin, i)
                     : fmt::format("{{   // ring {}: this iteration's use", i));
     ++indent_;
-    line(fmt::format("tj_r{}.release({});", i, use));
+    line(fmt::format("{}.release({});", ring, use));
     if (s.prefetch && !s.producer) {
       line(fmt::format("const long long tj_next = {} + {} * {};", it, s.stages, step));
       line(fmt::format("if (threadIdx.x == 0 && tj_next < {}) {{", end));
@@ -289,11 +320,12 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
 // ---- the producer warpgroup ------------------------------------------------------------------------
 
 namespace {
-bool holds_producer_load(const Op& op, const MmaPlan& mma) {
+// transposed: only loads that the transposer warps copy.
+bool holds_producer_load(const Op& op, const MmaPlan& mma, bool transposed = false) {
   bool found = false;
   ir::walk(*op.body, [&](const Op& o, int) {
     const StagedLoad* s = mma.staged_of(&o);
-    found |= s && s->producer;
+    found |= s && s->producer && (!transposed || s->transposed_copy);
   });
   return found;
 }
@@ -330,30 +362,43 @@ void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const
   if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_dec<{}>();", producer_regs));
   line(fmt::format("if (threadIdx.x == {}) {{", plan_.threads));
   ++indent_;
-  program_begin();
-  for (size_t k = 0; k < chain.size(); ++k)
-    for (const Op& op : regions[k]->ops)
-      if (&op != chain[k] && !hoisted_.count(&op)) emit_producer_op(op);
-  for (const Op& op : regions[chain.size()]->ops) emit_producer_op(op);
-  program_end();
+  auto nest = [&](ProducerRole role) {
+    program_begin();
+    for (size_t k = 0; k < chain.size(); ++k)
+      for (const Op& op : regions[k]->ops)
+        if (&op != chain[k] && !hoisted_.count(&op)) emit_producer_op(op, role);
+    for (const Op& op : regions[chain.size()]->ops) emit_producer_op(op, role);
+    program_end();
+  };
+  nest(ProducerRole::fill);
   --indent_;
   line("}");
+  if (std::any_of(mma_.staged.begin(), mma_.staged.end(), [](const StagedLoad& s) { return s.transposed_copy; })) {
+    // The warpgroup's last warps copy the fp8 fills that the dots read K-major, one fill behind TMA.
+    line(fmt::format("else if (threadIdx.x >= {}) {{   // the transposer warps: K-major copies of fp8 fills",
+                     plan_.threads + 32 * (4 - kTransposerWarps)));
+    ++indent_;
+    line(fmt::format("const int tj_tid = (int)threadIdx.x - {};", plan_.threads + 32 * (4 - kTransposerWarps)));
+    nest(ProducerRole::transpose);
+    --indent_;
+    line("}");
+  }
   line("return;");
   --indent_;
   line("}");
   if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_inc<{}>();   // the tiles' warpgroups take the producer's registers", tile_regs));
 }
 
-void Emitter::emit_producer_op(const Op& op) {
+void Emitter::emit_producer_op(const Op& op, ProducerRole role) {
   if (op.kind == OpKind::loop) {
-    if (!holds_producer_load(op, mma_)) return;
+    if (!holds_producer_load(op, mma_, role == ProducerRole::transpose)) return;
     names_[op.body_index] = fmt::format("v{}", op.body_index);
     const std::string step = loop_step(op);
     line(fmt::format("for (long long v{0} = {1}; v{0} < {2}; v{0} += {3}) {{", op.body_index, ref(op.operands[0]),
                      ref(op.operands[1]), step),
          &op.loc);
     ++indent_;
-    for (const Op& inner : op.body->ops) emit_producer_op(inner);
+    for (const Op& inner : op.body->ops) emit_producer_op(inner, role);
     --indent_;
     line("}");
     return;
@@ -361,6 +406,27 @@ void Emitter::emit_producer_op(const Op& op) {
   if (const StagedLoad* s = mma_.staged_of(&op)) {
     if (!s->producer) return;
     const int i = staged_index(*s);
+    if (role == ProducerRole::transpose) {
+      if (!s->transposed_copy) return;
+      const std::string name = f_.params.at(op.param).name;
+      line(fmt::format("{{   // '{}': fill n, copied K-major into slot n % {} of ring {} copied", name, s->read_stages, i), &op.loc);
+      ++indent_;
+      line(fmt::format("const unsigned tj_f = tj_use{}++;", i));
+      line(fmt::format("tj_r{}.wait(tj_f);   // TMA's fill has landed", i));
+      line(fmt::format("tj_rt{}.acquire_slot(tj_f);   // the dots are done with the slot's last copy", i));
+      SmemTile src = s->tile;
+      src.mn_major = true;
+      line(fmt::format("tj::dev::transpose_8bit<{}, {}{}>(tj_tc + {} + (tj_f % {}u) * {}, tj_tc + {} + (tj_f % {}u) * {}, tj_tid, {});",
+                       operand_type(src), operand_type(s->read_tile), s->permute_k ? ", true" : "", s->smem_offset,
+                       s->stages, s->slot_stride,
+                       s->read_offset, s->read_stages, s->read_slot_stride, 32 * kTransposerWarps));
+      line("tj::dev::fence_proxy_async_shared();   // the copy, visible to the tensor cores");
+      line(fmt::format("tj_rt{}.filled(tj_f);", i));
+      line(fmt::format("tj_r{}.release(tj_f);   // TMA may refill the slot", i));
+      --indent_;
+      line("}");
+      return;
+    }
     line("{");
     ++indent_;
     line(fmt::format("const unsigned tj_f = tj_use{}++;", i));
@@ -388,7 +454,11 @@ void Emitter::emit_a_frags(const Op& op, const MmaDot& d, const std::string& fra
     line(fmt::format("if ({} + {} > {}) {} = tj::dev::mask_k_cols({}, {}, {});", kb, d.k, ke, masked, value, kb, ke), &op.loc);
     value = masked;
   }
-  line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}>({}, {});", wgmma_type(d.ta), row_blocks(d), d.k, value, frags),
+  // B's K in key order (its transposed copy put it so): the fragments need no shuffles.
+  const bool in_order = d.b.source == MmaOperand::Source::staged && mma_.staged.at(d.b.staged).permute_k;
+  line(fmt::format("tj::dev::tile_to_a_frag<{}, {}, {}{}>({}, {});", wgmma_type(d.ta), row_blocks(d), d.k,
+                   in_order ? fmt::format(", {}, true", alias(plan_.of(d.a.value))) : "",
+                   value, frags),
        &op.loc);
 }
 
@@ -458,8 +528,9 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
         const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
         line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
         line("  tj::dev::sync_threads();   // no warpgroup still reads the buffer for an earlier dot");
-        line(fmt::format("  tj::dev::zero_k_tail<{}, {}, {}>({}, (int)({} - {}));", operand_type(o.tile), o.tile.mn_major,
-                         plan_.threads, addr[which], ke, kb));
+        const bool key_order = mma_.staged.at(o.staged).permute_k;
+        line(fmt::format("  tj::dev::zero_k_tail<{}, {}, {}{}>({}, (int)({} - {}));", operand_type(o.tile), o.tile.mn_major,
+                         plan_.threads, key_order ? ", true" : "", addr[which], ke, kb));
         line("  tj::dev::fence_proxy_async_shared();");
         line("  tj::dev::sync_threads();");
         line("}");

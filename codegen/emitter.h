@@ -295,7 +295,11 @@ class Emitter {
   // and the launch-loop decode).
   void emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain,
                      const std::function<void()>& program_begin, const std::function<void()>& program_end);
-  void emit_producer_op(const Op& op);
+  // fill: the TMA thread's fills; transpose: the transposer warps' copies (StagedLoad::transposed_copy).
+  enum class ProducerRole : uint8_t { fill, transpose };
+  void emit_producer_op(const Op& op, ProducerRole role);
+  // The ring the dots read a staged load from: tj_r<i>, or tj_rt<i> for a transposed copy.
+  std::string read_ring(const StagedLoad& s) const;
   std::set<int> producer_needs_;
   std::map<int, std::string> pending_dest_;    // dot result value -> its registers' name
 };

@@ -30,6 +30,12 @@ const KnobSpec stage_stores{
     "1: a store of a tile in the tensor cores' accumulator layout (rows contiguous in memory) goes through shared memory and "
     "leaves in 16-byte row chunks, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
     "block's shared memory has room; 0: each thread stores its fragments (4 or 8 bytes each)"};
+const KnobSpec fp8_key_order{
+    "fp8_key_order", 0, "0",
+    "1: where an fp8 dot's a operand goes in from the accumulator layout (P of P.V) and its b is copied K-major by the "
+    "producer warpgroup, the copy orders K as P's registers hold it, so that P's fragments need no shuffles across a quad "
+    "(the copy's addressing costs more; measured slower than 0 on an H200, bench/RESULTS.md); 0: P's fragments are exchanged "
+    "within each quad"};
 const KnobSpec issue_early{
     "issue_early", 1, "1",
     "1 (with the tensor cores): in each inner loop's body, the loads of input tensors that the threads read and the dots whose "
@@ -43,7 +49,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &issue_early, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fp8_key_order, &issue_early, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

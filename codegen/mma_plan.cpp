@@ -264,6 +264,23 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     }
     return true;
   };
+  // Whether the producer warpgroup can issue a load's fills (its indices and enclosing loops'
+  // bounds are scalar arithmetic) ahead of its home loop (indices computable for later iterations).
+  auto producer_ahead = [&](const Op& ld) {
+    if (!wg || !knobs::warp_specialize.on(cfg)) return false;
+    std::set<int> seen, seen_home;
+    const Op* home = fx.home(&ld);
+    for (size_t i = 0; i < ld.indices.size(); ++i) {
+      if (!scalar_closure(fx, ld.operands[i], nullptr, seen)) return false;
+      if (home && !scalar_closure(fx, ld.operands[i], home, seen_home)) return false;
+    }
+    for (const Op* l : fx.loops.at(&ld))
+      for (int v : l->operands)
+        if (!scalar_closure(fx, v, nullptr, seen)) return false;
+    return true;
+  };
+  // fp8 loads whose readers need them K-major, copied transposed by the producer warpgroup.
+  std::set<const Op*> transposed;
   // The shared-memory tile each dot operand needs if staged; a load is staged when every
   // reader needs the same one and TMA can copy it.
   auto staged_tile = [&](const MmaDot& d, int which, const MmaOperand& o) -> std::optional<SmemTile> {
@@ -279,7 +296,14 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     if (tile.swizzle == 0) return std::nullopt;
     // MN-major tiles of 16-bit types only (wgmma's transposed descriptors, ldmatrix.trans);
     // wgmma reads a's 64 rows per instruction in whole column blocks.
-    if (tile.mn_major && (!is_16bit(d.ta) || (wg && which == 0 && (64 * es) % tile.swizzle != 0))) return std::nullopt;
+    if (tile.mn_major && !is_16bit(d.ta)) {
+      // fp8: TMA writes it as memory holds it; the producer warpgroup's transposed copy makes the
+      // K-major tile (rows and bytes in whole 4 x 4 byte blocks, K in whole 32-byte steps).
+      if (es != 1 || tile.rows % 32 != 0 || tile.row_bytes % 16 != 0 || !producer_ahead(*ld)) return std::nullopt;
+      transposed.insert(ld);
+      return tile;
+    }
+    if (tile.mn_major && wg && which == 0 && (64 * es) % tile.swizzle != 0) return std::nullopt;
     return tile;
   };
   std::map<const Op*, std::vector<SmemTile>> wanted;   // load -> the tiles its readers need
@@ -312,6 +336,15 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     s.copy = !wg;
     s.home = fx.home(ld);
     s.tile = tiles[0];
+    if (transposed.count(ld)) {
+      // Every reader takes the K-major copy: rows and bytes swapped.
+      const bool all_mn = std::all_of(tiles.begin(), tiles.end(), [](const SmemTile& t) { return t.mn_major; });
+      if (!all_mn) continue;
+      s.transposed_copy = true;
+      s.tile.mn_major = false;   // the fill: the slot's bytes as in memory (rows K, bytes M or N)
+      s.read_tile = SmemTile{s.tile.row_bytes, s.tile.rows, swizzle_for(s.tile.rows), false, 1};
+      if (s.read_tile.swizzle == 0) continue;
+    }
     std::tie(s.row_dim, s.inner_dim) = *tile_dims(*ld);
     staged_index[ld] = static_cast<int>(plan.staged.size());
     plan.staged.push_back(s);
@@ -325,6 +358,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
         o.source = MmaOperand::Source::staged;
         o.staged = it->second;
         o.tile = *staged_tile(d, which, o);   // the slot's bytes, as this dot reads them
+        if (plan.staged[o.staged].transposed_copy) o.tile = plan.staged[o.staged].read_tile;
         plan.staged[o.staged].readers.push_back(d.op);
       } else {
         // A register tile, written K-major into a buffer of its own.
@@ -368,6 +402,8 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
         if (!scalar_closure(fx, s.op->operands[i], s.home, seen)) s.prefetch = false;
       s.stages = s.prefetch ? std::max(1, cfg.num_stages) : 1;
     }
+    // Two K-major slots: the dots read one while the next is copied; the TMA ring runs ahead.
+    if (s.transposed_copy) s.read_stages = std::min(2, s.stages);
     if (s.copy) {   // the tiles' threads copy it: no producer, no tensor map
       s.producer = false;
       continue;
@@ -425,6 +461,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     }
   }
   plan.warpgroups = wg ? cfg.num_warps / 4 : 0;
+  plan.fp8_key_order = knobs::fp8_key_order.on(cfg);
   plan.producer_warp = wg && knobs::warp_specialize.on(cfg) &&
                        std::any_of(plan.staged.begin(), plan.staged.end(), [](const StagedLoad& s) { return s.producer; });
   if (!plan.producer_warp)
@@ -452,6 +489,15 @@ void finish_mma_plan(MmaPlan& plan, const std::function<bool(int value)>& in_acc
       for (size_t i = 0; i < plan.buffers.size(); ++i)
         if (plan.buffers[i].dot == d.op && plan.buffers[i].operand == which) o->buffer = static_cast<int>(i);
     }
+  // fp8 P.V: the transposed copy of V puts K in the order P's fragments come in.
+  for (StagedLoad& s : plan.staged) {
+    if (!s.transposed_copy || !plan.fp8_key_order) continue;
+    s.permute_k = !s.readers.empty() && std::all_of(s.readers.begin(), s.readers.end(), [&](const Op* r) {
+      const MmaDot* d = plan.dot_of(r);
+      return d && d->a.source == MmaOperand::Source::fragment && d->b.source == MmaOperand::Source::staged &&
+             &plan.staged.at(d->b.staged) == &s && size_bytes(d->ta) == 1;
+    });
+  }
   // Shared memory: rings and buffers at 1024-byte boundaries (the 128-byte swizzle's period),
   // then the barriers.
   int64_t off = 0;
@@ -459,6 +505,12 @@ void finish_mma_plan(MmaPlan& plan, const std::function<bool(int value)>& in_acc
     s.slot_stride = round_up(s.tile.bytes(), 1024);
     s.smem_offset = off;
     off += s.slot_stride * s.stages;
+  }
+  for (StagedLoad& s : plan.staged) {
+    if (!s.transposed_copy) continue;
+    s.read_slot_stride = round_up(s.read_tile.bytes(), 1024);
+    s.read_offset = off;
+    off += s.read_slot_stride * s.read_stages;
   }
   for (OperandBuffer& b : plan.buffers) {
     b.smem_offset = off;
@@ -468,6 +520,10 @@ void finish_mma_plan(MmaPlan& plan, const std::function<bool(int value)>& in_acc
     if (s.copy) continue;
     s.barriers = off;
     off += 16 * s.stages;
+    if (s.transposed_copy) {
+      s.read_barriers = off;
+      off += 16 * s.read_stages;
+    }
   }
   plan.smem_bytes = round_up(off, 16);
 }

@@ -14,6 +14,9 @@
 //     many as num_stages, where the load's indices can be computed for later iterations.
 //     mma.sync: by the block's threads with cp.async, into a ring the same way (or where the
 //     load stands if it cannot run ahead);
+//     An fp8 load that a dot needs K-major but memory holds MN-major (V of an fp8 P.V) is staged
+//     the same way when the producer warpgroup issues its fills: its other warps copy each fill
+//     transposed into a ring of K-major slots that the dot reads (StagedLoad::transposed_copy);
 //   - registers: any other tile is written by the block's threads into a swizzled
 //     shared-memory buffer of its own before the dot (slower, for operands TMA cannot load:
 //     computed tiles, tensors without a contiguous last dim, fp8 operands that are not K-major);
@@ -91,7 +94,24 @@ struct StagedLoad {
   int64_t slot_stride = 0;        // bytes between slots
   int64_t barriers = 0;           // offset of its 2 * stages mbarriers
   std::vector<const ir::Op*> readers;   // the tensor-core dots that read it
+  // fp8 tiles that their dots need K-major but TMA writes MN-major (V of P.V, B stored [K, N]):
+  // wgmma's fp8 operands are K-major only. TMA fills the ring above (`tile`, as in memory); the
+  // producer warpgroup's other warps copy each fill transposed into a second ring of
+  // `read_stages` slots (`read_tile`, K-major), which the dots read and the tiles' warps release.
+  bool transposed_copy = false;
+  // With it and knob fp8_key_order, where every reader is an fp8 dot whose a operand goes in from
+  // the accumulator layout (P of P.V): the copy orders K within each 32-byte step as the
+  // accumulator's columns reach a thread, so that the A fragments are the thread's own bytes with no shuffle across its quad
+  // (tj::dev::key_order; the attention template's "keys by parity").
+  bool permute_k = false;
+  SmemTile read_tile;
+  int read_stages = 0;
+  int64_t read_offset = 0, read_slot_stride = 0, read_barriers = 0;
 };
+
+// The producer warpgroup's warps after the first (whose first thread issues the TMA fills) copy
+// the transposed fills (StagedLoad::transposed_copy).
+inline constexpr int kTransposerWarps = 3;
 
 // A register operand's shared-memory buffer.
 struct OperandBuffer {
@@ -113,6 +133,7 @@ struct MmaPlan {
   // warps by as many slots as the rings hold; it gives its registers to them (setmaxnreg). 0: a
   // thread of the tiles' warps issues the fills between its own work.
   bool producer_warp = false;
+  bool fp8_key_order = false;   // knob fp8_key_order: transposed copies may take K in key order
   std::vector<MmaDot> dots;
   std::vector<StagedLoad> staged;
   std::vector<OperandBuffer> buffers;

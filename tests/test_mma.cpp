@@ -95,7 +95,7 @@ TEST_CASE("mma plan: a GEMM nest's dot runs on wgmma with both operands staged b
   CHECK(p.tmas.size() == 2);
 }
 
-TEST_CASE("mma plan: b stored [K, N] is an MN-major tile for 16-bit types, fp8 takes it through registers") {
+TEST_CASE("mma plan: b stored [K, N] is an MN-major tile for 16-bit types, fp8 takes a K-major copy made by the producer warpgroup (registers without one)") {
   const MmaPlan bf = codegen::plan_mma(gemm_kn(DType::bf16, 256, 256, 256), cfg(kGemmConfig), Target{});
   REQUIRE(bf.dots.size() == 1);
   CHECK(bf.dots[0].b.source == MmaOperand::Source::staged);
@@ -106,9 +106,65 @@ TEST_CASE("mma plan: b stored [K, N] is an MN-major tile for 16-bit types, fp8 t
                                        cfg(R"({"blocks":{"m":128,"n":128,"k":128},"num_warps":8})"), Target{});
   REQUIRE(f8.dots.size() == 1);
   CHECK(f8.dots[0].a.source == MmaOperand::Source::staged);
-  CHECK(f8.dots[0].b.source == MmaOperand::Source::registers);   // wgmma's fp8 operands are K-major only
-  CHECK_FALSE(f8.dots[0].b.tile.mn_major);
-  CHECK(f8.buffers.size() == 1);
+  // wgmma's fp8 operands are K-major only: TMA fills [K, N] as memory holds it, and the producer
+  // warpgroup's transposer warps copy each fill into a K-major slot [N, K] that the dot reads.
+  REQUIRE(f8.dots[0].b.source == MmaOperand::Source::staged);
+  const codegen::StagedLoad& b = f8.staged.at(f8.dots[0].b.staged);
+  CHECK(b.transposed_copy);
+  CHECK(b.producer);
+  CHECK(b.tile.rows == 128);                       // the fill: K rows of N bytes
+  CHECK(b.tile.row_bytes == 128);
+  CHECK_FALSE(f8.dots[0].b.tile.mn_major);         // the dot reads N rows of K bytes
+  CHECK(f8.dots[0].b.tile.rows == 128);
+  CHECK(f8.dots[0].b.tile.row_bytes == 128);
+  CHECK(b.read_stages == 2);
+  CHECK(f8.buffers.empty());
+  // Without the producer warpgroup nobody copies: b goes through registers.
+  const MmaPlan r8 = codegen::plan_mma(gemm_kn(DType::e4m3, 256, 256, 256),
+                                       cfg(R"({"blocks":{"m":128,"n":128,"k":128},"num_warps":8,"knobs":{"warp_specialize":0}})"),
+                                       Target{});
+  REQUIRE(r8.dots.size() == 1);
+  CHECK(r8.dots[0].b.source == MmaOperand::Source::registers);
+  CHECK_FALSE(r8.dots[0].b.tile.mn_major);
+  CHECK(r8.buffers.size() == 1);
+}
+
+TEST_CASE("mma plan: fp8 P.V reads V through TMA and a transposed copy (knob fp8_key_order: in key order, P without shuffles)") {
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const ir::Function f = attention(DType::e4m3, {2, 4, 512, 128}, causal);
+    const Config plain = cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4})");
+    {
+      const auto g = codegen::generate_cuda(f, plain, Target{});
+      CHECK(contains(g.source, "the transposer warps: K-major copies of fp8 fills"));
+      CHECK(std::regex_search(g.source, std::regex(R"(transpose_8bit<[^>]*>, tj::dev::SmemOperand<128, 128, 128, false, 1>>)")));
+      CHECK(std::regex_search(g.source, std::regex(R"(tile_to_a_frag<tj::dev::WG_E4M3, 1, 128>)")));
+    }
+    const Config c = cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"fp8_key_order":1}})");
+    const MmaPlan p = codegen::plan_mma(f, c, Target{});
+    REQUIRE(p.dots.size() == 2);
+    const codegen::MmaDot& pv = p.dots[1];
+    REQUIRE(pv.b.source == MmaOperand::Source::staged);
+    const codegen::StagedLoad& v = p.staged.at(pv.b.staged);
+    CHECK(v.transposed_copy);
+    CHECK(v.producer);
+    CHECK(v.stages == 4);
+    CHECK(v.read_stages == 2);
+    // V does not go through the threads' registers into shared memory (P's buffer becomes register
+    // fragments once layouts are assigned).
+    CHECK(std::none_of(p.buffers.begin(), p.buffers.end(), [](const codegen::OperandBuffer& b) { return b.operand == 1; }));
+    const auto g = codegen::generate_cuda(f, c, Target{});
+    INFO(g.source);
+    // The permutation lives in the copy and in P's packing; both sides say so.
+    CHECK(contains(g.source, "the transposer warps: K-major copies of fp8 fills"));
+    CHECK(std::regex_search(g.source, std::regex(R"(transpose_8bit<[^>]*>, tj::dev::SmemOperand<128, 128, 128, false, 1>, true>)")));
+    CHECK(std::regex_search(g.source, std::regex(R"(tile_to_a_frag<tj::dev::WG_E4M3, 1, 128, M128x128, true>)")));
+    CHECK_FALSE(contains(g.source, "stage_operand"));
+    const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+    INFO(r.log);
+    CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
+    CHECK_FALSE(contains(r.log, "serialized"));
+  }
 }
 
 TEST_CASE("mma plan: dots that cannot run on the tensor cores stay on the SIMT path, and the plan says why at the dot's line") {

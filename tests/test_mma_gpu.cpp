@@ -144,6 +144,13 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
        R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"overlap":2,"wg_turns":1}})", 6e-2},
       {DType::bf16, {1, 2, 100, 64}, false, R"({"blocks":{"m":64,"n":64},"num_warps":4,"num_stages":2,"knobs":{"overlap":2}})",
        1e-2},
+      // fp8 V copied K-major by the producer warpgroup in P's key order (knob fp8_key_order): ragged
+      // causal tails, several programs per block, one warpgroup.
+      {DType::e4m3, {2, 3, 300, 128}, true,
+       R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":3,"knobs":{"persistent":1,"persistent_blocks":5,"fp8_key_order":1}})",
+       6e-2},
+      {DType::e4m3, {1, 2, 190, 64}, true, R"({"blocks":{"m":64,"n":64},"num_warps":4,"num_stages":2,"knobs":{"fp8_key_order":1}})",
+       6e-2},
   };
   for (const Case& c : cases) {
     CAPTURE(fmt::format("{} {} causal={} {}", name(c.t), fmt::join(c.shape, "x"), c.causal, c.config));

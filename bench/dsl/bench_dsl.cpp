@@ -5,7 +5,7 @@
 //
 //   bench_dsl [--out FILE.jsonl] [--cases NAME,...] [--only SUBSTRING] [--reps 20] [--warmup 3] [--quick]
 //
-// Case groups: gemm, batched, swiglu, attention, variants, backward (bench/dsl/backward.h).
+// Case groups: gemm, batched, swiglu, attention, fp8, variants, backward (bench/dsl/backward.h).
 //
 // Method: inputs ~ N(0, 1) (attention: q, k, v; GEMMs: scaled by 1/sqrt(K) where the output
 // feeds a nonlinearity), rounded to the input type; each sample is one launch between two CUDA
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention,variants,backward] [--reps N] "
+      std::fprintf(stderr, "usage: bench_dsl [--out FILE.jsonl] [--cases gemm,batched,swiglu,attention,fp8,variants,backward] [--reps N] "
                            "[--warmup N] [--quick] [--only SUBSTRING] [--also LABEL=JSON ...]\n");
       return 2;
     }
@@ -187,6 +187,28 @@ int main(int argc, char** argv) {
                      {"generic persistent", R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1}})"},
                      {"generic mma.sync (sm_80)", ""},
                      {"template", ""}};
+          cases.push_back(std::move(c));
+        }
+    }
+
+    if (want("fp8")) {
+      // The README attention on e4m3 q, k, v (bf16 out): the generic lowering's FP8 path (P as e4m3
+      // through registers, V transposed for the K-major FP8 operand) beside attention_fp8's FP8 path
+      // on the same inputs (descales of 1).
+      const std::vector<int64_t> seqs = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384};
+      for (int64_t S : seqs)
+        for (bool causal : {false, true}) {
+          const int64_t D = 128, H = 16, B = 16384 / S;
+          Case c;
+          c.name = fmt::format("readme_attention e4m3 {}x{}x{}x{}{}", B, H, S, D, causal ? " causal" : "");
+          c.problem = fmt::format("attention_e4m3 {} {} {} {}{}", B, H, S, D, causal ? " causal" : "");
+          c.kernel = &examples::readme_attention();
+          for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(DType::e4m3, {B, H, S, D}, seed += 10));
+          c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
+          c.out = 3;
+          c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D)), causal};
+          c.flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+          c.paths = {{"generic", ""}, {"template", ""}};
           cases.push_back(std::move(c));
         }
     }
@@ -292,7 +314,18 @@ int main(int argc, char** argv) {
             fast_dev[0] = DeviceTensor::from_host(hd);
             // The sink variant's nearest fast path writes the LSE (a fix-up pass would add the sink).
             const bool sink = c.problem.rfind("sink", 0) == 0;
-            run_args = {c.dev[0].view(), c.dev[1].view(), c.dev[2].view(), fast_dev[0].view(), fast_dev[0].view(),
+            // fp8: attention_fp8 takes V transposed, vt [B, H, D, S] (its quantizer writes it so).
+            DeviceTensor* v_arg = &c.dev[2];
+            if (is_fp8(c.host[2].dtype())) {
+              const int64_t S = q[2], D = q[3];
+              HostTensor vt(c.host[2].dtype(), {q[0], q[1], D, S});
+              for (int64_t bh = 0; bh < q[0] * q[1]; ++bh)
+                for (int64_t j = 0; j < S; ++j)
+                  for (int64_t d = 0; d < D; ++d) vt.set((bh * D + d) * S + j, c.host[2].at((bh * S + j) * D + d));
+              fast_dev.push_back(DeviceTensor::from_host(vt));
+              v_arg = &fast_dev.back();
+            }
+            run_args = {c.dev[0].view(), c.dev[1].view(), v_arg->view(), fast_dev[0].view(), fast_dev[0].view(),
                         fast_dev[0].view(), c.dev[c.out].view(), fast_dev[1].view(), std::get<double>(c.tail[0]), 1.0,
                         sink ? false : std::get<bool>(c.tail[1]), sink};
             checked = !sink;

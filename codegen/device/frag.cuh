@@ -77,6 +77,30 @@ __device__ __forceinline__ void fp8_pairs(const float* d, int c, int h, unsigned
   }
 }
 
+// The K order of an fp8 A fragment whose bytes are the thread's own accumulator columns, within
+// each 32-column step: A's K position p holds accumulator column key_order(p). Thread t (q = t % 4)
+// holds columns 2q + 8j + {0, 1} (j = 0..3) of a step; it packs j = 0, 1 as K 4q .. 4q + 3 and
+// j = 2, 3 as K 16 + 4q .. 16 + 4q + 3, which is wgmma's k32 fragment (acc_to_a_fp8_in_order).
+// The other operand's K must come in the same order (the transposed copy of V, transpose_8bit).
+TJ_HD constexpr int key_order(int p) {
+  return (p / 32) * 32 + 2 * ((p % 16) / 4) + 8 * ((p % 4) / 2 + 2 * ((p % 32) / 16)) + (p % 2);
+}
+
+// acc_to_a_fp8 for a B operand whose K comes in key_order: no data moves across the quad.
+template <int N, int T = WG_E4M3>
+__device__ __forceinline__ void acc_to_a_fp8_in_order(const float* d, unsigned* a) {
+  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
+#pragma unroll
+  for (int c = 0; c < N / 32; ++c)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      unsigned x[4];
+      fp8_pairs<T>(d, c, h, x);
+      a[4 * c + h] = x[0] | (x[1] << 16);
+      a[4 * c + 2 + h] = x[2] | (x[3] << 16);
+    }
+}
+
 template <int N, int T = WG_E4M3>
 __device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
   static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");

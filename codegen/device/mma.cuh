@@ -10,6 +10,8 @@
 //                     from registers (tile_to_a_frag makes its fragments); fence_tile keeps the
 //                     compiler off an in-flight accumulator.
 //   zero_k_tail       zeroes the positions of a staged tile past a dot's k range.
+//   transpose_8bit    an fp8 tile copied from the MN-major layout TMA wrote into the K-major one
+//                     wgmma reads (the producer warpgroup's transposed copies).
 //   Turns<G>          G consumer warpgroups take turns issuing their wgmmas (named barriers), so
 //                     that one's elementwise work runs while the tensor cores take another's dots.
 #include "mma_layout.cuh"
@@ -56,10 +58,12 @@ struct Ring {
   TJ_DEV unsigned long long* full(unsigned n) const { return bar + n % S; }
   TJ_DEV unsigned long long* empty(unsigned n) const { return bar + S + n % S; }
   // One thread, before the block's first use (then fence_mbarrier_init and a block barrier).
-  TJ_DEV void init(unsigned consumer_warps) const {
+  // fill_warps: arrivals that complete a fill (1: the TMA thread's, with the bytes; a ring the
+  // threads fill takes one per filling warp).
+  TJ_DEV void init(unsigned consumer_warps, unsigned fill_warps = 1) const {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      mbar_init(bar + s, 1);
+      mbar_init(bar + s, fill_warps);
       mbar_init(bar + S + s, consumer_warps);
     }
   }
@@ -67,6 +71,16 @@ struct Ring {
   TJ_DEV void acquire(unsigned n, unsigned bytes) const {
     if (n >= (unsigned)S) mbar_wait(empty(n), ((n / S) - 1) & 1);
     mbar_arrive_expect_tx(full(n), bytes);
+  }
+  // Filling warps (threads, not TMA): wait until fill n - S has been released ...
+  TJ_DEV void acquire_slot(unsigned n) const {
+    if (n >= (unsigned)S) mbar_wait(empty(n), ((n / S) - 1) & 1);
+  }
+  // ... and, every thread of each filling warp once its writes are made visible to the tensor
+  // cores (fence_proxy_async_shared), complete their part of fill n.
+  TJ_DEV void filled(unsigned n) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(full(n));
   }
   // Consumers: wait until fill n has landed.
   TJ_DEV void wait(unsigned n) const { mbar_wait(full(n), (n / S) & 1); }
@@ -77,6 +91,46 @@ struct Ring {
   }
 };
 #endif
+
+// ---------------------------------------------------------------- transposed copies
+// Copies a tile of 8-bit elements from the MN-major layout Src (rows K, bytes M or N: a TMA fill
+// of memory that holds the operand that way) into the K-major layout Dst (rows M or N, bytes K)
+// that wgmma's fp8 operands need. Threads tid = 0 .. nthreads - 1 (whole warps) share the work in
+// blocks of 4 x 4 bytes: four 4-byte rows in, four 4-byte rows out, bytes moved by prmt. On square
+// 128 x 128-byte tiles (128-byte swizzle both ways) lane l of a warp takes block (rows 4 (l ^ t),
+// bytes 4 l) of the source in its turn t, so that neither the loads nor the stores of a warp share
+// a bank.
+// KeyOrder: Dst's K position p holds Src row key_order(p) (frag.cuh), for A fragments packed
+// without shuffles (acc_to_a_fp8_in_order).
+template <class Src, class Dst, bool KeyOrder = false>
+TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid, int nthreads) {
+  static_assert(Src::elem_bytes == 1 && Dst::elem_bytes == 1, "8-bit elements");
+  static_assert(Src::rows == Dst::row_bytes && Src::row_bytes == Dst::rows, "Dst is Src transposed");
+  static_assert(Src::rows % 4 == 0 && Src::row_bytes % 4 == 0, "whole 4 x 4 blocks");
+  constexpr int NB = Src::row_bytes / 4, NR = Src::rows / 4, blocks = NB * NR;
+  constexpr bool diagonal = NB == 32 && NR == 32 && Src::swizzle == 128 && Dst::swizzle == 128;
+  for (int b = tid; b < blocks; b += nthreads) {
+    const int cb = diagonal ? (b & 31) : b % NB;                     // source byte block (M or N)
+    const int rb = diagonal ? ((b & 31) ^ (b >> 5)) : b / NB;        // source row block (K)
+    unsigned w[4];
+    // Source rows of Dst's K positions 4 rb .. 4 rb + 3 (in key order: rows r, r + 1, r + 8, r + 9).
+    const int r0 = KeyOrder ? key_order(4 * rb) : 4 * rb;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = *reinterpret_cast<const unsigned*>(src + Src::offset(r0 + (KeyOrder ? (i & 1) + 8 * (i >> 1) : i), 4 * cb));
+    unsigned t0, t1, t2, t3, o[4];
+    asm("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(t0) : "r"(w[0]), "r"(w[1]));
+    asm("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(t1) : "r"(w[2]), "r"(w[3]));
+    asm("prmt.b32 %0, %1, %2, 0x7362;" : "=r"(t2) : "r"(w[0]), "r"(w[1]));
+    asm("prmt.b32 %0, %1, %2, 0x7362;" : "=r"(t3) : "r"(w[2]), "r"(w[3]));
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(o[0]) : "r"(t0), "r"(t1));
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(o[1]) : "r"(t0), "r"(t1));
+    asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(o[2]) : "r"(t2), "r"(t3));
+    asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(o[3]) : "r"(t2), "r"(t3));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) *reinterpret_cast<unsigned*>(dst + Dst::offset(4 * cb + j, 4 * rb)) = o[j];
+  }
+}
 
 #if TJ_SM90A_ENABLED
 // ---------------------------------------------------------------- wgmma
@@ -161,7 +215,8 @@ TJ_DEV void fence_frags(unsigned (&a)[R]) {
 // Zeroes the K positions from `from` on of a staged operand tile (a tile that runs past its
 // dot's k range): K-major, the bytes of every row from position `from`; MN-major, the rows from
 // `from`. The NTHREADS threads that hold tiles call it.
-template <class O, bool MN, int NTHREADS>
+// KeyOrder (K-major fp8 in key_order): position p holds K index key_order(p).
+template <class O, bool MN, int NTHREADS, bool KeyOrder = false>
 TJ_DEV void zero_k_tail(unsigned tile, int from) {
   constexpr int R = O::rows, KB = O::row_bytes;
   constexpr int nthreads = NTHREADS;
@@ -169,7 +224,7 @@ TJ_DEV void zero_k_tail(unsigned tile, int from) {
   const int first = MN ? from * KB : from * O::elem_bytes;   // MN: first byte of row `from`
   for (int b = (int)threadIdx.x; b < R * KB; b += nthreads) {
     const int r = b / KB, c = b % KB;
-    const bool zero = MN ? r * KB + c >= first : c >= first;
+    const bool zero = MN ? r * KB + c >= first : (KeyOrder ? key_order(c) : c) >= first;
     if (zero) asm volatile("st.shared.u8 [%0], %1;" ::"r"(tile + O::offset(r, c)), "r"(0u) : "memory");
   }
 }
