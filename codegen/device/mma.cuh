@@ -99,7 +99,8 @@ struct Ring {
 // blocks of 4 x 4 bytes: four 4-byte rows in, four 4-byte rows out, bytes moved by prmt. On square
 // 128 x 128-byte tiles (128-byte swizzle both ways) lane l of a warp takes block (rows 4 (l ^ t),
 // bytes 4 l) of the source in its turn t, so that neither the loads nor the stores of a warp share
-// a bank.
+// a bank, and its addresses cost a few integer ops per block (ncu, H200: the general form's
+// address arithmetic was most of the copy's ~66 instructions a block).
 // KeyOrder: Dst's K position p holds Src row key_order(p) (frag.cuh), for A fragments packed
 // without shuffles (acc_to_a_fp8_in_order).
 template <class Src, class Dst, bool KeyOrder = false>
@@ -108,17 +109,12 @@ TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid
   static_assert(Src::rows == Dst::row_bytes && Src::row_bytes == Dst::rows, "Dst is Src transposed");
   static_assert(Src::rows % 4 == 0 && Src::row_bytes % 4 == 0, "whole 4 x 4 blocks");
   constexpr int NB = Src::row_bytes / 4, NR = Src::rows / 4, blocks = NB * NR;
-  constexpr bool diagonal = NB == 32 && NR == 32 && Src::swizzle == 128 && Dst::swizzle == 128;
-  for (int b = tid; b < blocks; b += nthreads) {
-    const int cb = diagonal ? (b & 31) : b % NB;                     // source byte block (M or N)
-    const int rb = diagonal ? ((b & 31) ^ (b >> 5)) : b / NB;        // source row block (K)
-    unsigned w[4];
-    // Source rows of Dst's K positions 4 rb .. 4 rb + 3 (in key order: rows r, r + 1, r + 8, r + 9).
-    const int r0 = KeyOrder ? key_order(4 * rb) : 4 * rb;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = *reinterpret_cast<const unsigned*>(src + Src::offset(r0 + (KeyOrder ? (i & 1) + 8 * (i >> 1) : i), 4 * cb));
-    unsigned t0, t1, t2, t3, o[4];
+  // Source rows of Dst's K positions 4 rb .. 4 rb + 3 (in key order: rows r, r + 1, r + 8, r + 9).
+  auto row_of = [](int rb, int i) {
+    return KeyOrder ? key_order(4 * rb) + (i & 1) + 8 * (i >> 1) : 4 * rb + i;
+  };
+  auto block = [&](int rb, unsigned (&w)[4], unsigned (&o)[4]) {
+    unsigned t0, t1, t2, t3;
     asm("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(t0) : "r"(w[0]), "r"(w[1]));
     asm("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(t1) : "r"(w[2]), "r"(w[3]));
     asm("prmt.b32 %0, %1, %2, 0x7362;" : "=r"(t2) : "r"(w[0]), "r"(w[1]));
@@ -127,6 +123,36 @@ TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid
     asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(o[1]) : "r"(t0), "r"(t1));
     asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(o[2]) : "r"(t2), "r"(t3));
     asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(o[3]) : "r"(t2), "r"(t3));
+  };
+  if constexpr (NB == 32 && NR == 32 && Src::swizzle == 128 && Dst::swizzle == 128) {
+    // 128 x 128 bytes, one 128-byte swizzle atom wide both ways: byte b of row r is at r * 128 +
+    // (b ^ ((r & 7) << 4)). Lane l keeps source bytes 4 l (Dst rows 4 l .. 4 l + 3, whose offsets it
+    // computes once) and takes source rows 4 (l ^ t) in turn t.
+    const int lane = tid & 31, c4 = 4 * lane;
+    unsigned dbase[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dbase[j] = (unsigned)(c4 + j) * 128u;
+    for (int t = tid >> 5; t < 32; t += nthreads >> 5) {
+      const int rb = lane ^ t;
+      unsigned w[4], o[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = row_of(rb, i);
+        w[i] = *reinterpret_cast<const unsigned*>(src + r * 128 + (c4 ^ ((r & 7) << 4)));
+      }
+      block(rb, w, o);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<unsigned*>(dst + dbase[j] + ((4 * rb) ^ (((c4 + j) & 7) << 4))) = o[j];
+    }
+    return;
+  }
+  for (int b = tid; b < blocks; b += nthreads) {
+    const int cb = b % NB, rb = b / NB;   // source byte block (M or N), row block (K)
+    unsigned w[4], o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = *reinterpret_cast<const unsigned*>(src + Src::offset(row_of(rb, i), 4 * cb));
+    block(rb, w, o);
 #pragma unroll
     for (int j = 0; j < 4; ++j) *reinterpret_cast<unsigned*>(dst + Dst::offset(4 * cb + j, 4 * rb)) = o[j];
   }
