@@ -9,7 +9,7 @@
 #               peers.py (torch) on the same problems, merged into one table
 #
 # Output under $OUT (default /tmp/out): summary.txt, table.md, dsl_logs.tgz. CASES: the case groups
-# to time (default "gemm batched swiglu attention variants backward"); BENCH_ARGS: extra bench_dsl arguments (e.g.
+# to time (default "gemm batched swiglu attention fp8 variants backward"); BENCH_ARGS: extra bench_dsl arguments (e.g.
 # "--quick").
 set -u
 PHASES="${*:-check bench}"
@@ -29,7 +29,7 @@ fi
 if has bench; then
   # One bench_dsl run per group of cases, each with its own time limit (a hang costs one group).
   : > "$LOGS/tilejit.jsonl"
-  for group in ${CASES:-gemm batched swiglu attention variants backward}; do
+  for group in ${CASES:-gemm batched swiglu attention fp8 variants backward}; do
     step "bench_$group" 240 $B/bench_dsl --cases "$group" --out "$LOGS/$group.jsonl" ${BENCH_ARGS:-}
     cat "$LOGS/bench_$group.txt"
     cat "$LOGS/$group.jsonl" >> "$LOGS/tilejit.jsonl" 2>/dev/null
