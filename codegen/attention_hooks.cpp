@@ -40,25 +40,12 @@ bool copy_untagged(const ir::Region& src, ir::Region& dst, const std::vector<int
   for (const Op& op : src.ops) {
     if (!op.tag.empty()) continue;
     if (op.param >= static_cast<int>(kLibraryParams)) return false;
-    Op c;
-    c.kind = op.kind;
+    Op c = ir::copy_attributes(op);
     c.result = op.result >= 0 ? remap[op.result] : -1;
     for (int v : op.operands) {
       if (remap[v] < 0) return false;
       c.operands.push_back(remap[v]);
     }
-    c.loc = op.loc;
-    c.fval = op.fval;
-    c.ival = op.ival;
-    c.param = op.param;
-    c.axis = op.axis;
-    c.block_id = op.block_id;
-    c.unary = op.unary;
-    c.binary = op.binary;
-    c.reduce = op.reduce;
-    c.loop_kind = op.loop_kind;
-    c.launch = op.launch;
-    c.indices = op.indices;
     c.body_index = op.body_index >= 0 ? remap[op.body_index] : -1;
     if (op.body) {
       c.body = std::make_unique<ir::Region>();

@@ -1391,7 +1391,11 @@ namespace tj::codegen {
 using emitter::Emitter;
 
 GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t, bool start_early) {
-  if (knobs::mma.on(cfg) && knobs::issue_early.on(cfg) && t.sm() >= 80) {
+  // The issue order serves kernels with dots (their latency and the tensor cores'); streaming
+  // kernels keep the user's order.
+  bool dots = false;
+  ir::walk(f.body, [&](const ir::Op& op, int) { dots |= op.kind == ir::OpKind::dot; });
+  if (dots && knobs::mma.on(cfg) && knobs::issue_early.on(cfg) && t.sm() >= 80) {
     const ir::Function scheduled = issue_early(f);
     return Emitter(scheduled, cfg, t, start_early).run();
   }

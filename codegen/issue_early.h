@@ -16,7 +16,8 @@
 
 namespace tj::codegen {
 
-// A copy of `f` with every non-launch loop body reordered as above.
+// A copy of `f` with every non-launch loop body reordered as above. The CUDA emitter applies it
+// to kernels with dots on targets with tensor cores (knob issue_early).
 ir::Function issue_early(const ir::Function& f);
 
 }  // namespace tj::codegen

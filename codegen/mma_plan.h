@@ -102,7 +102,7 @@ struct StagedLoad {
   // With it and knob fp8_key_order, where every reader is an fp8 dot whose a operand goes in from
   // the accumulator layout (P of P.V): the copy orders K within each 32-byte step as the
   // accumulator's columns reach a thread, so that the A fragments are the thread's own bytes with no shuffle across its quad
-  // (tj::dev::key_order; the attention template's "keys by parity").
+  // (tj::dev::fp8_kperm_col, as the attention template orders V).
   bool permute_k = false;
   SmemTile read_tile;
   int read_stages = 0;

@@ -166,30 +166,35 @@ void print_region(const Function& f, const Region& r, int depth, std::string& ou
 
 }  // namespace
 
+Op copy_attributes(const Op& op) {
+  Op c;
+  c.kind = op.kind;
+  c.loc = op.loc;
+  c.fval = op.fval;
+  c.ival = op.ival;
+  c.param = op.param;
+  c.axis = op.axis;
+  c.block_id = op.block_id;
+  c.unary = op.unary;
+  c.binary = op.binary;
+  c.reduce = op.reduce;
+  c.loop_kind = op.loop_kind;
+  c.launch = op.launch;
+  c.indices = op.indices;
+  c.tag = op.tag;
+  return c;
+}
+
 Region clone(const Region& r) {
   Region out;
   out.id = r.id;
   out.ops.reserve(r.ops.size());
   for (const Op& op : r.ops) {
-    Op c;
-    c.kind = op.kind;
+    Op c = copy_attributes(op);
     c.result = op.result;
     c.operands = op.operands;
-    c.loc = op.loc;
-    c.fval = op.fval;
-    c.ival = op.ival;
-    c.param = op.param;
-    c.axis = op.axis;
-    c.block_id = op.block_id;
-    c.unary = op.unary;
-    c.binary = op.binary;
-    c.reduce = op.reduce;
-    c.loop_kind = op.loop_kind;
-    c.launch = op.launch;
-    c.indices = op.indices;
     if (op.body) c.body = std::make_unique<Region>(clone(*op.body));
     c.body_index = op.body_index;
-    c.tag = op.tag;
     out.ops.push_back(std::move(c));
   }
   return out;

@@ -160,6 +160,7 @@ void walk(const Region& r, Fn&& fn, int depth = 0) {
 }
 
 std::string print(const Function& f);              // human-readable IR text
+Op copy_attributes(const Op& op);                   // op's kind and attributes: no result, operands or body
 Region clone(const Region& r);                      // a deep copy (loop bodies included)
 Function clone(const Function& f);
 std::string type_str(const Function& f, const TileType& t);

@@ -168,20 +168,26 @@ int main(int argc, char** argv) {
                  {"generic persistent", R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4,"knobs":{"persistent":1,"raster_group":8}})"}};
       cases.push_back(std::move(c));
     }
+    // The README attention on [B, H, S, D] inputs of type `in` (bf16 out), D 128, H 16, B S = 16k.
+    auto readme_case = [&](DType in, int64_t S, bool causal) {
+      const int64_t D = 128, H = 16, B = 16384 / S;
+      const bool fp8 = in == DType::e4m3;
+      Case c;
+      c.name = fmt::format("readme_attention {} {}x{}x{}x{}{}", name(in), B, H, S, D, causal ? " causal" : "");
+      c.problem = fmt::format("attention{} {} {} {} {}{}", fp8 ? "_e4m3" : "", B, H, S, D, causal ? " causal" : "");
+      c.kernel = &examples::readme_attention();
+      for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(in, {B, H, S, D}, seed += 10));
+      c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
+      c.out = 3;
+      c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D)), causal};
+      c.flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+      return c;
+    };
     if (want("attention")) {
       const std::vector<int64_t> seqs = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 4096, 16384};
       for (int64_t S : seqs)
         for (bool causal : {false, true}) {
-          const int64_t D = 128, H = 16, B = 16384 / S;
-          Case c;
-          c.name = fmt::format("readme_attention bf16 {}x{}x{}x{}{}", B, H, S, D, causal ? " causal" : "");
-          c.problem = fmt::format("attention {} {} {} {}{}", B, H, S, D, causal ? " causal" : "");
-          c.kernel = &examples::readme_attention();
-          for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(DType::bf16, {B, H, S, D}, seed += 10));
-          c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
-          c.out = 3;
-          c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D)), causal};
-          c.flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+          Case c = readme_case(DType::bf16, S, causal);
           c.paths = {{"generic", ""},
                      {"generic", R"({"blocks":{"m":128,"n":64},"num_warps":8,"num_stages":3})"},
                      {"generic persistent", R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1}})"},
@@ -192,22 +198,13 @@ int main(int argc, char** argv) {
     }
 
     if (want("fp8")) {
-      // The README attention on e4m3 q, k, v (bf16 out): the generic lowering's FP8 path (P as e4m3
-      // through registers, V transposed for the K-major FP8 operand) beside attention_fp8's FP8 path
-      // on the same inputs (descales of 1).
+      // The README attention on e4m3 q, k, v (bf16 out): the generic lowering's fp8 path (V through
+      // TMA, copied K-major by the producer warpgroup; P as e4m3 register fragments) beside
+      // attention_fp8's fp8 path on the same inputs (descales of 1).
       const std::vector<int64_t> seqs = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384};
       for (int64_t S : seqs)
         for (bool causal : {false, true}) {
-          const int64_t D = 128, H = 16, B = 16384 / S;
-          Case c;
-          c.name = fmt::format("readme_attention e4m3 {}x{}x{}x{}{}", B, H, S, D, causal ? " causal" : "");
-          c.problem = fmt::format("attention_e4m3 {} {} {} {}{}", B, H, S, D, causal ? " causal" : "");
-          c.kernel = &examples::readme_attention();
-          for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(DType::e4m3, {B, H, S, D}, seed += 10));
-          c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
-          c.out = 3;
-          c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D)), causal};
-          c.flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+          Case c = readme_case(DType::e4m3, S, causal);
           c.paths = {{"generic", ""}, {"template", ""}};
           cases.push_back(std::move(c));
         }

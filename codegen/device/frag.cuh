@@ -8,6 +8,9 @@
 //   a_frag_regs<N, bytes>       registers of the A fragments of N columns
 //   acc_to_a_bf16 / acc_to_a_f16 / acc_to_a_fp8
 //                               f32 accumulator registers -> A fragments (exact)
+//   fp8_kperm_col / acc_to_a_fp8_kperm
+//                               the same for fp8 without shuffles, for a B operand whose K comes
+//                               in that permuted order
 //   fp8_pairs                   a thread's fp8 pairs of one 32-column step and row half
 //
 // Plain arithmetic and shuffles: compiled for every architecture, and on the host by the
@@ -77,21 +80,22 @@ __device__ __forceinline__ void fp8_pairs(const float* d, int c, int h, unsigned
   }
 }
 
-// The K order of an fp8 A fragment whose bytes are the thread's own accumulator columns, within
-// each 32-column step: A's K position p holds accumulator column key_order(p). Thread t (q = t % 4)
-// holds columns 2q + 8j + {0, 1} (j = 0..3) of a step; it packs j = 0, 1 as K 4q .. 4q + 3 and
-// j = 2, 3 as K 16 + 4q .. 16 + 4q + 3, which is wgmma's k32 fragment (acc_to_a_fp8_in_order).
-// The other operand's K must come in the same order (the transposed copy of V, transpose_8bit).
-TJ_HD constexpr int key_order(int p) {
-  return (p / 32) * 32 + 2 * ((p % 16) / 4) + 8 * ((p % 4) / 2 + 2 * ((p % 32) / 16)) + (p % 2);
+// Shuffle-free fp8 conversion with a permuted K order (FA3's trick): A's k position k (within
+// each 32-wide step) holds accumulator column fp8_kperm_col(k), and the permutation is the same
+// for every row: thread t (q = t % 4) holds columns 2q + 8j + {0, 1} of a step and packs j = 0, 1
+// as k 4q .. 4q + 3 and j = 2, 3 as k 16 + 4q .. 16 + 4q + 3, its own bytes. Correct only if the
+// B operand's K index is permuted the same way (B row n, k position k must hold the element of
+// true K index fp8_kperm_col(k)), e.g. when V is transposed into shared memory by the kernel
+// itself (the attention template; the generic lowering's transposed copies, transpose_8bit).
+TJ_HD int fp8_kperm_col(int k) {
+  const int k16 = k & 15, t = k16 >> 2, b = k16 & 3;
+  return (k & 16) + 8 * (b >> 1) + 2 * t + (b & 1);
 }
-
-// acc_to_a_fp8 for a B operand whose K comes in key_order: no data moves across the quad.
 template <int N, int T = WG_E4M3>
-__device__ __forceinline__ void acc_to_a_fp8_in_order(const float* d, unsigned* a) {
+__device__ __forceinline__ void acc_to_a_fp8_kperm(const float* d, unsigned* a) {
   static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
 #pragma unroll
-  for (int c = 0; c < N / 32; ++c)
+  for (int c = 0; c < N / 32; ++c) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       unsigned x[4];
@@ -99,6 +103,7 @@ __device__ __forceinline__ void acc_to_a_fp8_in_order(const float* d, unsigned* 
       a[4 * c + h] = x[0] | (x[1] << 16);
       a[4 * c + 2 + h] = x[2] | (x[3] << 16);
     }
+  }
 }
 
 template <int N, int T = WG_E4M3>

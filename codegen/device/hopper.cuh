@@ -10,8 +10,8 @@
 //                 (hopper_wgmma.cuh), fence_acc
 //   registers     setmaxnreg_inc<R> / setmaxnreg_dec<R>
 //   fragments     acc_row / acc_col, acc_row_max / acc_row_sum, quad_allreduce_*, acc_scale_rows,
-//                 acc_to_a_fp8_kperm / acc_to_a_fp8_keys_by_parity (frag.cuh: acc_to_a_bf16 /
-//                 acc_to_a_f16 / acc_to_a_fp8; swizzle.cuh: SmemSwizzle, swizzle_offset)
+//                 acc_to_a_fp8_keys_by_parity (frag.cuh: acc_to_a_bf16 / acc_to_a_f16 /
+//                 acc_to_a_fp8 / acc_to_a_fp8_kperm; swizzle.cuh: SmemSwizzle, swizzle_offset)
 //
 // Compiled by NVRTC with no CUDA toolkit header, and by nvcc -std=c++17. The sm_90 parts only
 // exist when compiling for __CUDA_ARCH__ >= 900 (wgmma and setmaxnreg: sm_90a only), and in
@@ -504,29 +504,6 @@ __device__ __forceinline__ void acc_fill(float* d, float v) {
   for (int i = 0; i < N / 2; ++i) d[i] = v;
 }
 
-// Shuffle-free fp8 conversion with a permuted K order (FA3's trick): A's k position k (within
-// each 32-wide step) holds accumulator column fp8_kperm_col(k), and the permutation is the same
-// for every row. Correct only if the B operand's K index is permuted the same way (B row n,
-// k position k must hold the element of true K index fp8_kperm_col(k)), e.g. when V is
-// transposed into shared memory by the kernel itself.
-TJ_HD int fp8_kperm_col(int k) {
-  const int k16 = k & 15, t = k16 >> 2, b = k16 & 3;
-  return (k & 16) + 8 * (b >> 1) + 2 * t + (b & 1);
-}
-template <int N, int T = WG_E4M3>
-__device__ __forceinline__ void acc_to_a_fp8_kperm(const float* d, unsigned* a) {
-  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
-#pragma unroll
-  for (int c = 0; c < N / 32; ++c) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      unsigned x[4];
-      fp8_pairs<T>(d, c, h, x);
-      a[4 * c + h] = x[0] | (x[1] << 16);
-      a[4 * c + 2 + h] = x[2] | (x[3] << 16);
-    }
-  }
-}
 
 // Shuffle-free fp8 conversion for S computed from K loaded even keys first: S column n of an N-wide
 // block is key 2n (n < N / 2) or key 2 (n - N / 2) + 1, so accumulator columns 8 j + 2 q + e of

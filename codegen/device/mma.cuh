@@ -101,8 +101,8 @@ struct Ring {
 // bytes 4 l) of the source in its turn t, so that neither the loads nor the stores of a warp share
 // a bank, and its addresses cost a few integer ops per block (ncu, H200: the general form's
 // address arithmetic was most of the copy's ~66 instructions a block).
-// KeyOrder: Dst's K position p holds Src row key_order(p) (frag.cuh), for A fragments packed
-// without shuffles (acc_to_a_fp8_in_order).
+// KeyOrder: Dst's K position p holds Src row 32 (p / 32) + fp8_kperm_col(p % 32) (frag.cuh), for
+// A fragments packed without shuffles (acc_to_a_fp8_kperm).
 template <class Src, class Dst, bool KeyOrder = false>
 TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid, int nthreads) {
   static_assert(Src::elem_bytes == 1 && Dst::elem_bytes == 1, "8-bit elements");
@@ -111,7 +111,7 @@ TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid
   constexpr int NB = Src::row_bytes / 4, NR = Src::rows / 4, blocks = NB * NR;
   // Source rows of Dst's K positions 4 rb .. 4 rb + 3 (in key order: rows r, r + 1, r + 8, r + 9).
   auto row_of = [](int rb, int i) {
-    return KeyOrder ? key_order(4 * rb) + (i & 1) + 8 * (i >> 1) : 4 * rb + i;
+    return KeyOrder ? (4 * rb & ~31) + fp8_kperm_col(4 * rb & 31) + (i & 1) + 8 * (i >> 1) : 4 * rb + i;
   };
   auto block = [&](int rb, unsigned (&w)[4], unsigned (&o)[4]) {
     unsigned t0, t1, t2, t3;
@@ -241,7 +241,8 @@ TJ_DEV void fence_frags(unsigned (&a)[R]) {
 // Zeroes the K positions from `from` on of a staged operand tile (a tile that runs past its
 // dot's k range): K-major, the bytes of every row from position `from`; MN-major, the rows from
 // `from`. The NTHREADS threads that hold tiles call it.
-// KeyOrder (K-major fp8 in key_order): position p holds K index key_order(p).
+// KeyOrder (K-major fp8 in acc_to_a_fp8_kperm's order): position p holds K index
+// 32 (p / 32) + fp8_kperm_col(p % 32).
 template <class O, bool MN, int NTHREADS, bool KeyOrder = false>
 TJ_DEV void zero_k_tail(unsigned tile, int from) {
   constexpr int R = O::rows, KB = O::row_bytes;
@@ -250,7 +251,7 @@ TJ_DEV void zero_k_tail(unsigned tile, int from) {
   const int first = MN ? from * KB : from * O::elem_bytes;   // MN: first byte of row `from`
   for (int b = (int)threadIdx.x; b < R * KB; b += nthreads) {
     const int r = b / KB, c = b % KB;
-    const bool zero = MN ? r * KB + c >= first : (KeyOrder ? key_order(c) : c) >= first;
+    const bool zero = MN ? r * KB + c >= first : (KeyOrder ? (c & ~31) + fp8_kperm_col(c & 31) : c) >= first;
     if (zero) asm volatile("st.shared.u8 [%0], %1;" ::"r"(tile + O::offset(r, c)), "r"(0u) : "memory");
   }
 }

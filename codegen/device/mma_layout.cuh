@@ -150,8 +150,8 @@ struct SmemOperand {
 // A register tile in the accumulator layout (rows M, columns K) as the A fragments of register-A
 // wgmmas or mma.syncs (per warp the same): a[RB][K * element bytes / 32][4] (16-bit: the pairs as they are; fp8: bytes moved
 // across each quad, exact).
-// InOrder (fp8): the other operand's K comes in key_order (frag.cuh), so the fragments are the
-// thread's own bytes.
+// InOrder (fp8): the other operand's K comes in fp8_kperm_col's order (frag.cuh), so the fragments
+// are the thread's own bytes.
 template <int T, int RB, int K, class L, bool InOrder = false>
 TJ_DEV void tile_to_a_frag(const Tile<float, L>& x, unsigned* a) {
   constexpr int KS = (T == WG_BF16 || T == WG_F16) ? K / 16 : K / 32;
@@ -160,7 +160,7 @@ TJ_DEV void tile_to_a_frag(const Tile<float, L>& x, unsigned* a) {
     const float* d = x.v + b * (K / 2);
     if constexpr (T == WG_BF16) acc_to_a_bf16<K>(d, a + b * KS * 4);
     else if constexpr (T == WG_F16) acc_to_a_f16<K>(d, a + b * KS * 4);
-    else if constexpr (InOrder) acc_to_a_fp8_in_order<K, T>(d, a + b * KS * 4);
+    else if constexpr (InOrder) acc_to_a_fp8_kperm<K, T>(d, a + b * KS * 4);
     else acc_to_a_fp8<K, T>(d, a + b * KS * 4);
   }
 }
