@@ -53,7 +53,7 @@ class Scheduler {
     for (size_t i = 0; i < r.ops.size(); ++i)
       if (r.ops[i].result >= 0) def_[r.ops[i].result] = static_cast<int>(i);
     // Uses of each value among the body's ops (nested bodies included: a use there is a thread read).
-    for (size_t i = 0; i < r.ops.size(); ++i) note_uses(r.ops[i], static_cast<int>(i));
+    for (const Op& op : r.ops) note_uses(op);
   }
 
   void run() {
@@ -76,10 +76,10 @@ class Scheduler {
   }
 
  private:
-  void note_uses(const Op& op, int at) {
+  void note_uses(const Op& op) {
     for (int v : op.operands) uses_[v].push_back(&op);
     if (op.body)
-      for (const Op& inner : op.body->ops) note_uses(inner, at);
+      for (const Op& inner : op.body->ops) note_uses(inner);
   }
 
   // True when every use of `v` is a dot's a or b operand, directly or through a transpose.
