@@ -56,7 +56,8 @@ class Scheduler {
     for (const Op& op : r.ops) note_uses(op);
   }
 
-  void run() {
+  // Returns whether any op moved.
+  bool run() {
     std::vector<bool> early(r_.ops.size(), false);
     for (size_t i = 0; i < r_.ops.size(); ++i) {
       const Op& op = r_.ops[i];
@@ -66,6 +67,10 @@ class Scheduler {
       if (collect(static_cast<int>(i), static_cast<int>(i), closure))
         for (int c : closure) early[c] = true;
     }
+    // The order changes only where an early op follows one that stays.
+    bool moved = false;
+    for (size_t i = 1; i < early.size(); ++i) moved |= early[i] && !early[i - 1];
+    if (!moved) return false;
     std::vector<Op> ops;
     ops.reserve(r_.ops.size());
     for (size_t i = 0; i < r_.ops.size(); ++i)
@@ -73,6 +78,7 @@ class Scheduler {
     for (size_t i = 0; i < r_.ops.size(); ++i)
       if (!early[i]) ops.push_back(std::move(r_.ops[i]));
     r_.ops = std::move(ops);
+    return true;
   }
 
  private:
@@ -125,19 +131,22 @@ class Scheduler {
   std::map<int, std::vector<const Op*>> uses_;
 };
 
-void schedule(const ir::Function& f, ir::Region& r) {
+bool schedule(const ir::Function& f, ir::Region& r) {
+  bool moved = false;
   for (Op& op : r.ops) {
     if (!op.body) continue;
-    schedule(f, *op.body);
-    if (!op.launch) Scheduler(f, *op.body).run();
+    moved |= schedule(f, *op.body);
+    if (!op.launch) moved |= Scheduler(f, *op.body).run();
   }
+  return moved;
 }
 
 }  // namespace
 
-ir::Function issue_early(const ir::Function& f) {
+ir::Function issue_early(const ir::Function& f, bool* moved) {
   ir::Function out = ir::clone(f);
-  schedule(out, out.body);
+  const bool any = schedule(out, out.body);
+  if (moved) *moved = any;
   return out;
 }
 

@@ -18,6 +18,7 @@ namespace tj::codegen {
 
 // A copy of `f` with every non-launch loop body reordered as above. The CUDA emitter applies it
 // to kernels with dots on targets with tensor cores (knob issue_early).
-ir::Function issue_early(const ir::Function& f);
+// `moved`, when given, says whether any op moved.
+ir::Function issue_early(const ir::Function& f, bool* moved = nullptr);
 
 }  // namespace tj::codegen

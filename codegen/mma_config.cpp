@@ -177,7 +177,9 @@ const bool registered = [] {
     out.push_back({knobs::longest_first.name, {0, 1}, knobs::longest_first.fallback});
     if (p.wgmma() && p.warpgroups >= 2) out.push_back({knobs::wg_turns.name, {0, 1}, knobs::wg_turns.fallback});
     if (p.wgmma() && p.dots.size() >= 2) out.push_back({knobs::overlap.name, {0, 1, 2}, knobs::overlap.fallback});
-    if (ir::print(issue_early(f)) != ir::print(f)) out.push_back({knobs::issue_early.name, {0, 1}, knobs::issue_early.fallback});
+    bool moves = false;
+    issue_early(f, &moves);
+    if (moves) out.push_back({knobs::issue_early.name, {0, 1}, knobs::issue_early.fallback});
     if (std::any_of(p.staged.begin(), p.staged.end(), [](const StagedLoad& s) { return s.transposed_copy; }))
       out.push_back({knobs::fp8_key_order.name, {0, 1}, knobs::fp8_key_order.fallback});
     return out;

@@ -264,20 +264,28 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     }
     return true;
   };
-  // Whether the producer warpgroup can issue a load's fills (its indices and enclosing loops'
-  // bounds are scalar arithmetic) ahead of its home loop (indices computable for later iterations).
-  auto producer_ahead = [&](const Op& ld) {
-    if (!wg || !knobs::warp_specialize.on(cfg)) return false;
-    std::set<int> seen, seen_home;
-    const Op* home = fx.home(&ld);
-    for (size_t i = 0; i < ld.indices.size(); ++i) {
+  // A load's fills can run ahead of its home loop: its indices are computable for later iterations.
+  auto prefetchable = [&](const Op& ld, const Op* home) {
+    std::set<int> seen;
+    for (size_t i = 0; i < ld.indices.size(); ++i)
+      if (!scalar_closure(fx, ld.operands[i], home, seen)) return false;
+    return true;
+  };
+  // The producer warpgroup runs the loop nest's scalar arithmetic alone: it can issue the fills of
+  // loads whose indices and enclosing loop bounds need nothing else.
+  auto producer_computable = [&](const Op& ld) {
+    std::set<int> seen;
+    for (size_t i = 0; i < ld.indices.size(); ++i)
       if (!scalar_closure(fx, ld.operands[i], nullptr, seen)) return false;
-      if (home && !scalar_closure(fx, ld.operands[i], home, seen_home)) return false;
-    }
     for (const Op* l : fx.loops.at(&ld))
       for (int v : l->operands)
         if (!scalar_closure(fx, v, nullptr, seen)) return false;
     return true;
+  };
+  // Whether the producer warpgroup will fill a load ahead of use (its transposer warps copy then).
+  auto producer_ahead = [&](const Op& ld) {
+    const Op* home = fx.home(&ld);
+    return wg && knobs::warp_specialize.on(cfg) && producer_computable(ld) && (!home || prefetchable(ld, home));
   };
   // fp8 loads whose readers need them K-major, copied transposed by the producer warpgroup.
   std::set<const Op*> transposed;
@@ -396,10 +404,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
   // when its indices can be computed for later iterations.
   for (StagedLoad& s : plan.staged) {
     if (s.home) {
-      std::set<int> seen;
-      s.prefetch = true;
-      for (size_t i = 0; i < s.op->indices.size(); ++i)
-        if (!scalar_closure(fx, s.op->operands[i], s.home, seen)) s.prefetch = false;
+      s.prefetch = prefetchable(*s.op, s.home);
       s.stages = s.prefetch ? std::max(1, cfg.num_stages) : 1;
     }
     // Two K-major slots: the dots read one while the next is copied; the TMA ring runs ahead.
@@ -408,17 +413,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
       s.producer = false;
       continue;
     }
-    // The producer warpgroup runs the loop nest's scalar arithmetic alone: it issues the fills of loads
-    // whose indices and enclosing loop bounds need nothing else.
-    {
-      std::set<int> seen;
-      s.producer = true;
-      for (size_t i = 0; i < s.op->indices.size(); ++i)
-        if (!scalar_closure(fx, s.op->operands[i], nullptr, seen)) s.producer = false;
-      for (const Op* l : fx.loops.at(s.op))
-        for (int v : l->operands)
-          if (!scalar_closure(fx, v, nullptr, seen)) s.producer = false;
-    }
+    s.producer = producer_computable(*s.op);
     const ir::Param& p = f.params.at(s.op->param);
     s.box.assign(p.rank(), 1);
     s.box[s.row_dim] = static_cast<int>(s.tile.rows);
