@@ -74,7 +74,7 @@ std::optional<AttentionHooks> split_attention_hooks(const ir::Function& f, std::
     if (r != region) return fail(why, "hook ops sit in more than one loop body"), std::nullopt;
     if (op->tag != "score_mod" && op->tag != "mask_mod")
       return fail(why, fmt::format("unknown tag '{}'", op->tag)), std::nullopt;
-    if (op->body || op->kind == OpKind::store || op->kind == OpKind::var_write || op->kind == OpKind::var_decl)
+    if (op->body || ir::is_store(op->kind) || op->kind == OpKind::var_write || op->kind == OpKind::var_decl)
       return fail(why, fmt::format("a hook may not hold a {}", ir::name(op->kind))), std::nullopt;
     if (op->result >= 0) hook_value[op->result] = true;
     h.ops.push_back(op);

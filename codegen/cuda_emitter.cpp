@@ -36,23 +36,25 @@ void Emitter::analyze() {
   ir::walk(f_.body, [&](const Op& op, int) {
     if (op.result >= 0) def_[op.result] = &op;
   });
-  // Transposes used only as dot operands are folded into the dot's operand staging.
-  std::map<int, int> transpose_uses, dot_operand_uses;
+  // Transposes used only as dot operands are folded into the dot's operand staging, and as the
+  // value of unmasked stores of two tile dims into the store's addressing (the source tile stored
+  // with its axes swapped: no exchange through shared memory).
+  std::map<int, int> transpose_uses, folded_uses;
   ir::walk(f_.body, [&](const Op& op, int) {
     for (size_t i = 0; i < op.operands.size(); ++i) {
       int v = op.operands[i];
       if (def_[v] && def_[v]->kind == OpKind::transpose) {
         ++transpose_uses[v];
-        if (op.kind == OpKind::dot && i < 2) ++dot_operand_uses[v];
+        if ((op.kind == OpKind::dot && i < 2) || store_folds_transpose(op, i)) ++folded_uses[v];
       }
     }
   });
   for (auto [v, n] : transpose_uses)
-    if (dot_operand_uses[v] == n) folded_.insert(v);
+    if (folded_uses[v] == n) folded_.insert(v);
   ir::walk(f_.body, [&](const Op& op, int) {
     for (size_t i = 0; i < op.operands.size(); ++i) {
       int v = op.operands[i];
-      if (op.kind == OpKind::dot && i < 2 && folded_.count(v)) v = def_[v]->operands[0];
+      if (((op.kind == OpKind::dot && i < 2) || store_folds_transpose(op, i)) && folded_.count(v)) v = def_[v]->operands[0];
       ++uses_[v];
     }
     if (op.kind == OpKind::loop) ++uses_[op.body_index];
@@ -74,7 +76,7 @@ void Emitter::analyze() {
     }
   // Scalar indices that can leave a static dim (every load and store, staged ones too).
   ir::walk(f_.body, [&](const Op& op, int) {
-    if (op.kind != OpKind::load && op.kind != OpKind::store) return;
+    if (op.kind != OpKind::load && !ir::is_store(op.kind)) return;
     for (size_t d = 0; d < op.indices.size(); ++d)
       if (op.indices[d].kind == ir::Index::Kind::scalar) check_scalar_index(op, static_cast<int>(d), range(op.operands[d]));
   });
@@ -88,11 +90,21 @@ void Emitter::analyze() {
       changed = true;
       for (size_t i = 0; i < op.operands.size(); ++i) {
         int v = op.operands[i];
-        if (op.kind == OpKind::dot && i < 2 && folded_.count(v)) v = def_[v]->operands[0];
+        if (((op.kind == OpKind::dot && i < 2) || store_folds_transpose(op, i)) && folded_.count(v)) v = def_[v]->operands[0];
         --uses_[v];
       }
     });
   }
+}
+
+bool Emitter::store_folds_transpose(const Op& op, size_t i) const {
+  if (!ir::is_store(op.kind) || op.ival == 1 || i != op.indices.size()) return false;
+  const Op* t = def_[op.operands[i]];
+  if (!t || t->kind != OpKind::transpose || !plan_.of(t->operands[0]).in_registers() || f_.type(t->operands[0]).rank() != 2)
+    return false;
+  int tile_dims = 0;
+  for (const ir::Index& ix : op.indices) tile_dims += ix.kind != ir::Index::Kind::scalar;
+  return tile_dims == 2;
 }
 
 void Emitter::compute_range(const Op& op) {
@@ -178,7 +190,7 @@ void Emitter::check_scalar_index(const Op& op, int d, const Range& r) const {
   throw Error(fmt::format("kernel '{}': the {} at {} indexes dim {} of '{}' (size {}) with a scalar that ranges over [{}, {}]: "
                           "past the dim an element would read 0 and a store would be dropped. Index within the dim (e.g. "
                           "a grouped-query head as h / (H / Hkv))",
-                          f_.name, op.kind == OpKind::store ? "store" : "load", op.loc.str(), d, p.name, dim, r.lo, r.hi));
+                          f_.name, op.kind == OpKind::load ? "load" : ir::name(op.kind), op.loc.str(), d, p.name, dim, r.lo, r.hi));
 }
 
 bool Emitter::provably_inside(int start, int64_t extent, int64_t dim) const {
@@ -190,6 +202,7 @@ bool Emitter::provably_inside(int start, int64_t extent, int64_t dim) const {
 bool Emitter::pure_and_unused(const Op& op) const {
   switch (op.kind) {
     case OpKind::store:
+    case OpKind::store_add:
     case OpKind::var_write:
     case OpKind::loop:
       return false;
@@ -316,7 +329,7 @@ void Emitter::emit_region(const ir::Region& r) {
 }
 
 bool Emitter::touches_written_memory(const Op& op) const {
-  if (op.kind == OpKind::store) return true;
+  if (ir::is_store(op.kind)) return true;
   if ((op.kind == OpKind::load || op.kind == OpKind::gather) && f_.params.at(op.param).kind != ir::ParamKind::tensor_in)
     return true;
   if (op.body)
@@ -343,6 +356,7 @@ void Emitter::emit_op(const Op& op) {
   } else {
     emit_simt_op(op);
   }
+  note_computed(op);
   if (auto w = async_.after.find(&op); w != async_.after.end() && !suppress_async_)
     emit_wait(w->second, &op.loc, op.kind == OpKind::loop ? &op : nullptr);
 }
@@ -358,6 +372,7 @@ void Emitter::emit_simt_op(const Op& op) {
     case OpKind::loop: emit_loop(op); break;
     case OpKind::load:
     case OpKind::store:
+    case OpKind::store_add:
       emit_memory(op);
       break;
     case OpKind::gather: emit_gather(op); break;
@@ -459,9 +474,11 @@ void Emitter::emit_loop(const Op& op) {
                      int_literal(cfg_.block(f_, op.block_id), DType::i64)),
          &op.loc);
   ++indent_;
+  since_wait_.clear();   // a pin inside names only the body's tiles
   emit_ring_iteration(op);
   emit_region(*op.body);
   if (auto w = async_.body_end.find(&op); w != async_.body_end.end()) emit_wait(w->second, nullptr);
+  since_wait_.clear();
   --indent_;
   line("}");
 }
@@ -718,7 +735,8 @@ std::pair<std::string, std::string> Emitter::scalar_index_terms(const Op& op,
 void Emitter::emit_memory(const Op& op) {
   const ir::Param& p = f_.params.at(op.param);
   const std::string& T = names_param_.at(op.param);
-  const bool is_store = op.kind == OpKind::store;
+  const bool is_store = ir::is_store(op.kind);
+  const bool add = op.kind == OpKind::store_add;   // atomic, element by element
   struct TileDim {
     int tensor_dim;
     int start;
@@ -737,7 +755,8 @@ void Emitter::emit_memory(const Op& op) {
     if (is_store) {
       int v = op.operands.at(op.indices.size());
       if (op.ival == 1) ok = fmt::format("{} && {}", ok, ref(op.operands.at(op.indices.size() + 1)));   // the mask
-      line(fmt::format("tj::dev::store_scalar<{}>({}.data, {}, {}, {});", E, T, offset, ok, ref(v)), &op.loc);
+      line(fmt::format("tj::dev::{}<{}>({}.data, {}, {}, {});", add ? "store_add_scalar" : "store_scalar", E, T, offset, ok, ref(v)),
+           &op.loc);
     } else {
       define(op.result, fmt::format("tj::dev::load_scalar<{}>({}.data, {}, {})", E, T, offset, ok), op.loc);
     }
@@ -747,8 +766,13 @@ void Emitter::emit_memory(const Op& op) {
   // The tile's layout; a scalar stored into a slice is first broadcast to the slice.
   Layout L;
   std::string value;
+  bool swapped = false;   // a folded transpose: tile dim t of the store is the source's dim 1 - t
   if (is_store) {
     int v = op.operands.at(op.indices.size());
+    if (store_folds_transpose(op, op.indices.size()) && folded_.count(v)) {
+      v = def_[v]->operands[0];
+      swapped = true;
+    }
     L = plan_.of(v);
     value = ref(v);
     if (L.is_scalar()) {
@@ -764,7 +788,7 @@ void Emitter::emit_memory(const Op& op) {
   bool checks[2] = {false, false};
   for (size_t t = 0; t < tile_dims.size(); ++t) {
     const TileDim& td = tile_dims[t];
-    const int axis = L.axis_of_dim(static_cast<int>(t));
+    const int axis = L.axis_of_dim(static_cast<int>(swapped ? 1 - t : t));
     const int64_t dim = p.static_shape[td.tensor_dim];
     spans[axis] = fmt::format("{{{}, {}, {}}}", ref(td.start), stride_of(p, T, td.tensor_dim), dim_limit(op.param, td.tensor_dim));
     checks[axis] = !provably_inside(td.start, td.extent, dim);
@@ -774,8 +798,12 @@ void Emitter::emit_memory(const Op& op) {
     const int mask = op.operands.at(op.indices.size() + 1);
     const std::string m = plan_.of(mask).is_scalar() ? fmt::format("tj::dev::full<{}>({})", alias(L), ref(mask))
                                                      : operand(mask, L, op.loc);
-    line(fmt::format("tj::dev::store_where<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, {});", E, alias(L), checks[0], checks[1],
-                     T, offset, ok, spans[0], spans[1], value, m),
+    line(fmt::format("tj::dev::{}<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, {});", add ? "store_add_where" : "store_where", E,
+                     alias(L), checks[0], checks[1], T, offset, ok, spans[0], spans[1], value, m),
+         &op.loc);
+  } else if (add) {
+    line(fmt::format("tj::dev::store_add<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {});   // atomic, element by element", E,
+                     alias(L), checks[0], checks[1], T, offset, ok, spans[0], spans[1], value),
          &op.loc);
   } else if (is_store) {
     // A tile in the accumulator layout whose rows are contiguous in memory (stride 1 compiled
@@ -798,7 +826,7 @@ void Emitter::emit_memory(const Op& op) {
     const bool room = with <= target_.max_smem_per_block() &&
                       (mode == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
                                      blocks(hopper_sm, with) == blocks(hopper_sm, without)));
-    const bool staged = mode != 0 && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
+    const bool staged = mode != 0 && !swapped && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
                         L.extent_c > 1 && L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1 &&
                         16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 && room;
     if (staged) {
@@ -1037,7 +1065,7 @@ void Emitter::emit_shape(const Op& op) {
   const Layout& S = plan_.of(src);
   const DType t = f_.type(src).dtype;
   if (op.kind == OpKind::transpose) {
-    if (folded_.count(op.result)) return;   // staged transposed by the dot that uses it
+    if (folded_.count(op.result)) return;   // staged transposed by the dots, or stored so, that use it
     const int64_t pitch = S.extent_c | 1;
     need_smem(S.extent_r * pitch * reg_bytes(t), fmt::format("the transpose at {}", op.loc.str()));
     define(op.result, fmt::format("tj::dev::transpose<{}, {}>({}, tj_smem)", alias(L), pitch, ref(src)), op.loc);
@@ -1239,6 +1267,9 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
   if (stage_bytes_ > 0)
     out += fmt::format("\nconstexpr unsigned tj_stage_at = {};   // the staged stores' region in tj_smem, past the scratch\n",
                        stage_at_);
+  if (pins_used_)
+    out += fmt::format("constexpr unsigned tj_pin_at = {};   // knob pin_waits: a word per warp in tj_smem, written, never read\n",
+                       pin_at_);
   for (const MmaDot& d : mma_.dots) {
     if (!mma_.wgmma()) break;
     // hopper_wgmma.cuh defines the common wgmma widths; others get their own.
@@ -1316,6 +1347,7 @@ GeneratedKernel Emitter::run() {
   raster_group_ = knobs::raster_group.of(cfg_);
   wg_turns_ = knobs::wg_turns.on(cfg_);
   overlap_ = knobs::overlap.on(cfg_);
+  pin_waits_ = knobs::pin_waits.on(cfg_) && mma_.wgmma();
   rescale_at_end_ = knobs::overlap.of(cfg_) == 2;
   if (knobs::overlap.of(cfg_) < 0 || knobs::overlap.of(cfg_) > 2)
     throw Error(fmt::format("kernel '{}': knob overlap is 0, 1 or 2, got {}", f_.name, knobs::overlap.of(cfg_)));
@@ -1345,6 +1377,10 @@ GeneratedKernel Emitter::run() {
   if (stage_bytes_ > 0) {
     smem_ = stage_at_ + stage_bytes_;
     if (smem_what_.empty()) smem_what_ = "staged stores";
+  }
+  if (pins_used_) {
+    pin_at_ = (smem_ + 15) / 16 * 16;
+    smem_ = pin_at_ + 4 * (plan_.threads / 32);
   }
   if (tc_bytes + smem_ > target_.max_smem_per_block())
     throw Error(fmt::format("kernel '{}' with config {} needs {} bytes of shared memory ({} for {}{}), more than the {} bytes "

@@ -277,8 +277,54 @@ std::string Emitter::read_ring(const StagedLoad& s) const {
   return fmt::format("{}{}", s.transposed_copy ? "tj_rt" : "tj_r", staged_index(s));
 }
 
+void Emitter::note_computed(const Op& op) {
+  if (!pin_waits_ || op.result < 0) return;
+  switch (op.kind) {
+    case OpKind::unary:
+    case OpKind::binary:
+    case OpKind::where:
+    case OpKind::cast:
+    case OpKind::reduce:
+      break;
+    default:
+      return;
+  }
+  if (f_.type(op.result).dtype != DType::f32 || !plan_.of(op.result).in_registers()) return;
+  since_wait_.emplace_back(op.result, indent_);
+}
+
+void Emitter::emit_pin() {
+  std::vector<std::pair<int, int>> noted;
+  noted.swap(since_wait_);
+  std::set<int> in_scope, used;
+  for (const auto& [v, indent] : noted)
+    if (indent == indent_) in_scope.insert(v);
+  // A noted tile computed from another (directly or through un-noted ops: broadcasts, reads)
+  // keeps that one above the wait too.
+  std::set<int> seen;
+  std::function<void(int, bool)> mark = [&](int v, bool top) {
+    if (v < 0 || !seen.insert(v).second) return;
+    if (!top && in_scope.count(v)) used.insert(v);
+    const Op* d = def_[v];
+    if (!d || d->kind == OpKind::loop || d->kind == OpKind::var_read || d->kind == OpKind::dot) return;
+    for (int x : d->operands) mark(x, false);
+  };
+  for (int v : in_scope) {
+    seen.clear();
+    mark(v, true);
+  }
+  std::vector<std::string> sinks;
+  for (int v : in_scope)
+    if (!used.count(v)) sinks.push_back(ref(v));
+  if (sinks.empty()) return;
+  pins_used_ = true;
+  line(fmt::format("tj::dev::pin_above_wait(tj_smem + tj_pin_at, {});   // computed above the wait (knob pin_waits)",
+                   fmt::join(sinks, ", ")));
+}
+
 void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, const Op* exited_loop) {
   if (w.pending >= 0) {
+    emit_pin();
     line(fmt::format("tj::dev::wgmma_wait<{}>();", w.pending), loc);
     for (const Op* d : w.completed) line(fmt::format("tj::dev::fence_tile({});", dot_dest(*d)));
   }

@@ -132,20 +132,13 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
                      idx, b));
     line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.first)));
     emit_wait(early, nullptr);
+    since_wait_.clear();   // the rest of the body, pinned above the late dot's wait
   }
   suppress_async_ = false;
   if (head) throw Error(fmt::format("internal error: kernel '{}': knob overlap lost the first dot at {}", f_.name, o.first->loc.str()));
   // The rest of the body's results stay above the wait, so that they overlap the late dot
-  // (otherwise the compiler may sink their instructions below it).
-  std::set<std::string> pinned;
-  auto pin = [&](int v) {
-    if (v < 0 || plan_.of(v).is_scalar() || f_.type(v).dtype != DType::f32 || !pinned.insert(ref(v)).second) return;
-    line(fmt::format("tj::dev::compute_before({});", ref(v)));
-  };
-  pin(o.fragment);
-  for (int v : o.carried) pin(v);
-  for (const Op& x : op.body->ops)
-    if (x.kind == OpKind::var_write && !o.late.count(&x) && x.operands[0] != o.acc_var) pin(x.operands[0]);
+  // (knob pin_waits; otherwise ptxas sinks their instructions below it).
+  emit_pin();
   line("tj::dev::wgmma_wait<0>();   // the late dot is complete");
   line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.chained)));
   if (!frags.empty()) line(fmt::format("tj::dev::fence_frags({});", frags));
@@ -162,6 +155,7 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
   line(fmt::format("{} = {};", last, idx));
   --indent_;
   line("}");
+  since_wait_.clear();
   line(fmt::format("if ({} < {}) {{   // the last iteration's late ops", b, e));
   ++indent_;
   emit_late_ops(op, o, last, [](int i) { return fmt::format("(tj_use{} - 1u)", i); }, prep);
@@ -169,6 +163,7 @@ void Emitter::emit_overlapped_loop(const Op& op, const OverlapLoop& o) {
   line(fmt::format("tj::dev::fence_tile({});", dot_dest(*o.chained)));
   --indent_;
   line("}");
+  since_wait_.clear();
 }
 
 }  // namespace tj::codegen::emitter

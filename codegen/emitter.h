@@ -101,6 +101,13 @@ class Emitter {
   bool wg_turns_ = false;                // knob wg_turns (wgmma, two or more warpgroups)
   bool overlap_ = false;                 // knob overlap (codegen/overlap_plan.h)
   bool rescale_at_end_ = false;          // knob overlap 2: the late dot's accumulator prepared at the iteration's end
+  // Knob pin_waits: the f32 tiles computed since the last wgmma wait, with the indent they were
+  // declared at (only those of the wait's own scope are named there); the words the pins store
+  // to (tj_pin_at in tj_smem, past the staged stores' region) once any pin is emitted.
+  bool pin_waits_ = false;
+  std::vector<std::pair<int, int>> since_wait_;
+  bool pins_used_ = false;
+  int64_t pin_at_ = 0;
   // While a loop's ops are emitted out of program order (knob overlap): the async plan's waits
   // are the overlap's own, ring uses and carried values go by other names.
   bool suppress_async_ = false;
@@ -228,6 +235,9 @@ class Emitter {
   void emit_dot(const Op& op);
   void emit_var(const Op& op);
   bool pure_and_unused(const Op& op) const;
+  // Operand i of `op` is the value of an unmasked store (or atomic add) of two tile dims, made by a
+  // transpose of a register tile: the store can take the source with its axes swapped.
+  bool store_folds_transpose(const Op& op, size_t i) const;
   // A store, or a load / gather of a tensor the kernel writes, in `op` or in its body.
   bool touches_written_memory(const Op& op) const;
   // The wait for the previous kernel, once, before the first op that touches written memory.
@@ -274,6 +284,11 @@ class Emitter {
   // The async plan's wait and releases at one point.
   // `exited_loop`: the wait stands right after that loop (its last iteration's uses).
   void emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, const Op* exited_loop = nullptr);
+  // Knob pin_waits: notes op's result if it is an f32 tile computed by the threads; before a
+  // wgmma wait, pins the sinks of the tiles noted since the last one (those no other noted tile
+  // is computed from: pinning them keeps every noted tile above the wait) and starts over.
+  void note_computed(const Op& op);
+  void emit_pin();
   // Before / at the top of / after a loop: the rings it drives.
   void emit_ring_prologue(const Op& loop);
   void emit_ring_iteration(const Op& loop);

@@ -41,6 +41,12 @@ const KnobSpec issue_early{
     "1 (with the tensor cores): in each inner loop's body, the loads of input tensors that the threads read and the dots whose "
     "operands come from loads alone are issued first, so that their latency overlaps the rest of the body "
     "(codegen/issue_early.h); 0: the order of the user's code"};
+const KnobSpec pin_waits{
+    "pin_waits", 0, "0",
+    "1 (wgmma): the tiles computed between two wgmma waits are pinned above the second (a shared-memory store of a word that "
+    "depends on them), so that ptxas cannot sink them below it and they overlap the dots in flight; 0: ptxas places them "
+    "(it puts the README attention's late P.V wait before the softmax's exp2s, yet that ran as fast on an H200; the "
+    "attention backward's dQ kernel ran faster pinned at S 16k, its dK / dV kernel slower: bench/RESULTS.md)"};
 const KnobSpec fast_math{"fast_math", 0, "0", "1: exp2 / log2 / exp / log / sqrt / tanh as the GPU's approximations"};
 const KnobSpec simt_vec{"simt_vec", 1, "1 (the untuned config of a streaming kernel: 16 bytes of its widest element, codegen/simt_config.h)", "adjacent columns per thread of the SIMT layout (power of two up to 16)"};
 const KnobSpec simt_lanes_c{"simt_lanes_c", 8, "chosen from the tile shapes", "lanes of a warp along the columns (SIMT layout)"};
@@ -49,7 +55,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fp8_key_order, &issue_early, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fp8_key_order, &issue_early, &pin_waits, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

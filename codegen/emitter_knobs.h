@@ -17,6 +17,7 @@ extern const KnobSpec wg_turns;          // the consumer warpgroups take turns i
 extern const KnobSpec stage_stores;      // accumulator-layout stores through shared memory
 extern const KnobSpec fp8_key_order;     // fp8 P.V: V's transposed copy in P's fragment order
 extern const KnobSpec issue_early;       // loop bodies' input loads and leaf dots first (codegen/issue_early.h)
+extern const KnobSpec pin_waits;         // work before a wgmma wait kept above it in the SASS
 extern const KnobSpec fast_math;
 extern const KnobSpec simt_vec;
 extern const KnobSpec simt_lanes_c;

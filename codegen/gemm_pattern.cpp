@@ -177,6 +177,7 @@ bool match(const ir::Function& f, Match& g) {
       case OpKind::var_write:
       case OpKind::reduce:
       case OpKind::dot:
+      case OpKind::store_add:
         return false;
       default:
         g.epilogue.push_back(&op);

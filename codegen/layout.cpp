@@ -359,6 +359,7 @@ LayoutPlan assign_layouts(const ir::Function& f, const Config& cfg, const Target
           if (mma->dot_of(&op) && op.ival == 1) uf2.unite(op.operands[2], op.result);
           break;
         case OpKind::store:   // a masked store's mask is read element by element with its value
+        case OpKind::store_add:
           if (op.ival == 1 && rank2(op.operands.at(op.indices.size())))
             uf2.unite(op.operands.at(op.indices.size()), op.operands.at(op.indices.size() + 1));
           break;

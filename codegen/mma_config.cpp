@@ -177,6 +177,8 @@ const bool registered = [] {
     out.push_back({knobs::longest_first.name, {0, 1}, knobs::longest_first.fallback});
     if (p.wgmma() && p.warpgroups >= 2) out.push_back({knobs::wg_turns.name, {0, 1}, knobs::wg_turns.fallback});
     if (p.wgmma() && p.dots.size() >= 2) out.push_back({knobs::overlap.name, {0, 1, 2}, knobs::overlap.fallback});
+    // Threads' work between two waits happens only with two or more dots.
+    if (p.wgmma() && p.dots.size() >= 2) out.push_back({knobs::pin_waits.name, {0, 1}, knobs::pin_waits.fallback});
     bool moves = false;
     issue_early(f, &moves);
     if (moves) out.push_back({knobs::issue_early.name, {0, 1}, knobs::issue_early.fallback});

@@ -70,7 +70,7 @@ OverlapLoop plan_overlap(const ir::Function& f, const ir::Op& loop, const MmaPla
     for (auto it = body.rbegin(); it != body.rend(); ++it) {
       const ir::Op& op = *it;
       if (o.late.count(&op) || op.result < 0 || &op == o.first || op.result == o.fragment) continue;
-      if (op.kind == ir::OpKind::store || op.kind == ir::OpKind::var_write || op.kind == ir::OpKind::var_decl ||
+      if (ir::is_store(op.kind) || op.kind == ir::OpKind::var_write || op.kind == ir::OpKind::var_decl ||
           (op.kind == ir::OpKind::dot && mma.dot_of(&op)))
         continue;
       if (op.kind == ir::OpKind::var_read && op.operands[0] != o.acc_var) continue;

@@ -31,7 +31,7 @@ std::optional<Config> simt_streaming_config(const ir::Function& f) {
   ir::walk(f.body, [&](const ir::Op& op, int) {
     has_dot |= op.kind == ir::OpKind::dot;
     reduces |= op.kind == ir::OpKind::reduce;
-    if ((op.kind == ir::OpKind::load || op.kind == ir::OpKind::store) && op.param >= 0)
+    if ((op.kind == ir::OpKind::load || ir::is_store(op.kind)) && op.param >= 0)
       widest = std::max(widest, size_bytes(f.params.at(op.param).dtype));
   });
   if (has_dot) return std::nullopt;

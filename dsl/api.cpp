@@ -381,30 +381,39 @@ Tile TensorArg::gather(std::vector<Operand> idx, Loc l) const {
   return Tile::from_value(b.emit(std::move(op), TileType{p.dtype, shape}));
 }
 
-void TensorArg::store_impl(std::vector<IndexArg> idx, const Operand& v, const Tile* mask) const {
+void TensorArg::store_impl(std::vector<IndexArg> idx, const Operand& v, const Tile* mask, bool add) const {
   auto loc = to_loc(v.loc);
   Builder& b = B(loc);
   const ir::Param p = b.function().params.at(param_);
-  if (!p.writes()) fail(loc, fmt::format("'{}' is an input (tj::In): declare it tj::Out or tj::InOut to store to it", p.name));
-  Op op = make(OpKind::store, loc);
+  const char* what = add ? (mask ? "atomic_add_where" : "atomic_add") : (mask ? "store_where" : "store");
+  if (!p.writes())
+    fail(loc, fmt::format("'{}' is an input (tj::In): declare it tj::Out or tj::InOut to {} to it", p.name,
+                          add ? "add" : "store"));
+  if (add && p.dtype != DType::f32 && p.dtype != DType::i32 && p.dtype != DType::i64)
+    fail(loc, fmt::format("{} into '{}', which holds {}: atomic adds take f32, i32 or i64 tensors (add into an f32 "
+                          "tensor, then convert it in a second kernel)",
+                          what, p.name, name(p.dtype)));
+  Op op = make(add ? OpKind::store_add : OpKind::store, loc);
   op.param = param_;
   Shape shape = resolve_indices(p, idx, op, loc);
   int value = value_of(v, p.dtype, loc);
   const TileType& t = b.type(value);
   if (t.dtype != p.dtype)
-    fail(loc, fmt::format("storing a {} tile into '{}', which holds {}: convert with .to(tj::DType::{})", name(t.dtype), p.name,
+    fail(loc, fmt::format("{} a {} tile into '{}', which holds {}: convert with .to(tj::DType::{})", add ? "adding" : "storing",
+                          name(t.dtype), p.name,
                           name(p.dtype), name(p.dtype)));
   if (!rules::broadcastable_to(t.shape, shape))
-    fail(loc, fmt::format("storing a tile of shape {} into a slice of shape {} of '{}'", rules::shape_str(&b.function(), t.shape),
+    fail(loc, fmt::format("{} a tile of shape {} into a slice of shape {} of '{}'", add ? "adding" : "storing",
+                          rules::shape_str(&b.function(), t.shape),
                           rules::shape_str(&b.function(), shape), p.name));
   op.operands.push_back(broadcast_to(value, shape, loc, /*expand_scalars=*/true));
   if (mask) {
     const TileType& mt = b.type(mask->id());
     if (mt.dtype != DType::i1)
-      fail(loc, fmt::format("store_where into '{}': the mask is a {} tile; it must be boolean (a comparison)", p.name,
+      fail(loc, fmt::format("{} into '{}': the mask is a {} tile; it must be boolean (a comparison)", what, p.name,
                             name(mt.dtype)));
     if (!rules::broadcastable_to(mt.shape, shape))
-      fail(loc, fmt::format("store_where into '{}': a mask of shape {} does not broadcast to the slice's shape {}", p.name,
+      fail(loc, fmt::format("{} into '{}': a mask of shape {} does not broadcast to the slice's shape {}", what, p.name,
                             rules::shape_str(&b.function(), mt.shape), rules::shape_str(&b.function(), shape)));
     op.ival = 1;
     op.operands.push_back(broadcast_to(mask->id(), shape, loc, /*expand_scalars=*/true));

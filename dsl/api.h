@@ -188,11 +188,34 @@ class TensorArg {
   void store_where(const Tile& mask, IndexArg a, IndexArg b, IndexArg c, IndexArg d, Operand v) const {
     store_impl({a, b, c, d}, v, &mask);
   }
+  // Adds the value to the slice's elements instead of storing it: each element's add is atomic,
+  // so any number of programs may add into the same elements (a dQ that every key tile adds to).
+  // f32, i32 and i64 tensors; the order of the adds, and so an f32 sum's rounding, is not fixed
+  // from run to run (for bit-reproducible sums, give each program its own slice and reduce in a
+  // second kernel). The tensor keeps what it held: zero it first to get the sum alone.
+  void atomic_add(IndexArg a, Operand v) const { store_impl({a}, v, nullptr, true); }
+  void atomic_add(IndexArg a, IndexArg b, Operand v) const { store_impl({a, b}, v, nullptr, true); }
+  void atomic_add(IndexArg a, IndexArg b, IndexArg c, Operand v) const { store_impl({a, b, c}, v, nullptr, true); }
+  void atomic_add(IndexArg a, IndexArg b, IndexArg c, IndexArg d, Operand v) const {
+    store_impl({a, b, c, d}, v, nullptr, true);
+  }
+  void atomic_add(IndexArg a, IndexArg b, IndexArg c, IndexArg d, IndexArg e, Operand v) const {
+    store_impl({a, b, c, d, e}, v, nullptr, true);
+  }
+  // The same, only where `mask` holds (as store_where).
+  void atomic_add_where(const Tile& mask, IndexArg a, Operand v) const { store_impl({a}, v, &mask, true); }
+  void atomic_add_where(const Tile& mask, IndexArg a, IndexArg b, Operand v) const { store_impl({a, b}, v, &mask, true); }
+  void atomic_add_where(const Tile& mask, IndexArg a, IndexArg b, IndexArg c, Operand v) const {
+    store_impl({a, b, c}, v, &mask, true);
+  }
+  void atomic_add_where(const Tile& mask, IndexArg a, IndexArg b, IndexArg c, IndexArg d, Operand v) const {
+    store_impl({a, b, c, d}, v, &mask, true);
+  }
 
  private:
   void check_rank(int r, Loc loc) const;
   Tile load_impl(std::vector<IndexArg> idx, Loc loc) const;
-  void store_impl(std::vector<IndexArg> idx, const Operand& v, const Tile* mask = nullptr) const;
+  void store_impl(std::vector<IndexArg> idx, const Operand& v, const Tile* mask = nullptr, bool add = false) const;
   int param_;
 };
 

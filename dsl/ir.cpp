@@ -22,6 +22,7 @@ std::string_view name(OpKind k) {
     case OpKind::arange: return "arange";
     case OpKind::load: return "load";
     case OpKind::store: return "store";
+    case OpKind::store_add: return "store_add";
     case OpKind::gather: return "gather";
     case OpKind::unary: return "unary";
     case OpKind::binary: return "binary";
@@ -136,7 +137,8 @@ void print_region(const Function& f, const Region& r, int depth, std::string& ou
       case OpKind::full: text = fmt::format("full {}", op.fval); break;
       case OpKind::arange: text = fmt::format("arange {} + [0, {})", args, f.blocks.at(op.block_id).name); break;
       case OpKind::load:
-      case OpKind::store: {
+      case OpKind::store:
+      case OpKind::store_add: {
         std::string idx;
         size_t n = op.indices.size();
         for (size_t i = 0; i < n; ++i) {
@@ -147,7 +149,7 @@ void print_region(const Function& f, const Region& r, int depth, std::string& ou
           else idx += v(op.operands[i]);
         }
         if (op.kind == OpKind::load) text = fmt::format("load {}[{}]", f.params.at(op.param).name, idx);
-        else text = fmt::format("store {}[{}] <- {}{}", f.params.at(op.param).name, idx, v(op.operands.at(n)),
+        else text = fmt::format("{} {}[{}] <- {}{}", op.kind == OpKind::store ? "store" : "store_add +=", f.params.at(op.param).name, idx, v(op.operands.at(n)),
                                 op.ival == 1 ? fmt::format(" where {}", v(op.operands.at(n + 1))) : std::string());
         break;
       }

@@ -35,6 +35,7 @@ enum class OpKind : uint8_t {
   // memory
   load,          // operands: one per index (see `indices`); `param` is the tensor
   store,         // operands: indices..., value [, mask (ival == 1: an i1 tile of the value's shape)]
+  store_add,     // as store, adding the value to the tensor's elements, atomically per element (f32 / i32 / i64)
   gather,        // operands: one integer tile per dim of `param` (broadcast to the result's shape);
                  // element e reads param[i0[e], i1[e], ...], 0 where an index is out of range
   // elementwise
@@ -67,6 +68,8 @@ std::string_view name(OpKind k);
 std::string_view name(UnaryFn f);
 std::string_view name(BinaryFn f);
 std::string_view name(ReduceFn f);
+// store or store_add: an op that writes a tensor's elements (same operands and indices).
+inline bool is_store(OpKind k) { return k == OpKind::store || k == OpKind::store_add; }
 bool is_comparison(BinaryFn f);
 
 // How one tensor dimension is indexed by a load or store.
@@ -91,7 +94,7 @@ struct Op {
   // Attributes; which ones matter depends on `kind`.
   double fval = 0;              // const_value (floats), full
   int64_t ival = 0;             // const_value (ints)
-  int param = -1;               // scalar_param / tensor_dim / load / store
+  int param = -1;               // scalar_param / tensor_dim / load / store / store_add
   int axis = -1;                // tensor_dim / expand_dims / reduce
   int block_id = -1;            // block_size / loop (tile) / arange
   UnaryFn unary{};
@@ -99,7 +102,7 @@ struct Op {
   ReduceFn reduce{};
   LoopKind loop_kind{};
   bool launch = false;          // loop: mapped onto the launch grid
-  std::vector<Index> indices;   // load / store
+  std::vector<Index> indices;   // load / store / store_add
   std::unique_ptr<Region> body; // loop; its first value is the loop index (`body_index`)
   int body_index = -1;          // loop: value id of the index inside the body
   // The named part of the user's code that traced this op (tj::TagScope), e.g. "score_mod" for

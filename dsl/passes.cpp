@@ -146,12 +146,16 @@ struct Verifier {
         break;
       case OpKind::dot: same(rules::dot(type(op, 0), type(op, 1), op.ival ? &type(op, 2) : nullptr, &why, &f)); break;
       case OpKind::load:
-      case OpKind::store: {
+      case OpKind::store:
+      case OpKind::store_add: {
         expect(op, op.param >= 0 && op.param < (int)f.params.size() && f.params[op.param].is_tensor(), "not a tensor parameter");
         const ir::Param& p = f.params[op.param];
         expect(op, (int)op.indices.size() == p.rank(), fmt::format("'{}' has rank {} but {} indices", p.name, p.rank(), op.indices.size()));
-        if (op.kind == OpKind::store) {
+        if (ir::is_store(op.kind)) {
           expect(op, p.writes(), fmt::format("store to input '{}'", p.name));
+          if (op.kind == OpKind::store_add)
+            expect(op, p.dtype == DType::f32 || p.dtype == DType::i32 || p.dtype == DType::i64,
+                   fmt::format("atomic add into '{}' of {}: f32, i32 and i64 only", p.name, name(p.dtype)));
           expect(op, op.operands.size() == op.indices.size() + 1 + (op.ival == 1 ? 1 : 0), "store operands: indices, value [, mask]");
           if (op.ival == 1) {
             const TileType& m = type(op, op.indices.size() + 1);

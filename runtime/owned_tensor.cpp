@@ -61,5 +61,6 @@ HostTensor DeviceTensor::to_host() const {
 }
 
 void DeviceTensor::fill_bytes(uint8_t byte) { buffer_.memset(byte); }
+void DeviceTensor::fill_bytes_async(uint8_t byte, CUstream stream) { buffer_.memset_async(byte, stream); }
 
 }  // namespace tj

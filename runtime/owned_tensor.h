@@ -43,6 +43,7 @@ class DeviceTensor {
   TensorView view() const;                 // contiguous device view
   HostTensor to_host() const;
   void fill_bytes(uint8_t byte);
+  void fill_bytes_async(uint8_t byte, CUstream stream);   // in stream order (zeroing what atomic adds sum into)
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <iostream>
 #include <limits>
@@ -398,7 +399,8 @@ class Executor {
         return;
       }
       case OpKind::load: exec_load(op); return;
-      case OpKind::store: exec_store(op); return;
+      case OpKind::store:
+      case OpKind::store_add: exec_store(op); return;
       case OpKind::gather: exec_gather(op); return;
       case OpKind::unary: {
         const Value& x = val(op.operands.at(0));
@@ -624,6 +626,24 @@ class Executor {
     set(op, std::move(v));
   }
 
+  // The atomic add's element: f32 rounds the sum once (the GPU's red.add.f32), integers wrap as
+  // two's complement.
+  static void add_element(void* data, DType t, int64_t offset, double x) {
+    if (t == DType::i32 || t == DType::i64) {
+      int64_t old = 0;
+      std::memcpy(&old, static_cast<unsigned char*>(data) + offset * size_bytes(t), size_bytes(t));
+      if (t == DType::i32) {
+        const auto sum = static_cast<uint32_t>(static_cast<int32_t>(old)) + static_cast<uint32_t>(static_cast<int64_t>(x));
+        std::memcpy(static_cast<unsigned char*>(data) + offset * 4, &sum, 4);
+      } else {
+        const uint64_t sum = static_cast<uint64_t>(old) + static_cast<uint64_t>(static_cast<int64_t>(x));
+        std::memcpy(static_cast<unsigned char*>(data) + offset * 8, &sum, 8);
+      }
+      return;
+    }
+    numerics::store_element(data, t, offset, static_cast<double>(static_cast<float>(numerics::load_element(data, t, offset))) + x);
+  }
+
   void exec_store(const Op& op) {
     const Slice s = slice(op);
     const TensorView& t = b_.tensor(op.param);
@@ -638,12 +658,14 @@ class Executor {
         ++masked;
         return;
       }
-      numerics::store_element(t.data, t.dtype, offset, at(x, i));
+      if (op.kind == OpKind::store_add) add_element(t.data, t.dtype, offset, at(x, i));
+      else numerics::store_element(t.data, t.dtype, offset, at(x, i));
       ++written;
     });
     if (tracing_)
-      std::cerr << fmt::format("[tj ref] {:{}}store {}[{}]: {} written, {} masked  ({})\n", "", 2 * depth_,
-                               f_.params.at(op.param).name, fmt::join(s.start, ", "), written, masked, op.loc.str());
+      std::cerr << fmt::format("[tj ref] {:{}}{} {}[{}]: {} written, {} masked  ({})\n", "", 2 * depth_,
+                               op.kind == OpKind::store ? "store" : "store_add", f_.params.at(op.param).name,
+                               fmt::join(s.start, ", "), written, masked, op.loc.str());
   }
 
   // Positions [0, n) along a block axis take part while valid_begin + i < valid_end.

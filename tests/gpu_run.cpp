@@ -16,10 +16,11 @@ HostTensor random_tensor(DType dt, std::vector<int64_t> shape, std::mt19937& rng
 }
 
 BothRuns run_reference_and_gpu(const Kernel& k, std::vector<HostTensor>& tensors, const std::vector<Arg>& tail, size_t out,
-                               const std::optional<Config>& config, const std::string& arch) {
+                               const std::optional<Config>& config, const std::string& arch, bool keep_out) {
   std::vector<Arg> host_args, dev_args;
   std::vector<DeviceTensor> dev;
   dev.reserve(tensors.size());
+  if (!keep_out) tensors[out].fill_bytes(0xFF);
   for (auto& t : tensors) {
     host_args.push_back(t.view());
     dev.push_back(DeviceTensor::from_host(t));
@@ -29,8 +30,6 @@ BothRuns run_reference_and_gpu(const Kernel& k, std::vector<HostTensor>& tensors
     host_args.push_back(a);
     dev_args.push_back(a);
   }
-  tensors[out].fill_bytes(0xFF);
-  dev[out].fill_bytes(0xFF);
   const auto specs = specs_for(k, host_args, false);
   const ir::Function f = k.trace(specs);
   const Config cfg = config ? *config : default_config(f);

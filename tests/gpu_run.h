@@ -24,9 +24,11 @@ struct BothRuns {
 
 // Runs `k` on `tensors` (host copies; `out` is the output) and `tail` (scalars and host values) with
 // `config` (default: default_config of the trace) on the CPU reference and through tj::launch, generated
-// for `arch` ("": the GPU's own; an older architecture's kernel loads as PTX).
+// for `arch` ("": the GPU's own; an older architecture's kernel loads as PTX). The output is
+// poisoned (NaN) first, unless `keep_out`: a kernel that adds into it (atomic_add) starts from its
+// given contents on both sides.
 BothRuns run_reference_and_gpu(const tj::Kernel& k, std::vector<tj::HostTensor>& tensors, const std::vector<tj::Arg>& tail,
                                size_t out, const std::optional<tj::Config>& config = std::nullopt,
-                               const std::string& arch = "");
+                               const std::string& arch = "", bool keep_out = false);
 
 }  // namespace tj_test

@@ -197,10 +197,12 @@ TEST_CASE("autotune space: derived from the kernel, bounded by the problem") {
     CHECK(find_dim(s, "num_stages")->values == std::vector<int64_t>{1, 2, 3, 4});
     CHECK(find_dim(s, "simt_vec")->values == std::vector<int64_t>{1, 4, 8});
     CHECK(find_dim(s, "warp_specialize")->values == std::vector<int64_t>{0, 1});   // the generic tensor-core lowering's
-    // and persistent, raster_group, longest_first, wg_turns, overlap {0, 1, 2}, fp8_key_order (e4m3 V is copied K-major)
+    // and persistent, raster_group, longest_first, wg_turns, overlap {0, 1, 2}, pin_waits (two dots), fp8_key_order (e4m3 V
+    // is copied K-major)
+    CHECK(find_dim(s, "pin_waits")->values == std::vector<int64_t>{0, 1});
     CHECK(find_dim(s, "fp8_key_order")->values == std::vector<int64_t>{0, 1});
-    CHECK(s.size() == 5 * 5 * 3 * 4 * 3 * 2 * 2 * 2 * 2 * 2 * 3 * 2);
-    CHECK(s.describe().find("= 172800 points") != std::string::npos);
+    CHECK(s.size() == 5 * 5 * 3 * 4 * 3 * 2 * 2 * 2 * 2 * 2 * 3 * 2 * 2);
+    CHECK(s.describe().find("= 345600 points") != std::string::npos);
     // Every point is a config the kernel accepts, and maps back to itself.
     for (const Point& p : all_points(s.sizes())) {
       Config c = s.config_at(p);
@@ -291,8 +293,8 @@ TEST_CASE("autotune space: restricted by hand (--only)") {
   CHECK(find_dim(s, "num_warps") == nullptr);
   CHECK(s.base().num_warps == 4);
   CHECK(s.base().num_stages == 3);
-  // m, n, simt_vec, warp_specialize, persistent, raster_group, longest_first, wg_turns, overlap, fp8_key_order
-  CHECK(s.size() == 2 * 5 * 3 * 2 * 2 * 2 * 2 * 2 * 3 * 2);
+  // m, n, simt_vec, warp_specialize, persistent, raster_group, longest_first, wg_turns, overlap, pin_waits, fp8_key_order
+  CHECK(s.size() == 2 * 5 * 3 * 2 * 2 * 2 * 2 * 2 * 3 * 2 * 2);
   SpaceOptions bad;
   CHECK_THROWS_AS(parse_only("m=", bad), Error);
   CHECK_THROWS_AS(parse_only("m=12x", bad), Error);

@@ -261,6 +261,29 @@ const Kernel& k_masked_store() {
   return k;
 }
 
+// Atomic adds from every program into the same elements: S slices of x added into one [M, N]
+// tile (a tile from each program), their column sums (rank 1), their positive elements (a
+// mask), their total (a scalar) and, transposed, into one [N, M] (the transpose folded into the
+// addressing); and each slice stored transposed (folded too).
+const Kernel& k_atomic_add() {
+  static const Kernel k = kernel("atomic_add", {"x", "acc", "cols", "pos", "total", "acc_t", "each_t"},
+                                 [](In x, Out acc, Out cols, Out pos, Out total, Out acc_t, Out each_t) {
+    auto [S, M, N] = x.shape<3>();
+    for (auto s : grid(S))
+      for (auto m : tile(M, block("r")))
+        for (auto n : tile(N, block("c"))) {
+          auto t = x.load(s, m, n);
+          acc.atomic_add(m, n, t);
+          cols.atomic_add(n, sum(t, 0));
+          pos.atomic_add_where(t > 0, m, n, t);
+          total.atomic_add(0, sum(sum(t, 1), 0));
+          acc_t.atomic_add(n, m, t.T());
+          each_t.store(s, n, m, t.T());
+        }
+  });
+  return k;
+}
+
 // A scalar store under a scalar mask: each program writes its element only where it is positive.
 const Kernel& k_masked_scalar() {
   static const Kernel k = kernel("masked_scalar", {"v", "o"}, [](In v, Out o) {
@@ -549,6 +572,16 @@ TEST_CASE("codegen: kernels using every op compile for sm_90a and sm_80") {
                                               RuntimeScalar{0.5f}}),
                       config(R"({"blocks":{"r":32,"c":32},"num_warps":4})"));
     compile_and_check(k_masked_scalar().trace({T(f32, {-1}), T(f32, {-1})}), config(R"({"num_warps":1})"));
+  }
+  SUBCASE("atomic adds: tiles, rank-1 slices, masked, a scalar; f32, i32 and i64") {
+    for (DType t : {f32, DType::i32, DType::i64}) {
+      const ir::Function f =
+          k_atomic_add().trace({T(t, {3, 70, 45}), T(t, {70, 45}), T(t, {45}), T(t, {70, 45}), T(t, {1}), T(t, {45, 70}), T(t, {3, 45, 70})});
+      compile_and_check(f, config(R"({"blocks":{"r":32,"c":16},"num_warps":4})"));
+      const Compiled c = compile(f, config(R"({"blocks":{"r":32,"c":16},"num_warps":4})"), "sm_90a");
+      CHECK(std::regex_search(c.ptx, std::regex(t == f32 ? R"(red\.global\.add\.f32)" : t == DType::i32 ? R"(red\.global\.add\.[su]32)"
+                                                                                               : R"(red\.global\.add\.u64)")));
+    }
   }
 }
 

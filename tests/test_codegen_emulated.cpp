@@ -42,6 +42,7 @@ const tj::Kernel& k_running_columns();
 const tj::Kernel& k_masked_store();
 const tj::Kernel& k_masked_scalar();
 const tj::Kernel& k_int_reductions();
+const tj::Kernel& k_atomic_add();
 }  // namespace tj_codegen_test
 
 using namespace tj;
@@ -97,6 +98,22 @@ inline long long __float2ll_rz(float x) {
   return (long long)x;
 }
 inline float __expf(float x) { return std::exp(x); }
+// Atomic adds (the DSL's atomic_add): the block's threads run at once, so under a lock.
+#include <mutex>
+inline std::mutex tj_emu_atomic;
+inline float atomicAdd(float* p, float x) { std::lock_guard<std::mutex> g(tj_emu_atomic); const float o = *p; *p = o + x; return o; }
+inline int atomicAdd(int* p, int x) {
+  std::lock_guard<std::mutex> g(tj_emu_atomic);
+  const int o = *p;
+  *p = (int)((unsigned)o + (unsigned)x);
+  return o;
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long x) {
+  std::lock_guard<std::mutex> g(tj_emu_atomic);
+  const unsigned long long o = *p;
+  *p = o + x;
+  return o;
+}
 inline float __logf(float x) { return std::log(x); }
 #define __global__
 #define __device__
@@ -520,6 +537,15 @@ TEST_CASE("codegen (emulated): masked stores leave the masked-out elements as th
             {T(f32, {-1, -1}), T(f32, {-1, -1}), T(bf16, {-1, -1}), T(f32, {-1, -1}), RuntimeScalar{0.5f}},
             R"({"blocks":{"r":16,"c":32},"num_warps":2,"knobs":{"simt_vec":4}})", {{37, 50}, {37, 50}, {37, 50}, {37, 50}}, true});
   run_case({"a masked scalar store", &k_masked_scalar, {T(f32, {-1}), T(f32, {-1})}, R"({"num_warps":1})", {{9}, {9}}});
+}
+
+TEST_CASE("codegen (emulated): atomic adds from every program into the same elements match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  // The outputs start poisoned (-777): an atomic add keeps what the tensor held.
+  for (DType t : {f32, DType::i32, DType::i64})
+    for (const char* config : {R"({"blocks":{"r":32,"c":16},"num_warps":4})", R"({"blocks":{"r":16,"c":32},"num_warps":2,"knobs":{"simt_vec":4}})"})
+      run_case({fmt::format("{} {}", name(t), config), &k_atomic_add,
+                {T(t, {3, 70, 45}), T(t, {70, 45}), T(t, {45}), T(t, {70, 45}), T(t, {1}), T(t, {45, 70}), T(t, {3, 45, 70})}, config});
 }
 
 TEST_CASE("codegen (emulated): vector layouts (knob simt_vec) match the reference executor") {

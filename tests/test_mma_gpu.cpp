@@ -20,6 +20,10 @@
 
 using namespace tj;
 
+namespace tj_codegen_test {   // tests/test_codegen.cpp
+const tj::Kernel& k_atomic_add();
+}
+
 namespace {
 
 using tj_test::random_tensor;
@@ -33,8 +37,8 @@ struct Outcome {
 // Runs `k` on the CPU reference and on the GPU (config `config`) with the same inputs; compares
 // tensor `out`.
 Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, std::vector<Arg> tail, size_t out, const Config& config,
-                 const std::string& arch = "") {
-  const tj_test::BothRuns r = tj_test::run_reference_and_gpu(k, tensors, tail, out, config, arch);
+                 const std::string& arch = "", bool keep_out = false) {
+  const tj_test::BothRuns r = tj_test::run_reference_and_gpu(k, tensors, tail, out, config, arch, keep_out);
   Outcome o;
   o.lowering = r.lowering;
   double err = 0, ref = 0;
@@ -376,5 +380,74 @@ TEST_CASE("gpu: attention backward as user code (dK / dV and dQ) on wgmma and mm
       CHECK(o.lowering == lowering);
       CHECK(o.nan_count == 0);
       CHECK(o.rel_rmse < 2e-2);
+    }
+}
+
+TEST_CASE("gpu: atomic adds (split-K GEMM on wgmma and mma.sync, the fused attention backward's dQ) match the reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(23);
+  // Split-K GEMM: 3 x 2 x 4 programs add into each output tile; c starts from random values (an
+  // atomic add keeps them). Ragged M and N; K split into tiles of 128 (its last one partial).
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    CAPTURE(std::string(arch));
+    std::vector<HostTensor> t = {random_tensor(DType::bf16, {300, 464}, rng), random_tensor(DType::bf16, {200, 464}, rng),
+                                 random_tensor(DType::f32, {300, 200}, rng)};
+    std::vector<Arg> args;
+    for (const auto& x : t) args.push_back(x.view());
+    Config c = codegen::untuned_config(examples::splitk_gemm().trace(specs_for(examples::splitk_gemm(), args, false)), arch);
+    c.blocks["ks"] = 128;
+    const Outcome o = run_both(examples::splitk_gemm(), t, {}, 2, c, arch, /*keep_out=*/true);
+    CHECK(o.lowering == (std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)"));
+    CHECK(o.nan_count == 0);
+    CHECK(o.rel_rmse < 1e-5);   // f32 sums of the same bf16 products, in another order
+  }
+  // The SIMT path: every program adds a slice into the same tiles, rank-1 slices, masked, a scalar,
+  // transposed (f32 and i32; each output starts from random values).
+  for (DType dt : {DType::f32, DType::i32}) {
+    CAPTURE(name(dt));
+    const std::vector<std::vector<int64_t>> shapes = {{3, 70, 45}, {70, 45}, {45}, {70, 45}, {1}, {45, 70}};
+    for (size_t out = 1; out < shapes.size(); ++out) {
+      CAPTURE(out);
+      std::vector<HostTensor> t;
+      for (const auto& s : shapes) {
+        HostTensor h = random_tensor(DType::f32, s, rng, 4.0);
+        HostTensor x(dt, s);
+        for (int64_t i = 0; i < h.numel(); ++i) x.set(i, dt == DType::i32 ? std::round(h.at(i)) : h.at(i));
+        t.push_back(std::move(x));
+      }
+      t.emplace_back(dt, std::vector<int64_t>{3, 45, 70});
+      const Outcome o = run_both(tj_codegen_test::k_atomic_add(), t, {}, out, Config::from_json(R"({"blocks":{"r":32,"c":16},"num_warps":4})"),
+                                 "", /*keep_out=*/true);
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse <= (dt == DType::i32 ? 0.0 : 1e-6));
+    }
+  }
+  // The attention backward in one pass: dK, dV stored, dQ added by every key tile (dq_acc starts
+  // from random values).
+  const int64_t B = 1, H = 2, S = 200, D = 128;
+  const std::vector<int64_t> shape = {B, H, S, D}, rows = {B, H, S};
+  const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(D));
+  for (bool causal : {false, true})
+    for (const char* arch : {"sm_90a", "sm_80"}) {
+      CAPTURE(causal);
+      CAPTURE(std::string(arch));
+      const HostTensor q = random_tensor(DType::bf16, shape, rng), k = random_tensor(DType::bf16, shape, rng),
+                       v = random_tensor(DType::bf16, shape, rng), dout = random_tensor(DType::bf16, shape, rng);
+      // Any row vectors for lse and delta: the kernels' arithmetic is what is compared here.
+      const HostTensor lse = random_tensor(DType::f32, rows, rng, 0.5), delta = random_tensor(DType::f32, rows, rng, 0.1);
+      const HostTensor dq0 = random_tensor(DType::f32, shape, rng);
+      const std::vector<Arg> tail = {scale, causal};
+      for (size_t out : {size_t{6}, size_t{7}, size_t{8}}) {
+        CAPTURE(out == 6 ? "dk" : out == 7 ? "dv" : "dq_acc");
+        std::vector<HostTensor> t = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape), HostTensor(DType::bf16, shape), dq0};
+        std::vector<Arg> args;
+        for (const auto& x : t) args.push_back(x.view());
+        args.insert(args.end(), tail.begin(), tail.end());
+        const Config c = codegen::untuned_config(examples::attention_bwd_fused().trace(specs_for(examples::attention_bwd_fused(), args, false)), arch);
+        const Outcome o = run_both(examples::attention_bwd_fused(), t, tail, out, c, arch, /*keep_out=*/out == 8);
+        CHECK(o.lowering == (std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)"));
+        CHECK(o.nan_count == 0);
+        CHECK(o.rel_rmse < 2e-2);
+      }
     }
 }

@@ -131,7 +131,7 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
   std::vector<DeviceTensor> in;
   for (const auto& h : host) in.push_back(DeviceTensor::from_host(h));
   DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), delta(DType::f32, rows);
-  DeviceTensor dq(DType::bf16, shape), dk(DType::bf16, shape), dv(DType::bf16, shape);
+  DeviceTensor dq(DType::bf16, shape), dk(DType::bf16, shape), dv(DType::bf16, shape), dq_acc(DType::f32, shape);
 
   // The forward that saves the LSE: the library's attention_fp8 on bf16 inputs (natural-log LSE,
   // turned into the log2 units the backward kernels take).
@@ -171,19 +171,30 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
     want_dv.push_back(std::move(gv));
   }
 
-  for (const auto& [path, json] : paths) try {
+  for (const auto& [path, spec] : paths) try {
+    // "@fused[+json]": dK / dV and dQ in one kernel (dQ by atomic adds into dq_acc, zeroed first,
+    // then converted); else the dK / dV and dQ kernels. json: knobs over the untuned configs.
+    const bool fused = spec.rfind("@fused", 0) == 0;
+    const std::string json = fused ? spec.substr(6) : spec;
     const Ready rd = prepare(examples::attention_bwd_delta(), {o.view(), in[3].view(), delta.view()}, "", ctx.dev);
-    const Ready rkv = prepare(examples::attention_bwd_dkdv(),
-                              {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(), dk.view(),
-                               dv.view(), scale, causal},
-                              json, ctx.dev);
-    const Ready rq = prepare(examples::attention_bwd_dq(),
-                             {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(), dq.view(),
-                              scale, causal},
-                             json, ctx.dev);
+    const Ready rkv =
+        fused ? prepare(examples::attention_bwd_fused(),
+                        {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(), dk.view(), dv.view(),
+                         dq_acc.view(), scale, causal},
+                        json, ctx.dev)
+              : prepare(examples::attention_bwd_dkdv(),
+                        {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(), dk.view(),
+                         dv.view(), scale, causal},
+                        json, ctx.dev);
+    const Ready rq = fused ? prepare(examples::attention_bwd_dq_convert(), {dq_acc.view(), dq.view()}, "", ctx.dev)
+                           : prepare(examples::attention_bwd_dq(),
+                                     {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(),
+                                      dq.view(), scale, causal},
+                                     json, ctx.dev);
     for (DeviceTensor* t : {&delta, &dq, &dk, &dv}) t->fill_bytes(0xFF);
     auto all = [&](int, CUstream s) {
       rd.launch(s);
+      if (fused) dq_acc.fill_bytes_async(0, s);
       rkv.launch(s);
       rq.launch(s);
     };
@@ -206,19 +217,21 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
       return bench::median(bench::time_samples([&](int, CUstream s) { r.launch(s); }, ctx.spinner, ctx.stream, ctx.warmup,
                                                ctx.reps, 5.0, flush));
     };
-    const double ms_delta = one(rd), ms_dkdv = one(rkv), ms_dq = one(rq);
+    const double ms_delta = one(rd), ms_dkdv = one(rkv), ms_dq = one(rq);   // fused: dK / dV / dQ, then the conversion
     // Useful FLOPs: 2.5x the forward's (five S x S x D products), half of them when causal.
     const double flops = 10.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
     const double tflops = flops / (ms * 1e-3) / 1e12;
-    std::printf("%-44s %-26s %9.4f %9.1f %10.2e  delta %.3f dkdv %.3f dq %.3f ms; dq/dk/dv err %.1e %.1e %.1e; %s / %s\n",
-                name.c_str(), path.c_str(), ms, tflops, err, ms_delta, ms_dkdv, ms_dq, eq, ek, ev,
+    std::printf("%-44s %-26s %9.4f %9.1f %10.2e  delta %.3f %s %.3f %s %.3f ms; dq/dk/dv err %.1e %.1e %.1e; %s / %s\n",
+                name.c_str(), path.c_str(), ms, tflops, err, ms_delta, fused ? "dkdvdq" : "dkdv", ms_dkdv,
+                fused ? "convert" : "dq", ms_dq, eq, ek, ev,
                 rkv.ck->config.to_json().c_str(), rq.ck->config.to_json().c_str());
     std::fflush(stdout);
     ctx.jsonl << fmt::format(
                      R"({{"problem":"{}","case":"{}","impl":"tilejit {}","lowering":"{}","ms":{},"tflops":{},"rel_err":{},)"
-                     R"("ms_parts":{{"delta":{},"dkdv":{},"dq":{}}},"rel_err_parts":{{"dq":{},"dk":{},"dv":{}}},"config":{},"config_dq":{}}})",
+                     R"("ms_parts":{{"delta":{},"{}":{},"{}":{}}},"rel_err_parts":{{"dq":{},"dk":{},"dv":{}}},"config":{},"config_dq":{}}})",
                      problem, name, path, rkv.ck->generated.lowering, ms, tflops,
-                     std::isnan(err) ? std::string("null") : fmt::format("{}", err), ms_delta, ms_dkdv, ms_dq,
+                     std::isnan(err) ? std::string("null") : fmt::format("{}", err), ms_delta, fused ? "dkdvdq" : "dkdv",
+                     ms_dkdv, fused ? "convert" : "dq", ms_dq,
                      std::isnan(eq) ? std::string("null") : fmt::format("{}", eq),
                      std::isnan(ek) ? std::string("null") : fmt::format("{}", ek),
                      std::isnan(ev) ? std::string("null") : fmt::format("{}", ev), rkv.ck->config.to_json(),
@@ -234,8 +247,9 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
 
 void bench_backward(BenchContext& ctx, bool quick, const std::string& name_has,
                     const std::vector<std::pair<std::string, std::string>>& also) {
-  std::vector<std::pair<std::string, std::string>> paths = {{"generic", ""}};
+  std::vector<std::pair<std::string, std::string>> paths = {{"generic", ""}, {"generic fused", "@fused"}};
   paths.insert(paths.end(), also.begin(), also.end());
+  for (const auto& [label, json] : also) paths.push_back({label + " fused", "@fused" + json});
   const std::vector<int64_t> seqs = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 4096, 16384};
   uint64_t seed = 500;
   for (int64_t S : seqs)

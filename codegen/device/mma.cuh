@@ -223,12 +223,24 @@ TJ_DEV void fence_tile(Tile<T, L>& t) {
 #pragma unroll
   for (int i = 0; i < L::slots; ++i) fence_operand(t.v[i]);
 }
-// Pins the computation of an f32 tile above what follows (a wgmma wait): volatile asm that reads
-// every register keeps its place among the other volatile asm, so the tile is computed before.
+// Keeps the computation of f32 tiles above the next wgmma wait in the SASS. Ordering the PTX is
+// not enough (an empty volatile asm emits no instruction): ptxas schedules arithmetic across
+// `wgmma.wait_group` and placed the wait before a softmax's exp2s, so the dot in flight no longer
+// overlapped them; it keeps a shared-memory store above the wait. Lane 0 of each warp stores a
+// word that depends on every register of the tiles into the warp's own word of `words` (4 bytes
+// per warp of the block, never read).
 template <class L>
-TJ_DEV void compute_before(const Tile<float, L>& t) {
+TJ_DEV unsigned or_bits(const Tile<float, L>& t) {
+  unsigned b = 0u;
 #pragma unroll
-  for (int i = 0; i < L::slots; ++i) asm volatile("" ::"f"(t.v[i]) : "memory");
+  for (int i = 0; i < L::slots; ++i) b |= __float_as_uint(t.v[i]);
+  return b;
+}
+template <class... Tiles>
+TJ_DEV void pin_above_wait(unsigned char* words, const Tiles&... t) {
+  const unsigned b = (or_bits(t) | ...);
+  if ((threadIdx.x & 31u) == 0u)
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_u32(words) + 4u * (threadIdx.x >> 5)), "r"(b) : "memory");
 }
 // The same for register A fragments an in-flight wgmma reads.
 template <int R>

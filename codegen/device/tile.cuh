@@ -165,6 +165,13 @@ struct f32 {
   using reg = float; using mem = float;
   static TJ_DEV float ld(const mem* p) { return *p; }
   static TJ_DEV void st(mem* p, float x) { *p = x; }
+  static TJ_DEV void add(mem* p, float x) {   // the DSL's atomic_add: a reduction, no value back
+#if defined(__CUDA_ARCH__)
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(x) : "memory");
+#else
+    atomicAdd(p, x);
+#endif
+  }
   static TJ_DEV float rnd(float x) { return x; }
 };
 struct f16 {
@@ -195,12 +202,26 @@ struct i32 {
   using reg = int; using mem = int;
   static TJ_DEV int ld(const mem* p) { return *p; }
   static TJ_DEV void st(mem* p, int x) { *p = x; }
+  static TJ_DEV void add(mem* p, int x) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("red.global.add.s32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
+#else
+    atomicAdd(p, x);
+#endif
+  }
   static TJ_DEV int rnd(int x) { return x; }
 };
 struct i64 {
   using reg = long long; using mem = long long;
   static TJ_DEV long long ld(const mem* p) { return *p; }
   static TJ_DEV void st(mem* p, long long x) { *p = x; }
+  static TJ_DEV void add(mem* p, long long x) {   // two's complement: an unsigned add of the same bits
+#if defined(__CUDA_ARCH__)
+    asm volatile("red.global.add.u64 [%0], %1;" ::"l"(p), "l"((unsigned long long)x) : "memory");
+#else
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), (unsigned long long)x);
+#endif
+  }
   static TJ_DEV long long rnd(long long x) { return x; }
 };
 struct i1 {
@@ -450,6 +471,31 @@ TJ_DEV void store_where(void* data, long long offset, bool ok, Span r, Span c, c
   }
 }
 
+// atomic_add in the DSL: each element of the tile (where `mask` holds, with a mask) added to memory
+// by one atomic (E::add: f32, i32, i64), replicas skipped, so that every element is added once.
+template <class E, class L, bool CR, bool CC, bool MASKED = false>
+TJ_DEV void store_add(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
+                      const Tile<bool, L>* mask = nullptr) {
+  using M = typename E::mem;
+  M* base = static_cast<M*>(data) + offset;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i) {
+    const long long pr = r.start + L::coord_r(i);
+    const bool okr = ok && L::primary_r(i) && (!CR || in_range(pr, r.limit));
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      const long long pc = c.start + L::coord_c(j);
+      if (okr && L::primary_c(j) && (!CC || in_range(pc, c.limit)) && (!MASKED || mask->v[L::idx(i, j)]))
+        E::add(base + pr * r.stride + pc * c.stride, x.v[L::idx(i, j)]);
+    }
+  }
+}
+template <class E, class L, bool CR, bool CC>
+TJ_DEV void store_add_where(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
+                            const Tile<bool, L>& mask) {
+  store_add<E, L, CR, CC, true>(data, offset, ok, r, c, x, &mask);
+}
+
 template <class E>
 TJ_DEV typename E::reg load_scalar(const void* data, long long offset, bool ok) {
   return ok ? E::ld(static_cast<const typename E::mem*>(data) + offset) : typename E::reg(0);
@@ -457,6 +503,10 @@ TJ_DEV typename E::reg load_scalar(const void* data, long long offset, bool ok) 
 template <class E>
 TJ_DEV void store_scalar(void* data, long long offset, bool ok, typename E::reg x) {
   if (ok && threadIdx.x == 0) E::st(static_cast<typename E::mem*>(data) + offset, x);
+}
+template <class E>
+TJ_DEV void store_add_scalar(void* data, long long offset, bool ok, typename E::reg x) {
+  if (ok && threadIdx.x == 0) E::add(static_cast<typename E::mem*>(data) + offset, x);
 }
 
 // One element at computed indices (gathers): 0 when any index is outside its dimension.

@@ -241,6 +241,68 @@ const Kernel& attention_bwd_dq() {
   return k;
 }
 
+const Kernel& attention_bwd_fused() {
+  static const Kernel k = kernel(
+      "attention_bwd_fused", {"q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq_acc", "scale", "causal"},
+      [](In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out dq_acc, Scalar scale, bool causal) {
+        auto [B, H, S, D] = q.shape<4>();
+        for (auto bh : grid(B * H)) {
+          auto b = floordiv(bh, H), h = bh % H;
+          for (auto n : tile(S, block("n"))) {
+            Var dk_acc = zeros({n, D}, DType::f32);
+            Var dv_acc = zeros({n, D}, DType::f32);
+            auto kt = k.load(b, h, n, all);
+            auto vt = v.load(b, h, n, all);
+            const Operand m_begin = causal ? Operand(n.begin()) : Operand(0);
+            for (auto m : tile(m_begin, S, block("m"))) {
+              auto qt = q.load(b, h, m, all);
+              auto dot_ = dout.load(b, h, m, all);
+              auto st = dot(kt, qt.T()) * scale;                                   // [n, m]
+              if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
+              auto pt = exp2(st - lse.load(b, h, m).row());
+              dv_acc = dot(pt.to(v.dtype()), dot_, dv_acc);                          // [n, D]
+              auto dpt = dot(vt, dot_.T());                                          // [n, m]
+              auto dst = (pt * (dpt - delta.load(b, h, m).row())).to(q.dtype());
+              dk_acc = dot(dst, qt, dk_acc);                                         // [n, D]
+              auto dqt = dot(kt.T(), dst);                                           // [D, m]: this key tile's share of dq^T
+              dq_acc.atomic_add(b, h, m, all, (dqt * (scale * 0.6931471805599453)).T());
+            }
+            dk.store(b, h, n, all, (dk_acc * (scale * 0.6931471805599453)).to(dk.dtype()));
+            dv.store(b, h, n, all, Tile(dv_acc).to(dv.dtype()));
+          }
+        }
+      });
+  return k;
+}
+
+const Kernel& attention_bwd_dq_convert() {
+  static const Kernel k = kernel("attention_bwd_dq_convert", {"dq_acc", "dq"}, [](In dq_acc, Out dq) {
+    auto [B, H, S, D] = dq_acc.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) dq.store(b, h, m, all, dq_acc.load(b, h, m, all).to(dq.dtype()));
+    }
+  });
+  return k;
+}
+
+const Kernel& splitk_gemm() {
+  static const Kernel k = kernel("splitk_gemm", {"a", "b", "c"}, [](In a, In b, Out c) {
+    auto [M, K] = a.shape<2>();
+    auto N = b.dim(0);
+    for (auto m : tile(M, block("m"))) {
+      for (auto n : tile(N, block("n"))) {
+        for (auto ks : tile(K, block("ks"))) {   // the K split: one more launch loop
+          Var acc = zeros({m, n}, DType::f32);
+          for (auto kk : tile(ks.begin(), ks.end(), block("k"))) acc = dot(a.load(m, kk), b.load(n, kk).T(), acc);
+          c.atomic_add(m, n, Tile(acc));
+        }
+      }
+    }
+  });
+  return k;
+}
+
 const Kernel& grouped_gemm() {
   static const Kernel k = kernel("grouped_gemm", {"x", "w", "offs", "y"}, [](In x, In w, In offs, Out y) {
     auto K = x.dim(1);

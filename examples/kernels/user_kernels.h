@@ -37,6 +37,16 @@ const Kernel& mla_attention();
 const Kernel& attention_bwd_delta();
 const Kernel& attention_bwd_dkdv();
 const Kernel& attention_bwd_dq();
+//   attention_bwd_fused: dk and dv as attention_bwd_dkdv, and dq in the same pass: each key tile
+//   adds its share dS . K into dq_acc [B, H, S, D] (f32, zeroed first) by atomic adds, already
+//   scaled; dq is dq_acc converted (attention_bwd_dq_convert). The adds' order is not fixed, so
+//   dq's last bits vary from run to run (the three-kernel form is bit-reproducible).
+const Kernel& attention_bwd_fused();
+const Kernel& attention_bwd_dq_convert();
+
+// c = a . b^T with K split over programs: a [M, K], b [N, K], c [M, N] f32; program (m, n, s)
+// takes K's tile s and adds its partial product into c by atomic adds (c zeroed first).
+const Kernel& splitk_gemm();
 
 // A mixture-of-experts grouped GEMM: y[r] = x[r] . w[g]^T for the rows r of group g, which are
 // offs[g] .. offs[g + 1] - 1 (offs [G + 1], i64, on the GPU like the tokens: the row ranges are

@@ -146,10 +146,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<float, M128x1> v40 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v39, v37);  // @ user_kernels.cpp:98
     var15 = v40;  // @ user_kernels.cpp:98
     var13 = v29;  // @ user_kernels.cpp:95
-    tj::dev::compute_before(v33);
-    tj::dev::compute_before(v36);
-    tj::dev::compute_before(var15);
-    tj::dev::compute_before(var13);
     tj::dev::wgmma_wait<0>();   // the late dot is complete
     tj::dev::fence_tile(var17);
     tj::dev::fence_frags(tj_pa48);
