@@ -419,7 +419,8 @@ TEST_CASE("gpu: atomic adds (split-K GEMM on wgmma and mma.sync, the fused atten
       const Outcome o = run_both(tj_codegen_test::k_atomic_add(), t, {}, out, Config::from_json(R"({"blocks":{"r":32,"c":16},"num_warps":4})"),
                                  "", /*keep_out=*/true);
       CHECK(o.nan_count == 0);
-      CHECK(o.rel_rmse <= (dt == DType::i32 ? 0.0 : 1e-6));
+      // f32: the adds come in another order; the total (out 4) sums 9450 terms of either sign.
+      CHECK(o.rel_rmse <= (dt == DType::i32 ? 0.0 : out == 4 ? 1e-4 : 1e-6));
     }
   }
   // The attention backward in one pass: dK, dV stored, dQ added by every key tile (dq_acc starts
