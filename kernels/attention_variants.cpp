@@ -56,7 +56,9 @@ AttentionVariant document_variant(int64_t documents, bool causal) {
   v.key_block = 64;   // short rows: small tiles, less waste in boundary blocks, two CTAs per SM
   v.inputs = {"cu_seqlens"};
   v.mask_mod = [documents, causal](const ScoreIndex& at) {
-    Tile keep = causal ? at.kv <= at.q : at.kv == at.kv;
+    // Non-causal: a condition interval arithmetic proves true on every key block (kv == kv is not:
+    // the classifier then took each kept block for a per-element mask).
+    Tile keep = causal ? at.kv <= at.q : at.kv >= 0;
     for (int64_t d = 1; d < documents; ++d) {   // same side of every inner boundary
       auto boundary = at.inputs[0].load(d).to(DType::i32);
       keep = keep && ((at.q < boundary) == (at.kv < boundary));

@@ -3,7 +3,8 @@
 // per kv head) and Q / K / V / O stored [B, S, H, D] or packed as one [B, S, 3, H, D] QKV tensor,
 // passed as strided [B, H, S, D] views (no copy). bf16 through attention_fp8_forward's 16-bit
 // path, FP8 through its pipeline from bf16 (quantizers + attention_fp8) and attention_fp8 alone on
-// what the pipeline quantized. One markdown table.
+// what the pipeline quantized. Then the same tokens as varlen packed sequences
+// (attention_varlen_forward) against the dense rows. Two markdown tables.
 //
 // Method as `tilejit bench attention` (tools/bench_attention.cpp): outputs poisoned and checked
 // against float64 on sampled rows before timing; median of --reps CUDA-event-timed launches after
@@ -16,6 +17,7 @@
 #include "autotune/launch.h"
 #include "core/error.h"
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_varlen.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
@@ -166,6 +168,81 @@ Measured run_case(const InputCase& c, bool causal, int64_t B, int64_t H, int64_t
   return m;
 }
 
+// Varlen: the same B·S tokens packed as sequences in [T, H, D] with cu_seqlens (equal lengths S:
+// the dense row's work exactly; ragged: S/2 and 3S/2 alternating), through attention_varlen_forward
+// (bf16 as given, FP8 pipeline). TFLOP/s of the sequences' own score entries. Accuracy: float64
+// attention of each sampled row's own sequence.
+struct VarlenRow {
+  bool causal = false, ragged = false;
+  std::vector<int64_t> cu;
+  std::optional<Measured> m;
+  std::string error;
+};
+
+Measured run_varlen(const std::vector<int64_t>& cu, bool causal, int64_t H, int64_t D, const BenchInputsOptions& o, L2Flusher& l2) {
+  const int64_t T = cu.back();
+  const HostTensor q = random_normal(DType::bf16, {T, H, D}, o.seed), k = random_normal(DType::bf16, {T, H, D}, o.seed + 1),
+                   v = random_normal(DType::bf16, {T, H, D}, o.seed + 2);
+  const DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+  std::vector<double> cu_d(cu.begin(), cu.end());
+  const DeviceTensor dcu = DeviceTensor::from_host(HostTensor::from_values(cu_d, DType::i32, {static_cast<int64_t>(cu.size())}));
+  DeviceTensor out(DType::bf16, {T, H, D});
+  double flops = 0;
+  for (size_t i = 0; i + 1 < cu.size(); ++i) flops += attention_flops(1, H, cu[i + 1] - cu[i], D, causal);
+  kernels::AttentionFp8Workspace ws;
+  kernels::AttentionVarlenOptions o16, o8;
+  o16.attention.causal = o8.attention.causal = causal;
+  o16.attention.quantize = false;
+  o16.check_cu_seqlens = o8.check_cu_seqlens = false;   // checked once below, not in the timing
+  {
+    kernels::AttentionVarlenOptions checked = o16;
+    checked.check_cu_seqlens = true;
+    kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), dcu.view(), out.view(), checked, ws);
+  }
+  Measured m;
+  std::optional<HostTensor> got16, got8;
+  m.bf16 = measure([&] { kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), dcu.view(), out.view(), o16, ws); },
+                   out, &got16, flops, nullptr, o.reps, o.warmup, l2);
+  m.pipeline = measure([&] { kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), dcu.view(), out.view(), o8, ws); },
+                       out, &got8, flops, nullptr, o.reps, o.warmup, l2);
+  // Sampled rows: a middle and the last row of every fourth sequence, heads 0 and H - 1 (a first
+  // row sees one key: exact, it would only dilute the error).
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto rel = [&](const HostTensor& got) {
+    double e = 0, r = 0;
+    for (size_t s = 0; s + 1 < cu.size(); s += 4)
+      for (int64_t row : {(cu[s] + cu[s + 1]) / 2, cu[s + 1] - 1})
+        for (int64_t h : {int64_t{0}, H - 1}) {
+          const int64_t last = causal ? row : cu[s + 1] - 1;
+          std::vector<double> p;
+          double mx = -INFINITY, sum = 0;
+          for (int64_t j = cu[s]; j <= last; ++j) {
+            double d = 0;
+            for (int64_t x = 0; x < D; ++x) d += q.at((row * H + h) * D + x) * k.at((j * H + h) * D + x);
+            p.push_back(d * scale);
+            mx = std::max(mx, p.back());
+          }
+          for (double& x : p) sum += (x = std::exp(x - mx));
+          for (int64_t x = 0; x < D; ++x) {
+            double want = 0;
+            for (int64_t j = cu[s]; j <= last; ++j) want += p[j - cu[s]] * v.at((j * H + h) * D + x);
+            want /= sum;
+            const double g = got.at((row * H + h) * D + x);
+            e += (g - want) * (g - want);
+            r += want * want;
+          }
+        }
+    return std::sqrt(e / std::max(r, 1e-300));
+  };
+  m.bf16.rel_rmse = rel(*got16);
+  m.bf16.ok = m.bf16.rel_rmse <= 1e-2;
+  m.pipeline.rel_rmse = rel(*got8);
+  m.pipeline.ok = m.pipeline.rel_rmse <= 6e-2;
+  fmt::print("  bf16 {:.4f} ms {:.1f} TFLOP/s, rRMSE {:.2e} | fp8 + quantize {:.4f} ms {:.1f}, rRMSE {:.2e}\n", m.bf16.ms,
+             m.bf16.tflops, m.bf16.rel_rmse, m.pipeline.ms, m.pipeline.tflops, m.pipeline.rel_rmse);
+  return m;
+}
+
 std::string ratio(double x, double base) { return base > 0 && x > 0 ? fmt::format("{:.3f}", x / base) : "-"; }
 std::string mark(const BenchResult& r) { return r.ok ? "" : " FAIL"; }
 
@@ -248,7 +325,49 @@ int bench_inputs(const BenchInputsOptions& o) {
       }
       rows.push_back(std::move(r));
     }
-  emit_markdown(inputs_markdown(rows, header), o.out);
+  // Varlen over the same tokens, against the multi-head [B, H, S, D] rows above.
+  std::vector<VarlenRow> varlen;
+  for (bool causal : causal_list)
+    for (bool ragged : {false, true}) {
+      VarlenRow r;
+      r.causal = causal;
+      r.ragged = ragged;
+      r.cu = {0};
+      for (int64_t b = 0; b < B; ++b) r.cu.push_back(r.cu.back() + (ragged && B % 2 == 0 ? (b % 2 ? 3 * S / 2 : S / 2) : S));
+      fmt::print("{} varlen, {} sequences ({})\n", causal ? "causal" : "non-causal", B, ragged ? "lengths S/2 and 3S/2" : "length S");
+      std::fflush(stdout);
+      try {
+        r.m = run_varlen(r.cu, causal, H, D, o, l2);
+        all_ok = all_ok && r.m->bf16.ok && r.m->pipeline.ok;
+      } catch (const std::exception& e) {
+        all_ok = false;
+        r.error = e.what();
+        fmt::print("  error: {}\n", e.what());
+      }
+      varlen.push_back(std::move(r));
+    }
+  std::string md = inputs_markdown(rows, header);
+  md += fmt::format("\nVarlen (kernels::attention_varlen_forward): the same {} tokens packed as [T, H, D] with cu_seqlens, {} "
+                    "sequences of length {} (or S/2 and 3S/2 alternating); TFLOP/s of the sequences' own score entries; "
+                    "×dense: over the multi-head [B, H, S, D] row of the same causality above.\n\n",
+                    B * S, B, S);
+  md += "| causal | sequences | bf16 TFLOP/s | ×dense | bf16 rRMSE | fp8 + quantize TFLOP/s | ×dense | fp8 rRMSE |\n";
+  md += "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const VarlenRow& r : varlen) {
+    const Row* base = nullptr;
+    for (const Row& b : rows)
+      if (b.causal == r.causal && b.c.group == 1 && b.c.layout == Layout::bhsd && b.m) base = &b;
+    const std::string what = r.ragged ? fmt::format("{} x S/2, 3S/2", B) : fmt::format("{} x {}", B, S);
+    if (!r.m) {
+      md += fmt::format("| {} | {} | error: {} ||||||\n", r.causal ? "yes" : "no", what, r.error);
+      continue;
+    }
+    md += fmt::format("| {} | {} | {:.1f} | {} | {:.2e}{} | {:.1f} | {} | {:.2e}{} |\n", r.causal ? "yes" : "no", what,
+                      r.m->bf16.tflops, base ? ratio(r.m->bf16.tflops, base->m->bf16.tflops) : "-", r.m->bf16.rel_rmse,
+                      mark(r.m->bf16), r.m->pipeline.tflops, base ? ratio(r.m->pipeline.tflops, base->m->pipeline.tflops) : "-",
+                      r.m->pipeline.rel_rmse, mark(r.m->pipeline));
+  }
+  emit_markdown(md, o.out);
   return all_ok ? 0 : 1;
 }
 

@@ -1,0 +1,153 @@
+// attention_varlen_forward (kernels/attention_varlen.h): packed sequences with cu_seqlens, on the
+// document mask of the tensor-core attention. Argument errors on the CPU; on the GPU, every
+// sequence against float64 attention of its own rows (bf16 and the FP8 pipeline, causal and not,
+// grouped-query heads, lengths that end inside a tile), the LSE, and a bad cu_seqlens.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "gpu.h"
+#include "gpu_run.h"
+#include "kernels/attention_varlen.h"
+#include "runtime/driver.h"
+#include "runtime/owned_tensor.h"
+
+using namespace tj;
+
+namespace {
+
+TensorView device_view(DType t, std::vector<int64_t> shape) {
+  TensorView v;
+  v.data = reinterpret_cast<void*>(uintptr_t{0x1000});   // never dereferenced: the checks throw first
+  v.dtype = t;
+  v.shape = std::move(shape);
+  v.device = Device::cuda;
+  return v;
+}
+
+std::string error_of(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu, const TensorView& o,
+                     const kernels::AttentionVarlenOptions& opt = {}) {
+  kernels::AttentionFp8Workspace ws;
+  try {
+    kernels::attention_varlen_forward(q, k, v, cu, o, opt, ws);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// float64 attention of each sequence's own rows: o [T, H, D] and lse [H, T] (natural log).
+void reference(const HostTensor& q, const HostTensor& k, const HostTensor& v, const std::vector<int64_t>& cu, bool causal,
+               double scale, std::vector<double>& o, std::vector<double>& lse) {
+  const int64_t T = q.shape()[0], H = q.shape()[1], D = q.shape()[2], Hkv = k.shape()[1], g = H / Hkv;
+  o.assign(T * H * D, 0.0);
+  lse.assign(H * T, 0.0);
+  for (size_t s = 0; s + 1 < cu.size(); ++s)
+    for (int64_t r = cu[s]; r < cu[s + 1]; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t last = causal ? r : cu[s + 1] - 1;
+        std::vector<double> p;
+        double mx = -INFINITY;
+        for (int64_t j = cu[s]; j <= last; ++j) {
+          double d = 0;
+          for (int64_t x = 0; x < D; ++x) d += q.at((r * H + h) * D + x) * k.at((j * Hkv + h / g) * D + x);
+          p.push_back(d * scale);
+          mx = std::max(mx, p.back());
+        }
+        double sum = 0;
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        lse[h * T + r] = mx + std::log(sum);
+        for (int64_t x = 0; x < D; ++x) {
+          double acc = 0;
+          for (int64_t j = cu[s]; j <= last; ++j) acc += p[j - cu[s]] * v.at((j * Hkv + h / g) * D + x);
+          o[(r * H + h) * D + x] = acc / sum;
+        }
+      }
+}
+
+double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
+  double e = 0, r = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    e += (got.at(i) - want[i]) * (got.at(i) - want[i]);
+    r += want[i] * want[i];
+  }
+  return std::sqrt(e / std::max(r, 1e-300));
+}
+
+}  // namespace
+
+TEST_CASE("attention_varlen_forward: argument errors name what is wrong") {
+  const TensorView q = device_view(DType::bf16, {577, 4, 128}), kv = device_view(DType::bf16, {577, 2, 128}),
+                   o = device_view(DType::bf16, {577, 4, 128}), cu = device_view(DType::i32, {4});
+  CHECK(error_of(device_view(DType::bf16, {1, 577, 4, 128}), kv, kv, cu, o).find("packed [T, heads, D]") != std::string::npos);
+  CHECK(error_of(q, device_view(DType::bf16, {576, 2, 128}), device_view(DType::bf16, {576, 2, 128}), cu, o)
+            .find("share one packing") != std::string::npos);
+  CHECK(error_of(q, kv, kv, device_view(DType::f32, {4}), o).find("cu_seqlens is i32 or i64 [N + 1]") != std::string::npos);
+  CHECK(error_of(q, kv, kv, device_view(DType::i32, {1}), o).find("N >= 1 sequences") != std::string::npos);
+  TensorView host_q = q;
+  host_q.device = Device::host;
+  CHECK(error_of(host_q, kv, kv, cu, o).find("must be on the GPU") != std::string::npos);
+  kernels::AttentionVarlenOptions opt;
+  opt.lse = device_view(DType::f32, {577, 4});
+  CHECK(error_of(q, kv, kv, cu, o, opt).find("lse must be f32 [H, T] = [4, 577]") != std::string::npos);
+  kernels::AttentionVarlenOptions own;
+  own.attention.lse = device_view(DType::f32, {1, 4, 577});
+  CHECK(error_of(q, kv, kv, cu, o, own).find("AttentionVarlenOptions::lse") != std::string::npos);
+}
+
+TEST_CASE("gpu: attention_varlen_forward matches float64 per sequence (bf16 and FP8, causal and not, GQA, ragged lengths)") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(31);
+  const std::vector<int64_t> cu = {0, 200, 277, 577, 641};   // lengths 200, 77, 300, 64
+  const int64_t T = cu.back(), H = 4, Hkv = 2, D = 128;
+  const HostTensor q = tj_test::random_tensor(DType::bf16, {T, H, D}, rng), k = tj_test::random_tensor(DType::bf16, {T, Hkv, D}, rng),
+                   v = tj_test::random_tensor(DType::bf16, {T, Hkv, D}, rng);
+  const DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+  std::vector<double> cu_d(cu.begin(), cu.end());
+  const DeviceTensor dcu = DeviceTensor::from_host(HostTensor::from_values(cu_d, DType::i32, {static_cast<int64_t>(cu.size())}));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  kernels::AttentionFp8Workspace ws;
+  for (bool causal : {false, true})
+    for (bool fp8 : {false, true}) {
+      CAPTURE(causal);
+      CAPTURE(fp8);
+      std::vector<double> want, want_lse;
+      reference(q, k, v, cu, causal, scale, want, want_lse);
+      DeviceTensor o(DType::bf16, {T, H, D}), lse(DType::f32, {H, T});
+      o.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      kernels::AttentionVarlenOptions opt;
+      opt.attention.causal = causal;
+      opt.attention.quantize = fp8;
+      opt.lse = lse.view();
+      kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), dcu.view(), o.view(), opt, ws);
+      runtime::synchronize();
+      const double err = rel_rmse(o.to_host(), want);
+      const std::string what = std::string(fp8 ? "fp8" : "bf16") + (causal ? " causal" : "");
+      MESSAGE("varlen ", what, ": rel RMSE ", err);
+      CHECK(err < (fp8 ? 6e-2 : 1e-2));
+      const HostTensor got_lse = lse.to_host();
+      double lse_err = 0;
+      for (int64_t i = 0; i < H * T; ++i) lse_err = std::max(lse_err, std::abs(got_lse.at(i) - want_lse[i]));
+      // fp8: the LSE of the e4m3 P's sums, which divide O (AttentionVariant::merge_into_output): up to a few % off.
+      CHECK(lse_err < (fp8 ? 1.5e-1 : 1e-2));
+    }
+  // A wrong cu_seqlens is an error, not wrong rows.
+  auto error_with = [&](std::vector<double> c) -> std::string {
+    const DeviceTensor bad = DeviceTensor::from_host(HostTensor::from_values(c, DType::i64, {static_cast<int64_t>(c.size())}));
+    DeviceTensor o(DType::bf16, {T, H, D});
+    try {
+      kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), bad.view(), o.view(), {}, ws);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(error_with({0, 200, 600}).find("cu_seqlens ends at 600, but q, k and v hold 641 rows") != std::string::npos);
+  CHECK(error_with({0, 300, 200, 641}).find("cu_seqlens decreases at 2 (200 after 300)") != std::string::npos);
+  CHECK(error_with({5, 641}).find("cu_seqlens[0] is 5") != std::string::npos);
+}
