@@ -366,6 +366,12 @@ std::string HookWriter::interval_expr(const Op& op) const {
       }
     case OpKind::binary: {
       const bool int_operands = !is_float(dtype(op.operands[0]));
+      // An integer compared with itself: its interval alone cannot say (kv == kv over [a, b]
+      // could be any pair), the value can; a mask written so keeps its blocks whole.
+      if (int_operands && op.operands[0] == op.operands[1] && ir::is_comparison(op.binary)) {
+        const bool holds = op.binary == BinaryFn::eq || op.binary == BinaryFn::le || op.binary == BinaryFn::ge;
+        return point_interval(DType::i1, holds ? "true" : "false");
+      }
       const char* fn = nullptr;
       switch (op.binary) {
         case BinaryFn::add: fn = "iv_add"; break;

@@ -733,6 +733,26 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
   }
 }
 
+TEST_CASE("attention variants: an integer compared with itself classifies whole key blocks (kv == kv holds, kv < kv never)") {
+  const Problem p{1, 2, 2, 300, 300, 128};
+  TensorSpec q{DType::e4m3, {p.B, p.H, p.Sq, p.D}}, kk{DType::e4m3, {p.B, p.Hkv, p.Skv, p.D}};
+  TensorSpec v{DType::e4m3, {p.B, p.Hkv, p.D, 304}}, ds{DType::f32, {p.B, p.Hkv}};
+  const std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
+                                      TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
+                                      false, false};
+  using At = kernels::ScoreIndex;
+  for (bool holds : {true, false}) {
+    kernels::AttentionVariant var{holds ? "attention_mask_self_eq" : "attention_mask_self_lt"};
+    var.mask_mod = [holds](const At& at) { return (holds ? at.kv == at.kv : at.kv < at.kv) || at.kv < 200; };
+    const std::string src =
+        compile(kernels::attention_variant(var), specs, variant_config(128, 128), CompileRequest{"sm_90a", false, false})
+            .generated.source;
+    INFO(src);
+    // The self-comparison's interval is the constant, not that of two independent ranges.
+    CHECK(src.find(holds ? "tj::dev::ivb_point(true)" : "tj::dev::ivb_point(false)") != std::string::npos);
+  }
+}
+
 namespace {
 
 // The two halves of the keys as variants: the first writes o and lse, the second merges into them.
