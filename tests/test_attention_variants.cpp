@@ -679,13 +679,19 @@ TEST_CASE("attention variants: fp8 keys by parity by default, except a linear sc
   }
 }
 
-TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed with the rest, becomes the built-in causal mask") {
+namespace {
+// attention_fp8's arguments for e4m3 inputs of [1, 2, 300, 128] (V transposed and padded), bf16 out.
+std::vector<ArgSpec> mask_test_specs() {
   const Problem p{1, 2, 2, 300, 300, 128};
   TensorSpec q{DType::e4m3, {p.B, p.H, p.Sq, p.D}}, kk{DType::e4m3, {p.B, p.Hkv, p.Skv, p.D}};
   TensorSpec v{DType::e4m3, {p.B, p.Hkv, p.D, 304}}, ds{DType::f32, {p.B, p.Hkv}};
-  const std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
-                                      TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
-                                      false, false};
+  return {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}}, TensorSpec{DType::f32, {p.B, p.H, p.Sq}},
+          RuntimeScalar{0.1f}, RuntimeScalar{1.0f}, false, false};
+}
+}  // namespace
+
+TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed with the rest, becomes the built-in causal mask") {
+  const std::vector<ArgSpec> specs = mask_test_specs();
   enum Causal { none, whole, part, prefix };
   struct Case {
     const char* name;
@@ -734,12 +740,7 @@ TEST_CASE("attention variants: a mask's kv <= q (or q >= kv), alone or and-ed wi
 }
 
 TEST_CASE("attention variants: an integer compared with itself classifies whole key blocks (kv == kv holds, kv < kv never)") {
-  const Problem p{1, 2, 2, 300, 300, 128};
-  TensorSpec q{DType::e4m3, {p.B, p.H, p.Sq, p.D}}, kk{DType::e4m3, {p.B, p.Hkv, p.Skv, p.D}};
-  TensorSpec v{DType::e4m3, {p.B, p.Hkv, p.D, 304}}, ds{DType::f32, {p.B, p.Hkv}};
-  const std::vector<ArgSpec> specs = {q, kk, v, ds, ds, ds, TensorSpec{DType::bf16, {p.B, p.H, p.Sq, p.D}},
-                                      TensorSpec{DType::f32, {p.B, p.H, p.Sq}}, RuntimeScalar{0.1f}, RuntimeScalar{1.0f},
-                                      false, false};
+  const std::vector<ArgSpec> specs = mask_test_specs();
   using At = kernels::ScoreIndex;
   for (bool holds : {true, false}) {
     kernels::AttentionVariant var{holds ? "attention_mask_self_eq" : "attention_mask_self_lt"};

@@ -452,30 +452,12 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
   }
 }
 
-// The same, only where `mask` holds (store_where in the DSL), one element at a time.
-template <class E, class L, bool CR, bool CC>
-TJ_DEV void store_where(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
-                        const Tile<bool, L>& mask) {
-  using M = typename E::mem;
-  M* base = static_cast<M*>(data) + offset;
-#pragma unroll
-  for (int i = 0; i < L::sr; ++i) {
-    const long long pr = r.start + L::coord_r(i);
-    const bool okr = ok && L::primary_r(i) && (!CR || in_range(pr, r.limit));
-#pragma unroll
-    for (int j = 0; j < L::sc; ++j) {
-      const long long pc = c.start + L::coord_c(j);
-      if (okr && L::primary_c(j) && (!CC || in_range(pc, c.limit)) && mask.v[L::idx(i, j)])
-        E::st(base + pr * r.stride + pc * c.stride, x.v[L::idx(i, j)]);
-    }
-  }
-}
-
-// atomic_add in the DSL: each element of the tile (where `mask` holds, with a mask) added to memory
-// by one atomic (E::add: f32, i32, i64), replicas skipped, so that every element is added once.
-template <class E, class L, bool CR, bool CC, bool MASKED = false>
-TJ_DEV void store_add(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
-                      const Tile<bool, L>* mask = nullptr) {
+namespace detail {
+// Calls put(address, element) for each of the tile's primary elements in range (and, MASKED,
+// where `mask` holds), one at a time: the element-wise stores below.
+template <class E, class L, bool CR, bool CC, bool MASKED, class Put>
+TJ_DEV void each_stored(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
+                        const Tile<bool, L>* mask, Put put) {
   using M = typename E::mem;
   M* base = static_cast<M*>(data) + offset;
 #pragma unroll
@@ -486,14 +468,32 @@ TJ_DEV void store_add(void* data, long long offset, bool ok, Span r, Span c, con
     for (int j = 0; j < L::sc; ++j) {
       const long long pc = c.start + L::coord_c(j);
       if (okr && L::primary_c(j) && (!CC || in_range(pc, c.limit)) && (!MASKED || mask->v[L::idx(i, j)]))
-        E::add(base + pr * r.stride + pc * c.stride, x.v[L::idx(i, j)]);
+        put(base + pr * r.stride + pc * c.stride, x.v[L::idx(i, j)]);
     }
   }
+}
+}  // namespace detail
+
+// The same, only where `mask` holds (store_where in the DSL), one element at a time.
+template <class E, class L, bool CR, bool CC>
+TJ_DEV void store_where(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
+                        const Tile<bool, L>& mask) {
+  detail::each_stored<E, L, CR, CC, true>(data, offset, ok, r, c, x, &mask,
+                                          [](typename E::mem* p, typename E::reg v) { E::st(p, v); });
+}
+
+// atomic_add in the DSL: each element of the tile (where `mask` holds, with a mask) added to memory
+// by one atomic (E::add: f32, i32, i64), replicas skipped, so that every element is added once.
+template <class E, class L, bool CR, bool CC>
+TJ_DEV void store_add(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x) {
+  detail::each_stored<E, L, CR, CC, false>(data, offset, ok, r, c, x, nullptr,
+                                           [](typename E::mem* p, typename E::reg v) { E::add(p, v); });
 }
 template <class E, class L, bool CR, bool CC>
 TJ_DEV void store_add_where(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x,
                             const Tile<bool, L>& mask) {
-  store_add<E, L, CR, CC, true>(data, offset, ok, r, c, x, &mask);
+  detail::each_stored<E, L, CR, CC, true>(data, offset, ok, r, c, x, &mask,
+                                          [](typename E::mem* p, typename E::reg v) { E::add(p, v); });
 }
 
 template <class E>
