@@ -485,6 +485,18 @@ TEST_CASE("cli: --version, an unknown command, and sizes that are not whole numb
   }
 }
 
+TEST_CASE("cli: `run` refuses a misspelt knob before anything runs, GPU or not, naming the closest one") {
+  auto r = run_cli(R"(run attention --config '{"knobs":{"attn_persistant":1}}')");
+  if (!r) {
+    MESSAGE("the tilejit program is not where this build put it: skipped");
+    return;
+  }
+  CHECK(r->status != 0);
+  CHECK(r->output.find("the config sets knob 'attn_persistant', which no lowering reads (did you mean 'attn_persistent'?)") !=
+        std::string::npos);
+  CHECK(r->output.find("CPU reference executor") == std::string::npos);   // nothing ran
+}
+
 TEST_CASE("cli: `run` says when nothing ran (exit 3), and refuses a shape host memory cannot hold") {
   auto r = run_cli("run attention --dtype bf16 --seq 1000000000");
   if (!r) {

@@ -2,6 +2,7 @@
 
 #include "autotune/cache.h"
 #include "autotune/space.h"
+#include "codegen/knob.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
 
@@ -61,6 +62,9 @@ ResolvedProblem resolve(const ProblemOptions& o) {
   r.config = tuned ? *tuned : autotune::untuned_config(r.ir, default_arch(o.arch));
   if (!o.config.empty()) r.config = Config::from_json(o.config, r.config);
   check_config(r.ir, r.config);
+  // Knob names too, before anything runs: without a GPU only the CPU reference runs, which reads
+  // no knob, so a misspelt one would pass unseen.
+  codegen::check_knob_names(r.ir.name, r.config);
   return r;
 }
 
