@@ -15,6 +15,7 @@
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
 #include "kernels/attention_variants.h"
+#include "kernels/attention_varlen.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
 
@@ -95,26 +96,38 @@ tj::kernels::AttentionFp8Workspace& workspace(CUstream stream) {
   return spaces[stream];
 }
 
+// The inputs' views and the options both attention calls share: q, k, v and o of one 16-bit type.
+struct Common {
+  TensorView q, k, v, o;
+  tj::kernels::AttentionFp8Options fo;
+};
+Common common(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v, const tj_tensor* o,
+              const tj_attention_options& opt) {
+  Common c{view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(o, "o"), {}};
+  for (const TensorView* t : {&c.q, &c.k, &c.v})
+    if (t->dtype != DType::bf16 && t->dtype != DType::f16)
+      throw ApiError(TJ_ERROR_DTYPE, fmt::format("q, k and v must be bf16 or f16 (fp8 = 1 quantizes them), got {}", t->describe()));
+  if (c.k.dtype != c.q.dtype || c.v.dtype != c.q.dtype || c.o.dtype != c.q.dtype)
+    throw ApiError(TJ_ERROR_DTYPE, fmt::format("q, k, v and o must share one type: {}, {}, {}, {}", c.q.describe(),
+                                               c.k.describe(), c.v.describe(), c.o.describe()));
+  c.fo.causal = opt.causal != 0;
+  c.fo.quantize = opt.fp8 != 0;
+  if (opt.softmax_scale != 0.0) {
+    if (!std::isfinite(opt.softmax_scale))
+      throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("softmax_scale {} is not finite", opt.softmax_scale));
+    c.fo.softmax_scale = opt.softmax_scale;
+  }
+  c.fo.stream = stream;
+  return c;
+}
+
 void attention_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v, const tj_tensor* o,
                        const tj_tensor* lse, const tj_attention_options* options) {
   const tj_attention_options defaults{0, 0, 0.0, nullptr, 0.0};
   const tj_attention_options& opt = options ? *options : defaults;
-  TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"), ov = view_of(o, "o");
-  for (const TensorView* t : {&qv, &kv, &vv})
-    if (t->dtype != DType::bf16 && t->dtype != DType::f16)
-      throw ApiError(TJ_ERROR_DTYPE, fmt::format("q, k and v must be bf16 or f16 (fp8 = 1 quantizes them), got {}", t->describe()));
-  if (kv.dtype != qv.dtype || vv.dtype != qv.dtype || ov.dtype != qv.dtype)
-    throw ApiError(TJ_ERROR_DTYPE, fmt::format("q, k, v and o must share one type: {}, {}, {}, {}", qv.describe(), kv.describe(),
-                                               vv.describe(), ov.describe()));
-  tj::kernels::AttentionFp8Options fo;
-  fo.causal = opt.causal != 0;
-  fo.quantize = opt.fp8 != 0;
-  if (opt.softmax_scale != 0.0) {
-    if (!std::isfinite(opt.softmax_scale))
-      throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("softmax_scale {} is not finite", opt.softmax_scale));
-    fo.softmax_scale = opt.softmax_scale;
-  }
-  fo.stream = stream;
+  Common c = common(stream, q, k, v, o, opt);
+  const TensorView &qv = c.q, &kv = c.k, &vv = c.v, &ov = c.o;
+  tj::kernels::AttentionFp8Options& fo = c.fo;
   if (lse) fo.lse = view_of(lse, "lse");
   const std::string variant = opt.variant ? opt.variant : "";
   if (!variant.empty()) {
@@ -123,6 +136,41 @@ void attention_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, 
     fo.causal = false;   // the variant's own mask holds the causality (sliding_window is causal)
   }
   tj::kernels::attention_fp8_forward(qv, kv, vv, ov, fo, workspace(stream));
+}
+
+void attention_varlen_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
+                              const tj_tensor* cu_seqlens, const tj_tensor* o, const tj_tensor* lse,
+                              const tj_attention_options* options) {
+  const tj_attention_options defaults{0, 0, 0.0, nullptr, 0.0};
+  const tj_attention_options& opt = options ? *options : defaults;
+  if (opt.variant && *opt.variant)
+    throw ApiError(TJ_ERROR_INVALID_ARGUMENT,
+                   fmt::format("variant '{}': varlen attention takes none (its mask is the sequences')", opt.variant));
+  Common c = common(stream, q, k, v, o, opt);
+  const TensorView cu = view_of(cu_seqlens, "cu_seqlens");
+  tj::kernels::AttentionVarlenOptions vo;
+  vo.attention = c.fo;
+  if (lse) vo.lse = view_of(lse, "lse");
+  tj::kernels::attention_varlen_forward(c.q, c.k, c.v, cu, c.o, vo, workspace(stream));
+}
+
+// A call's status and tj_last_error from what it threw.
+template <class Fn>
+tj_status guarded(const char* name, Fn fn) {
+  g_last_error.clear();
+  try {
+    fn();
+    return TJ_SUCCESS;
+  } catch (const ApiError& e) {
+    g_last_error = fmt::format("{}: {}", name, e.what());
+    return e.status;
+  } catch (const tj::CudaError& e) {
+    g_last_error = fmt::format("{}: {}", name, e.what());
+    return TJ_ERROR_CUDA;
+  } catch (const std::exception& e) {
+    g_last_error = fmt::format("{}: {}", name, e.what());
+    return TJ_ERROR_INVALID_ARGUMENT;
+  }
 }
 
 }  // namespace
@@ -135,20 +183,14 @@ const char* tj_status_message(tj_status status) {
 
 tj_status tj_attention_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v, const tj_tensor* o,
                                const tj_tensor* lse, const tj_attention_options* options) {
-  g_last_error.clear();
-  try {
-    attention_forward(stream, q, k, v, o, lse, options);
-    return TJ_SUCCESS;
-  } catch (const ApiError& e) {
-    g_last_error = fmt::format("tj_attention_forward: {}", e.what());
-    return e.status;
-  } catch (const tj::CudaError& e) {
-    g_last_error = fmt::format("tj_attention_forward: {}", e.what());
-    return TJ_ERROR_CUDA;
-  } catch (const std::exception& e) {
-    g_last_error = fmt::format("tj_attention_forward: {}", e.what());
-    return TJ_ERROR_INVALID_ARGUMENT;
-  }
+  return guarded("tj_attention_forward", [&] { attention_forward(stream, q, k, v, o, lse, options); });
+}
+
+tj_status tj_attention_varlen_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
+                                      const tj_tensor* cu_seqlens, const tj_tensor* o, const tj_tensor* lse,
+                                      const tj_attention_options* options) {
+  return guarded("tj_attention_varlen_forward",
+                 [&] { attention_varlen_forward(stream, q, k, v, cu_seqlens, o, lse, options); });
 }
 
 const char* tj_last_error(void) { return g_last_error.c_str(); }

@@ -101,6 +101,17 @@ typedef struct tj_attention_options {
 tj_status tj_attention_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
                                const tj_tensor* o, const tj_tensor* lse, const tj_attention_options* options);
 
+/* Variable-length attention over packed sequences (FlashAttention's varlen layout): q and o
+ * [T, H, D], k and v [T, Hkv, D] hold the batch's sequences one after another (bf16 or f16, any
+ * strides whose last one is 1); cu_seqlens (i32 or i64 [N + 1], on the GPU) says where each
+ * starts: cu_seqlens[0] = 0, ascending, cu_seqlens[N] = T (read back and checked: one small copy
+ * and a wait on `stream`). A query sees the keys of its own sequence (options->causal: up to its
+ * own position). options->variant must be NULL or "". lse: NULL, or f32 [H, T] (natural log).
+ * Otherwise as tj_attention_forward. */
+tj_status tj_attention_varlen_forward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
+                                      const tj_tensor* cu_seqlens, const tj_tensor* o, const tj_tensor* lse,
+                                      const tj_attention_options* options);
+
 /* What the last failed call on this thread said (empty when none failed). */
 const char* tj_last_error(void);
 

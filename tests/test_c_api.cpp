@@ -13,6 +13,7 @@
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
 #include "kernels/attention_variants.h"
+#include "kernels/attention_varlen.h"
 #include "runtime/owned_tensor.h"
 
 using namespace tj;
@@ -55,6 +56,17 @@ TEST_CASE("C API: bad arguments are statuses with a message naming the argument"
   opt = tj_attention_options{0, 0, NAN, nullptr, 0.0};
   CHECK(tj_attention_forward(nullptr, &q.t, &q.t, &q.t, &q.t, nullptr, &opt) == TJ_ERROR_INVALID_ARGUMENT);
   CHECK(last_error().find("softmax_scale nan is not finite") != std::string::npos);
+  // Varlen: packed [T, heads, D] and cu_seqlens; no variant.
+  CTensor pq(fake, TJ_BF16, {577, 4, 128}), pkv(fake, TJ_BF16, {577, 2, 128}), cu(fake, TJ_I32, {4}), cuf(fake, TJ_F32, {4});
+  CHECK(tj_attention_varlen_forward(nullptr, &pq.t, &pkv.t, &pkv.t, nullptr, &pq.t, nullptr, nullptr) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error() == "tj_attention_varlen_forward: cu_seqlens is NULL");
+  CHECK(tj_attention_varlen_forward(nullptr, &pq.t, &pkv.t, &pkv.t, &cuf.t, &pq.t, nullptr, nullptr) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("cu_seqlens is i32 or i64 [N + 1] (N >= 1 sequences), got f32[4]") != std::string::npos);
+  CHECK(tj_attention_varlen_forward(nullptr, &q.t, &q.t, &q.t, &cu.t, &q.t, nullptr, nullptr) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("q, k, v and o are packed [T, heads, D]") != std::string::npos);
+  tj_attention_options alibi{0, 0, 0.0, "alibi", 0.0};
+  CHECK(tj_attention_varlen_forward(nullptr, &pq.t, &pkv.t, &pkv.t, &cu.t, &pq.t, nullptr, &alibi) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("variant 'alibi': varlen attention takes none") != std::string::npos);
   CHECK(std::string(tj_status_message(TJ_ERROR_ALIGNMENT)).find("not aligned") != std::string::npos);
   CHECK(tj_device_ordinal() >= 0);
 }
@@ -103,4 +115,30 @@ TEST_CASE("gpu: C API attention on [B, S, H, D] views (plain and sliding window)
     for (double x : a.values()) nan += std::isnan(x) ? 1 : 0;
     CHECK(nan == 0);
   }
+}
+
+TEST_CASE("gpu: C API varlen attention writes what attention_varlen_forward writes (bf16, causal, GQA)") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(9);
+  const std::vector<double> cu = {0, 200, 277, 577};
+  const int64_t T = 577, H = 4, Hkv = 2, D = 128;
+  HostTensor q = tj_test::randn(DType::bf16, {T, H, D}, rng), k = tj_test::randn(DType::bf16, {T, Hkv, D}, rng),
+             v = tj_test::randn(DType::bf16, {T, Hkv, D}, rng);
+  DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+  DeviceTensor dcu = DeviceTensor::from_host(HostTensor::from_values(cu, DType::i64, {4}));
+  DeviceTensor o1(DType::bf16, {T, H, D}), o2(DType::bf16, {T, H, D});
+  o1.fill_bytes(0xFF);
+  o2.fill_bytes(0x00);
+  CTensor cq(dq.view().data, TJ_BF16, {T, H, D}), ck(dk.view().data, TJ_BF16, {T, Hkv, D}), cv(dv.view().data, TJ_BF16, {T, Hkv, D}),
+      ccu(dcu.view().data, TJ_I64, {4}), co(o1.view().data, TJ_BF16, {T, H, D});
+  tj_attention_options opt{1, 0, 0.0, nullptr, 0.0};
+  REQUIRE_MESSAGE(tj_attention_varlen_forward(nullptr, &cq.t, &ck.t, &cv.t, &ccu.t, &co.t, nullptr, &opt) == TJ_SUCCESS, last_error());
+  kernels::AttentionVarlenOptions vo;
+  vo.attention.causal = true;
+  vo.attention.quantize = false;   // the C API's fp8 = 0
+  kernels::AttentionFp8Workspace ws;
+  kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), dcu.view(), o2.view(), vo, ws);
+  runtime::synchronize();
+  HostTensor a = o1.to_host(), b = o2.to_host();
+  CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
