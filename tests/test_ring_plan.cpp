@@ -1,0 +1,169 @@
+// kernels/ring_plan.h: the host arithmetic of ring attention (sharding, the ring's steps, each
+// step's launches), and the plan run on the CPU reference executor with the library's merging
+// attention kernel (every rank's launches over the ring, merged by their logsumexp) against
+// float64 attention over the whole sequence.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention_accuracy.h"
+#include "core/error.h"
+#include "kernels/library.h"
+#include "kernels/ring_plan.h"
+#include "runtime/owned_tensor.h"
+
+using namespace tj;
+using kernels::RingPlan;
+
+namespace {
+
+std::string error_of(int64_t ranks, int64_t seq, RingPlan::Sharding s) {
+  try {
+    RingPlan p(ranks, seq, s, true);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Rows [row0, row0 + rows) of a [1, H, S, D] (or [1, H, S]) host tensor, as a view (no copy).
+TensorView rows_of(const HostTensor& t, int64_t row0, int64_t rows) {
+  TensorView v = t.view();
+  const std::vector<int64_t> s = v.effective_strides();
+  v.data = static_cast<char*>(v.data) + row0 * s[2] * static_cast<int64_t>(size_bytes(v.dtype));
+  v.shape[2] = rows;
+  v.strides = s;
+  return v;
+}
+
+// float64 attention of [H, S, D] inputs over the whole sequence (causal by global positions).
+std::vector<double> full_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, bool causal) {
+  const int64_t H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<double> o(H * S * D, 0.0);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < S; ++i) {
+      std::vector<double> p(S, 0.0);
+      double mx = -INFINITY, sum = 0;
+      const int64_t last = causal ? i : S - 1;
+      for (int64_t j = 0; j <= last; ++j) {
+        double d = 0;
+        for (int64_t x = 0; x < D; ++x) d += q.at((h * S + i) * D + x) * k.at((h * S + j) * D + x);
+        p[j] = d * scale;
+        mx = std::max(mx, p[j]);
+      }
+      for (int64_t j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
+      for (int64_t x = 0; x < D; ++x) {
+        double acc = 0;
+        for (int64_t j = 0; j <= last; ++j) acc += p[j] * v.at((h * S + j) * D + x);
+        o[(h * S + i) * D + x] = acc / sum;
+      }
+    }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("ring plan: a sequence that does not split into equal chunks is an error that says how to pad it") {
+  CHECK(error_of(3, 100, RingPlan::Sharding::zigzag) ==
+        "ring attention: a sequence of 100 rows does not split into 6 equal chunks (3 ranks, zigzag: two chunks each): pad it to a "
+        "multiple of 6");
+  CHECK(error_of(4, 2, RingPlan::Sharding::contiguous).find("does not split into 4 equal chunks") != std::string::npos);
+  CHECK(error_of(0, 64, RingPlan::Sharding::contiguous) == "ring attention: 0 ranks (at least 1)");
+}
+
+TEST_CASE("ring plan: every row on one rank, every shard at every rank once, zigzag balances causal work") {
+  for (auto sharding : {RingPlan::Sharding::contiguous, RingPlan::Sharding::zigzag})
+    for (int64_t P : {1, 2, 3, 4, 8}) {
+      CAPTURE(P);
+      CAPTURE(sharding == RingPlan::Sharding::zigzag);
+      const RingPlan plan(P, 48 * P, sharding, true);
+      const int64_t per_rank = plan.seq / P;
+      std::set<int64_t> rows;
+      for (int64_t r = 0; r < P; ++r) {
+        for (int64_t i = 0; i < per_rank; ++i) rows.insert(plan.global_row(r, i));
+        std::set<int64_t> owners;
+        for (int64_t s = 0; s < P; ++s) owners.insert(plan.kv_owner(r, s));
+        CHECK(owners.size() == static_cast<size_t>(P));
+        CHECK(plan.kv_owner(r, 0) == r);
+        // the shard rank r holds at step s + 1 is the one rank r - 1 held at step s (passed on)
+        for (int64_t s = 0; s + 1 < P; ++s) CHECK(plan.kv_owner(r, s + 1) == plan.kv_owner((r + P - 1) % P, s));
+      }
+      CHECK(rows.size() == static_cast<size_t>(plan.seq));
+      CHECK(*rows.rbegin() == plan.seq - 1);
+      // The causal work: S (S + 1) / 2 entries over all ranks; zigzag gives each rank as much.
+      int64_t total = 0, lo = INT64_MAX, hi = 0;
+      for (int64_t r = 0; r < P; ++r) {
+        total += plan.work(r);
+        lo = std::min(lo, plan.work(r));
+        hi = std::max(hi, plan.work(r));
+      }
+      const int64_t L = plan.chunk_rows(), C = plan.seq / L;
+      CHECK(total == C * (C - 1) / 2 * L * L + C * L * (L + 1) / 2);
+      if (sharding == RingPlan::Sharding::zigzag) CHECK(lo == hi);
+      else if (P > 1) CHECK(hi > lo);
+    }
+}
+
+TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, merged by their LSE, are attention over the "
+          "whole sequence (bf16, causal and not, zigzag and contiguous)") {
+  std::mt19937 rng(44);
+  const int64_t H = 2, D = 64, S = 96;
+  const HostTensor q = tj_test::randn(DType::bf16, {1, H, S, D}, rng), k = tj_test::randn(DType::bf16, {1, H, S, D}, rng),
+                   v = tj_test::randn(DType::bf16, {1, H, S, D}, rng);
+  const HostTensor ones = HostTensor::from_values({1.0, 1.0}, DType::f32, {1, H});
+  Config cfg;
+  cfg.blocks = {{"m", 64}, {"n", 64}};
+  for (bool causal : {false, true}) {
+    const std::vector<double> want = full_attention(q, k, v, causal);
+    for (auto sharding : {RingPlan::Sharding::contiguous, RingPlan::Sharding::zigzag})
+      for (int64_t P : {2, 3, 4}) {
+        const RingPlan plan(P, S, sharding, causal);
+        CAPTURE(plan.describe());
+        const int64_t L = plan.chunk_rows(), rows = S / P;
+        // Each rank's q / k / v shards (its chunks' rows, one after another), its o and LSE (-inf:
+        // nothing merged yet).
+        auto shard = [&](const HostTensor& t, int64_t r) {
+          HostTensor s(DType::bf16, {1, H, rows, D});
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t x = 0; x < D; ++x) s.set((h * rows + i) * D + x, t.at((h * S + plan.global_row(r, i)) * D + x));
+          return s;
+        };
+        std::vector<HostTensor> qs, ks, vs, os, lses;
+        for (int64_t r = 0; r < P; ++r) {
+          qs.push_back(shard(q, r));
+          ks.push_back(shard(k, r));
+          vs.push_back(shard(v, r));
+          os.emplace_back(DType::bf16, std::vector<int64_t>{1, H, rows, D});
+          os.back().fill_bytes(0xFF);
+          lses.push_back(HostTensor::from_values(std::vector<double>(H * rows, -INFINITY), DType::f32, {1, H, rows}));
+        }
+        for (int64_t s = 0; s < P; ++s)
+          for (int64_t r = 0; r < P; ++r) {
+            const int64_t owner = plan.kv_owner(r, s);
+            for (const RingPlan::Launch& l : plan.launches(r, s))
+              tj_test::run_ref(kernels::attention_fp8_merging(),
+                               {rows_of(qs[r], l.q_chunk * L, L), rows_of(ks[owner], l.kv_chunk * L, L),
+                                rows_of(vs[owner], l.kv_chunk * L, L), ones.view(), ones.view(), ones.view(),
+                                rows_of(os[r], l.q_chunk * L, L), rows_of(lses[r], l.q_chunk * L, L),
+                                1.4426950408889634 / std::sqrt(static_cast<double>(D)), 1.0, l.mode == RingPlan::Mode::causal,
+                                true},
+                               cfg);
+          }
+        std::vector<double> got(H * S * D);
+        for (int64_t r = 0; r < P; ++r)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t x = 0; x < D; ++x) got[(h * S + plan.global_row(r, i)) * D + x] = os[r].at((h * rows + i) * D + x);
+        const tj_test::Metrics m = tj_test::compare(got, want);
+        MESSAGE(plan.describe(), ": merged ring vs float64: ", tj_test::str(m));
+        CHECK(m.nan == 0);
+        CHECK(m.rel_rmse <= 1e-2);
+      }
+  }
+}
