@@ -36,18 +36,23 @@ void check_cu_seqlens(const TensorView& cu, int64_t T, CUstream stream) {
   const int64_t n = cu.shape[0];
   const int64_t stride = cu.effective_strides()[0], elem = static_cast<int64_t>(size_bytes(cu.dtype));
   std::vector<int64_t> values(n);
-  std::vector<unsigned char> raw(static_cast<size_t>(elem));
+  std::vector<unsigned char> raw(static_cast<size_t>(n * elem));
   auto& d = runtime::driver();
   runtime::check(d.cuStreamSynchronize(stream), "cuStreamSynchronize");   // cu_seqlens may come from work on the stream
+  const auto base = reinterpret_cast<CUdeviceptr>(cu.data);
+  if (stride == 1) {   // one copy (the usual, contiguous case), else one per element
+    runtime::check(d.cuMemcpyDtoH(raw.data(), base, raw.size()), "cuMemcpyDtoH");
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      runtime::check(d.cuMemcpyDtoH(raw.data() + i * elem, base + i * stride * elem, static_cast<size_t>(elem)), "cuMemcpyDtoH");
+  }
   for (int64_t i = 0; i < n; ++i) {
-    runtime::check(d.cuMemcpyDtoH(raw.data(), reinterpret_cast<CUdeviceptr>(cu.data) + i * stride * elem, raw.size()),
-                   "cuMemcpyDtoH");
     if (cu.dtype == DType::i32) {
       int32_t x;
-      std::memcpy(&x, raw.data(), 4);
+      std::memcpy(&x, raw.data() + i * elem, 4);
       values[i] = x;
     } else {
-      std::memcpy(&values[i], raw.data(), 8);
+      std::memcpy(&values[i], raw.data() + i * elem, 8);
     }
   }
   if (values.front() != 0)
