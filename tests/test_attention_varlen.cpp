@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_accuracy.h"
 #include "core/error.h"
 #include "gpu.h"
 #include "gpu_run.h"
@@ -69,15 +70,6 @@ void reference(const HostTensor& q, const HostTensor& k, const HostTensor& v, co
       }
 }
 
-double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
-  double e = 0, r = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    e += (got.at(i) - want[i]) * (got.at(i) - want[i]);
-    r += want[i] * want[i];
-  }
-  return std::sqrt(e / std::max(r, 1e-300));
-}
-
 }  // namespace
 
 TEST_CASE("attention_varlen_forward: argument errors name what is wrong") {
@@ -126,7 +118,7 @@ TEST_CASE("gpu: attention_varlen_forward matches float64 per sequence (bf16 and 
       opt.lse = lse.view();
       kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), dcu.view(), o.view(), opt, ws);
       runtime::synchronize();
-      const double err = rel_rmse(o.to_host(), want);
+      const double err = tj_test::compare(o.to_host().values(), want).rel_rmse;
       const std::string what = std::string(fp8 ? "fp8" : "bf16") + (causal ? " causal" : "");
       MESSAGE("varlen ", what, ": rel RMSE ", err);
       CHECK(err < (fp8 ? 6e-2 : 1e-2));
