@@ -451,6 +451,8 @@ const Kernel& readme_attention() { return examples::readme_attention(); }
 const Kernel& grouped_gemm() { return examples::grouped_gemm(); }
 const Kernel& attention_bwd_dkdv() { return examples::attention_bwd_dkdv(); }
 const Kernel& attention_bwd_dq() { return examples::attention_bwd_dq(); }
+const Kernel& attention_bwd_fused() { return examples::attention_bwd_fused(); }
+const Kernel& splitk_gemm() { return examples::splitk_gemm(); }
 
 constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, e4m3 = DType::e4m3;
 
@@ -689,6 +691,15 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
   run_case({"README attention e4m3 on sm_89", &readme_attention,
             {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});
+  // Atomic adds from the accumulator fragments: a split-K GEMM's programs into one C tile (C starts
+  // poisoned, -777: kept and added to), and the fused backward's dQ^T added transposed into dq_acc.
+  run_case({"split-K GEMM, atomic adds of accumulator tiles", &splitk_gemm,
+            {T(bf16, {40, 200}), T(bf16, {24, 200}), T(f32, {40, 24})},
+            R"({"blocks":{"m":32,"n":16,"k":32,"ks":64},"num_warps":2})", {}, false, "sm_80", mma});
+  run_case({"fused attention backward (dQ^T added transposed), causal", &attention_bwd_fused,
+            {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), T(bf16, s80),
+             T(f32, s80), RuntimeScalar{0.1f}, true},
+            R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
 }
 
 TEST_CASE("codegen (emulated): knob longest_first runs every program once, the longest first over groups of heads") {
