@@ -55,6 +55,14 @@ Outcome run_both(const Kernel& k, std::vector<HostTensor>& tensors, std::vector<
   return o;
 }
 
+// The untuned config of `k` traced for these host tensors and tail arguments, for `arch`.
+Config untuned_for(const Kernel& k, const std::vector<HostTensor>& t, const std::vector<Arg>& tail, const std::string& arch) {
+  std::vector<Arg> args;
+  for (const auto& x : t) args.push_back(x.view());
+  args.insert(args.end(), tail.begin(), tail.end());
+  return codegen::untuned_config(k.trace(specs_for(k, args, false)), arch);
+}
+
 }  // namespace
 
 TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, SwiGLU) match the reference") {
@@ -357,16 +365,10 @@ TEST_CASE("gpu: attention backward as user code (dK / dV and dQ) on wgmma and mm
           for (double x : s) sum += std::exp2(x - mx);
           lse.set(bh * S + i, mx + std::log2(sum));
         }
-      auto config_for = [&](const Kernel& kern, const std::vector<HostTensor>& t, const std::vector<Arg>& tail) {
-        std::vector<Arg> args;
-        for (const auto& x : t) args.push_back(x.view());
-        args.insert(args.end(), tail.begin(), tail.end());
-        return codegen::untuned_config(kern.trace(specs_for(kern, args, false)), arch);
-      };
       const std::vector<Arg> tail = {scale, causal};
       const std::string lowering = std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)";
       std::vector<HostTensor> kv = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape), HostTensor(DType::bf16, shape)};
-      const Config ckv = config_for(examples::attention_bwd_dkdv(), kv, tail);
+      const Config ckv = untuned_for(examples::attention_bwd_dkdv(), kv, tail, arch);
       for (size_t out : {size_t{6}, size_t{7}}) {
         CAPTURE(out == 6 ? "dk" : "dv");
         const Outcome o = run_both(examples::attention_bwd_dkdv(), kv, tail, out, ckv, arch);
@@ -375,7 +377,7 @@ TEST_CASE("gpu: attention backward as user code (dK / dV and dQ) on wgmma and mm
         CHECK(o.rel_rmse < 2e-2);
       }
       std::vector<HostTensor> qt = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape)};
-      const Outcome o = run_both(examples::attention_bwd_dq(), qt, tail, 6, config_for(examples::attention_bwd_dq(), qt, tail), arch);
+      const Outcome o = run_both(examples::attention_bwd_dq(), qt, tail, 6, untuned_for(examples::attention_bwd_dq(), qt, tail, arch), arch);
       CAPTURE("dq");
       CHECK(o.lowering == lowering);
       CHECK(o.nan_count == 0);
@@ -392,9 +394,7 @@ TEST_CASE("gpu: atomic adds (split-K GEMM on wgmma and mma.sync, the fused atten
     CAPTURE(std::string(arch));
     std::vector<HostTensor> t = {random_tensor(DType::bf16, {300, 464}, rng), random_tensor(DType::bf16, {200, 464}, rng),
                                  random_tensor(DType::f32, {300, 200}, rng)};
-    std::vector<Arg> args;
-    for (const auto& x : t) args.push_back(x.view());
-    Config c = codegen::untuned_config(examples::splitk_gemm().trace(specs_for(examples::splitk_gemm(), args, false)), arch);
+    Config c = untuned_for(examples::splitk_gemm(), t, {}, arch);
     c.blocks["ks"] = 128;
     const Outcome o = run_both(examples::splitk_gemm(), t, {}, 2, c, arch, /*keep_out=*/true);
     CHECK(o.lowering == (std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)"));
@@ -441,10 +441,7 @@ TEST_CASE("gpu: atomic adds (split-K GEMM on wgmma and mma.sync, the fused atten
       for (size_t out : {size_t{6}, size_t{7}, size_t{8}}) {
         CAPTURE(out == 6 ? "dk" : out == 7 ? "dv" : "dq_acc");
         std::vector<HostTensor> t = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape), HostTensor(DType::bf16, shape), dq0};
-        std::vector<Arg> args;
-        for (const auto& x : t) args.push_back(x.view());
-        args.insert(args.end(), tail.begin(), tail.end());
-        const Config c = codegen::untuned_config(examples::attention_bwd_fused().trace(specs_for(examples::attention_bwd_fused(), args, false)), arch);
+        const Config c = untuned_for(examples::attention_bwd_fused(), t, tail, arch);
         const Outcome o = run_both(examples::attention_bwd_fused(), t, tail, out, c, arch, /*keep_out=*/out == 8);
         CHECK(o.lowering == (std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)"));
         CHECK(o.nan_count == 0);
