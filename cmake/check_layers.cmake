@@ -1,13 +1,13 @@
 # cmake -DROOT=<source tree> -P check_layers.cmake
 # Fails (listing each one) on an #include "<folder>/..." that runs up a layer. Layers, bottom
-# first: core, dsl, codegen, runtime, autotune, kernels, api; a file may include its own layer and the
+# first: core, dsl, codegen, runtime, autotune, kernels, api, dist (libtilejit_dist, NCCL); a file may include its own layer and the
 # ones below. Files of the top folders (tools, bench, examples, tests) may include any layer.
 # The device library (codegen/device/*.cuh) is compiled by NVRTC on its own: it includes only
 # its sibling files, by bare name.
 if(NOT DEFINED ROOT)
   message(FATAL_ERROR "check_layers.cmake: ROOT is not set")
 endif()
-set(layers core dsl codegen runtime autotune kernels api)
+set(layers core dsl codegen runtime autotune kernels api dist)
 set(violations "")
 set(checked 0)
 foreach(layer ${layers})

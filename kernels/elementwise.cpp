@@ -9,6 +9,15 @@ const Kernel& vector_add() {
   return k;
 }
 
+const Kernel& convert() {
+  static const Kernel k = kernel("convert", {"x", "out"}, [](In x, Out out) {
+    auto [rows, cols] = x.shape<2>();
+    for (auto r : tile(rows, block("r")))
+      for (auto c : tile(cols, block("c"))) out.store(r, c, x.load(r, c).to(out.dtype()));
+  });
+  return k;
+}
+
 const Kernel& softmax() {
   static const Kernel k = kernel("softmax", {"x", "out"}, [](In x, Out out) {
     constexpr double log2e = 1.4426950408889634;

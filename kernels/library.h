@@ -12,6 +12,9 @@ namespace tj::kernels {
 // out[i] = x[i] + y[i] over a 1-D tensor.
 const Kernel& vector_add();
 
+// out[r, c] = x[r, c] rounded to out's dtype, over [rows, cols] (blocks "r" and "c").
+const Kernel& convert();
+
 // out[r, :] = softmax(x[r, :]) along the last dim, online max/sum in exp2
 // (exp(x) = exp2(x · log2 e)), any number of columns.
 const Kernel& softmax();

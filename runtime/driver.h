@@ -74,8 +74,11 @@ namespace tj::runtime {
   X(cuMemsetD8Async)                                                                         \
   X(cuMemsetD32Async)                                                                        \
   X(cuStreamCreate)                                                                          \
+  X(cuStreamCreateWithPriority)                                                              \
+  X(cuCtxGetStreamPriorityRange)                                                             \
   X(cuStreamDestroy)                                                                         \
   X(cuStreamSynchronize)                                                                     \
+  X(cuStreamWaitEvent)                                                                       \
   X(cuEventCreate)                                                                           \
   X(cuEventRecord)                                                                           \
   X(cuEventSynchronize)                                                                      \

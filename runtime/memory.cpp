@@ -146,6 +146,18 @@ Stream::Stream() {
   d.check(d.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
 }
 
+Stream::Stream(int priority) {
+  Driver& d = ctx();
+  d.check(d.cuStreamCreateWithPriority(&stream_, CU_STREAM_NON_BLOCKING, priority), "cuStreamCreateWithPriority");
+}
+
+int Stream::greatest_priority() {
+  Driver& d = ctx();
+  int least = 0, greatest = 0;
+  d.check(d.cuCtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");
+  return greatest;
+}
+
 Stream::~Stream() {
   if (stream_) {
     if (Driver* d = ctx_noexcept()) d->cuStreamDestroy(stream_);

@@ -76,6 +76,10 @@ class Stream {
  public:
   // A non-blocking stream (CU_STREAM_NON_BLOCKING).
   Stream();
+  // The same with a scheduling priority: lower numbers run first where blocks of several kernels
+  // wait for an SM (cuCtxGetStreamPriorityRange; greatest_priority() is the most urgent).
+  explicit Stream(int priority);
+  static int greatest_priority();
   ~Stream();
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;

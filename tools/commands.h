@@ -146,6 +146,8 @@ int export_kernels(const ExportOptions& o);
 // Replaces this process with `tilejit-export` (next to the running program) and `args`;
 // returns only on failure (with a message on stderr) and then returns 1.
 int export_forward(const std::vector<std::string>& args);
+// `tilejit bench ring ARGS` runs `tilejit-ring ARGS` (tools/ring_main.cpp: ring attention over NCCL).
+int ring_forward(const std::vector<std::string>& args);
 // `tilejit tune`: autotune a library kernel for one problem on this GPU and store the winner.
 struct TuneCliOptions {
   std::string effort = "full";    // none, quick, full, exhaustive

@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
   // `tilejit export ...` runs the tilejit-export program, which links LLVM (tools/export.cpp).
   if (argc >= 2 && std::strcmp(argv[1], "export") == 0)
     return tj::tools::export_forward(std::vector<std::string>(argv + 2, argv + argc));
+  // `tilejit bench ring ...` runs the tilejit-ring program, which links NCCL (tools/ring_main.cpp).
+  if (argc >= 3 && std::strcmp(argv[1], "bench") == 0 && std::strcmp(argv[2], "ring") == 0)
+    return tj::tools::ring_forward(std::vector<std::string>(argv + 3, argv + argc));
 
   CLI::App app{"tilejit: a tile-level kernel language for C++ (trace -> CUDA C++ -> NVRTC -> GPU)"};
   app.require_subcommand(1);
@@ -102,7 +105,8 @@ int main(int argc, char** argv) {
   bench->add_option("what", bench_what,
                     "what to benchmark: attention (FP8 / bf16 vs SDPA and Triton), variants (issue #7's attention variants "
                     "vs flex_attention and masked SDPA), inputs (grouped-query heads and [B, S, H, D] / packed QKV views vs the "
-                    "multi-head [B, H, S, D] case) or memory (softmax, norms, quantizers, add vs a copy and torch)")
+                    "multi-head [B, H, S, D] case), memory (softmax, norms, quantizers, add vs a copy and torch) or ring (ring "
+                    "attention over NCCL on every GPU: `tilejit bench ring --help`)")
       ->required();
   tj::tools::BenchMemoryOptions memory_opts;
   auto* memory_rows = bench->add_option("--rows", memory_opts.rows, "memory: rows of the bf16 [rows, cols] inputs (default 16384)");

@@ -1,0 +1,195 @@
+// dist/ring_attention.h (ring attention over NCCL) and the tilejit-ring launcher's pieces: the
+// checks before anything is sent (CPU), a ring of one rank on the GPU against the float64
+// attention, and, on a machine of two GPUs or more, `tilejit-ring --check` (one process per GPU,
+// the ring against single-GPU attention and float64). Built as tilejit_dist_tests: it links NCCL.
+#include <doctest/doctest.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "attention_accuracy.h"
+#include "core/error.h"
+#include "dist/ring_attention.h"
+#include "gpu.h"
+#include "kernels/library.h"
+#include "runtime/device.h"
+#include "runtime/driver.h"
+#include "tools/ring_bench.h"
+
+using namespace tj;
+using kernels::RingPlan;
+
+namespace {
+
+TensorView fake(DType dt, std::vector<int64_t> shape) {
+  TensorView v;
+  v.data = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  v.dtype = dt;
+  v.shape = std::move(shape);
+  v.device = Device::cuda;
+  return v;
+}
+
+std::string plan_error(int64_t ranks, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                       const dist::RingAttentionOptions& opt = {}) {
+  try {
+    dist::ring_attention_plan(ranks, q, k, v, o, opt);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("ring attention: shapes, dtypes and layouts that do not fit are errors before anything is sent") {
+  const TensorView q = fake(DType::bf16, {1, 8, 1024, 128}), kv = fake(DType::bf16, {1, 2, 1024, 128});
+  CHECK(plan_error(4, q, kv, kv, q) == "");
+  CHECK(plan_error(4, fake(DType::bf16, {8, 1024, 128}), kv, kv, q) ==
+        "ring attention: q is bf16[8, 1024, 128] (cuda): expected [B, H, n, D] (this rank's rows)");
+  TensorView host = q;
+  host.device = Device::host;
+  CHECK(plan_error(4, q, kv, kv, host) == "ring attention: o is bf16[1, 8, 1024, 128] (host): expected a device tensor");
+  TensorView strided = kv;
+  strided.strides = {2 * 1024 * 256, 1024 * 256, 256, 1};
+  CHECK(plan_error(4, q, strided, kv, q).find("k is bf16[1, 2, 1024, 128]") != std::string::npos);
+  CHECK(plan_error(4, q, strided, kv, q).find("expected a contiguous tensor") != std::string::npos);
+  CHECK(plan_error(4, fake(DType::f32, {1, 8, 1024, 128}), kv, kv, q) ==
+        "ring attention: q is f32[1, 8, 1024, 128] (cuda): expected bf16 or f16 (fp8 = true quantizes them to e4m3 here)");
+  CHECK(plan_error(4, q, fake(DType::f16, {1, 2, 1024, 128}), kv, q) ==
+        "ring attention: q, k, v and o must share one dtype: bf16, f16, bf16, bf16");
+  CHECK(plan_error(4, q, fake(DType::bf16, {1, 3, 1024, 128}), fake(DType::bf16, {1, 3, 1024, 128}), q) ==
+        "ring attention: q's 8 heads are not a multiple of k's 3 (grouped-query attention)");
+  CHECK(plan_error(4, q, fake(DType::bf16, {1, 2, 512, 128}), fake(DType::bf16, {1, 2, 512, 128}), q) ==
+        "ring attention: k bf16[1, 2, 512, 128] (cuda) must hold the same batch, rows and head dim as q bf16[1, 8, 1024, 128] "
+        "(cuda)");
+  CHECK(plan_error(4, q, kv, fake(DType::bf16, {1, 2, 1024, 64}), q).find("ring attention: k bf16[1, 2, 1024, 128] (cuda) and v") ==
+        0);
+  dist::RingAttentionOptions opt;
+  opt.lse = fake(DType::f32, {1, 8, 1000});
+  CHECK(plan_error(4, q, kv, kv, q, opt) == "ring attention: lse is f32[1, 8, 1000] (cuda): expected f32[1, 8, 1024]");
+  // zigzag: two chunks of n / 2 rows per rank
+  const TensorView q_odd = fake(DType::bf16, {1, 8, 1001, 128}), kv_odd = fake(DType::bf16, {1, 8, 1001, 128});
+  CHECK(plan_error(2, q_odd, kv_odd, kv_odd, q_odd).find("does not split into 4 equal chunks (2 ranks, zigzag: two chunks each)") !=
+        std::string::npos);
+  opt = {};
+  opt.fp8 = true;
+  const TensorView q_8 = fake(DType::bf16, {1, 8, 1000, 128}), kv_8 = fake(DType::bf16, {1, 8, 1000, 128});
+  CHECK(plan_error(2, q_8, kv_8, kv_8, q_8, opt) ==
+        "ring attention: fp8: chunks of 500 rows (ring attention over 2 ranks, 2000 rows in 4 chunks of 500 (zigzag)): each "
+        "chunk of Vᵀ starts 16 bytes aligned only at a multiple of 16 rows; pad the sequence to a multiple of 64");
+}
+
+TEST_CASE("ring attention: the flops of a rank are its plan's scores times 4 D") {
+  const RingPlan plan(4, 4096, RingPlan::Sharding::zigzag, true);
+  for (int64_t r = 0; r < 4; ++r) CHECK(dist::ring_attention_flops(plan, r, 16, 128) == 4.0 * 128 * 16 * plan.work(r));
+}
+
+TEST_CASE("convert (the ring's running f16 O into a bf16 o) rounds each element to the output's dtype, on the CPU reference") {
+  std::mt19937 rng(3);
+  const HostTensor x = tj_test::randn(DType::f16, {70, 96}, rng);
+  HostTensor out(DType::bf16, {70, 96});
+  out.fill_bytes(0xFF);
+  Config cfg;
+  cfg.blocks = {{"r", 64}, {"c", 64}};
+  tj_test::run_ref(kernels::convert(), {x.view(), out.view()}, cfg);
+  HostTensor want(DType::bf16, {70, 96});
+  for (int64_t i = 0; i < x.numel(); ++i) want.set(i, x.at(i));
+  CHECK(std::memcmp(out.data(), want.data(), out.size_bytes()) == 0);
+}
+
+TEST_CASE("tilejit-ring: the NCCL id crosses to the ranks as hex, and text of another length or not hex is an error") {
+  unsigned char id[8] = {0, 1, 0x7f, 0x80, 0xab, 0xcd, 0xef, 0xff}, back[8] = {};
+  const std::string hex = tools::hex_of(id, sizeof id);
+  CHECK(hex == "00017f80abcdefff");
+  tools::bytes_of_hex(hex, back, sizeof back);
+  CHECK(std::equal(id, id + 8, back));
+  try {
+    tools::bytes_of_hex("0001", back, sizeof back);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) == "--nccl-id: expected 16 hex digits, got '0001'");
+  }
+  CHECK_THROWS_AS(tools::bytes_of_hex("00017f80abcdefzz", back, sizeof back), Error);
+}
+
+TEST_CASE("gpu: a ring of one rank is attention over its rows (bf16 and fp8, causal and not, GQA), against float64") {
+  TJ_REQUIRE_HOPPER();
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  runtime::current_device();
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+  std::mt19937 rng(40);
+  const int64_t B = 1, H = 4, Hkv = 2, S = 512, D = 128;
+  const HostTensor q = tj_test::randn(DType::bf16, {B, H, S, D}, rng), k = tj_test::randn(DType::bf16, {B, Hkv, S, D}, rng),
+                   v = tj_test::randn(DType::bf16, {B, Hkv, S, D}, rng);
+  const DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+  for (bool fp8 : {false, true})
+    for (bool causal : {false, true}) {
+      CAPTURE(fp8);
+      CAPTURE(causal);
+      DeviceTensor o(DType::bf16, {B, H, S, D}), lse(DType::f32, {B, H, S});
+      o.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      dist::RingAttentionOptions opt;
+      opt.fp8 = fp8;
+      opt.causal = causal;
+      opt.lse = lse.view();
+      opt.record_steps = true;
+      dist::RingAttentionWorkspace ws;
+      dist::ring_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), opt, ws);
+      ws.read_step_times();
+      CHECK(ws.steps.size() == 1);
+      const HostTensor ho = o.to_host(), hl = lse.to_host();
+      std::vector<double> got, want, got_lse, want_lse;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < S; i += 7) {
+          const int64_t hk = h / (H / Hkv), last = causal ? i : S - 1;
+          std::vector<double> p(last + 1);
+          double mx = -INFINITY, sum = 0;
+          for (int64_t j = 0; j <= last; ++j) {
+            double d = 0;
+            for (int64_t x = 0; x < D; ++x) d += q.at((h * S + i) * D + x) * k.at((hk * S + j) * D + x);
+            mx = std::max(mx, p[j] = d / std::sqrt(double(D)));
+          }
+          for (int64_t j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
+          want_lse.push_back(mx + std::log(sum));
+          got_lse.push_back(hl.at(h * S + i));
+          for (int64_t x = 0; x < D; ++x) {
+            double acc = 0;
+            for (int64_t j = 0; j <= last; ++j) acc += p[j] * v.at((hk * S + j) * D + x);
+            want.push_back(acc / sum);
+            got.push_back(ho.at((h * S + i) * D + x));
+          }
+        }
+      const tj_test::Metrics m = tj_test::compare(got, want), ml = tj_test::compare(got_lse, want_lse);
+      MESSAGE("ring of one, ", fp8 ? "fp8" : "bf16", causal ? " causal" : "", ": o ", tj_test::str(m), "; lse ", tj_test::str(ml));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= (fp8 ? 6e-2 : 5e-3));
+      // fp8: the LSE of the e4m3 P's sums (the merging launches weigh their keys by it), a few % off
+      CHECK(ml.max_abs <= (fp8 ? 1e-1 : 1e-3));
+    }
+  ncclCommDestroy(comm);
+}
+
+TEST_CASE("gpu: tilejit-ring --check on every GPU: the ring equals single-GPU attention of the whole sequence") {
+  TJ_REQUIRE_HOPPER();
+  if (runtime::driver().device_count() < 2) {
+    const std::string msg = "SKIPPED: " + tj_test::current_test_name() + ": one GPU here (a ring needs two)";
+    MESSAGE(msg);
+    std::cerr << msg << std::endl;
+    return;
+  }
+  // The built program, or the one beside this test program (a carried bundle: scripts/device_bundle.sh).
+  std::string exe = TJ_RING_EXE;
+  const std::filesystem::path sibling = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tilejit-ring";
+  if (!std::filesystem::exists(exe) && std::filesystem::exists(sibling)) exe = sibling.string();
+  const std::string cmd = exe + " --check --seq 8192 --heads 4 --kv-heads 2 2>&1";
+  CHECK(std::system(cmd.c_str()) == 0);
+}

@@ -1,0 +1,386 @@
+#include "tools/ring_bench.h"
+
+#include <fmt/format.h>
+#include <nccl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "core/error.h"
+#include "dist/ring_attention.h"
+#include "kernels/attention_fp8.h"
+#include "runtime/device.h"
+#include "runtime/driver.h"
+#include "tools/attention.h"
+
+extern char** environ;
+
+namespace tj::tools {
+
+using kernels::RingPlan;
+
+std::string hex_of(const void* bytes, size_t n) {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += fmt::format("{:02x}", static_cast<const unsigned char*>(bytes)[i]);
+  return s;
+}
+
+void bytes_of_hex(const std::string& hex, void* bytes, size_t n) {
+  if (hex.size() != 2 * n || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw Error(fmt::format("--nccl-id: expected {} hex digits, got '{}'", 2 * n, hex.substr(0, 16)));
+  for (size_t i = 0; i < n; ++i) static_cast<unsigned char*>(bytes)[i] = static_cast<unsigned char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+}
+
+namespace {
+
+void nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw Error(fmt::format("{}: {} ({})", what, ncclGetErrorString(r), ncclGetLastError(nullptr)));
+}
+
+}  // namespace
+
+int ring_launch(const RingBenchOptions& opt, const std::vector<std::string>& argv) {
+  int gpus = opt.gpus;
+  if (gpus <= 0) {
+    runtime::Driver& d = runtime::driver();
+    d.require_available();
+    gpus = d.device_count();
+  }
+  ncclUniqueId id;
+  nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  const std::string hex = hex_of(&id, sizeof id);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < gpus; ++r) {
+    std::vector<std::string> args = argv;
+    for (const std::string& a : {std::string("--rank"), std::to_string(r), std::string("--gpus"), std::to_string(gpus),
+                                 std::string("--nccl-id"), hex})
+      args.push_back(a);
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e)
+      if (std::strncmp(*e, "TILEJIT_DEVICE=", 15) != 0) env.emplace_back(*e);
+    env.push_back(fmt::format("TILEJIT_DEVICE={}", r));
+    // NVLink multicast stays off (a program that uses it can take the host's GPUs out of service).
+    if (!std::getenv("NCCL_NVLS_ENABLE")) env.emplace_back("NCCL_NVLS_ENABLE=0");
+    std::vector<char*> cargs, cenv;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    pid_t pid = 0;
+    if (int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargs.data(), cenv.data()); rc != 0)
+      throw Error(fmt::format("cannot start rank {}: {}", r, std::strerror(rc)));
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (size_t r = 0; r < pids.size(); ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+      std::cerr << fmt::format("tilejit-ring: rank {} {}\n", r,
+                               WIFEXITED(status) ? fmt::format("exited with {}", WEXITSTATUS(status))
+                                                 : fmt::format("died of signal {}", WTERMSIG(status)));
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+namespace {
+
+struct Case {
+  int64_t S = 0;
+  bool fp8 = false, causal = false;
+};
+
+// Fills t with copies of a block of standard normal values (seeded): timing inputs, random
+// enough that the softmax is not degenerate, without drawing a billion normals on the host.
+void fill_random(const DeviceTensor& t, uint64_t seed, CUstream stream) {
+  const int64_t n = t.view().numel(), block = std::min<int64_t>(n, int64_t{1} << 22);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd;
+  HostTensor h(t.dtype(), {block});
+  for (int64_t i = 0; i < block; ++i) h.set(i, nd(rng));
+  DeviceTensor d = DeviceTensor::from_host(h);
+  runtime::Driver& drv = runtime::driver();
+  const size_t eb = size_bytes(t.dtype());
+  for (int64_t at = 0; at < n; at += block)
+    drv.check(drv.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(t.view().data) + at * eb,
+                                    reinterpret_cast<CUdeviceptr>(d.view().data), std::min(block, n - at) * eb, stream),
+              "cuMemcpyDtoDAsync");
+  drv.check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Gathers `mine` (the same count on every rank) from every rank, rank-major.
+std::vector<double> all_gather(ncclComm_t comm, const std::vector<double>& mine, int ranks, CUstream stream) {
+  const size_t n = mine.size();
+  runtime::DeviceBuffer send(n * sizeof(double)), recv(n * ranks * sizeof(double));
+  send.copy_from_host(mine.data(), n * sizeof(double));
+  nccl(ncclAllGather(reinterpret_cast<void*>(send.ptr()), reinterpret_cast<void*>(recv.ptr()), n, ncclFloat64, comm, stream),
+       "ncclAllGather");
+  runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+  std::vector<double> out(n * ranks);
+  recv.copy_to_host(out.data(), out.size() * sizeof(double));
+  return out;
+}
+
+struct Shards {
+  DeviceTensor q, k, v, o;
+};
+
+Shards make_shards(int64_t B, int64_t H, int64_t Hkv, int64_t n, int64_t D) {
+  return {DeviceTensor(DType::bf16, {B, H, n, D}), DeviceTensor(DType::bf16, {B, Hkv, n, D}),
+          DeviceTensor(DType::bf16, {B, Hkv, n, D}), DeviceTensor(DType::bf16, {B, H, n, D})};
+}
+
+double rel_rmse(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// --check: the ring's rows against single-GPU attention of the whole sequence (every rank runs it
+// on its own GPU) and against float64 on sampled rows. Returns whether this rank passed.
+bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, const Case& c, const RingPlan& plan,
+                CUstream stream, std::ostream& log) {
+  const int64_t B = opt.batch, H = opt.heads, Hkv = opt.kv_heads, D = opt.head_dim, S = c.S, n = S / ranks;
+  std::mt19937 rng(1234);
+  std::normal_distribution<double> nd;
+  HostTensor q(DType::bf16, {B, H, S, D}), k(DType::bf16, {B, Hkv, S, D}), v(DType::bf16, {B, Hkv, S, D});
+  for (HostTensor* t : {&q, &k, &v})
+    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, nd(rng));
+  // This rank's rows, one after another.
+  auto shard = [&](const HostTensor& t) {
+    const int64_t heads = t.shape()[1];
+    HostTensor s(DType::bf16, {B, heads, n, D});
+    for (int64_t bh = 0; bh < B * heads; ++bh)
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(static_cast<char*>(s.data()) + ((bh * n + i) * D) * 2,
+                    static_cast<const char*>(t.data()) + ((bh * S + plan.global_row(rank, i)) * D) * 2, D * 2);
+    return s;
+  };
+  DeviceTensor dq = DeviceTensor::from_host(shard(q)), dk = DeviceTensor::from_host(shard(k)), dv = DeviceTensor::from_host(shard(v));
+  DeviceTensor o(DType::bf16, {B, H, n, D});
+  o.fill_bytes(0xFF);
+  dist::RingAttentionOptions ro;
+  ro.causal = c.causal;
+  ro.fp8 = c.fp8;
+  ro.sharding = plan.sharding;
+  ro.stream = stream;
+  dist::RingAttentionWorkspace ws;
+  dist::ring_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), ro, ws);
+  // Single-GPU attention of the whole sequence (the same recipe: fp8 quantizes per (b, h)).
+  DeviceTensor fq = DeviceTensor::from_host(q), fk = DeviceTensor::from_host(k), fv = DeviceTensor::from_host(v);
+  DeviceTensor fo(DType::bf16, {B, H, S, D});
+  kernels::AttentionFp8Options ao;
+  ao.causal = c.causal;
+  ao.quantize = c.fp8;
+  ao.stream = stream;
+  kernels::AttentionFp8Workspace aws;
+  kernels::attention_fp8_forward(fq.view(), fk.view(), fv.view(), fo.view(), ao, aws);
+  runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+  const HostTensor ho = o.to_host(), hfo = fo.to_host();
+  std::vector<double> ring_all, single_all;
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t x = 0; x < D; ++x) {
+        ring_all.push_back(ho.at((bh * n + i) * D + x));
+        single_all.push_back(hfo.at((bh * S + plan.global_row(rank, i)) * D + x));
+      }
+  // float64 on sampled rows: 8 rows of this rank spread over its chunks, every head.
+  std::vector<double> want, ring_s, single_s;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < 8; ++t) {
+        const int64_t i = (t * n) / 8 + (t * 37) % (n / 8), row = plan.global_row(rank, i), hk = h / (H / Hkv);
+        const int64_t last = c.causal ? row : S - 1;
+        std::vector<double> p(last + 1);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= last; ++j) {
+          double d = 0;
+          for (int64_t x = 0; x < D; ++x) d += q.at(((b * H + h) * S + row) * D + x) * k.at(((b * Hkv + hk) * S + j) * D + x);
+          mx = std::max(mx, p[j] = d * scale);
+        }
+        for (int64_t j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t x = 0; x < D; ++x) {
+          double acc = 0;
+          for (int64_t j = 0; j <= last; ++j) acc += p[j] * v.at(((b * Hkv + hk) * S + j) * D + x);
+          want.push_back(acc / sum);
+          ring_s.push_back(ho.at(((b * H + h) * n + i) * D + x));
+          single_s.push_back(hfo.at(((b * H + h) * S + row) * D + x));
+        }
+      }
+  const double vs_single = rel_rmse(ring_all, single_all), ring_err = rel_rmse(ring_s, want), single_err = rel_rmse(single_s, want);
+  // bf16: the bound against float64; fp8: within the single-GPU FP8 error (each rank's
+  // shards have descales of their own, so the two differ a little).
+  const bool ok = c.fp8 ? ring_err <= 1.2 * single_err + 2e-3 : ring_err <= 3e-3;
+  const std::vector<double> all = all_gather(comm, {vs_single, ring_err, single_err, ok ? 1.0 : 0.0}, ranks, stream);
+  bool all_ok = true;
+  if (rank == 0)
+    for (int r = 0; r < ranks; ++r) {
+      const double* m = &all[4 * r];
+      all_ok = all_ok && m[3] == 1.0;
+      log << fmt::format("| {} | {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2e} | {} |\n", S, ranks, c.fp8 ? "fp8" : "bf16",
+                         c.causal ? "causal" : "full", r, m[0], m[1], m[2], m[3] == 1.0 ? "ok" : "**FAIL**");
+    }
+  return ok && (rank != 0 || all_ok);
+}
+
+// Times ring_attention_forward on this case and its single-GPU baselines; rank 0 prints a row.
+void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, const Case& c, const RingPlan& plan,
+               CUstream stream, std::ostream& log) {
+  const int64_t B = opt.batch, H = opt.heads, Hkv = opt.kv_heads, D = opt.head_dim, S = c.S, n = S / ranks;
+  Shards sh = make_shards(B, H, Hkv, n, D);
+  fill_random(sh.q, 11 + rank, stream);
+  fill_random(sh.k, 23 + rank, stream);
+  fill_random(sh.v, 37 + rank, stream);
+  dist::RingAttentionOptions ro;
+  ro.causal = c.causal;
+  ro.fp8 = c.fp8;
+  ro.sharding = plan.sharding;
+  ro.stream = stream;
+  dist::RingAttentionWorkspace ws;
+  runtime::Event t0, t1;
+  runtime::DeviceBuffer token(sizeof(float));
+  token.memset(0);
+  dist::RingAttentionOptions local = ro;
+  local.local_only = true;
+  local.local_ranks = ranks;
+  local.local_rank = rank;
+  dist::RingAttentionWorkspace local_ws;
+  auto call = [&](const dist::RingAttentionOptions& o, dist::RingAttentionWorkspace& w) {
+    // Line the ranks up, so that no rank's time counts another's late start.
+    nccl(ncclAllReduce(reinterpret_cast<void*>(token.ptr()), reinterpret_cast<void*>(token.ptr()), 1, ncclFloat32, ncclSum, comm,
+                       stream),
+         "ncclAllReduce");
+    t0.record(stream);
+    dist::ring_attention_forward(o.local_only ? nullptr : comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), o, w);
+    t1.record(stream);
+    t1.synchronize();
+    return double{runtime::Event::elapsed_ms(t0, t1)};
+  };
+  // The ring and its baseline alternate, so that both see the same clocks and temperature.
+  std::vector<double> ring_times, local_times;
+  for (int i = 0; i < opt.warmup + opt.reps; ++i) {
+    const double r = call(ro, ws), l = call(local, local_ws);
+    if (i >= opt.warmup) {
+      ring_times.push_back(r);
+      local_times.push_back(l);
+    }
+  }
+  const double ring_ms = median(ring_times), local_ms = median(local_times);
+  ro.record_steps = true;
+  call(ro, ws);
+  ws.read_step_times();
+  double wait_ms = 0, worst_step_wait = 0;
+  for (size_t s = 1; s < ws.steps.size(); ++s) {
+    wait_ms += ws.steps[s].wait_ms;
+    worst_step_wait = std::max(worst_step_wait, double{ws.steps[s].wait_ms} / std::max(1e-9, double{ws.steps[s].step_ms}));
+  }
+  // Non-causal: one dense launch of this rank's rows over S keys (the kernel's own rate there).
+  double dense_ms = 0;
+  if (!c.causal) {
+    DeviceTensor k_all(DType::bf16, {B, Hkv, S, D}), v_all(DType::bf16, {B, Hkv, S, D});
+    fill_random(k_all, 5, stream);
+    fill_random(v_all, 7, stream);
+    kernels::AttentionFp8Options ao;
+    ao.quantize = c.fp8;
+    ao.stream = stream;
+    kernels::AttentionFp8Workspace aws;
+    std::vector<double> ms;
+    for (int i = 0; i < opt.warmup + opt.reps; ++i) {
+      t0.record(stream);
+      kernels::attention_fp8_forward(sh.q.view(), k_all.view(), v_all.view(), sh.o.view(), ao, aws);
+      t1.record(stream);
+      t1.synchronize();
+      if (i >= opt.warmup) ms.push_back(runtime::Event::elapsed_ms(t0, t1));
+    }
+    dense_ms = median(ms);
+  }
+  const std::vector<double> all = all_gather(comm, {ring_ms, local_ms, dense_ms, wait_ms, worst_step_wait}, ranks, stream);
+  if (rank != 0) return;
+  double ring_max = 0, local_max = 0, dense_max = 0, wait_max = 0, worst = 0;
+  for (int r = 0; r < ranks; ++r) {
+    ring_max = std::max(ring_max, all[5 * r]);
+    local_max = std::max(local_max, all[5 * r + 1]);
+    dense_max = std::max(dense_max, all[5 * r + 2]);
+    wait_max = std::max(wait_max, all[5 * r + 3] / all[5 * r]);
+    worst = std::max(worst, all[5 * r + 4]);
+  }
+  const double per_gpu = attention_flops(B, H, S, D, c.causal) / ranks;
+  const double ring_tf = per_gpu / ring_max * 1e-9, local_tf = per_gpu / local_max * 1e-9;
+  const double dense_tf = c.causal ? 0 : per_gpu / dense_max * 1e-9;
+  log << fmt::format("| {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {} | {:.3f} | {} | {:.1f}% | {:.1f}% |\n", S, ranks,
+                     c.fp8 ? "fp8" : "bf16", c.causal ? "causal" : "full", plan.sharding == RingPlan::Sharding::zigzag ? "zigzag" : "contiguous",
+                     ring_max, ring_tf, local_tf, c.causal ? std::string("-") : fmt::format("{:.1f}", dense_tf), ring_tf / local_tf,
+                     c.causal ? std::string("-") : fmt::format("{:.3f}", ring_tf / dense_tf), 100 * wait_max, 100 * worst);
+}
+
+}  // namespace
+
+int ring_rank_main(const RingBenchOptions& in) {
+  RingBenchOptions opt = in;
+  if (opt.kv_heads <= 0) opt.kv_heads = opt.heads;
+  if (opt.dtypes.empty()) opt.dtypes = {"bf16", "fp8"};
+  if (opt.seqs.empty()) opt.seqs = opt.check ? std::vector<int64_t>{16384} : std::vector<int64_t>{131072, 262144, 524288, 1048576};
+  for (const std::string& d : opt.dtypes)
+    if (d != "bf16" && d != "fp8") throw Error(fmt::format("--dtype {}: expected bf16 or fp8", d));
+  if (opt.sharding != "zigzag" && opt.sharding != "contiguous")
+    throw Error(fmt::format("--sharding {}: expected zigzag or contiguous", opt.sharding));
+  const RingPlan::Sharding sharding = opt.sharding == "zigzag" ? RingPlan::Sharding::zigzag : RingPlan::Sharding::contiguous;
+  runtime::current_device();
+  ncclUniqueId id;
+  bytes_of_hex(opt.nccl_id, &id, sizeof id);
+  ncclComm_t comm = nullptr;
+  nccl(ncclCommInitRank(&comm, opt.gpus, id, opt.rank), "ncclCommInitRank");
+  runtime::Stream stream;
+  const int rank = opt.rank, ranks = opt.gpus;
+  std::ostringstream table;
+  if (rank == 0) {
+    const runtime::DeviceInfo& dev = runtime::current_device();
+    table << fmt::format("ring attention on {} x {}, B {}, H {} (K / V heads {}), D {}\n\n", ranks, dev.name, opt.batch, opt.heads,
+                         opt.kv_heads, opt.head_dim);
+    table << (opt.check ? "| S | GPUs | dtype | mask | rank | rel RMSE vs single GPU | ring vs float64 | single GPU vs float64 | |\n"
+                          "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n"
+                        : "| S | GPUs | dtype | mask | sharding | ms | TFLOP/s per GPU | same launches, one GPU | dense launch, one GPU "
+                          "| vs same launches | vs dense | compute waits | worst step |\n"
+                          "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::cout << table.str() << std::flush;
+  }
+  bool ok = true;
+  for (int64_t S : opt.seqs)
+    for (const std::string& d : opt.dtypes)
+      for (bool causal : {false, true}) {
+        if ((causal && opt.non_causal_only) || (!causal && opt.causal_only)) continue;
+        const Case c{S, d == "fp8", causal};
+        const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
+        std::ostringstream row;
+        if (opt.check) ok = check_case(comm, rank, ranks, opt, c, plan, stream, row) && ok;
+        else time_case(comm, rank, ranks, opt, c, plan, stream, row);
+        if (rank == 0) {
+          std::cout << row.str() << std::flush;
+          table << row.str();
+        }
+      }
+  if (rank == 0 && !opt.out.empty()) std::ofstream(opt.out) << table.str();
+  ncclCommDestroy(comm);
+  return ok ? 0 : 1;
+}
+
+}  // namespace tj::tools
