@@ -15,6 +15,7 @@
 #include "attention_accuracy.h"
 #include "core/error.h"
 #include "dist/ring_attention.h"
+#include "dist/ulysses_attention.h"
 #include "gpu.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
@@ -85,6 +86,25 @@ TEST_CASE("ring attention: shapes, dtypes and layouts that do not fit are errors
         "chunk of Vᵀ starts 16 bytes aligned only at a multiple of 16 rows; pad the sequence to a multiple of 64");
 }
 
+TEST_CASE("all-to-all attention: the ring's checks, and heads that do not split over the ranks, are errors before anything is sent") {
+  const TensorView q = fake(DType::bf16, {1, 8, 1024, 128}), kv = fake(DType::bf16, {1, 2, 1024, 128});
+  CHECK(dist::ulysses_attention_plan(2, q, kv, kv, q, {}).chunk_rows() == 1024);
+  try {
+    dist::ulysses_attention_plan(4, q, kv, kv, fake(DType::bf16, {1, 8, 512, 128}), {});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) == "ulysses attention: o bf16[1, 8, 512, 128] (cuda) differs from q bf16[1, 8, 1024, 128] (cuda)");
+  }
+  try {
+    dist::ulysses_attention_plan(4, q, fake(DType::bf16, {1, 2, 1024, 128}), fake(DType::bf16, {1, 2, 1024, 128}), q, {});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) ==
+          "ulysses attention: 8 query heads and 2 K / V heads must both split over 4 ranks (each rank computes whole heads); "
+          "the ring (ring_attention_forward) takes any head count");
+  }
+}
+
 TEST_CASE("ring attention: the flops of a rank are its plan's scores times 4 D") {
   const RingPlan plan(4, 4096, RingPlan::Sharding::zigzag, true);
   for (int64_t r = 0; r < 4; ++r) CHECK(dist::ring_attention_flops(plan, r, 16, 128) == 4.0 * 128 * 16 * plan.work(r));
@@ -118,7 +138,7 @@ TEST_CASE("tilejit-ring: the NCCL id crosses to the ranks as hex, and text of an
   CHECK_THROWS_AS(tools::bytes_of_hex("00017f80abcdefzz", back, sizeof back), Error);
 }
 
-TEST_CASE("gpu: a ring of one rank is attention over its rows (bf16 and fp8, causal and not, GQA), against float64") {
+TEST_CASE("gpu: a ring (and an all-to-all) of one rank is attention over its rows (bf16 and fp8, causal and not, GQA), against float64") {
   TJ_REQUIRE_HOPPER();
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
@@ -146,8 +166,17 @@ TEST_CASE("gpu: a ring of one rank is attention over its rows (bf16 and fp8, cau
       dist::ring_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), opt, ws);
       ws.read_step_times();
       CHECK(ws.steps.size() == 1);
+      // All-to-all over one rank: the same rows (its gathered heads are all of them).
+      DeviceTensor o2(DType::bf16, {B, H, S, D});
+      o2.fill_bytes(0xFF);
+      dist::UlyssesAttentionOptions uo;
+      uo.fp8 = fp8;
+      uo.causal = causal;
+      dist::UlyssesAttentionWorkspace uws;
+      dist::ulysses_attention_forward(comm, dq.view(), dk.view(), dv.view(), o2.view(), uo, uws);
+      const HostTensor ho2 = o2.to_host();
       const HostTensor ho = o.to_host(), hl = lse.to_host();
-      std::vector<double> got, want, got_lse, want_lse;
+      std::vector<double> got, got2, want, got_lse, want_lse;
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < S; i += 7) {
           const int64_t hk = h / (H / Hkv), last = causal ? i : S - 1;
@@ -166,9 +195,14 @@ TEST_CASE("gpu: a ring of one rank is attention over its rows (bf16 and fp8, cau
             for (int64_t j = 0; j <= last; ++j) acc += p[j] * v.at((hk * S + j) * D + x);
             want.push_back(acc / sum);
             got.push_back(ho.at((h * S + i) * D + x));
+            got2.push_back(ho2.at((h * S + i) * D + x));
           }
         }
-      const tj_test::Metrics m = tj_test::compare(got, want), ml = tj_test::compare(got_lse, want_lse);
+      const tj_test::Metrics m = tj_test::compare(got, want), ml = tj_test::compare(got_lse, want_lse),
+                             m2 = tj_test::compare(got2, want);
+      MESSAGE("all-to-all of one: o ", tj_test::str(m2));
+      CHECK(m2.nan == 0);
+      CHECK(m2.rel_rmse <= (fp8 ? 6e-2 : 5e-3));
       MESSAGE("ring of one, ", fp8 ? "fp8" : "bf16", causal ? " causal" : "", ": o ", tj_test::str(m), "; lse ", tj_test::str(ml));
       CHECK(m.nan == 0);
       CHECK(m.rel_rmse <= (fp8 ? 6e-2 : 5e-3));
@@ -178,7 +212,7 @@ TEST_CASE("gpu: a ring of one rank is attention over its rows (bf16 and fp8, cau
   ncclCommDestroy(comm);
 }
 
-TEST_CASE("gpu: tilejit-ring --check on every GPU: the ring equals single-GPU attention of the whole sequence") {
+TEST_CASE("gpu: tilejit-ring --check on two GPUs: ring and all-to-all equal single-GPU attention of the whole sequence") {
   TJ_REQUIRE_HOPPER();
   if (runtime::driver().device_count() < 2) {
     const std::string msg = "SKIPPED: " + tj_test::current_test_name() + ": one GPU here (a ring needs two)";
@@ -190,6 +224,6 @@ TEST_CASE("gpu: tilejit-ring --check on every GPU: the ring equals single-GPU at
   std::string exe = TJ_RING_EXE;
   const std::filesystem::path sibling = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tilejit-ring";
   if (!std::filesystem::exists(exe) && std::filesystem::exists(sibling)) exe = sibling.string();
-  const std::string cmd = exe + " --check --seq 8192 --heads 4 --kv-heads 2 2>&1";
+  const std::string cmd = exe + " --check --seq 8192 --heads 4 --kv-heads 2 --gpus 2 2>&1";
   CHECK(std::system(cmd.c_str()) == 0);
 }

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "dist/ring_attention.h"
+#include "dist/ulysses_attention.h"
 #include "kernels/attention_fp8.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
@@ -97,6 +98,7 @@ namespace {
 struct Case {
   int64_t S = 0;
   bool fp8 = false, causal = false;
+  bool ulysses = false;   // all-to-all (dist/ulysses_attention.h) instead of the ring
 };
 
 // Fills t with copies of a block of standard normal values (seeded): timing inputs, random
@@ -154,6 +156,15 @@ double rel_rmse(const std::vector<double>& got, const std::vector<double>& want)
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+dist::UlyssesAttentionOptions ulysses_options(const dist::RingAttentionOptions& r) {
+  dist::UlyssesAttentionOptions u;
+  u.sharding = r.sharding;
+  u.causal = r.causal;
+  u.fp8 = r.fp8;
+  u.stream = r.stream;
+  return u;
+}
+
 // --check: the ring's rows against single-GPU attention of the whole sequence (every rank runs it
 // on its own GPU) and against float64 on sampled rows. Returns whether this rank passed.
 bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, const Case& c, const RingPlan& plan,
@@ -183,7 +194,9 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
   ro.sharding = plan.sharding;
   ro.stream = stream;
   dist::RingAttentionWorkspace ws;
-  dist::ring_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), ro, ws);
+  dist::UlyssesAttentionWorkspace uws;
+  if (c.ulysses) dist::ulysses_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), ulysses_options(ro), uws);
+  else dist::ring_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), ro, ws);
   // Single-GPU attention of the whole sequence (the same recipe: fp8 quantizes per (b, h)).
   DeviceTensor fq = DeviceTensor::from_host(q), fk = DeviceTensor::from_host(k), fv = DeviceTensor::from_host(v);
   DeviceTensor fo(DType::bf16, {B, H, S, D});
@@ -236,8 +249,8 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
     for (int r = 0; r < ranks; ++r) {
       const double* m = &all[4 * r];
       all_ok = all_ok && m[3] == 1.0;
-      log << fmt::format("| {} | {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2e} | {} |\n", S, ranks, c.fp8 ? "fp8" : "bf16",
-                         c.causal ? "causal" : "full", r, m[0], m[1], m[2], m[3] == 1.0 ? "ok" : "**FAIL**");
+      log << fmt::format("| {} | {} | {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2e} | {} |\n", S, ranks, c.ulysses ? "all-to-all" : "ring",
+                         c.fp8 ? "fp8" : "bf16", c.causal ? "causal" : "full", r, m[0], m[1], m[2], m[3] == 1.0 ? "ok" : "**FAIL**");
     }
   return ok && (rank != 0 || all_ok);
 }
@@ -264,13 +277,26 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
   local.local_ranks = ranks;
   local.local_rank = rank;
   dist::RingAttentionWorkspace local_ws;
+  dist::UlyssesAttentionWorkspace uws;
+  kernels::AttentionFp8Workspace local_aws;
   auto call = [&](const dist::RingAttentionOptions& o, dist::RingAttentionWorkspace& w) {
     // Line the ranks up, so that no rank's time counts another's late start.
     nccl(ncclAllReduce(reinterpret_cast<void*>(token.ptr()), reinterpret_cast<void*>(token.ptr()), 1, ncclFloat32, ncclSum, comm,
                        stream),
          "ncclAllReduce");
     t0.record(stream);
-    dist::ring_attention_forward(o.local_only ? nullptr : comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), o, w);
+    if (c.ulysses && !o.local_only) {
+      dist::ulysses_attention_forward(comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), ulysses_options(o), uws);
+    } else if (c.ulysses) {
+      // All-to-all's attention alone: the gathered heads of the last call, without the transfers.
+      kernels::AttentionFp8Options a;
+      a.causal = o.causal;
+      a.quantize = o.fp8;
+      a.stream = stream;
+      kernels::attention_fp8_forward(uws.q->view(), uws.k->view(), uws.v->view(), uws.o->view(), a, local_aws);
+    } else {
+      dist::ring_attention_forward(o.local_only ? nullptr : comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), o, w);
+    }
     t1.record(stream);
     t1.synchronize();
     return double{runtime::Event::elapsed_ms(t0, t1)};
@@ -285,11 +311,11 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
     }
   }
   const double ring_ms = median(ring_times), local_ms = median(local_times);
-  ro.record_steps = true;
+  ro.record_steps = !c.ulysses;
   call(ro, ws);
-  ws.read_step_times();
+  if (!c.ulysses) ws.read_step_times();
   double wait_ms = 0, worst_step_wait = 0;
-  for (size_t s = 1; s < ws.steps.size(); ++s) {
+  for (size_t s = 1; !c.ulysses && s < ws.steps.size(); ++s) {
     wait_ms += ws.steps[s].wait_ms;
     worst_step_wait = std::max(worst_step_wait, double{ws.steps[s].wait_ms} / std::max(1e-9, double{ws.steps[s].step_ms}));
   }
@@ -326,10 +352,13 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
   const double per_gpu = attention_flops(B, H, S, D, c.causal) / ranks;
   const double ring_tf = per_gpu / ring_max * 1e-9, local_tf = per_gpu / local_max * 1e-9;
   const double dense_tf = c.causal ? 0 : per_gpu / dense_max * 1e-9;
-  log << fmt::format("| {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {} | {:.3f} | {} | {:.1f}% | {:.1f}% |\n", S, ranks,
-                     c.fp8 ? "fp8" : "bf16", c.causal ? "causal" : "full", plan.sharding == RingPlan::Sharding::zigzag ? "zigzag" : "contiguous",
-                     ring_max, ring_tf, local_tf, c.causal ? std::string("-") : fmt::format("{:.1f}", dense_tf), ring_tf / local_tf,
-                     c.causal ? std::string("-") : fmt::format("{:.3f}", ring_tf / dense_tf), 100 * wait_max, 100 * worst);
+  log << fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {} | {:.3f} | {} | {} | {} |\n", S, ranks,
+                     c.ulysses ? "all-to-all" : "ring", c.fp8 ? "fp8" : "bf16", c.causal ? "causal" : "full",
+                     plan.sharding == RingPlan::Sharding::zigzag ? "zigzag" : "contiguous", ring_max, ring_tf, local_tf,
+                     c.causal ? std::string("-") : fmt::format("{:.1f}", dense_tf), ring_tf / local_tf,
+                     c.causal ? std::string("-") : fmt::format("{:.3f}", ring_tf / dense_tf),
+                     c.ulysses ? std::string("-") : fmt::format("{:.1f}%", 100 * wait_max),
+                     c.ulysses ? std::string("-") : fmt::format("{:.1f}%", 100 * worst));
 }
 
 }  // namespace
@@ -341,6 +370,9 @@ int ring_rank_main(const RingBenchOptions& in) {
   if (opt.seqs.empty()) opt.seqs = opt.check ? std::vector<int64_t>{16384} : std::vector<int64_t>{131072, 262144, 524288, 1048576};
   for (const std::string& d : opt.dtypes)
     if (d != "bf16" && d != "fp8") throw Error(fmt::format("--dtype {}: expected bf16 or fp8", d));
+  if (opt.strategies.empty()) opt.strategies = {"ring", "all-to-all"};
+  for (const std::string& st : opt.strategies)
+    if (st != "ring" && st != "all-to-all") throw Error(fmt::format("--strategy {}: expected ring or all-to-all", st));
   if (opt.sharding != "zigzag" && opt.sharding != "contiguous")
     throw Error(fmt::format("--sharding {}: expected zigzag or contiguous", opt.sharding));
   const RingPlan::Sharding sharding = opt.sharding == "zigzag" ? RingPlan::Sharding::zigzag : RingPlan::Sharding::contiguous;
@@ -356,19 +388,21 @@ int ring_rank_main(const RingBenchOptions& in) {
     const runtime::DeviceInfo& dev = runtime::current_device();
     table << fmt::format("ring attention on {} x {}, B {}, H {} (K / V heads {}), D {}\n\n", ranks, dev.name, opt.batch, opt.heads,
                          opt.kv_heads, opt.head_dim);
-    table << (opt.check ? "| S | GPUs | dtype | mask | rank | rel RMSE vs single GPU | ring vs float64 | single GPU vs float64 | |\n"
-                          "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n"
-                        : "| S | GPUs | dtype | mask | sharding | ms | TFLOP/s per GPU | same launches, one GPU | dense launch, one GPU "
+    table << (opt.check ? "| S | GPUs | strategy | dtype | mask | rank | rel RMSE vs single GPU | ours vs float64 | single GPU vs float64 | |\n"
+                          "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- |\n"
+                        : "| S | GPUs | strategy | dtype | mask | sharding | ms | TFLOP/s per GPU | same launches, one GPU | dense launch, one GPU "
                           "| vs same launches | vs dense | compute waits | worst step |\n"
-                          "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                          "| ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     std::cout << table.str() << std::flush;
   }
   bool ok = true;
   for (int64_t S : opt.seqs)
+    for (const std::string& strategy : opt.strategies)
     for (const std::string& d : opt.dtypes)
       for (bool causal : {false, true}) {
         if ((causal && opt.non_causal_only) || (!causal && opt.causal_only)) continue;
-        const Case c{S, d == "fp8", causal};
+        const Case c{S, d == "fp8", causal, strategy == "all-to-all"};
+        // Zigzag balances the ring's causal work; all-to-all places each chunk at its rows (any sharding).
         const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
         std::ostringstream row;
         if (opt.check) ok = check_case(comm, rank, ranks, opt, c, plan, stream, row) && ok;

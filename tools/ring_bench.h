@@ -12,6 +12,7 @@ struct RingBenchOptions {
   std::vector<int64_t> seqs;             // total S
   int64_t batch = 1, heads = 8, kv_heads = 0, head_dim = 128;
   std::vector<std::string> dtypes;       // bf16, fp8
+  std::vector<std::string> strategies;   // ring, all-to-all
   bool causal_only = false, non_causal_only = false;
   std::string sharding = "zigzag";
   bool check = false;

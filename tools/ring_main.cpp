@@ -1,5 +1,5 @@
 // The `tilejit-ring` program (`tilejit bench ring` runs it): ring attention (dist/ring_attention.h)
-// on every GPU of this machine, one process per GPU. Started by a person it is the launcher: it
+// and all-to-all attention (dist/ulysses_attention.h) on every GPU of this machine, one process per GPU. Started by a person it is the launcher: it
 // takes an NCCL unique id and starts itself once per GPU (--rank r --nccl-id ID, $TILEJIT_DEVICE =
 // r), then waits for them; the ranks check the ring against single-GPU attention of the whole
 // sequence (--check) or time it (default) with the same launches on one GPU and, non-causal, one
@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--kv-heads", opt.kv_heads, "K / V heads (grouped-query attention; default: --heads)");
   app.add_option("--head-dim", opt.head_dim)->capture_default_str();
   app.add_option("--dtype", opt.dtypes, "bf16, fp8 (default both)")->delimiter(',');
+  app.add_option("--strategy", opt.strategies, "ring, all-to-all (Ulysses; default both)")->delimiter(',');
   app.add_flag("--causal", opt.causal_only, "causal only (zigzag sharding)");
   app.add_flag("--non-causal", opt.non_causal_only, "non-causal only");
   app.add_option("--sharding", opt.sharding, "zigzag or contiguous")->capture_default_str();
