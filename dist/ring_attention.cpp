@@ -112,7 +112,7 @@ RingPlan ring_attention_plan(int64_t ranks, const TensorView& q, const TensorVie
     fail(fmt::format("q's {} heads are not a multiple of k's {} (grouped-query attention)", q.shape[1], k.shape[1]));
   if (opt.lse && (opt.lse->dtype != DType::f32 || opt.lse->shape != std::vector<int64_t>{q.shape[0], q.shape[1], q.shape[2]}))
     fail(fmt::format("lse is {}: expected f32[{}, {}, {}]", opt.lse->describe(), q.shape[0], q.shape[1], q.shape[2]));
-  RingPlan plan(ranks, ranks * q.shape[2], opt.sharding, opt.causal);
+  RingPlan plan(ranks, ranks * q.shape[2], opt.sharding, opt.causal, opt.window);
   if (opt.fp8 && plan.chunk_rows() % 16 != 0)
     fail(fmt::format("fp8: chunks of {} rows ({}): each chunk of Vᵀ starts 16 bytes aligned only at a multiple of 16 rows; "
                      "pad the sequence to a multiple of {}",
@@ -161,11 +161,11 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
   // The send / receive kernels run at the greatest priority: their blocks take the first SM that
   // an attention block leaves, instead of waiting behind the whole attention launch.
   if (!ws.comm) ws.comm.emplace(runtime::Stream::greatest_priority());
-  const int64_t P = plan.ranks;
+  const int64_t P = plan.ranks, steps = plan.steps();
   while (ws.sync.size() < static_cast<size_t>(2 * P + 1)) ws.sync.emplace_back(CU_EVENT_DISABLE_TIMING);
   ws.timing.clear();
   if (opt.record_steps)
-    for (int64_t i = 0; i < 3 * P; ++i) ws.timing.emplace_back(CU_EVENT_DEFAULT);
+    for (int64_t i = 0; i < 3 * steps; ++i) ws.timing.emplace_back(CU_EVENT_DEFAULT);
   auto mark = [&](int64_t step, int which) {
     if (opt.record_steps) ws.timing[3 * step + which].record(stream);
   };
@@ -210,9 +210,9 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
   };
   std::vector<bool> written(plan.chunks_per_rank(), false);
   const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
-  for (int64_t s = 0; s < P; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     const DeviceTensor& held = *ws.slot[ring ? s % 2 : 0];
-    if (ring && s + 1 < P) {
+    if (ring && s + 1 < steps) {
       // Pass the held shard on and take the next: into the slot that step s - 1 read.
       if (s >= 1) wait_event(ws.comm->get(), ws.sync[2 * (s - 1) + 1]);
       nccl_check(ncclGroupStart(), "ncclGroupStart");
@@ -232,8 +232,8 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
     for (const RingPlan::Launch& l : plan.launches(rank, s)) {
       const bool writes = !written[l.q_chunk];
       const bool causal = l.mode == RingPlan::Mode::causal;
-      const Kernel& kernel = writes ? kernels::attention_fp8() : kernels::attention_fp8_merging();
-      lo.config = config_of(kernel, causal, writes);
+      const Kernel& kernel = kernels::ring_launch_kernel(plan, l, !writes);
+      lo.config = config_of(kernel, causal || l.mode == RingPlan::Mode::window, writes);
       // A merging launch reads o and the LSE only after the previous launch ends; its main loop
       // reads the held shard, which no kernel on this stream writes (the first launch of a step
       // follows the wait for that shard, and starts in order).
@@ -247,7 +247,7 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
       first_of_step = false;
     }
     ws.sync[2 * s + 1].record(stream);
-    if (s + 1 == P && via_f16) {
+    if (s + 1 == steps && via_f16) {
       LaunchOptions c;
       c.stream = stream;
       c.config = Config();

@@ -25,6 +25,11 @@ namespace tj::dist {
 struct RingAttentionOptions {
   kernels::RingPlan::Sharding sharding = kernels::RingPlan::Sharding::zigzag;
   bool causal = false;                      // by global positions (top-left aligned)
+  // A causal sliding window of this many keys per row (0: none; needs causal): chunk pairs outside
+  // it are skipped, and the ring stops after the last step with a launch (kernels/ring_plan.h), so
+  // that those shards are never sent. Contiguous sharding keeps that to 1 + ceil((window - 1) / L)
+  // steps for chunks of L rows; zigzag spreads each rank's rows over the sequence.
+  int64_t window = 0;
   bool fp8 = false;                         // e4m3 Q, K, V (quantized here) and e4m3 K / Vᵀ on the wire
   std::optional<double> softmax_scale;      // default 1/sqrt(D)
   // The config of every attention launch, instead of the default for a chunk's rows.

@@ -22,6 +22,16 @@ AttentionVariant sliding_window_variant(int64_t window) {
   return v;
 }
 
+AttentionVariant shifted_window_variant(int64_t window, int64_t delta) {
+  AttentionVariant v = sliding_window_variant(window);
+  v.name = fmt::format("attention_sliding_{}_shift_{}", window, delta);
+  v.mask_mod = [window, delta](const ScoreIndex& at) {
+    auto distance = at.q + delta - at.kv;
+    return distance >= 0 && distance < window;
+  };
+  return v;
+}
+
 AttentionVariant alibi_variant(int64_t heads, bool causal) {
   AttentionVariant v{fmt::format("attention_alibi_{}{}", heads, causal ? "_causal" : "")};
   v.score_mod = [heads](const Tile& score, const ScoreIndex& at) {

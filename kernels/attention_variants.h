@@ -13,6 +13,10 @@ namespace tj::kernels {
 
 AttentionVariant causal_variant();                                  // key j <= query i
 AttentionVariant sliding_window_variant(int64_t window);            // causal, i - j < window
+// The same window between a query chunk and a key chunk `delta` positions before it (query i, key
+// j of their chunks: 0 <= i + delta - j < window): a chunk pair of ring attention's sliding window
+// (kernels/ring_plan.h). delta 0 is sliding_window_variant.
+AttentionVariant shifted_window_variant(int64_t window, int64_t delta);
 AttentionVariant alibi_variant(int64_t heads, bool causal);         // + slope_h * (j - i)
 AttentionVariant softcap_variant(double cap, bool causal);          // cap * tanh(score / cap)
 // Prefix-LM: bidirectional inside each sequence's prefix, causal after it. Input prefix_len

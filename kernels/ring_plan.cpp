@@ -2,13 +2,25 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
 #include "core/error.h"
+#include "kernels/attention_variants.h"
+#include "kernels/library.h"
 
 namespace tj::kernels {
 
-RingPlan::RingPlan(int64_t ranks_, int64_t seq_, Sharding sharding_, bool causal_)
-    : ranks(ranks_), seq(seq_), sharding(sharding_), causal(causal_) {
+RingPlan::RingPlan(int64_t ranks_, int64_t seq_, Sharding sharding_, bool causal_, int64_t window_)
+    : ranks(ranks_), seq(seq_), sharding(sharding_), causal(causal_), window(window_) {
   if (ranks < 1) throw Error(fmt::format("ring attention: {} ranks (at least 1)", ranks));
+  if (window < 0 || (window > 0 && !causal))
+    throw Error(fmt::format("ring attention: a window of {} keys{}: the window is causal (0 <= i - j < window) and at least 1",
+                            window, causal ? "" : " without causal"));
   const int64_t chunks = ranks * chunks_per_rank();
   if (seq < chunks || seq % chunks != 0)
     throw Error(fmt::format("ring attention: a sequence of {} rows does not split into {} equal chunks ({} ranks{}): pad it "
@@ -33,6 +45,14 @@ std::vector<RingPlan::Launch> RingPlan::launches(int64_t rank, int64_t step) con
   for (int qc = 0; qc < chunks_per_rank(); ++qc)
     for (int kc = 0; kc < chunks_per_rank(); ++kc) {
       const int64_t gq = chunk_of(rank, qc), gk = chunk_of(owner, kc);
+      if (window > 0) {
+        // Distances i - j over the pair: from (gq - gk) L - (L - 1) to (gq - gk) L + (L - 1).
+        const int64_t L = chunk_rows(), delta = (gq - gk) * L, nearest = delta - (L - 1), farthest = delta + (L - 1);
+        if (farthest < 0 || nearest >= window) continue;                        // no key of the pair is visible
+        if (nearest >= 0 && farthest < window) out.push_back({qc, kc, Mode::full});
+        else out.push_back({qc, kc, Mode::window, delta});
+        continue;
+      }
       if (!causal) out.push_back({qc, kc, Mode::full});
       else if (gk < gq) out.push_back({qc, kc, Mode::full});
       else if (gk == gq) out.push_back({qc, kc, Mode::causal});   // equal chunks: the diagonal is the causal mask
@@ -40,17 +60,56 @@ std::vector<RingPlan::Launch> RingPlan::launches(int64_t rank, int64_t step) con
   return out;
 }
 
+int64_t RingPlan::steps() const {
+  int64_t last = 0;
+  for (int64_t s = 0; s < ranks; ++s)
+    for (int64_t r = 0; r < ranks; ++r)
+      if (!launches(r, s).empty()) last = s;
+  return last + 1;
+}
+
+namespace {
+
+// Entries (i, j) of an L x L pair with 0 <= i + delta - j < window.
+int64_t window_entries(int64_t L, int64_t delta, int64_t window) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t hi = std::min(L - 1, i + delta), lo = std::max<int64_t>(0, i + delta - window + 1);
+    n += std::max<int64_t>(0, hi - lo + 1);
+  }
+  return n;
+}
+
+}  // namespace
+
 int64_t RingPlan::work(int64_t rank) const {
   const int64_t L = chunk_rows();
   int64_t w = 0;
   for (int64_t s = 0; s < ranks; ++s)
-    for (const Launch& l : launches(rank, s)) w += l.mode == Mode::full ? L * L : L * (L + 1) / 2;
+    for (const Launch& l : launches(rank, s))
+      w += l.mode == Mode::full ? L * L : l.mode == Mode::causal ? L * (L + 1) / 2 : window_entries(L, l.delta, window);
   return w;
 }
 
+const Kernel& ring_launch_kernel(const RingPlan& plan, const RingPlan::Launch& launch, bool merging) {
+  if (launch.mode != RingPlan::Mode::window) return merging ? attention_fp8_merging() : attention_fp8();
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<Kernel>> kernels;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<Kernel>& k = kernels[{plan.window, launch.delta, merging}];
+  if (!k) {
+    AttentionVariant v = shifted_window_variant(plan.window, launch.delta);
+    v.merge_into_output = merging;
+    if (merging) v.name += "_merging";
+    k = std::make_unique<Kernel>(attention_variant(v));
+  }
+  return *k;
+}
+
 std::string RingPlan::describe() const {
-  return fmt::format("ring attention over {} ranks, {} rows in {} chunks of {} ({}{})", ranks, seq, ranks * chunks_per_rank(),
-                     chunk_rows(), sharding == Sharding::zigzag ? "zigzag" : "contiguous", causal ? ", causal" : "");
+  return fmt::format("ring attention over {} ranks, {} rows in {} chunks of {} ({}{}{})", ranks, seq, ranks * chunks_per_rank(),
+                     chunk_rows(), sharding == Sharding::zigzag ? "zigzag" : "contiguous", causal ? ", causal" : "",
+                     window > 0 ? fmt::format(", window {}", window) : "");
 }
 
 }  // namespace tj::kernels

@@ -14,30 +14,40 @@
 // full attention, causal attention (the same chunk: the diagonal) or nothing (a key chunk after the
 // query chunk, causal), and merges the result into its output by the rows' logsumexp
 // (AttentionVariant::merge_into_output); the order of the merges does not change the result.
+//
+// A sliding window (causal: key j visible from row i when 0 <= i - j < window) makes a chunk pair a
+// `window` launch where the window cuts it (its mask shifted by the chunks' offset `delta`), full
+// where every key lies inside, and skips pairs entirely outside; a ring then needs only the first
+// steps() steps (contiguous chunks of L rows: 1 + ceil((window - 1) / L)), and the shards past
+// them are neither sent nor computed.
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "dsl/kernel.h"
 
 namespace tj::kernels {
 
 struct RingPlan {
   enum class Sharding { contiguous, zigzag };
-  enum class Mode { full, causal };
+  enum class Mode { full, causal, window };
 
   // One attention launch of a step: query chunk `q_chunk` of the rank's own (0 or 1: its first or
   // second chunk) against chunk `kv_chunk` of the key shard it holds.
   struct Launch {
     int q_chunk = 0, kv_chunk = 0;
     Mode mode = Mode::full;
+    int64_t delta = 0;   // window: the query chunk's first row minus the key chunk's (global positions)
   };
 
   int64_t ranks = 0, seq = 0;
   Sharding sharding = Sharding::contiguous;
   bool causal = false;
+  int64_t window = 0;   // a causal sliding window of this many keys per row (0: none)
 
-  // Throws tj::Error when `seq` is not a multiple of the chunks' count (P, or 2P zigzag) or
-  // ranks < 1.
-  RingPlan(int64_t ranks, int64_t seq, Sharding sharding, bool causal);
+  // Throws tj::Error when `seq` is not a multiple of the chunks' count (P, or 2P zigzag), ranks <
+  // 1, or a window is negative or set without causal.
+  RingPlan(int64_t ranks, int64_t seq, Sharding sharding, bool causal, int64_t window = 0);
 
   int chunks_per_rank() const { return sharding == Sharding::zigzag ? 2 : 1; }
   int64_t chunk_rows() const { return seq / (ranks * chunks_per_rank()); }
@@ -49,10 +59,18 @@ struct RingPlan {
   int64_t kv_owner(int64_t rank, int64_t step) const;
   // The launches rank r runs at step s (none: nothing of that shard is visible to its queries).
   std::vector<Launch> launches(int64_t rank, int64_t step) const;
-  // Score entries rank r computes over the whole ring (a causal chunk counts L (L + 1) / 2): the
-  // load balance of the sharding.
+  // The steps with a launch on some rank, from the first: the ring stops after them.
+  int64_t steps() const;
+  // Score entries rank r computes over the whole ring (a causal chunk counts L (L + 1) / 2, a
+  // window launch its visible entries): the load balance of the sharding.
   int64_t work(int64_t rank) const;
   std::string describe() const;
 };
+
+// The kernel of a launch: attention_fp8 where it writes O and the LSE (the first launch of a query
+// chunk), attention_fp8_merging where it merges into them; a window launch the
+// shifted_window_variant of its delta (kernels/attention_variants.h), built once per (window,
+// delta, merging) and kept. Its arguments are attention_fp8's, with `causal` = (mode == causal).
+const Kernel& ring_launch_kernel(const RingPlan& plan, const RingPlan::Launch& launch, bool merging);
 
 }  // namespace tj::kernels

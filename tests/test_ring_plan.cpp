@@ -4,6 +4,7 @@
 // float64 attention over the whole sequence.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
@@ -41,7 +42,7 @@ TensorView rows_of(const HostTensor& t, int64_t row0, int64_t rows) {
 }
 
 // float64 attention of [H, S, D] inputs over the whole sequence (causal by global positions).
-std::vector<double> full_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, bool causal) {
+std::vector<double> full_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, bool causal, int64_t window = 0) {
   const int64_t H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::vector<double> o(H * S * D, 0.0);
@@ -49,8 +50,9 @@ std::vector<double> full_attention(const HostTensor& q, const HostTensor& k, con
     for (int64_t i = 0; i < S; ++i) {
       std::vector<double> p(S, 0.0);
       double mx = -INFINITY, sum = 0;
-      const int64_t last = causal ? i : S - 1;
-      for (int64_t j = 0; j <= last; ++j) {
+      const int64_t last = causal ? i : S - 1, first = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+      for (int64_t j = 0; j < first; ++j) p[j] = -INFINITY;
+      for (int64_t j = first; j <= last; ++j) {
         double d = 0;
         for (int64_t x = 0; x < D; ++x) d += q.at((h * S + i) * D + x) * k.at((h * S + j) * D + x);
         p[j] = d * scale;
@@ -109,8 +111,44 @@ TEST_CASE("ring plan: every row on one rank, every shard at every rank once, zig
     }
 }
 
+TEST_CASE("ring plan: a sliding window skips the chunk pairs it rules out, and the ring stops after its last step") {
+  CHECK(error_of(2, 64, RingPlan::Sharding::contiguous).empty());
+  try {
+    RingPlan p(2, 64, RingPlan::Sharding::contiguous, false, 16);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) ==
+          "ring attention: a window of 16 keys without causal: the window is causal (0 <= i - j < window) and at least 1");
+  }
+  CHECK_THROWS_AS(RingPlan(2, 64, RingPlan::Sharding::contiguous, true, -1), Error);
+  // 8 ranks of 1024 rows: a window of 1024 (or 1025) reaches one chunk back (2 steps), 1026 two (3 steps).
+  const RingPlan one(8, 8192, RingPlan::Sharding::contiguous, true, 1024), two(8, 8192, RingPlan::Sharding::contiguous, true, 1026);
+  CHECK(one.steps() == 2);
+  CHECK(two.steps() == 3);
+  CHECK(RingPlan(8, 8192, RingPlan::Sharding::contiguous, true).steps() == 8);
+  for (int64_t r = 1; r < 8; ++r) {
+    const auto step0 = one.launches(r, 0), step1 = one.launches(r, 1);
+    REQUIRE(step0.size() == 1);
+    CHECK(step0[0].mode == RingPlan::Mode::window);
+    CHECK(step0[0].delta == 0);
+    REQUIRE(step1.size() == 1);
+    CHECK(step1[0].mode == RingPlan::Mode::window);
+    CHECK(step1[0].delta == 1024);
+    CHECK(one.launches(r, 2).empty());
+    // Every row sees min(i + 1, 1024) keys.
+    CHECK(one.work(r) == 1024 * 1024);
+  }
+  CHECK(one.work(0) == 1024 * 1025 / 2);
+  CHECK(one.launches(0, 1).empty());   // rank 0's left neighbour is the sequence's end
+  // A window wider than two chunks: the pair one chunk back is wholly inside (full).
+  const RingPlan wide(4, 256, RingPlan::Sharding::contiguous, true, 200);
+  CHECK(wide.launches(2, 1).at(0).mode == RingPlan::Mode::full);
+  CHECK(wide.launches(3, 3).at(0).mode == RingPlan::Mode::window);
+  CHECK(wide.describe() == "ring attention over 4 ranks, 256 rows in 4 chunks of 64 (contiguous, causal, window 200)");
+}
+
 TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, merged by their LSE, are attention over the "
-          "whole sequence (bf16, causal and not, zigzag and contiguous)") {
+          "whole sequence (bf16, causal and not, sliding windows, zigzag and contiguous)") {
   std::mt19937 rng(44);
   const int64_t H = 2, D = 64, S = 96;
   const HostTensor q = tj_test::randn(DType::bf16, {1, H, S, D}, rng), k = tj_test::randn(DType::bf16, {1, H, S, D}, rng),
@@ -118,11 +156,12 @@ TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, m
   const HostTensor ones = HostTensor::from_values({1.0, 1.0}, DType::f32, {1, H});
   Config cfg;
   cfg.blocks = {{"m", 64}, {"n", 64}};
-  for (bool causal : {false, true}) {
-    const std::vector<double> want = full_attention(q, k, v, causal);
+  const std::pair<bool, int64_t> masks[] = {{false, 0}, {true, 0}, {true, 20}, {true, 40}};
+  for (auto [causal, window] : masks) {
+    const std::vector<double> want = full_attention(q, k, v, causal, window);
     for (auto sharding : {RingPlan::Sharding::contiguous, RingPlan::Sharding::zigzag})
       for (int64_t P : {2, 3, 4}) {
-        const RingPlan plan(P, S, sharding, causal);
+        const RingPlan plan(P, S, sharding, causal, window);
         CAPTURE(plan.describe());
         const int64_t L = plan.chunk_rows(), rows = S / P;
         // Each rank's q / k / v shards (its chunks' rows, one after another), its o and LSE (-inf:
@@ -143,11 +182,11 @@ TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, m
           os.back().fill_bytes(0xFF);
           lses.push_back(HostTensor::from_values(std::vector<double>(H * rows, -INFINITY), DType::f32, {1, H, rows}));
         }
-        for (int64_t s = 0; s < P; ++s)
+        for (int64_t s = 0; s < plan.steps(); ++s)
           for (int64_t r = 0; r < P; ++r) {
             const int64_t owner = plan.kv_owner(r, s);
             for (const RingPlan::Launch& l : plan.launches(r, s))
-              tj_test::run_ref(kernels::attention_fp8_merging(),
+              tj_test::run_ref(kernels::ring_launch_kernel(plan, l, /*merging=*/true),
                                {rows_of(qs[r], l.q_chunk * L, L), rows_of(ks[owner], l.kv_chunk * L, L),
                                 rows_of(vs[owner], l.kv_chunk * L, L), ones.view(), ones.view(), ones.view(),
                                 rows_of(os[r], l.q_chunk * L, L), rows_of(lses[r], l.q_chunk * L, L),

@@ -17,6 +17,7 @@
 #include "dist/ring_attention.h"
 #include "dist/ulysses_attention.h"
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variants.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
 #include "tools/attention.h"
@@ -156,6 +157,10 @@ double rel_rmse(const std::vector<double>& got, const std::vector<double>& want)
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+std::string mask_name(const RingPlan& plan) {
+  return plan.window > 0 ? fmt::format("window {}", plan.window) : plan.causal ? "causal" : "full";
+}
+
 dist::UlyssesAttentionOptions ulysses_options(const dist::RingAttentionOptions& r) {
   dist::UlyssesAttentionOptions u;
   u.sharding = r.sharding;
@@ -190,6 +195,7 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
   o.fill_bytes(0xFF);
   dist::RingAttentionOptions ro;
   ro.causal = c.causal;
+  ro.window = plan.window;
   ro.fp8 = c.fp8;
   ro.sharding = plan.sharding;
   ro.stream = stream;
@@ -204,6 +210,8 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
   ao.causal = c.causal;
   ao.quantize = c.fp8;
   ao.stream = stream;
+  const Kernel window_kernel = kernels::attention_variant(kernels::sliding_window_variant(std::max<int64_t>(1, plan.window)));
+  if (plan.window > 0) ao.kernel = &window_kernel;
   kernels::AttentionFp8Workspace aws;
   kernels::attention_fp8_forward(fq.view(), fk.view(), fv.view(), fo.view(), ao, aws);
   runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
@@ -222,18 +230,18 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < 8; ++t) {
         const int64_t i = (t * n) / 8 + (t * 37) % (n / 8), row = plan.global_row(rank, i), hk = h / (H / Hkv);
-        const int64_t last = c.causal ? row : S - 1;
-        std::vector<double> p(last + 1);
+        const int64_t last = c.causal ? row : S - 1, first = plan.window > 0 ? std::max<int64_t>(0, row - plan.window + 1) : 0;
+        std::vector<double> p(last + 1, 0.0);
         double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = first; j <= last; ++j) {
           double d = 0;
           for (int64_t x = 0; x < D; ++x) d += q.at(((b * H + h) * S + row) * D + x) * k.at(((b * Hkv + hk) * S + j) * D + x);
           mx = std::max(mx, p[j] = d * scale);
         }
-        for (int64_t j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = first; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
         for (int64_t x = 0; x < D; ++x) {
           double acc = 0;
-          for (int64_t j = 0; j <= last; ++j) acc += p[j] * v.at(((b * Hkv + hk) * S + j) * D + x);
+          for (int64_t j = first; j <= last; ++j) acc += p[j] * v.at(((b * Hkv + hk) * S + j) * D + x);
           want.push_back(acc / sum);
           ring_s.push_back(ho.at(((b * H + h) * n + i) * D + x));
           single_s.push_back(hfo.at(((b * H + h) * S + row) * D + x));
@@ -250,7 +258,7 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
       const double* m = &all[4 * r];
       all_ok = all_ok && m[3] == 1.0;
       log << fmt::format("| {} | {} | {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2e} | {} |\n", S, ranks, c.ulysses ? "all-to-all" : "ring",
-                         c.fp8 ? "fp8" : "bf16", c.causal ? "causal" : "full", r, m[0], m[1], m[2], m[3] == 1.0 ? "ok" : "**FAIL**");
+                         c.fp8 ? "fp8" : "bf16", mask_name(plan), r, m[0], m[1], m[2], m[3] == 1.0 ? "ok" : "**FAIL**");
     }
   return ok && (rank != 0 || all_ok);
 }
@@ -265,6 +273,7 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
   fill_random(sh.v, 37 + rank, stream);
   dist::RingAttentionOptions ro;
   ro.causal = c.causal;
+  ro.window = plan.window;
   ro.fp8 = c.fp8;
   ro.sharding = plan.sharding;
   ro.stream = stream;
@@ -321,7 +330,8 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
   }
   // Non-causal: one dense launch of this rank's rows over S keys (the kernel's own rate there).
   double dense_ms = 0;
-  if (!c.causal) {
+  const bool dense = !c.causal && !plan.window;
+  if (dense) {
     DeviceTensor k_all(DType::bf16, {B, Hkv, S, D}), v_all(DType::bf16, {B, Hkv, S, D});
     fill_random(k_all, 5, stream);
     fill_random(v_all, 7, stream);
@@ -349,14 +359,19 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
     wait_max = std::max(wait_max, all[5 * r + 3] / all[5 * r]);
     worst = std::max(worst, all[5 * r + 4]);
   }
-  const double per_gpu = attention_flops(B, H, S, D, c.causal) / ranks;
+  // The convention (S² per head, half causal); a window counts the scores it keeps.
+  double per_gpu = attention_flops(B, H, S, D, c.causal) / ranks;
+  if (plan.window > 0) {
+    per_gpu = 0;
+    for (int r = 0; r < ranks; ++r) per_gpu += dist::ring_attention_flops(plan, r, B * H, D) / ranks;
+  }
   const double ring_tf = per_gpu / ring_max * 1e-9, local_tf = per_gpu / local_max * 1e-9;
-  const double dense_tf = c.causal ? 0 : per_gpu / dense_max * 1e-9;
+  const double dense_tf = dense ? per_gpu / dense_max * 1e-9 : 0;
   log << fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {} | {:.3f} | {} | {} | {} |\n", S, ranks,
-                     c.ulysses ? "all-to-all" : "ring", c.fp8 ? "fp8" : "bf16", c.causal ? "causal" : "full",
+                     c.ulysses ? "all-to-all" : "ring", c.fp8 ? "fp8" : "bf16", mask_name(plan),
                      plan.sharding == RingPlan::Sharding::zigzag ? "zigzag" : "contiguous", ring_max, ring_tf, local_tf,
-                     c.causal ? std::string("-") : fmt::format("{:.1f}", dense_tf), ring_tf / local_tf,
-                     c.causal ? std::string("-") : fmt::format("{:.3f}", ring_tf / dense_tf),
+                     !dense ? std::string("-") : fmt::format("{:.1f}", dense_tf), ring_tf / local_tf,
+                     !dense ? std::string("-") : fmt::format("{:.3f}", ring_tf / dense_tf),
                      c.ulysses ? std::string("-") : fmt::format("{:.1f}%", 100 * wait_max),
                      c.ulysses ? std::string("-") : fmt::format("{:.1f}%", 100 * worst));
 }
@@ -402,8 +417,11 @@ int ring_rank_main(const RingBenchOptions& in) {
       for (bool causal : {false, true}) {
         if ((causal && opt.non_causal_only) || (!causal && opt.causal_only)) continue;
         const Case c{S, d == "fp8", causal, strategy == "all-to-all"};
-        // Zigzag balances the ring's causal work; all-to-all places each chunk at its rows (any sharding).
-        const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
+        // Zigzag balances the ring's causal work; all-to-all places each chunk at its rows (any
+        // sharding). A window is causal, on contiguous chunks (the ring then stops early); the
+        // all-to-all strategy does not take one.
+        if (opt.window > 0 && (!causal || c.ulysses)) continue;
+        const RingPlan plan(ranks, S, causal && !opt.window ? sharding : RingPlan::Sharding::contiguous, causal, opt.window);
         std::ostringstream row;
         if (opt.check) ok = check_case(comm, rank, ranks, opt, c, plan, stream, row) && ok;
         else time_case(comm, rank, ranks, opt, c, plan, stream, row);

@@ -14,6 +14,7 @@ struct RingBenchOptions {
   std::vector<std::string> dtypes;       // bf16, fp8
   std::vector<std::string> strategies;   // ring, all-to-all
   bool causal_only = false, non_causal_only = false;
+  int64_t window = 0;                    // a causal sliding window (ring only, contiguous chunks)
   std::string sharding = "zigzag";
   bool check = false;
   int reps = 3, warmup = 1;
