@@ -238,10 +238,13 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
       // reads the held shard, which no kernel on this stream writes (the first launch of a step
       // follows the wait for that shard, and starts in order).
       lo.start_early = !writes && !first_of_step;
-      const TensorView kv_v = opt.fp8 ? slice(hv, 3, l.kv_chunk * L, L) : slice(hv, 2, l.kv_chunk * L, L);
+      // The launch's rows: its query rows of the chunk and its keys of the held chunk.
+      const int64_t q0 = l.q_chunk * L + l.q_begin, rows = l.q_end - l.q_begin;
+      const int64_t k0 = l.kv_chunk * L + l.kv_begin, keys = l.kv_end - l.kv_begin;
+      const TensorView kv_v = opt.fp8 ? slice(hv, 3, k0, keys) : slice(hv, 2, k0, keys);
       launch(kernel,
-             {slice(qsrc, 2, l.q_chunk * L, L), slice(hk, 2, l.kv_chunk * L, L), kv_v, opt.fp8 ? qd : ones_q, hkd, hvd,
-              slice(out, 2, l.q_chunk * L, L), slice(lse, 2, l.q_chunk * L, L), scale, 1.0, causal, true},
+             {slice(qsrc, 2, q0, rows), slice(hk, 2, k0, keys), kv_v, opt.fp8 ? qd : ones_q, hkd, hvd, slice(out, 2, q0, rows),
+              slice(lse, 2, q0, rows), scale, 1.0, causal, true},
              lo);
       written[l.q_chunk] = true;
       first_of_step = false;

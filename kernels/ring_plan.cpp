@@ -41,21 +41,40 @@ int64_t RingPlan::kv_owner(int64_t rank, int64_t step) const { return ((rank - s
 
 std::vector<RingPlan::Launch> RingPlan::launches(int64_t rank, int64_t step) const {
   std::vector<Launch> out;
-  const int64_t owner = kv_owner(rank, step);
+  const int64_t owner = kv_owner(rank, step), L = chunk_rows();
+  // Per query chunk, its diagonal pair first (step 0): it covers every row of the chunk, so that
+  // the launch that writes O and the LSE (the first of each chunk) leaves none unwritten.
   for (int qc = 0; qc < chunks_per_rank(); ++qc)
-    for (int kc = 0; kc < chunks_per_rank(); ++kc) {
+    for (int i = 0; i < chunks_per_rank(); ++i) {
+      const int kc = chunks_per_rank() == 2 && step == 0 ? (qc + i) % 2 : i;
       const int64_t gq = chunk_of(rank, qc), gk = chunk_of(owner, kc);
+      Launch whole{qc, kc, Mode::full, 0, L, 0, L, 0};
       if (window > 0) {
         // Distances i - j over the pair: from (gq - gk) L - (L - 1) to (gq - gk) L + (L - 1).
-        const int64_t L = chunk_rows(), delta = (gq - gk) * L, nearest = delta - (L - 1), farthest = delta + (L - 1);
+        const int64_t delta = (gq - gk) * L, nearest = delta - (L - 1), farthest = delta + (L - 1);
         if (farthest < 0 || nearest >= window) continue;                        // no key of the pair is visible
-        if (nearest >= 0 && farthest < window) out.push_back({qc, kc, Mode::full});
-        else out.push_back({qc, kc, Mode::window, delta});
+        if (nearest >= 0 && farthest < window) {
+          out.push_back(whole);
+          continue;
+        }
+        // Query row i sees keys (i + delta - window, i + delta] of the chunk: only rows
+        // [-delta, L - 1 - delta + window - 1] see any, and only keys [delta - window + 1, L - 1 + delta].
+        Launch w = whole;
+        w.mode = Mode::window;
+        w.q_begin = std::max<int64_t>(0, -delta);
+        w.q_end = std::min(L, L - 1 - delta + window);
+        w.kv_begin = std::max<int64_t>(0, delta - window + 1) / 16 * 16;
+        w.kv_end = std::min(L, L + delta);
+        w.delta = delta + w.q_begin - w.kv_begin;
+        out.push_back(w);
         continue;
       }
-      if (!causal) out.push_back({qc, kc, Mode::full});
-      else if (gk < gq) out.push_back({qc, kc, Mode::full});
-      else if (gk == gq) out.push_back({qc, kc, Mode::causal});   // equal chunks: the diagonal is the causal mask
+      if (!causal) out.push_back(whole);
+      else if (gk < gq) out.push_back(whole);
+      else if (gk == gq) {   // equal chunks: the diagonal is the causal mask
+        whole.mode = Mode::causal;
+        out.push_back(whole);
+      }
     }
   return out;
 }
@@ -70,11 +89,11 @@ int64_t RingPlan::steps() const {
 
 namespace {
 
-// Entries (i, j) of an L x L pair with 0 <= i + delta - j < window.
-int64_t window_entries(int64_t L, int64_t delta, int64_t window) {
+// Entries (i, j) of rows x keys with 0 <= i + delta - j < window.
+int64_t window_entries(int64_t rows, int64_t keys, int64_t delta, int64_t window) {
   int64_t n = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    const int64_t hi = std::min(L - 1, i + delta), lo = std::max<int64_t>(0, i + delta - window + 1);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t hi = std::min(keys - 1, i + delta), lo = std::max<int64_t>(0, i + delta - window + 1);
     n += std::max<int64_t>(0, hi - lo + 1);
   }
   return n;
@@ -87,7 +106,9 @@ int64_t RingPlan::work(int64_t rank) const {
   int64_t w = 0;
   for (int64_t s = 0; s < ranks; ++s)
     for (const Launch& l : launches(rank, s))
-      w += l.mode == Mode::full ? L * L : l.mode == Mode::causal ? L * (L + 1) / 2 : window_entries(L, l.delta, window);
+      w += l.mode == Mode::full     ? L * L
+           : l.mode == Mode::causal ? L * (L + 1) / 2
+                                    : window_entries(l.q_end - l.q_begin, l.kv_end - l.kv_begin, l.delta, window);
   return w;
 }
 

@@ -37,7 +37,11 @@ struct RingPlan {
   struct Launch {
     int q_chunk = 0, kv_chunk = 0;
     Mode mode = Mode::full;
-    int64_t delta = 0;   // window: the query chunk's first row minus the key chunk's (global positions)
+    // window: the rows of the pair that the window reaches (query rows [q_begin, q_end) of the
+    // query chunk, keys [kv_begin, kv_end) of the key chunk; kv_begin a multiple of 16 for fp8's
+    // Vᵀ columns), and their offset: the first query row's position minus the first key's.
+    int64_t q_begin = 0, q_end = 0, kv_begin = 0, kv_end = 0;
+    int64_t delta = 0;
   };
 
   int64_t ranks = 0, seq = 0;
@@ -57,7 +61,8 @@ struct RingPlan {
   int64_t global_row(int64_t rank, int64_t i) const;
   // The rank whose key / value shard rank r holds at step s.
   int64_t kv_owner(int64_t rank, int64_t step) const;
-  // The launches rank r runs at step s (none: nothing of that shard is visible to its queries).
+  // The launches rank r runs at step s (none: nothing of that shard is visible to its queries); at
+  // step 0 each query chunk's first launch is its diagonal pair, which covers all its rows.
   std::vector<Launch> launches(int64_t rank, int64_t step) const;
   // The steps with a launch on some rank, from the first: the ring stops after them.
   int64_t steps() const;

@@ -133,6 +133,11 @@ TEST_CASE("ring plan: a sliding window skips the chunk pairs it rules out, and t
     CHECK(step0[0].delta == 0);
     REQUIRE(step1.size() == 1);
     CHECK(step1[0].mode == RingPlan::Mode::window);
+    // rows [0, 1023) of the chunk reach keys [1, 1024) of the one before (from key 0: rounded down to 16)
+    CHECK(step1[0].q_begin == 0);
+    CHECK(step1[0].q_end == 1023);
+    CHECK(step1[0].kv_begin == 0);   // key 1 rounded down to 16
+    CHECK(step1[0].kv_end == 1024);
     CHECK(step1[0].delta == 1024);
     CHECK(one.launches(r, 2).empty());
     // Every row sees min(i + 1, 1024) keys.
@@ -144,6 +149,16 @@ TEST_CASE("ring plan: a sliding window skips the chunk pairs it rules out, and t
   const RingPlan wide(4, 256, RingPlan::Sharding::contiguous, true, 200);
   CHECK(wide.launches(2, 1).at(0).mode == RingPlan::Mode::full);
   CHECK(wide.launches(3, 3).at(0).mode == RingPlan::Mode::window);
+  // zigzag: each query chunk's diagonal comes first at step 0 (it writes O for all the chunk's rows)
+  const RingPlan zz(2, 256, RingPlan::Sharding::zigzag, true, 40);
+  for (int64_t r = 0; r < 2; ++r) {
+    std::set<int> seen;
+    for (const RingPlan::Launch& l : zz.launches(r, 0))
+      if (seen.insert(l.q_chunk).second) {
+        CHECK(l.kv_chunk == l.q_chunk);
+        CHECK(l.q_end - l.q_begin == zz.chunk_rows());
+      }
+  }
   CHECK(wide.describe() == "ring attention over 4 ranks, 256 rows in 4 chunks of 64 (contiguous, causal, window 200)");
 }
 
@@ -187,9 +202,11 @@ TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, m
             const int64_t owner = plan.kv_owner(r, s);
             for (const RingPlan::Launch& l : plan.launches(r, s))
               tj_test::run_ref(kernels::ring_launch_kernel(plan, l, /*merging=*/true),
-                               {rows_of(qs[r], l.q_chunk * L, L), rows_of(ks[owner], l.kv_chunk * L, L),
-                                rows_of(vs[owner], l.kv_chunk * L, L), ones.view(), ones.view(), ones.view(),
-                                rows_of(os[r], l.q_chunk * L, L), rows_of(lses[r], l.q_chunk * L, L),
+                               {rows_of(qs[r], l.q_chunk * L + l.q_begin, l.q_end - l.q_begin),
+                                rows_of(ks[owner], l.kv_chunk * L + l.kv_begin, l.kv_end - l.kv_begin),
+                                rows_of(vs[owner], l.kv_chunk * L + l.kv_begin, l.kv_end - l.kv_begin), ones.view(), ones.view(),
+                                ones.view(), rows_of(os[r], l.q_chunk * L + l.q_begin, l.q_end - l.q_begin),
+                                rows_of(lses[r], l.q_chunk * L + l.q_begin, l.q_end - l.q_begin),
                                 1.4426950408889634 / std::sqrt(static_cast<double>(D)), 1.0, l.mode == RingPlan::Mode::causal,
                                 true},
                                cfg);
