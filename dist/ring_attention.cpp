@@ -26,14 +26,7 @@ void nccl_check(ncclResult_t r, const char* what) {
     throw Error(fmt::format("ring attention: {}: {} ({})", what, ncclGetErrorString(r), ncclGetLastError(nullptr)));
 }
 
-// `len` entries of dim `dim` from `start` (a view into the same memory).
-TensorView slice(const TensorView& t, int dim, int64_t start, int64_t len) {
-  TensorView s = t;
-  s.strides = t.effective_strides();
-  s.data = static_cast<char*>(t.data) + start * s.strides[dim] * size_bytes(t.dtype);
-  s.shape[dim] = len;
-  return s;
-}
+TensorView slice(const TensorView& t, int dim, int64_t start, int64_t len) { return slice_of(t, dim, start, len); }
 
 TensorView view_at(const DeviceTensor& bytes, int64_t offset, DType dt, std::vector<int64_t> shape) {
   TensorView v;
@@ -256,7 +249,7 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
       c.config = Config();
       c.config->blocks = {{"r", 64}, {"c", 64}};
       TensorView from = out, to = o;
-      from.shape = to.shape = {B * H * n, D};
+      from.shape = to.shape = {1, 1, B * H * n, D};
       from.strides = to.strides = {};
       launch(kernels::convert(), {from, to}, c);
     }

@@ -20,14 +20,7 @@ namespace tj::kernels {
 namespace {
 
 // Every `step`-th index of dimension `dim` from `first` on.
-TensorView every(const TensorView& t, int dim, int64_t first, int64_t step) {
-  TensorView s = t;
-  s.strides = t.effective_strides();
-  s.data = static_cast<char*>(t.data) + first * s.strides[dim] * size_bytes(t.dtype);
-  s.shape[dim] = (t.shape[dim] - first + step - 1) / step;
-  s.strides[dim] *= step;
-  return s;
-}
+TensorView every(const TensorView& t, int dim, int64_t first, int64_t step) { return every_of(t, dim, first, step); }
 
 // Index i of dimension `dim`, the dim dropped.
 TensorView at(const TensorView& t, int dim, int64_t i) {
@@ -43,13 +36,7 @@ TensorView at(const TensorView& t, int dim, int64_t i) {
 TensorView entry(const TensorView& t, int64_t p) { return at(t, 0, p); }
 
 // Indices [first, first + count) of dimension `dim`.
-TensorView slice(const TensorView& t, int dim, int64_t first, int64_t count) {
-  TensorView s = t;
-  s.strides = t.effective_strides();
-  s.data = static_cast<char*>(t.data) + first * s.strides[dim] * size_bytes(t.dtype);
-  s.shape[dim] = count;
-  return s;
-}
+TensorView slice(const TensorView& t, int dim, int64_t first, int64_t count) { return slice_of(t, dim, first, count); }
 
 // [B, H, ...] of a contiguous tensor as [B·H, ...].
 TensorView batch_and_heads_as_one(const TensorView& t) {

@@ -9,15 +9,6 @@ const Kernel& vector_add() {
   return k;
 }
 
-const Kernel& convert() {
-  static const Kernel k = kernel("convert", {"x", "out"}, [](In x, Out out) {
-    auto [rows, cols] = x.shape<2>();
-    for (auto r : tile(rows, block("r")))
-      for (auto c : tile(cols, block("c"))) out.store(r, c, x.load(r, c).to(out.dtype()));
-  });
-  return k;
-}
-
 const Kernel& softmax() {
   static const Kernel k = kernel("softmax", {"x", "out"}, [](In x, Out out) {
     constexpr double log2e = 1.4426950408889634;
@@ -79,6 +70,44 @@ const Kernel& layernorm() {
       for (auto c : tile(cols, block("c2"))) {            // pass 2: normalize, scale, shift
         auto y = (x.load(r, c).to(DType::f32) - mean) * rstd * w.load(c).to(DType::f32) + b.load(c).to(DType::f32);
         out.store(r, c, y.to(out.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
+// Kept below the kernels above: golden files of generated code name their lines.
+const Kernel& convert() {
+  static const Kernel k = kernel("convert", {"x", "out"}, [](In x, Out out) {
+    auto [A, B, rows, cols] = x.shape<4>();
+    for (auto ab : grid(A * B)) {
+      auto a = floordiv(ab, B);
+      auto b = ab % B;
+      for (auto r : tile(rows, block("r")))
+        for (auto c : tile(cols, block("c"))) out.store(a, b, r, c, x.load(a, b, r, c).to(out.dtype()));
+    }
+  });
+  return k;
+}
+
+const Kernel& merge_attention() {
+  static const Kernel k = kernel("merge_attention", {"o", "lse", "o2", "lse2"}, [](InOut o, InOut lse, In o2, In lse2) {
+    auto [B, H, S, D] = o.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H);
+      auto h = bh % H;
+      for (auto s : tile(S, block("s"))) {
+        auto l1 = lse.load(b, h, s), l2 = lse2.load(b, h, s);
+        auto top = maximum(l1, l2);
+        auto top_safe = where(top == -INFINITY, 0.0, top);   // neither has keys: weights 0, lse -inf
+        auto w1 = exp(l1 - top_safe), w2 = exp(l2 - top_safe);
+        auto den = w1 + w2;
+        auto inv = where(den > 0.0, 1.0 / den, 0.0);
+        // A side without keys (weight 0) may hold anything, NaN too: it is not read into the sum.
+        auto o1 = where((w1 > 0.0).col(), o.load(b, h, s, all).to(DType::f32), 0.0);
+        auto o2v = where((w2 > 0.0).col(), o2.load(b, h, s, all).to(DType::f32), 0.0);
+        o.store(b, h, s, all, (o1 * (w1 * inv).col() + o2v * (w2 * inv).col()).to(o.dtype()));
+        lse.store(b, h, s, top_safe + log(den));
       }
     }
   });

@@ -12,8 +12,14 @@ namespace tj::kernels {
 // out[i] = x[i] + y[i] over a 1-D tensor.
 const Kernel& vector_add();
 
-// out[r, c] = x[r, c] rounded to out's dtype, over [rows, cols] (blocks "r" and "c").
+// out[a, b, r, c] = x[a, b, r, c] rounded to out's dtype, over [A, B, rows, cols] (blocks "r" and
+// "c"; x may be any strided view: a gather of strided rows into a contiguous tensor).
 const Kernel& convert();
+
+// Two partial attentions of the same rows over disjoint keys, merged by their logsumexps (natural
+// log; -inf: no keys): o, lse [B, H, S, D] / [B, H, S] (bf16 / f16 / f32 o; f32 lse) become the
+// attention over both key sets; o2, lse2 the other part (blocks "s").
+const Kernel& merge_attention();
 
 // out[r, :] = softmax(x[r, :]) along the last dim, online max/sum in exp2
 // (exp(x) = exp2(x · log2 e)), any number of columns.

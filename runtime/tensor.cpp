@@ -24,4 +24,18 @@ std::string TensorView::describe() const {
   return fmt::format("{}[{}] ({})", name(dtype), fmt::join(shape, ", "), device == Device::host ? "host" : "cuda");
 }
 
+TensorView slice_of(const TensorView& t, int dim, int64_t first, int64_t count) {
+  TensorView s = t;
+  s.strides = t.effective_strides();
+  s.data = static_cast<char*>(t.data) + first * s.strides[dim] * size_bytes(t.dtype);
+  s.shape[dim] = count;
+  return s;
+}
+
+TensorView every_of(const TensorView& t, int dim, int64_t first, int64_t step) {
+  TensorView s = slice_of(t, dim, first, (t.shape[dim] - first + step - 1) / step);
+  s.strides[dim] *= step;
+  return s;
+}
+
 }  // namespace tj

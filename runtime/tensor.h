@@ -26,4 +26,9 @@ struct TensorView {
   std::string describe() const;                         // "bf16[2, 4, 128, 64] (cuda)"
 };
 
+// Views of a view's memory (explicit strides): indices [first, first + count) of dimension
+// `dim`, and every `step`-th index of `dim` from `first` on.
+TensorView slice_of(const TensorView& t, int dim, int64_t first, int64_t count);
+TensorView every_of(const TensorView& t, int dim, int64_t first, int64_t step);
+
 }  // namespace tj

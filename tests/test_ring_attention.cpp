@@ -14,6 +14,7 @@
 
 #include "attention_accuracy.h"
 #include "core/error.h"
+#include "dist/dilated_ring.h"
 #include "dist/ring_attention.h"
 #include "dist/ulysses_attention.h"
 #include "gpu.h"
@@ -105,22 +106,41 @@ TEST_CASE("all-to-all attention: the ring's checks, and heads that do not split 
   }
 }
 
+TEST_CASE("dilated ring attention: a pair's segments lie in one rank's rows or span whole ranks, else an error before anything is sent") {
+  const TensorView q = fake(DType::bf16, {1, 8, 4096, 64});
+  CHECK(dist::dilated_ring_spanning(4, q, {{2048, 1}, {4096, 2}, {8192, 4}, {65536, 8}}) == std::vector<bool>{false, false, true, true});
+  try {
+    dist::dilated_ring_spanning(4, q, {{6144, 2}});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) ==
+          "dilated ring attention: pair (segment 6144, rate 2): a segment must lie in one rank's 4096 rows (a divisor of 4096) or "
+          "span whole ranks' rows (a multiple of 4096 whose ranks divide the 4 ranks)");
+  }
+  CHECK_THROWS_WITH_AS(dist::dilated_ring_spanning(3, q, {{8192, 2}}),
+                       "dilated ring attention: pair (segment 8192, rate 2): a segment must lie in one rank's 4096 rows (a divisor "
+                       "of 4096) or span whole ranks' rows (a multiple of 4096 whose ranks divide the 3 ranks)",
+                       Error);
+  CHECK_THROWS_WITH_AS(dist::dilated_ring_spanning(4, q, {{2048, 3}}),
+                       "dilated ring attention: pair (segment 2048, rate 3): the rate must divide the segment length, the number "
+                       "of heads (8) and each rank's rows (4096)",
+                       Error);
+}
+
+TEST_CASE("tilejit-ring --dilated: SEGMENT:RATE pairs, and an item that is not one is an error naming it") {
+  const auto pairs = tools::parse_dilated("2048:1,8192:2");
+  REQUIRE(pairs.size() == 2);
+  CHECK(pairs[1].segment == 8192);
+  CHECK(pairs[1].rate == 2);
+  for (const char* bad : {"2048", "2048:x", "a:1", "2048:1,", "2048:1:2"})
+    CHECK_THROWS_AS(tools::parse_dilated(bad), Error);
+  CHECK_THROWS_WITH_AS(tools::parse_dilated("2048:1,8192"),
+                       "--dilated: '8192' is not SEGMENT:RATE (e.g. --dilated 2048:1,8192:2)", Error);
+}
+
 TEST_CASE("ring attention: the flops of a rank are its plan's scores times 4 D") {
   const RingPlan plan(4, 4096, RingPlan::Sharding::zigzag, true);
   for (int64_t r = 0; r < 4; ++r) CHECK(dist::ring_attention_flops(plan, r, 16, 128) == 4.0 * 128 * 16 * plan.work(r));
-}
-
-TEST_CASE("convert (the ring's running f16 O into a bf16 o) rounds each element to the output's dtype, on the CPU reference") {
-  std::mt19937 rng(3);
-  const HostTensor x = tj_test::randn(DType::f16, {70, 96}, rng);
-  HostTensor out(DType::bf16, {70, 96});
-  out.fill_bytes(0xFF);
-  Config cfg;
-  cfg.blocks = {{"r", 64}, {"c", 64}};
-  tj_test::run_ref(kernels::convert(), {x.view(), out.view()}, cfg);
-  HostTensor want(DType::bf16, {70, 96});
-  for (int64_t i = 0; i < x.numel(); ++i) want.set(i, x.at(i));
-  CHECK(std::memcmp(out.data(), want.data(), out.size_bytes()) == 0);
 }
 
 TEST_CASE("tilejit-ring: the NCCL id crosses to the ranks as hex, and text of another length or not hex is an error") {

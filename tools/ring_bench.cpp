@@ -14,10 +14,12 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "dist/dilated_ring.h"
 #include "dist/ring_attention.h"
 #include "dist/ulysses_attention.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variants.h"
+#include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
 #include "tools/attention.h"
@@ -263,6 +265,70 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
   return ok && (rank != 0 || all_ok);
 }
 
+// --check --dilated: dilated attention over the ranks (dist/dilated_ring.h) against single-GPU
+// dilated attention of the whole sequence (every rank runs it on its own GPU).
+bool check_dilated(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, const std::vector<kernels::DilatedPair>& pairs,
+                   int64_t S, bool fp8, bool causal, CUstream stream, std::ostream& log) {
+  const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, n = S / ranks;
+  std::mt19937 rng(4321);
+  std::normal_distribution<double> nd;
+  HostTensor q(DType::bf16, {B, H, S, D}), k(DType::bf16, {B, H, S, D}), v(DType::bf16, {B, H, S, D});
+  for (HostTensor* t : {&q, &k, &v})
+    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, nd(rng));
+  const DeviceTensor fq = DeviceTensor::from_host(q), fk = DeviceTensor::from_host(k), fv = DeviceTensor::from_host(v);
+  DeviceTensor fo(DType::bf16, {B, H, S, D}), o(DType::bf16, {B, H, n, D});
+  o.fill_bytes(0xFF);
+  // This rank's rows [rank·n, (rank + 1)·n): contiguous copies of the whole tensors' rows.
+  auto rows = [&](const DeviceTensor& t) {
+    DeviceTensor s(DType::bf16, {B, H, n, D});
+    LaunchOptions lo;
+    lo.stream = stream;
+    lo.config = Config();
+    lo.config->blocks = {{"r", 64}, {"c", 64}};
+    launch(kernels::convert(), {slice_of(t.view(), 2, rank * n, n), s.view()}, lo);
+    return s;
+  };
+  const DeviceTensor dq = rows(fq), dk = rows(fk), dv = rows(fv);
+  dist::DilatedRingOptions dro;
+  dro.pairs = pairs;
+  dro.causal = causal;
+  dro.fp8 = fp8;
+  dro.stream = stream;
+  dist::DilatedRingWorkspace ws;
+  dist::dilated_ring_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), dro, ws);
+  kernels::DilatedOptions one;
+  one.pairs = pairs;
+  one.causal = causal;
+  one.fp8 = fp8;
+  one.stream = stream;
+  kernels::DilatedWorkspace ows;
+  kernels::dilated_attention_forward(fq.view(), fk.view(), fv.view(), fo.view(), one, ows);
+  runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+  const HostTensor ho = o.to_host(), hfo = fo.to_host();
+  std::vector<double> got, want;
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t x = 0; x < D; ++x) {
+        got.push_back(ho.at((bh * n + i) * D + x));
+        want.push_back(hfo.at((bh * S + rank * n + i) * D + x));
+      }
+  const double err = rel_rmse(got, want);
+  // bf16: the two round differently (merges, the ring's f16 running O); fp8: each quantizes its
+  // own views (the local pairs per shard, the ring per rank's sparse rows).
+  const bool ok = err <= (fp8 ? 1.2e-1 : 6e-3);
+  const std::vector<double> all = all_gather(comm, {err, ok ? 1.0 : 0.0}, ranks, stream);
+  bool all_ok = true;
+  std::string spec;
+  for (const auto& [w, r] : pairs) spec += fmt::format("{}{}:{}", spec.empty() ? "" : ",", w, r);
+  if (rank == 0)
+    for (int r = 0; r < ranks; ++r) {
+      all_ok = all_ok && all[2 * r + 1] == 1.0;
+      log << fmt::format("| {} | {} | dilated {} | {} | {} | {} | {:.2e} | - | - | {} |\n", S, ranks, spec, fp8 ? "fp8" : "bf16",
+                         causal ? "causal" : "full", r, all[2 * r], all[2 * r + 1] == 1.0 ? "ok" : "**FAIL**");
+    }
+  return ok && (rank != 0 || all_ok);
+}
+
 // Times ring_attention_forward on this case and its single-GPU baselines; rank 0 prints a row.
 void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, const Case& c, const RingPlan& plan,
                CUstream stream, std::ostream& log) {
@@ -378,6 +444,30 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
 
 }  // namespace
 
+std::vector<kernels::DilatedPair> parse_dilated(const std::string& spec) {
+  std::vector<kernels::DilatedPair> pairs;
+  for (size_t start = 0;;) {
+    const size_t end = spec.find(',', start);
+    const std::string item = spec.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    const size_t colon = item.find(':');
+    size_t used_w = 0, used_r = 0;
+    int64_t w = 0, r = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      w = std::stoll(item.substr(0, colon), &used_w);
+      r = std::stoll(item.substr(colon + 1), &used_r);
+    } catch (const std::exception&) {
+      used_w = 0;
+    }
+    if (colon == std::string::npos || used_w != colon || used_r != item.size() - colon - 1)
+      throw Error(fmt::format("--dilated: '{}' is not SEGMENT:RATE (e.g. --dilated 2048:1,8192:2)", item));
+    pairs.push_back({w, r});
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return pairs;
+}
+
 int ring_rank_main(const RingBenchOptions& in) {
   RingBenchOptions opt = in;
   if (opt.kv_heads <= 0) opt.kv_heads = opt.heads;
@@ -386,6 +476,7 @@ int ring_rank_main(const RingBenchOptions& in) {
   for (const std::string& d : opt.dtypes)
     if (d != "bf16" && d != "fp8") throw Error(fmt::format("--dtype {}: expected bf16 or fp8", d));
   if (opt.strategies.empty()) opt.strategies = {"ring", "all-to-all"};
+  if (!opt.dilated.empty()) parse_dilated(opt.dilated);   // its errors before anything runs
   for (const std::string& st : opt.strategies)
     if (st != "ring" && st != "all-to-all") throw Error(fmt::format("--strategy {}: expected ring or all-to-all", st));
   if (opt.sharding != "zigzag" && opt.sharding != "contiguous")
@@ -411,7 +502,22 @@ int ring_rank_main(const RingBenchOptions& in) {
     std::cout << table.str() << std::flush;
   }
   bool ok = true;
-  for (int64_t S : opt.seqs)
+  if (!opt.dilated.empty()) {
+    if (!opt.check) throw Error("--dilated is checked (--check), not timed yet");
+    const std::vector<kernels::DilatedPair> pairs = parse_dilated(opt.dilated);
+    for (int64_t S : opt.seqs)
+      for (const std::string& d : opt.dtypes)
+        for (bool causal : {false, true}) {
+          if ((causal && opt.non_causal_only) || (!causal && opt.causal_only)) continue;
+          std::ostringstream row;
+          ok = check_dilated(comm, rank, ranks, opt, pairs, S, d == "fp8", causal, stream, row) && ok;
+          if (rank == 0) {
+            std::cout << row.str() << std::flush;
+            table << row.str();
+          }
+        }
+  }
+  for (int64_t S : opt.dilated.empty() ? opt.seqs : std::vector<int64_t>{})
     for (const std::string& strategy : opt.strategies)
     for (const std::string& d : opt.dtypes)
       for (bool causal : {false, true}) {

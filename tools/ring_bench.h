@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dilated_attention.h"
+
 namespace tj::tools {
 
 struct RingBenchOptions {
@@ -15,6 +17,7 @@ struct RingBenchOptions {
   std::vector<std::string> strategies;   // ring, all-to-all
   bool causal_only = false, non_causal_only = false;
   int64_t window = 0;                    // a causal sliding window (ring only, contiguous chunks)
+  std::string dilated;                   // "SEGMENT:RATE,...": dilated attention over the ranks (--check)
   std::string sharding = "zigzag";
   bool check = false;
   int reps = 3, warmup = 1;
@@ -28,6 +31,10 @@ struct RingBenchOptions {
 int ring_launch(const RingBenchOptions& opt, const std::vector<std::string>& argv);
 // One rank: joins the communicator and checks or times every case.
 int ring_rank_main(const RingBenchOptions& opt);
+
+// "2048:1,8192:2" -> the (segment, rate) pairs; throws tj::Error naming the item that is not
+// SEGMENT:RATE.
+std::vector<kernels::DilatedPair> parse_dilated(const std::string& spec);
 
 // The NCCL unique id as hex and back (throws tj::Error for text of another length or non-hex).
 std::string hex_of(const void* bytes, size_t n);
