@@ -6,6 +6,7 @@
 
 #include "autotune/launch.h"
 #include "core/error.h"
+#include "dist/nccl_util.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
@@ -16,17 +17,8 @@ using kernels::DilatedPair;
 
 namespace {
 
-void nccl_check(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    throw Error(fmt::format("dilated ring attention: {}: {} ({})", what, ncclGetErrorString(r), ncclGetLastError(nullptr)));
-}
-
 // Heads j, j + r, ... and rows j, j + r, ... of [B, H, n, ...]: offset j's sparse positions.
 TensorView sparse(const TensorView& t, int64_t j, int64_t r) { return every_of(every_of(t, 1, j, r), 2, j, r); }
-
-void ensure(std::optional<DeviceTensor>& t, DType dt, const std::vector<int64_t>& shape) {
-  if (!t || t->dtype() != dt || t->shape() != shape) t.emplace(dt, shape);
-}
 
 // The segments of a spanning pair cover this many consecutive ranks.
 int64_t group_of(const DilatedPair& p, int64_t n, int64_t ranks) { return std::min(p.segment / n, ranks); }
@@ -37,7 +29,7 @@ ncclComm_t group_comm(ncclComm_t comm, int64_t g, int rank, int ranks, DilatedRi
   auto it = ws.groups.find(g);
   if (it != ws.groups.end()) return it->second;
   ncclComm_t c = nullptr;
-  nccl_check(ncclCommSplit(comm, static_cast<int>(rank / g), rank, &c, nullptr), "ncclCommSplit");
+  nccl_check(ncclCommSplit(comm, static_cast<int>(rank / g), rank, &c, nullptr), "dilated ring attention", "ncclCommSplit");
   ws.groups[g] = c;
   return c;
 }
@@ -82,10 +74,7 @@ std::vector<bool> dilated_ring_spanning(int64_t ranks, const TensorView& q, cons
 void dilated_ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorView& k, const TensorView& v,
                                     const TensorView& o, const DilatedRingOptions& opt, DilatedRingWorkspace& ws) {
   runtime::current_device();
-  if (!comm) throw Error("dilated ring attention: no communicator (null ncclComm_t)");
-  int ranks = 1, rank = 0;
-  nccl_check(ncclCommCount(comm, &ranks), "ncclCommCount");
-  nccl_check(ncclCommUserRank(comm, &rank), "ncclCommUserRank");
+  const auto [rank, ranks] = rank_of(comm, "dilated ring attention");
   if (opt.pairs.empty()) throw Error("dilated ring attention: no (segment, rate) pairs");
   if (k.shape != q.shape || v.shape != q.shape || o.shape != q.shape)
     throw Error(fmt::format("dilated ring attention: q, k, v and o must all be [B, H, n, D]; got q {} k {} v {} o {}",
@@ -121,11 +110,11 @@ void dilated_ring_attention_forward(ncclComm_t comm, const TensorView& q, const 
     const int64_t r = opt.pairs[p].rate, g = group_of(opt.pairs[p], n, ranks);
     const ncclComm_t group = group_comm(comm, g, rank, ranks, ws);
     const std::vector<int64_t> shape = {B, H / r, n / r, D};
-    ensure(ws.q, q.dtype, shape);
-    ensure(ws.k, q.dtype, shape);
-    ensure(ws.v, q.dtype, shape);
-    ensure(ws.o, q.dtype, shape);
-    ensure(ws.lse, DType::f32, {B, H / r, n / r});
+    ensure_tensor(ws.q, q.dtype, shape);
+    ensure_tensor(ws.k, q.dtype, shape);
+    ensure_tensor(ws.v, q.dtype, shape);
+    ensure_tensor(ws.o, q.dtype, shape);
+    ensure_tensor(ws.lse, DType::f32, {B, H / r, n / r});
     RingAttentionOptions ro;
     ro.sharding = kernels::RingPlan::Sharding::contiguous;
     ro.causal = opt.causal;

@@ -6,6 +6,7 @@
 
 #include "autotune/launch.h"
 #include "core/error.h"
+#include "dist/nccl_util.h"
 #include "kernels/attention_variant.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
@@ -20,11 +21,6 @@ namespace {
 constexpr int64_t kAlign = 256;   // each tensor of a slot starts 256 bytes in (TMA wants 16)
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-void nccl_check(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    throw Error(fmt::format("ring attention: {}: {} ({})", what, ncclGetErrorString(r), ncclGetLastError(nullptr)));
-}
 
 TensorView slice(const TensorView& t, int dim, int64_t start, int64_t len) { return slice_of(t, dim, start, len); }
 
@@ -64,10 +60,6 @@ struct SlotLayout {
   TensorView kd(const DeviceTensor& s) const { return view_at(s, kd_off, DType::f32, {B, Hkv}); }
   TensorView vd(const DeviceTensor& s) const { return view_at(s, vd_off, DType::f32, {B, Hkv}); }
 };
-
-void ensure(std::optional<DeviceTensor>& t, DType dt, const std::vector<int64_t>& shape) {
-  if (!t || t->dtype() != dt || t->shape() != shape) t.emplace(dt, shape);
-}
 
 void copy_async(const TensorView& dst, const TensorView& src, CUstream stream) {
   runtime::Driver& d = runtime::driver();
@@ -133,19 +125,19 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
     if (ranks < 1 || rank < 0 || rank >= ranks)
       throw Error(fmt::format("ring attention: local_only as rank {} of {} ranks", rank, ranks));
   } else {
-    if (!comm) throw Error("ring attention: no communicator (null ncclComm_t); local_only runs without one");
-    nccl_check(ncclCommCount(comm, &ranks), "ncclCommCount");
-    nccl_check(ncclCommUserRank(comm, &rank), "ncclCommUserRank");
+    const RankOf r = rank_of(comm, "ring attention");
+    rank = r.rank;
+    ranks = r.ranks;
   }
   const RingPlan plan = ring_attention_plan(ranks, q, k, v, o, opt);
   const int64_t B = q.shape[0], H = q.shape[1], n = q.shape[2], D = q.shape[3], Hkv = k.shape[1], L = plan.chunk_rows();
   const CUstream stream = opt.stream;
   const SlotLayout layout(k, opt.fp8);
-  for (auto& s : ws.slot) ensure(s, DType::e4m3, {layout.bytes});   // bytes
+  for (auto& s : ws.slot) ensure_tensor(s, DType::e4m3, {layout.bytes});   // bytes
   const bool via_f16 = opt.f16_running_output && o.dtype == DType::bf16;
-  if (via_f16) ensure(ws.running, DType::f16, {B, H, n, D});
+  if (via_f16) ensure_tensor(ws.running, DType::f16, {B, H, n, D});
   const TensorView out = via_f16 ? ws.running->view() : o;
-  const TensorView lse = opt.lse ? *opt.lse : (ensure(ws.lse, DType::f32, {B, H, n}), ws.lse->view());
+  const TensorView lse = opt.lse ? *opt.lse : (ensure_tensor(ws.lse, DType::f32, {B, H, n}), ws.lse->view());
   if (!opt.fp8 && (!ws.ones || ws.ones->shape()[0] < B * H)) {
     HostTensor h(DType::f32, {B * H});
     for (int64_t i = 0; i < B * H; ++i) h.set(i, 1.0);
@@ -170,8 +162,8 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
   lo.stream = stream;
   TensorView qsrc = q, qd, ones_q, ones_kv;
   if (opt.fp8) {
-    ensure(ws.q8, DType::e4m3, {B, H, n, D});
-    ensure(ws.qd, DType::f32, {B, H});
+    ensure_tensor(ws.q8, DType::e4m3, {B, H, n, D});
+    ensure_tensor(ws.qd, DType::f32, {B, H});
     qsrc = ws.q8->view();
     qd = ws.qd->view();
     kernels::quantize_fp8_per_head(q, ws.partial, qsrc, qd, /*transpose=*/false, lo);
@@ -208,10 +200,10 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
     if (ring && s + 1 < steps) {
       // Pass the held shard on and take the next: into the slot that step s - 1 read.
       if (s >= 1) wait_event(ws.comm->get(), ws.sync[2 * (s - 1) + 1]);
-      nccl_check(ncclGroupStart(), "ncclGroupStart");
-      nccl_check(ncclSend(held.view().data, layout.bytes, ncclUint8, next, comm, ws.comm->get()), "ncclSend");
-      nccl_check(ncclRecv(ws.slot[(s + 1) % 2]->view().data, layout.bytes, ncclUint8, prev, comm, ws.comm->get()), "ncclRecv");
-      nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+      nccl_check(ncclGroupStart(), "ring attention", "ncclGroupStart");
+      nccl_check(ncclSend(held.view().data, layout.bytes, ncclUint8, next, comm, ws.comm->get()), "ring attention", "ncclSend");
+      nccl_check(ncclRecv(ws.slot[(s + 1) % 2]->view().data, layout.bytes, ncclUint8, prev, comm, ws.comm->get()), "ring attention", "ncclRecv");
+      nccl_check(ncclGroupEnd(), "ring attention", "ncclGroupEnd");
       ws.sync[2 * s].record(ws.comm->get());
     }
     if (s >= 1) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "dist/nccl_util.h"
 #include "dist/ring_attention.h"
 #include "runtime/device.h"
 
@@ -11,15 +12,6 @@ namespace tj::dist {
 using kernels::RingPlan;
 
 namespace {
-
-void nccl_check(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    throw Error(fmt::format("ulysses attention: {}: {} ({})", what, ncclGetErrorString(r), ncclGetLastError(nullptr)));
-}
-
-void ensure(std::optional<DeviceTensor>& t, DType dt, const std::vector<int64_t>& shape) {
-  if (!t || t->dtype() != dt || t->shape() != shape) t.emplace(dt, shape);
-}
 
 // The address of row `row` of head `h` of batch entry `b` in a contiguous [B, heads, rows, D].
 void* at(const TensorView& t, int64_t b, int64_t h, int64_t row) {
@@ -35,24 +27,24 @@ void all_to_all(ncclComm_t comm, const RingPlan& plan, int rank, const TensorVie
   const int64_t B = local.shape[0], heads = local.shape[1], per_rank = heads / plan.ranks, D = local.shape[3];
   const int64_t L = plan.chunk_rows();
   const size_t bytes = static_cast<size_t>(L * D) * size_bytes(local.dtype);
-  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  nccl_check(ncclGroupStart(), "ulysses attention", "ncclGroupStart");
   for (int64_t peer = 0; peer < plan.ranks; ++peer)
     for (int64_t b = 0; b < B; ++b)
       for (int c = 0; c < plan.chunks_per_rank(); ++c) {
         // Blocks of this rank's rows, head by head, to / from the heads' ranks.
         for (int64_t j = 0; j < per_rank; ++j) {
           void* mine = at(local, b, peer * per_rank + j, c * L);
-          scatter ? nccl_check(ncclSend(mine, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ncclSend")
-                  : nccl_check(ncclRecv(mine, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ncclRecv");
+          scatter ? nccl_check(ncclSend(mine, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ulysses attention", "ncclSend")
+                  : nccl_check(ncclRecv(mine, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ulysses attention", "ncclRecv");
         }
         // Blocks of this rank's heads, at the rows of the peer's chunk c.
         for (int64_t j = 0; j < per_rank; ++j) {
           void* theirs = at(gathered, b, j, plan.chunk_of(peer, c) * L);
-          scatter ? nccl_check(ncclRecv(theirs, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ncclRecv")
-                  : nccl_check(ncclSend(theirs, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ncclSend");
+          scatter ? nccl_check(ncclRecv(theirs, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ulysses attention", "ncclRecv")
+                  : nccl_check(ncclSend(theirs, bytes, ncclUint8, static_cast<int>(peer), comm, stream), "ulysses attention", "ncclSend");
         }
       }
-  nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  nccl_check(ncclGroupEnd(), "ulysses attention", "ncclGroupEnd");
 }
 
 }  // namespace
@@ -81,16 +73,13 @@ RingPlan ulysses_attention_plan(int64_t ranks, const TensorView& q, const Tensor
 void ulysses_attention_forward(ncclComm_t comm, const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& o, const UlyssesAttentionOptions& opt, UlyssesAttentionWorkspace& ws) {
   runtime::current_device();
-  if (!comm) throw Error("ulysses attention: no communicator (null ncclComm_t)");
-  int ranks = 1, rank = 0;
-  nccl_check(ncclCommCount(comm, &ranks), "ncclCommCount");
-  nccl_check(ncclCommUserRank(comm, &rank), "ncclCommUserRank");
+  const auto [rank, ranks] = rank_of(comm, "ulysses attention");
   const RingPlan plan = ulysses_attention_plan(ranks, q, k, v, o, opt);
   const int64_t B = q.shape[0], H = q.shape[1], Hkv = k.shape[1], D = q.shape[3], S = plan.seq;
-  ensure(ws.q, q.dtype, {B, H / ranks, S, D});
-  ensure(ws.k, q.dtype, {B, Hkv / ranks, S, D});
-  ensure(ws.v, q.dtype, {B, Hkv / ranks, S, D});
-  ensure(ws.o, q.dtype, {B, H / ranks, S, D});
+  ensure_tensor(ws.q, q.dtype, {B, H / ranks, S, D});
+  ensure_tensor(ws.k, q.dtype, {B, Hkv / ranks, S, D});
+  ensure_tensor(ws.v, q.dtype, {B, Hkv / ranks, S, D});
+  ensure_tensor(ws.o, q.dtype, {B, H / ranks, S, D});
   all_to_all(comm, plan, rank, q, ws.q->view(), true, opt.stream);
   all_to_all(comm, plan, rank, k, ws.k->view(), true, opt.stream);
   all_to_all(comm, plan, rank, v, ws.v->view(), true, opt.stream);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -104,6 +105,8 @@ struct Case {
   bool ulysses = false;   // all-to-all (dist/ulysses_attention.h) instead of the ring
 };
 
+void synchronize(CUstream stream) { runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize"); }
+
 // Fills t with copies of a block of standard normal values (seeded): timing inputs, random
 // enough that the softmax is not degenerate, without drawing a billion normals on the host.
 void fill_random(const DeviceTensor& t, uint64_t seed, CUstream stream) {
@@ -119,7 +122,7 @@ void fill_random(const DeviceTensor& t, uint64_t seed, CUstream stream) {
     drv.check(drv.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(t.view().data) + at * eb,
                                     reinterpret_cast<CUdeviceptr>(d.view().data), std::min(block, n - at) * eb, stream),
               "cuMemcpyDtoDAsync");
-  drv.check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  synchronize(stream);
 }
 
 double median(std::vector<double> v) {
@@ -134,7 +137,7 @@ std::vector<double> all_gather(ncclComm_t comm, const std::vector<double>& mine,
   send.copy_from_host(mine.data(), n * sizeof(double));
   nccl(ncclAllGather(reinterpret_cast<void*>(send.ptr()), reinterpret_cast<void*>(recv.ptr()), n, ncclFloat64, comm, stream),
        "ncclAllGather");
-  runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+  synchronize(stream);
   std::vector<double> out(n * ranks);
   recv.copy_to_host(out.data(), out.size() * sizeof(double));
   return out;
@@ -159,6 +162,36 @@ double rel_rmse(const std::vector<double>& got, const std::vector<double>& want)
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// Random N(0, 1) bf16 values: with the same seed, the same tensors on every rank.
+HostTensor random_bf16(std::vector<int64_t> shape, std::mt19937& rng) {
+  std::normal_distribution<double> nd;
+  HostTensor t(DType::bf16, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, nd(rng));
+  return t;
+}
+
+// This rank's rows of `ours` [.., n, D] and the same rows of `whole` [.., S, D] (local row i is
+// global row row_of(i)), every head, flattened alike.
+void paired_rows(const HostTensor& ours, const HostTensor& whole, int64_t heads, int64_t n, int64_t S, int64_t D,
+                 const std::function<int64_t(int64_t)>& row_of, std::vector<double>& got, std::vector<double>& want) {
+  for (int64_t bh = 0; bh < heads; ++bh)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t x = 0; x < D; ++x) {
+        got.push_back(ours.at((bh * n + i) * D + x));
+        want.push_back(whole.at((bh * S + row_of(i)) * D + x));
+      }
+}
+
+dist::RingAttentionOptions ring_options(const Case& c, const RingPlan& plan, CUstream stream) {
+  dist::RingAttentionOptions ro;
+  ro.causal = c.causal;
+  ro.window = plan.window;
+  ro.fp8 = c.fp8;
+  ro.sharding = plan.sharding;
+  ro.stream = stream;
+  return ro;
+}
+
 std::string mask_name(const RingPlan& plan) {
   return plan.window > 0 ? fmt::format("window {}", plan.window) : plan.causal ? "causal" : "full";
 }
@@ -178,10 +211,7 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
                 CUstream stream, std::ostream& log) {
   const int64_t B = opt.batch, H = opt.heads, Hkv = opt.kv_heads, D = opt.head_dim, S = c.S, n = S / ranks;
   std::mt19937 rng(1234);
-  std::normal_distribution<double> nd;
-  HostTensor q(DType::bf16, {B, H, S, D}), k(DType::bf16, {B, Hkv, S, D}), v(DType::bf16, {B, Hkv, S, D});
-  for (HostTensor* t : {&q, &k, &v})
-    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, nd(rng));
+  const HostTensor q = random_bf16({B, H, S, D}, rng), k = random_bf16({B, Hkv, S, D}, rng), v = random_bf16({B, Hkv, S, D}, rng);
   // This rank's rows, one after another.
   auto shard = [&](const HostTensor& t) {
     const int64_t heads = t.shape()[1];
@@ -195,12 +225,7 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
   DeviceTensor dq = DeviceTensor::from_host(shard(q)), dk = DeviceTensor::from_host(shard(k)), dv = DeviceTensor::from_host(shard(v));
   DeviceTensor o(DType::bf16, {B, H, n, D});
   o.fill_bytes(0xFF);
-  dist::RingAttentionOptions ro;
-  ro.causal = c.causal;
-  ro.window = plan.window;
-  ro.fp8 = c.fp8;
-  ro.sharding = plan.sharding;
-  ro.stream = stream;
+  dist::RingAttentionOptions ro = ring_options(c, plan, stream);
   dist::RingAttentionWorkspace ws;
   dist::UlyssesAttentionWorkspace uws;
   if (c.ulysses) dist::ulysses_attention_forward(comm, dq.view(), dk.view(), dv.view(), o.view(), ulysses_options(ro), uws);
@@ -216,15 +241,10 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
   if (plan.window > 0) ao.kernel = &window_kernel;
   kernels::AttentionFp8Workspace aws;
   kernels::attention_fp8_forward(fq.view(), fk.view(), fv.view(), fo.view(), ao, aws);
-  runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+  synchronize(stream);
   const HostTensor ho = o.to_host(), hfo = fo.to_host();
   std::vector<double> ring_all, single_all;
-  for (int64_t bh = 0; bh < B * H; ++bh)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t x = 0; x < D; ++x) {
-        ring_all.push_back(ho.at((bh * n + i) * D + x));
-        single_all.push_back(hfo.at((bh * S + plan.global_row(rank, i)) * D + x));
-      }
+  paired_rows(ho, hfo, B * H, n, S, D, [&](int64_t i) { return plan.global_row(rank, i); }, ring_all, single_all);
   // float64 on sampled rows: 8 rows of this rank spread over its chunks, every head.
   std::vector<double> want, ring_s, single_s;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -271,10 +291,7 @@ bool check_dilated(ncclComm_t comm, int rank, int ranks, const RingBenchOptions&
                    int64_t S, bool fp8, bool causal, CUstream stream, std::ostream& log) {
   const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, n = S / ranks;
   std::mt19937 rng(4321);
-  std::normal_distribution<double> nd;
-  HostTensor q(DType::bf16, {B, H, S, D}), k(DType::bf16, {B, H, S, D}), v(DType::bf16, {B, H, S, D});
-  for (HostTensor* t : {&q, &k, &v})
-    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, nd(rng));
+  const HostTensor q = random_bf16({B, H, S, D}, rng), k = random_bf16({B, H, S, D}, rng), v = random_bf16({B, H, S, D}, rng);
   const DeviceTensor fq = DeviceTensor::from_host(q), fk = DeviceTensor::from_host(k), fv = DeviceTensor::from_host(v);
   DeviceTensor fo(DType::bf16, {B, H, S, D}), o(DType::bf16, {B, H, n, D});
   o.fill_bytes(0xFF);
@@ -303,15 +320,10 @@ bool check_dilated(ncclComm_t comm, int rank, int ranks, const RingBenchOptions&
   one.stream = stream;
   kernels::DilatedWorkspace ows;
   kernels::dilated_attention_forward(fq.view(), fk.view(), fv.view(), fo.view(), one, ows);
-  runtime::driver().check(runtime::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+  synchronize(stream);
   const HostTensor ho = o.to_host(), hfo = fo.to_host();
   std::vector<double> got, want;
-  for (int64_t bh = 0; bh < B * H; ++bh)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t x = 0; x < D; ++x) {
-        got.push_back(ho.at((bh * n + i) * D + x));
-        want.push_back(hfo.at((bh * S + rank * n + i) * D + x));
-      }
+  paired_rows(ho, hfo, B * H, n, S, D, [&](int64_t i) { return rank * n + i; }, got, want);
   const double err = rel_rmse(got, want);
   // bf16: the two round differently (merges, the ring's f16 running O); fp8: each quantizes its
   // own views (the local pairs per shard, the ring per rank's sparse rows).
@@ -337,12 +349,7 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
   fill_random(sh.q, 11 + rank, stream);
   fill_random(sh.k, 23 + rank, stream);
   fill_random(sh.v, 37 + rank, stream);
-  dist::RingAttentionOptions ro;
-  ro.causal = c.causal;
-  ro.window = plan.window;
-  ro.fp8 = c.fp8;
-  ro.sharding = plan.sharding;
-  ro.stream = stream;
+  dist::RingAttentionOptions ro = ring_options(c, plan, stream);
   dist::RingAttentionWorkspace ws;
   runtime::Event t0, t1;
   runtime::DeviceBuffer token(sizeof(float));
