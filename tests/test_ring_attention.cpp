@@ -138,6 +138,56 @@ TEST_CASE("tilejit-ring --dilated: SEGMENT:RATE pairs, and an item that is not o
                        "--dilated: '8192' is not SEGMENT:RATE (e.g. --dilated 2048:1,8192:2)", Error);
 }
 
+TEST_CASE("tilejit-ring: options are resolved with their defaults, and a wrong one is an error naming it before any rank starts") {
+  tools::RingBenchOptions o;
+  const tools::RingBenchOptions d = tools::resolved(o);
+  CHECK(d.kv_heads == d.heads);
+  CHECK(d.dtypes == std::vector<std::string>{"bf16", "fp8"});
+  CHECK(d.strategies == std::vector<std::string>{"ring", "all-to-all"});
+  CHECK(d.seqs == std::vector<int64_t>{131072, 262144, 524288, 1048576});
+  o.check = true;
+  CHECK(tools::resolved(o).seqs == std::vector<int64_t>{16384});
+  auto error_of = [](tools::RingBenchOptions x) {
+    try {
+      tools::resolved(x);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  tools::RingBenchOptions x;
+  x.dtypes = {"bf17"};
+  CHECK(error_of(x) == "--dtype bf17: expected bf16 or fp8");
+  x = {};
+  x.strategies = {"tree"};
+  CHECK(error_of(x) == "--strategy tree: expected ring or all-to-all");
+  x = {};
+  x.sharding = "striped";
+  CHECK(error_of(x) == "--sharding striped: expected zigzag or contiguous");
+  x = {};
+  x.seqs = {0};
+  CHECK(error_of(x) == "--seq 0: a sequence length is at least 1");
+  x = {};
+  x.kv_heads = 3;
+  CHECK(error_of(x) == "--heads 8 is not a multiple of --kv-heads 3");
+  x = {};
+  x.window = 64;
+  x.non_causal_only = true;
+  CHECK(error_of(x) == "--window is a causal sliding window: not with --non-causal");
+  x = {};
+  x.window = -1;
+  CHECK(error_of(x) == "--window -1: a window is at least 1 key (0: none)");
+  x = {};
+  x.reps = 0;
+  CHECK(error_of(x) == "--reps 0 / --warmup 1: at least 1 / 0");
+  x = {};
+  x.dilated = "2048:1";
+  CHECK(error_of(x) == "--dilated is checked (--check), not timed yet");
+  x.check = true;
+  x.dilated = "2048";
+  CHECK(error_of(x) == "--dilated: '2048' is not SEGMENT:RATE (e.g. --dilated 2048:1,8192:2)");
+}
+
 TEST_CASE("ring attention: the flops of a rank are its plan's scores times 4 D") {
   const RingPlan plan(4, 4096, RingPlan::Sharding::zigzag, true);
   for (int64_t r = 0; r < 4; ++r) CHECK(dist::ring_attention_flops(plan, r, 16, 128) == 4.0 * 128 * 16 * plan.work(r));

@@ -52,6 +52,7 @@ void nccl(ncclResult_t r, const char* what) {
 }  // namespace
 
 int ring_launch(const RingBenchOptions& opt, const std::vector<std::string>& argv) {
+  resolved(opt);   // the options' errors once, before any rank starts
   int gpus = opt.gpus;
   if (gpus <= 0) {
     runtime::Driver& d = runtime::driver();
@@ -475,19 +476,36 @@ std::vector<kernels::DilatedPair> parse_dilated(const std::string& spec) {
   return pairs;
 }
 
-int ring_rank_main(const RingBenchOptions& in) {
+RingBenchOptions resolved(const RingBenchOptions& in) {
   RingBenchOptions opt = in;
   if (opt.kv_heads <= 0) opt.kv_heads = opt.heads;
   if (opt.dtypes.empty()) opt.dtypes = {"bf16", "fp8"};
   if (opt.seqs.empty()) opt.seqs = opt.check ? std::vector<int64_t>{16384} : std::vector<int64_t>{131072, 262144, 524288, 1048576};
+  if (opt.strategies.empty()) opt.strategies = {"ring", "all-to-all"};
   for (const std::string& d : opt.dtypes)
     if (d != "bf16" && d != "fp8") throw Error(fmt::format("--dtype {}: expected bf16 or fp8", d));
-  if (opt.strategies.empty()) opt.strategies = {"ring", "all-to-all"};
-  if (!opt.dilated.empty()) parse_dilated(opt.dilated);   // its errors before anything runs
   for (const std::string& st : opt.strategies)
     if (st != "ring" && st != "all-to-all") throw Error(fmt::format("--strategy {}: expected ring or all-to-all", st));
   if (opt.sharding != "zigzag" && opt.sharding != "contiguous")
     throw Error(fmt::format("--sharding {}: expected zigzag or contiguous", opt.sharding));
+  for (int64_t S : opt.seqs)
+    if (S < 1) throw Error(fmt::format("--seq {}: a sequence length is at least 1", S));
+  if (opt.batch < 1 || opt.heads < 1 || opt.head_dim < 1)
+    throw Error(fmt::format("--batch {}, --heads {}, --head-dim {}: each at least 1", opt.batch, opt.heads, opt.head_dim));
+  if (opt.heads % opt.kv_heads != 0)
+    throw Error(fmt::format("--heads {} is not a multiple of --kv-heads {}", opt.heads, opt.kv_heads));
+  if (opt.window < 0) throw Error(fmt::format("--window {}: a window is at least 1 key (0: none)", opt.window));
+  if (opt.window > 0 && opt.non_causal_only) throw Error("--window is a causal sliding window: not with --non-causal");
+  if (opt.reps < 1 || opt.warmup < 0) throw Error(fmt::format("--reps {} / --warmup {}: at least 1 / 0", opt.reps, opt.warmup));
+  if (!opt.dilated.empty()) {
+    parse_dilated(opt.dilated);
+    if (!opt.check) throw Error("--dilated is checked (--check), not timed yet");
+  }
+  return opt;
+}
+
+int ring_rank_main(const RingBenchOptions& in) {
+  const RingBenchOptions opt = resolved(in);
   const RingPlan::Sharding sharding = opt.sharding == "zigzag" ? RingPlan::Sharding::zigzag : RingPlan::Sharding::contiguous;
   runtime::current_device();
   ncclUniqueId id;
@@ -510,7 +528,6 @@ int ring_rank_main(const RingBenchOptions& in) {
   }
   bool ok = true;
   if (!opt.dilated.empty()) {
-    if (!opt.check) throw Error("--dilated is checked (--check), not timed yet");
     const std::vector<kernels::DilatedPair> pairs = parse_dilated(opt.dilated);
     for (int64_t S : opt.seqs)
       for (const std::string& d : opt.dtypes)

@@ -26,6 +26,10 @@ struct RingBenchOptions {
   std::string nccl_id;                   // hex, from the launcher
 };
 
+// The options with their defaults filled in (dtypes, sequence lengths, strategies, K / V heads);
+// throws tj::Error naming the option that is wrong.
+RingBenchOptions resolved(const RingBenchOptions& opt);
+
 // Takes an NCCL unique id and starts `argv` once per GPU (--rank r --nccl-id ID, $TILEJIT_DEVICE
 // = r, NCCL_NVLS_ENABLE=0 unless set), waits for every rank; nonzero when one fails.
 int ring_launch(const RingBenchOptions& opt, const std::vector<std::string>& argv);
