@@ -1,6 +1,7 @@
-// The attention backward written as user code (examples/kernels): its three kernels on the CPU
-// reference executor against float64 gradients, and compiled by the generic tensor-core lowering
-// for sm_90a (every dot on wgmma, without spills).
+// The attention backward written in the DSL (kernels/attention_backward.h): its kernels on the CPU
+// reference executor against float64 gradients, compiled by the generic tensor-core lowering for
+// sm_90a (every dot on wgmma, without spills), and its host API (the launch list on the CPU
+// reference, its errors, and on the GPU after attention_fp8_forward's LSE).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,7 +10,10 @@
 
 #include "codegen/cuda_emitter.h"
 #include "codegen/lowering.h"
-#include "examples/kernels/user_kernels.h"
+#include "core/error.h"
+#include "gpu.h"
+#include "kernels/attention_backward.h"
+#include "kernels/attention_fp8.h"
 #include "nvrtc_testing.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"
@@ -96,7 +100,7 @@ std::vector<ArgValue> values(std::vector<HostTensor*> tensors, std::vector<float
 
 }  // namespace
 
-TEST_CASE("attention backward as user code: the CPU reference executor's gradients match float64 (causal and not)") {
+TEST_CASE("attention backward in the DSL: the CPU reference executor's gradients match float64 (causal and not)") {
   std::mt19937 rng(5);
   const std::vector<int64_t> shape = {1, 2, 96, 32};
   const double scale_nat = 1.0 / std::sqrt(32.0), scale = scale_nat / std::log(2.0);
@@ -113,12 +117,12 @@ TEST_CASE("attention backward as user code: the CPU reference executor's gradien
         dv(DType::bf16, shape);
     auto trace = [&](const Kernel& kk, std::vector<ArgSpec> specs) { return kk.trace(specs); };
     const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
-    const ir::Function fd = trace(examples::attention_bwd_delta(), {t16, t16, t32});
+    const ir::Function fd = trace(kernels::attention_bwd_delta(), {t16, t16, t32});
     run_reference(fd, default_config(fd), values({&o, &dout, &delta}, {}));
     const ir::Function fkv =
-        trace(examples::attention_bwd_dkdv(), {t16, t16, t16, t16, t32, t32, t16, t16, RuntimeScalar{0.0f}, causal});
+        trace(kernels::attention_bwd_dkdv(), {t16, t16, t16, t16, t32, t32, t16, t16, RuntimeScalar{0.0f}, causal});
     run_reference(fkv, default_config(fkv), values({&q, &k, &v, &dout, &lse, &delta, &dk, &dv}, {static_cast<float>(scale)}));
-    const ir::Function fq = trace(examples::attention_bwd_dq(), {t16, t16, t16, t16, t32, t32, t16, RuntimeScalar{0.0f}, causal});
+    const ir::Function fq = trace(kernels::attention_bwd_dq(), {t16, t16, t16, t16, t32, t32, t16, RuntimeScalar{0.0f}, causal});
     run_reference(fq, default_config(fq), values({&q, &k, &v, &dout, &lse, &delta, &dq}, {static_cast<float>(scale)}));
     CHECK(rel_rmse(dv, want.dv) < 2e-2);
     CHECK(rel_rmse(dk, want.dk) < 3e-2);
@@ -129,9 +133,9 @@ TEST_CASE("attention backward as user code: the CPU reference executor's gradien
     HostTensor dq_acc = HostTensor::from_values(std::vector<double>(q.numel(), 0.0), DType::f32, shape);
     const TensorSpec t32s{DType::f32, shape};
     const ir::Function ff =
-        trace(examples::attention_bwd_fused(), {t16, t16, t16, t16, t32, t32, t16, t16, t32s, RuntimeScalar{0.0f}, causal});
+        trace(kernels::attention_bwd_fused(), {t16, t16, t16, t16, t32, t32, t16, t16, t32s, RuntimeScalar{0.0f}, causal});
     run_reference(ff, default_config(ff), values({&q, &k, &v, &dout, &lse, &delta, &dk1, &dv1, &dq_acc}, {static_cast<float>(scale)}));
-    const ir::Function fc = trace(examples::attention_bwd_dq_convert(), {t32s, t16});
+    const ir::Function fc = trace(kernels::attention_bwd_dq_convert(), {t32s, t16});
     run_reference(fc, default_config(fc), values({&dq_acc, &dq1}, {}));
     CHECK(rel_rmse(dv1, want.dv) < 2e-2);
     CHECK(rel_rmse(dk1, want.dk) < 3e-2);
@@ -139,13 +143,13 @@ TEST_CASE("attention backward as user code: the CPU reference executor's gradien
   }
 }
 
-TEST_CASE("attention backward as user code: every dot on wgmma for sm_90a and on mma.sync for sm_80, without spills or serialized wgmmas") {
+TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on mma.sync for sm_80, without spills or serialized wgmmas") {
   const std::vector<int64_t> shape = {2, 4, 1024, 128};
   const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
   for (const char* arch : {"sm_90a", "sm_80"})
   for (bool causal : {false, true}) {
-    for (const Kernel* k : {&examples::attention_bwd_dkdv(), &examples::attention_bwd_dq(), &examples::attention_bwd_fused()}) {
-      const bool dkdv = k != &examples::attention_bwd_dq(), fused = k == &examples::attention_bwd_fused();
+    for (const Kernel* k : {&kernels::attention_bwd_dkdv(), &kernels::attention_bwd_dq(), &kernels::attention_bwd_fused()}) {
+      const bool dkdv = k != &kernels::attention_bwd_dq(), fused = k == &kernels::attention_bwd_fused();
       std::vector<ArgSpec> specs = {t16, t16, t16, t16, t32, t32, t16};
       if (dkdv) specs.push_back(t16);
       if (fused) specs.push_back(TensorSpec{DType::f32, shape});
@@ -171,4 +175,139 @@ TEST_CASE("attention backward as user code: every dot on wgmma for sm_90a and on
       CHECK(r.log.find("serialized") == std::string::npos);   // ptxas kept the wgmmas asynchronous (no C751x)
     }
   }
+}
+
+namespace {
+
+// Runs a launch list on the CPU reference executor (each kernel's default config).
+void run_launches(const std::vector<kernels::BackwardLaunch>& launches) {
+  for (const kernels::BackwardLaunch& l : launches) {
+    std::vector<ArgSpec> specs;
+    std::vector<ArgValue> vals;
+    for (const Arg& a : l.args) {
+      if (const TensorView* t = std::get_if<TensorView>(&a)) {
+        specs.push_back(TensorSpec{t->dtype, t->shape});
+        vals.emplace_back(*t);
+      } else if (const double* d = std::get_if<double>(&a)) {
+        specs.push_back(RuntimeScalar{static_cast<float>(*d)});
+        vals.emplace_back(static_cast<float>(*d));
+      } else {
+        specs.push_back(std::get<bool>(a));
+      }
+    }
+    const ir::Function f = l.kernel->trace(specs);
+    run_reference(f, default_config(f), vals);
+  }
+}
+
+std::string backward_error(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& dq) {
+  try {
+    kernels::attention_backward_launches(q, k, k, q, q, lse, dq, k, k, {}, lse, lse, std::nullopt);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("attention_backward's launches on the CPU reference: from the forward's natural-log LSE to float64 gradients, "
+          "deterministic and fused") {
+  std::mt19937 rng(15);
+  const std::vector<int64_t> shape = {1, 2, 80, 32}, rows = {1, 2, 80};
+  const double scale_nat = 0.2;   // not 1/sqrt(D): the option reaches every kernel
+  for (bool causal : {false, true})
+    for (bool deterministic : {true, false}) {
+      CAPTURE(causal);
+      CAPTURE(deterministic);
+      HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
+                 dout = random(DType::bf16, shape, rng);
+      std::vector<double> o64, lse2_64;
+      Grads want;
+      reference_attention(q, k, v, dout, causal, scale_nat, o64, lse2_64, want);
+      std::vector<double> lse_nat(lse2_64.size());
+      for (size_t i = 0; i < lse_nat.size(); ++i) lse_nat[i] = lse2_64[i] * std::log(2.0);
+      HostTensor o = HostTensor::from_values(o64, DType::bf16, shape), lse = HostTensor::from_values(lse_nat, DType::f32, rows);
+      HostTensor delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::bf16, shape),
+          dv(DType::bf16, shape);
+      HostTensor dq_acc = HostTensor::from_values(std::vector<double>(q.numel(), 0.0), DType::f32, shape);
+      for (HostTensor* t : {&delta, &lse2, &dq, &dk, &dv}) t->fill_bytes(0xFF);
+      kernels::AttentionBackwardOptions opt;
+      opt.causal = causal;
+      opt.softmax_scale = scale_nat;
+      opt.deterministic = deterministic;
+      run_launches(kernels::attention_backward_launches(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), dq.view(),
+                                                        dk.view(), dv.view(), opt, delta.view(), lse2.view(),
+                                                        deterministic ? std::nullopt : std::optional<TensorView>(dq_acc.view())));
+      for (int64_t i = 0; i < lse2.numel(); ++i) CHECK(lse2.at(i) == doctest::Approx(lse2_64[i]).epsilon(1e-5));
+      CHECK(rel_rmse(dv, want.dv) < 2e-2);
+      CHECK(rel_rmse(dk, want.dk) < 3e-2);
+      CHECK(rel_rmse(dq, want.dq) < 2e-2);   // f32 dq: only the bf16 inputs and P's rounding
+    }
+}
+
+TEST_CASE("attention_backward: inputs that do not fit are errors naming the tensor") {
+  auto view = [](DType dt, std::vector<int64_t> shape) {
+    TensorView v;
+    v.dtype = dt;
+    v.shape = std::move(shape);
+    v.device = Device::cuda;
+    return v;
+  };
+  const TensorView q = view(DType::bf16, {1, 8, 256, 64}), lse = view(DType::f32, {1, 8, 256});
+  CHECK(backward_error(q, q, lse, q) == "");
+  CHECK(backward_error(q, view(DType::bf16, {1, 2, 256, 64}), lse, q) ==
+        "attention backward: k has 2 heads and q 8: grouped-query heads are not supported by the backward yet");
+  CHECK(backward_error(q, view(DType::bf16, {1, 8, 128, 64}), lse, q) ==
+        "attention backward: k is bf16[1, 8, 128, 64] (cuda): expected the shape of q, bf16[1, 8, 256, 64] (cuda)");
+  CHECK(backward_error(q, view(DType::f16, {1, 8, 256, 64}), lse, q) ==
+        "attention backward: k is f16[1, 8, 256, 64] (cuda): expected q's dtype, bf16");
+  CHECK(backward_error(q, q, lse, view(DType::e4m3, {1, 8, 256, 64})) ==
+        "attention backward: dq is e4m3[1, 8, 256, 64] (cuda): expected f32, bf16 or f16");
+  CHECK(backward_error(q, q, view(DType::f32, {1, 8, 255}), q) ==
+        "attention backward: lse is f32[1, 8, 255] (cuda): expected f32[1, 8, 256] (the forward's)");
+  CHECK(backward_error(view(DType::f32, {1, 8, 256, 64}), view(DType::f32, {1, 8, 256, 64}), lse, q) ==
+        "attention backward: q is f32[1, 8, 256, 64] (cuda): expected bf16 or f16");
+  kernels::AttentionBackwardOptions fused;
+  fused.deterministic = false;
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_launches(q, q, q, q, q, lse, q, q, q, fused, lse, lse, std::nullopt),
+                       "attention backward: the fused pass needs its dq_acc scratch", Error);
+}
+
+TEST_CASE("gpu: attention_backward after attention_fp8_forward's LSE: float64 gradients (bf16, causal and not, both paths)") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(16);
+  const std::vector<int64_t> shape = {1, 2, 384, 128}, rows = {1, 2, 384};
+  const double scale_nat = 1.0 / std::sqrt(128.0);
+  for (bool causal : {false, true})
+    for (bool deterministic : {true, false}) {
+      CAPTURE(causal);
+      CAPTURE(deterministic);
+      HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
+                 dout = random(DType::bf16, shape, rng);
+      std::vector<double> o64, lse64;
+      Grads want;
+      reference_attention(q, k, v, dout, causal, scale_nat, o64, lse64, want);
+      const DeviceTensor dq_ = DeviceTensor::from_host(q), dk_ = DeviceTensor::from_host(k), dv_ = DeviceTensor::from_host(v),
+                         ddo = DeviceTensor::from_host(dout);
+      DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::bf16, shape), gk(DType::bf16, shape), gv(DType::bf16, shape);
+      for (DeviceTensor* t : {&gq, &gk, &gv}) t->fill_bytes(0xFF);
+      kernels::AttentionFp8Options fwd;
+      fwd.quantize = false;
+      fwd.causal = causal;
+      fwd.lse = lse.view();
+      kernels::AttentionFp8Workspace fws;
+      kernels::attention_fp8_forward(dq_.view(), dk_.view(), dv_.view(), o.view(), fwd, fws);
+      kernels::AttentionBackwardOptions opt;
+      opt.causal = causal;
+      opt.deterministic = deterministic;
+      kernels::AttentionBackwardWorkspace ws;
+      kernels::attention_backward(dq_.view(), dk_.view(), dv_.view(), o.view(), ddo.view(), lse.view(), gq.view(), gk.view(), gv.view(),
+                                  opt, ws);
+      const HostTensor hq = gq.to_host(), hk = gk.to_host(), hv = gv.to_host();
+      MESSAGE("dq ", rel_rmse(hq, want.dq), " dk ", rel_rmse(hk, want.dk), " dv ", rel_rmse(hv, want.dv));
+      CHECK(rel_rmse(hv, want.dv) < 2e-2);
+      CHECK(rel_rmse(hk, want.dk) < 3e-2);
+      CHECK(rel_rmse(hq, want.dq) < 3e-2);
+    }
 }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_backward.h"
 #include "dsl/config.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/device_library.h"
@@ -449,9 +450,9 @@ const Kernel& rmsnorm() { return kernels::rmsnorm(); }
 const Kernel& layernorm() { return kernels::layernorm(); }
 const Kernel& readme_attention() { return examples::readme_attention(); }
 const Kernel& grouped_gemm() { return examples::grouped_gemm(); }
-const Kernel& attention_bwd_dkdv() { return examples::attention_bwd_dkdv(); }
-const Kernel& attention_bwd_dq() { return examples::attention_bwd_dq(); }
-const Kernel& attention_bwd_fused() { return examples::attention_bwd_fused(); }
+const Kernel& attention_bwd_dkdv() { return kernels::attention_bwd_dkdv(); }
+const Kernel& attention_bwd_dq() { return kernels::attention_bwd_dq(); }
+const Kernel& attention_bwd_fused() { return kernels::attention_bwd_fused(); }
 const Kernel& splitk_gemm() { return examples::splitk_gemm(); }
 
 constexpr DType f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16, e4m3 = DType::e4m3;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_backward.h"
 #include "codegen/issue_early.h"
 #include "dsl/kernel.h"
 #include "examples/kernels/user_kernels.h"
@@ -38,7 +39,7 @@ std::vector<int> where_in(const ir::Region& r, P pred) {
 
 ir::Function dkdv(bool causal, std::vector<int64_t> shape = {2, 4, 1024, 128}) {
   const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
-  return examples::attention_bwd_dkdv().trace({t16, t16, t16, t16, t32, t32, t16, t16, RuntimeScalar{0.1f}, causal});
+  return kernels::attention_bwd_dkdv().trace({t16, t16, t16, t16, t32, t32, t16, t16, RuntimeScalar{0.1f}, causal});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/attention_backward.h"
 #include "autotune/launch.h"
 #include "codegen/lowering.h"
 #include "examples/kernels/user_kernels.h"
@@ -368,16 +369,16 @@ TEST_CASE("gpu: attention backward as user code (dK / dV and dQ) on wgmma and mm
       const std::vector<Arg> tail = {scale, causal};
       const std::string lowering = std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)";
       std::vector<HostTensor> kv = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape), HostTensor(DType::bf16, shape)};
-      const Config ckv = untuned_for(examples::attention_bwd_dkdv(), kv, tail, arch);
+      const Config ckv = untuned_for(kernels::attention_bwd_dkdv(), kv, tail, arch);
       for (size_t out : {size_t{6}, size_t{7}}) {
         CAPTURE(out == 6 ? "dk" : "dv");
-        const Outcome o = run_both(examples::attention_bwd_dkdv(), kv, tail, out, ckv, arch);
+        const Outcome o = run_both(kernels::attention_bwd_dkdv(), kv, tail, out, ckv, arch);
         CHECK(o.lowering == lowering);
         CHECK(o.nan_count == 0);
         CHECK(o.rel_rmse < 2e-2);
       }
       std::vector<HostTensor> qt = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape)};
-      const Outcome o = run_both(examples::attention_bwd_dq(), qt, tail, 6, untuned_for(examples::attention_bwd_dq(), qt, tail, arch), arch);
+      const Outcome o = run_both(kernels::attention_bwd_dq(), qt, tail, 6, untuned_for(kernels::attention_bwd_dq(), qt, tail, arch), arch);
       CAPTURE("dq");
       CHECK(o.lowering == lowering);
       CHECK(o.nan_count == 0);
@@ -441,8 +442,8 @@ TEST_CASE("gpu: atomic adds (split-K GEMM on wgmma and mma.sync, the fused atten
       for (size_t out : {size_t{6}, size_t{7}, size_t{8}}) {
         CAPTURE(out == 6 ? "dk" : out == 7 ? "dv" : "dq_acc");
         std::vector<HostTensor> t = {q, k, v, dout, lse, delta, HostTensor(DType::bf16, shape), HostTensor(DType::bf16, shape), dq0};
-        const Config c = untuned_for(examples::attention_bwd_fused(), t, tail, arch);
-        const Outcome o = run_both(examples::attention_bwd_fused(), t, tail, out, c, arch, /*keep_out=*/out == 8);
+        const Config c = untuned_for(kernels::attention_bwd_fused(), t, tail, arch);
+        const Outcome o = run_both(kernels::attention_bwd_fused(), t, tail, out, c, arch, /*keep_out=*/out == 8);
         CHECK(o.lowering == (std::string(arch) == "sm_80" ? "tensor cores (mma.sync)" : "tensor cores (wgmma)"));
         CHECK(o.nan_count == 0);
         CHECK(o.rel_rmse < 2e-2);

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "kernels/attention_backward.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/lowering.h"
 #include "dsl/kernel.h"
@@ -118,7 +119,7 @@ TEST_CASE("pin_waits: the README attention's softmax is pinned above the late P.
 TEST_CASE("pin_waits: the attention backward's exp2s are pinned above the wait for the dot that runs beside them") {
   const std::vector<int64_t> shape = {2, 4, 1024, 128};
   const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
-  const ir::Function f = examples::attention_bwd_dkdv().trace({t16, t16, t16, t16, t32, t32, t16, t16, RuntimeScalar{0.1f}, false});
+  const ir::Function f = kernels::attention_bwd_dkdv().trace({t16, t16, t16, t16, t32, t32, t16, t16, RuntimeScalar{0.1f}, false});
   const codegen::GeneratedKernel g = generate(f, 1);
   INFO(g.source);
   // P^T (exp2 of the scores) before the wait for dP^T = V.dO^T, dS^T before the wait for dV's dot.

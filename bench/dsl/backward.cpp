@@ -1,3 +1,4 @@
+#include "kernels/attention_backward.h"
 #include "bench/dsl/backward.h"
 
 #include <fmt/format.h>
@@ -176,18 +177,18 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
     // then converted); else the dK / dV and dQ kernels. json: knobs over the untuned configs.
     const bool fused = spec.rfind("@fused", 0) == 0;
     const std::string json = fused ? spec.substr(6) : spec;
-    const Ready rd = prepare(examples::attention_bwd_delta(), {o.view(), in[3].view(), delta.view()}, "", ctx.dev);
+    const Ready rd = prepare(kernels::attention_bwd_delta(), {o.view(), in[3].view(), delta.view()}, "", ctx.dev);
     const Ready rkv =
-        fused ? prepare(examples::attention_bwd_fused(),
+        fused ? prepare(kernels::attention_bwd_fused(),
                         {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(), dk.view(), dv.view(),
                          dq_acc.view(), scale, causal},
                         json, ctx.dev)
-              : prepare(examples::attention_bwd_dkdv(),
+              : prepare(kernels::attention_bwd_dkdv(),
                         {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(), dk.view(),
                          dv.view(), scale, causal},
                         json, ctx.dev);
-    const Ready rq = fused ? prepare(examples::attention_bwd_dq_convert(), {dq_acc.view(), dq.view()}, "", ctx.dev)
-                           : prepare(examples::attention_bwd_dq(),
+    const Ready rq = fused ? prepare(kernels::attention_bwd_dq_convert(), {dq_acc.view(), dq.view()}, "", ctx.dev)
+                           : prepare(kernels::attention_bwd_dq(),
                                      {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(),
                                       dq.view(), scale, causal},
                                      json, ctx.dev);

@@ -28,21 +28,8 @@ const Kernel& sink_attention();
 // Attention whose values have their own head dim (MLA: q, k [B, H, S, Dqk], v [B, H, S, Dv]).
 const Kernel& mla_attention();
 
-// Attention backward (FlashAttention-2's algorithm) in three kernels, all log2-scaled like the
-// forward: the forward's lse [B, H, S] is m + log2(l) of each row in the units of s = q.k * scale.
-//   attention_bwd_delta: delta[b, h, i] = sum over d of do * o (f32).
-//   attention_bwd_dkdv:  per key tile, dk and dv over every query tile.
-//   attention_bwd_dq:    per query tile, dq over every key tile.
-// Gradients are with respect to q, k and v of the forward (natural-log softmax, scale / log2(e)).
-const Kernel& attention_bwd_delta();
-const Kernel& attention_bwd_dkdv();
-const Kernel& attention_bwd_dq();
-//   attention_bwd_fused: dk and dv as attention_bwd_dkdv, and dq in the same pass: each key tile
-//   adds its share dS . K into dq_acc [B, H, S, D] (f32, zeroed first) by atomic adds, already
-//   scaled; dq is dq_acc converted (attention_bwd_dq_convert). The adds' order is not fixed, so
-//   dq's last bits vary from run to run (the three-kernel form is bit-reproducible).
-const Kernel& attention_bwd_fused();
-const Kernel& attention_bwd_dq_convert();
+// The attention backward written in the DSL (attention_bwd_dq, attention_bwd_dkdv, ...) is the
+// library's: kernels/attention_backward.h.
 
 // c = a . b^T with K split over programs: a [M, K], b [N, K], c [M, N] f32; program (m, n, s)
 // takes K's tile s and adds its partial product into c by atomic adds (c zeroed first).

@@ -1,0 +1,75 @@
+#pragma once
+// The attention backward, written in the DSL (FlashAttention-2's algorithm) and compiled by the
+// generic tensor-core lowering like any user kernel, and its host API over the forward's outputs.
+#include <cuda.h>
+
+#include <optional>
+#include <vector>
+
+#include "dsl/config.h"
+#include "dsl/kernel.h"
+#include "runtime/jit.h"
+#include "runtime/owned_tensor.h"
+
+namespace tj::kernels {
+
+// Attention backward (FlashAttention-2's algorithm) in three kernels, all log2-scaled like the
+// forward: the forward's lse [B, H, S] is m + log2(l) of each row in the units of s = q.k * scale.
+//   attention_bwd_delta: delta[b, h, i] = sum over d of do * o (f32).
+//   attention_bwd_dkdv:  per key tile, dk and dv over every query tile.
+//   attention_bwd_dq:    per query tile, dq over every key tile.
+// Gradients are with respect to q, k and v of the forward (natural-log softmax, scale / log2(e)).
+const Kernel& attention_bwd_delta();
+const Kernel& attention_bwd_dkdv();
+const Kernel& attention_bwd_dq();
+//   attention_bwd_fused: dk and dv as attention_bwd_dkdv, and dq in the same pass: each key tile
+//   adds its share dS . K into dq_acc [B, H, S, D] (f32, zeroed first) by atomic adds, already
+//   scaled; dq is dq_acc converted (attention_bwd_dq_convert). The adds' order is not fixed, so
+//   dq's last bits vary from run to run (the three-kernel form is bit-reproducible).
+const Kernel& attention_bwd_fused();
+const Kernel& attention_bwd_dq_convert();
+
+// attention_bwd_prepare (o, do, lse, delta, lse2): delta as attention_bwd_delta, and lse2 = lse ·
+// log2(e): the forward's natural-log LSE (attention_fp8's) in the units the kernels above take.
+const Kernel& attention_bwd_prepare();
+
+struct AttentionBackwardOptions {
+  bool causal = false;                    // as the forward (top-left aligned)
+  std::optional<double> softmax_scale;    // the forward's; default 1/sqrt(D)
+  // The three kernels (dQ in a kernel of its own: bit-reproducible from run to run), or false:
+  // dK, dV and dQ in one pass, dQ summed by atomic adds into an f32 scratch (its last bits vary).
+  bool deterministic = true;
+  CUstream stream = nullptr;
+};
+
+// Device scratch of attention_backward, reused across calls.
+struct AttentionBackwardWorkspace {
+  std::optional<DeviceTensor> delta, lse2, dq_acc;
+};
+
+// One launch of the backward: a kernel and its arguments (default configs).
+struct BackwardLaunch {
+  const Kernel* kernel = nullptr;
+  std::vector<Arg> args;
+};
+
+// The launches of attention_backward, in order, over the scratch given (delta, lse2 [B, H, S] f32;
+// dq_acc [B, H, S, D] f32, zeroed before them, when not deterministic). Throws tj::Error for
+// inputs that do not fit (see attention_backward).
+std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                        const TensorView& o, const TensorView& dout, const TensorView& lse,
+                                                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                        const AttentionBackwardOptions& opt, const TensorView& delta,
+                                                        const TensorView& lse2, const std::optional<TensorView>& dq_acc);
+
+// dq, dk, dv = the gradients of attention(q, k, v) (softmax scale opt.softmax_scale, causal or
+// not) given dout = dL/do, o and lse the forward's outputs (attention_fp8_forward with lse: its
+// natural-log row logsumexp). q, k, v, o, dout [B, H, S, D] bf16 or f16 (one dtype), lse f32
+// [B, H, S], dq / dk / dv [B, H, S, D] of any float dtype, on the GPU, launched on opt.stream.
+// Grouped-query heads (k with fewer heads than q) and different query and key lengths are
+// errors: not yet.
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                        const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const AttentionBackwardOptions& opt, AttentionBackwardWorkspace& ws);
+
+}  // namespace tj::kernels
