@@ -9,17 +9,32 @@
 
 namespace tj::kernels {
 
-const Kernel& attention_bwd_delta() {
-  static const Kernel k = kernel("attention_bwd_delta", {"o", "do", "delta"}, [](In o, In dout, Out delta) {
-    auto [B, H, S, D] = o.shape<4>();
-    for (auto bh : grid(B * H)) {
-      auto b = floordiv(bh, H), h = bh % H;
-      for (auto m : tile(S, block("m"))) {
-        auto prod = o.load(b, h, m, all).to(DType::f32) * dout.load(b, h, m, all).to(DType::f32);
-        delta.store(b, h, m, sum(prod, 1));
-      }
+namespace {
+
+// delta[b, h, i] = sum over d of do * o, and with lse / lse2 the LSE in log2 units (prepare).
+void delta_body(In o, In dout, Out delta, In* lse, Out* lse2) {
+  auto [B, H, S, D] = o.shape<4>();
+  for (auto bh : grid(B * H)) {
+    auto b = floordiv(bh, H), h = bh % H;
+    for (auto m : tile(S, block("m"))) {
+      auto prod = o.load(b, h, m, all).to(DType::f32) * dout.load(b, h, m, all).to(DType::f32);
+      delta.store(b, h, m, sum(prod, 1));
+      if (lse) lse2->store(b, h, m, lse->load(b, h, m) * 1.4426950408889634);
     }
-  });
+  }
+}
+
+}  // namespace
+
+const Kernel& attention_bwd_delta() {
+  static const Kernel k = kernel("attention_bwd_delta", {"o", "do", "delta"},
+                                 [](In o, In dout, Out delta) { delta_body(o, dout, delta, nullptr, nullptr); });
+  return k;
+}
+
+const Kernel& attention_bwd_prepare() {
+  static const Kernel k = kernel("attention_bwd_prepare", {"o", "do", "lse", "delta", "lse2"},
+                                 [](In o, In dout, In lse, Out delta, Out lse2) { delta_body(o, dout, delta, &lse, &lse2); });
   return k;
 }
 
@@ -121,22 +136,6 @@ const Kernel& attention_bwd_dq_convert() {
       for (auto m : tile(S, block("m"))) dq.store(b, h, m, all, dq_acc.load(b, h, m, all).to(dq.dtype()));
     }
   });
-  return k;
-}
-
-const Kernel& attention_bwd_prepare() {
-  static const Kernel k =
-      kernel("attention_bwd_prepare", {"o", "do", "lse", "delta", "lse2"}, [](In o, In dout, In lse, Out delta, Out lse2) {
-        auto [B, H, S, D] = o.shape<4>();
-        for (auto bh : grid(B * H)) {
-          auto b = floordiv(bh, H), h = bh % H;
-          for (auto m : tile(S, block("m"))) {
-            auto prod = o.load(b, h, m, all).to(DType::f32) * dout.load(b, h, m, all).to(DType::f32);
-            delta.store(b, h, m, sum(prod, 1));
-            lse2.store(b, h, m, lse.load(b, h, m) * 1.4426950408889634);
-          }
-        }
-      });
   return k;
 }
 
