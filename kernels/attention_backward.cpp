@@ -6,6 +6,7 @@
 
 #include "autotune/launch.h"
 #include "core/error.h"
+#include "kernels/library.h"
 
 namespace tj::kernels {
 
@@ -200,6 +201,23 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   for (const BackwardLaunch& l : attention_backward_launches(q, k, v, o, dout, lse, dq, dk, dv, opt, ws.delta->view(),
                                                              ws.lse2->view(), acc))
     launch(*l.kernel, l.args, lo);
+}
+
+std::vector<BackwardLaunch> ring_backward_step_launches(const RingPlan& plan, int64_t rank, int64_t step, const RingBackwardViews& v) {
+  if (plan.window > 0) throw Error("ring attention backward: a sliding window is not supported yet (" + plan.describe() + ")");
+  const int64_t L = plan.chunk_rows();
+  auto rows = [L](const TensorView& t, int chunk) { return slice_of(t, 2, chunk * L, L); };
+  std::vector<BackwardLaunch> out;
+  for (const RingPlan::Launch& l : plan.launches(rank, step)) {
+    const bool causal = l.mode == RingPlan::Mode::causal;
+    out.push_back({&attention_bwd_fused(),
+                   {rows(v.q, l.q_chunk), rows(v.k, l.kv_chunk), rows(v.v, l.kv_chunk), rows(v.dout, l.q_chunk),
+                    rows(v.lse2, l.q_chunk), rows(v.delta, l.q_chunk), v.dk_part, v.dv_part, rows(v.dq_acc, l.q_chunk), v.scale,
+                    causal}});
+    out.push_back({&accumulate(), {rows(v.dk_acc, l.kv_chunk), v.dk_part}});
+    out.push_back({&accumulate(), {rows(v.dv_acc, l.kv_chunk), v.dv_part}});
+  }
+  return out;
 }
 
 }  // namespace tj::kernels

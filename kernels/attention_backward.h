@@ -8,6 +8,7 @@
 
 #include "dsl/config.h"
 #include "dsl/kernel.h"
+#include "kernels/ring_plan.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 
@@ -71,5 +72,22 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                         const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const AttentionBackwardOptions& opt, AttentionBackwardWorkspace& ws);
+
+// The tensors of one rank in ring attention's backward (dist/ring_backward.h), for
+// ring_backward_step_launches.
+struct RingBackwardViews {
+  TensorView q, dout;            // the rank's rows [B, H, n, D] (n = S / P)
+  TensorView lse2, delta;        // [B, H, n] f32: attention_bwd_prepare's, of the rank's rows
+  TensorView dq_acc;             // [B, H, n, D] f32: the rank's dQ, summed over the steps (zeroed first)
+  TensorView k, v;               // the key / value shard held at this step [B, H, n, D]
+  TensorView dk_acc, dv_acc;     // its dK, dV [B, H, n, D] f32, summed as it travels (zeroed at its owner)
+  TensorView dk_part, dv_part;   // scratch [B, H, L, D] f32 (L: the plan's chunk rows)
+  double scale = 0;              // the softmax scale · log2(e)
+};
+
+// The launches of rank `rank` at step `step` of `plan` (no window): per chunk pair, the fused
+// backward (dK, dV of the held chunk into the scratch, dQ added into dq_acc's rows), then the
+// scratch added into the held shard's dk_acc / dv_acc. Throws tj::Error for a plan with a window.
+std::vector<BackwardLaunch> ring_backward_step_launches(const RingPlan& plan, int64_t rank, int64_t step, const RingBackwardViews& v);
 
 }  // namespace tj::kernels

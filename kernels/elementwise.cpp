@@ -114,4 +114,20 @@ const Kernel& merge_attention() {
   return k;
 }
 
+const Kernel& accumulate() {
+  static const Kernel k = kernel("accumulate", {"out", "x"}, [](InOut out, In x) {
+    auto [A, B, rows, cols] = out.shape<4>();
+    for (auto ab : grid(A * B)) {
+      auto a = floordiv(ab, B);
+      auto b = ab % B;
+      for (auto r : tile(rows, block("r")))
+        for (auto c : tile(cols, block("c"))) {
+          auto sum = out.load(a, b, r, c).to(DType::f32) + x.load(a, b, r, c).to(DType::f32);
+          out.store(a, b, r, c, sum.to(out.dtype()));
+        }
+    }
+  });
+  return k;
+}
+
 }  // namespace tj::kernels

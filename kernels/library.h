@@ -16,6 +16,10 @@ const Kernel& vector_add();
 // "c"; x may be any strided view: a gather of strided rows into a contiguous tensor).
 const Kernel& convert();
 
+// out[a, b, r, c] += x[a, b, r, c] over [A, B, rows, cols] (f32 sums, rounded to out's dtype;
+// blocks "r" and "c"; any strided views): partial gradients summed into their accumulator.
+const Kernel& accumulate();
+
 // Two partial attentions of the same rows over disjoint keys, merged by their logsumexps (natural
 // log; -inf: no keys): o, lse [B, H, S, D] / [B, H, S] (bf16 / f16 / f32 o; f32 lse) become the
 // attention over both key sets; o2, lse2 the other part (blocks "s").

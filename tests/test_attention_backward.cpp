@@ -14,66 +14,16 @@
 #include "gpu.h"
 #include "kernels/attention_backward.h"
 #include "kernels/attention_fp8.h"
+#include "backward_testing.h"
 #include "nvrtc_testing.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"
 
 using namespace tj;
+using tj_test::Grads;
+using tj_test::reference_attention;
 
 namespace {
-
-struct Grads {
-  std::vector<double> dq, dk, dv;
-};
-
-// float64 forward (o, lse in log2 units) and backward of softmax(q k^T * scale_nat) v.
-void reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, bool causal,
-                         double scale_nat, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
-  const auto& sh = q.shape();
-  const int64_t BH = sh[0] * sh[1], S = sh[2], D = sh[3];
-  o.assign(BH * S * D, 0);
-  lse.assign(BH * S, 0);
-  g.dq.assign(BH * S * D, 0);
-  g.dk.assign(BH * S * D, 0);
-  g.dv.assign(BH * S * D, 0);
-  for (int64_t bh = 0; bh < BH; ++bh) {
-    const int64_t base = bh * S * D;
-    std::vector<double> P(S * S, 0.0);
-    for (int64_t i = 0; i < S; ++i) {
-      double mx = -INFINITY;
-      std::vector<double> s(S, -INFINITY);
-      for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
-        double d = 0;
-        for (int64_t x = 0; x < D; ++x) d += q.at(base + i * D + x) * k.at(base + j * D + x);
-        s[j] = d * scale_nat;
-        mx = std::max(mx, s[j]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j < S; ++j) sum += std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx);
-      lse[bh * S + i] = (mx + std::log(sum)) / std::log(2.0);
-      for (int64_t j = 0; j < S; ++j) P[i * S + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx) / sum;
-      for (int64_t x = 0; x < D; ++x) {
-        double acc = 0;
-        for (int64_t j = 0; j < S; ++j) acc += P[i * S + j] * v.at(base + j * D + x);
-        o[base + i * D + x] = acc;
-      }
-    }
-    for (int64_t i = 0; i < S; ++i) {
-      double delta = 0;
-      for (int64_t x = 0; x < D; ++x) delta += dout.at(base + i * D + x) * o[base + i * D + x];
-      for (int64_t j = 0; j < S; ++j) {
-        double dp = 0;
-        for (int64_t x = 0; x < D; ++x) dp += dout.at(base + i * D + x) * v.at(base + j * D + x);
-        const double ds = P[i * S + j] * (dp - delta);
-        for (int64_t x = 0; x < D; ++x) {
-          g.dv[base + j * D + x] += P[i * S + j] * dout.at(base + i * D + x);
-          g.dq[base + i * D + x] += ds * k.at(base + j * D + x) * scale_nat;
-          g.dk[base + j * D + x] += ds * q.at(base + i * D + x) * scale_nat;
-        }
-      }
-    }
-  }
-}
 
 double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
   double e = 0, r = 0;
@@ -179,27 +129,6 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
 
 namespace {
 
-// Runs a launch list on the CPU reference executor (each kernel's default config).
-void run_launches(const std::vector<kernels::BackwardLaunch>& launches) {
-  for (const kernels::BackwardLaunch& l : launches) {
-    std::vector<ArgSpec> specs;
-    std::vector<ArgValue> vals;
-    for (const Arg& a : l.args) {
-      if (const TensorView* t = std::get_if<TensorView>(&a)) {
-        specs.push_back(TensorSpec{t->dtype, t->shape});
-        vals.emplace_back(*t);
-      } else if (const double* d = std::get_if<double>(&a)) {
-        specs.push_back(RuntimeScalar{static_cast<float>(*d)});
-        vals.emplace_back(static_cast<float>(*d));
-      } else {
-        specs.push_back(std::get<bool>(a));
-      }
-    }
-    const ir::Function f = l.kernel->trace(specs);
-    run_reference(f, default_config(f), vals);
-  }
-}
-
 std::string backward_error(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& dq) {
   try {
     kernels::attention_backward_launches(q, k, k, q, q, lse, dq, k, k, {}, lse, lse, std::nullopt);
@@ -236,7 +165,7 @@ TEST_CASE("attention_backward's launches on the CPU reference: from the forward'
       opt.causal = causal;
       opt.softmax_scale = scale_nat;
       opt.deterministic = deterministic;
-      run_launches(kernels::attention_backward_launches(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), dq.view(),
+      tj_test::run_launches(kernels::attention_backward_launches(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), dq.view(),
                                                         dk.view(), dv.view(), opt, delta.view(), lse2.view(),
                                                         deterministic ? std::nullopt : std::optional<TensorView>(dq_acc.view())));
       for (int64_t i = 0; i < lse2.numel(); ++i) CHECK(lse2.at(i) == doctest::Approx(lse2_64[i]).epsilon(1e-5));

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "attention_accuracy.h"
+#include "backward_testing.h"
 #include "core/error.h"
+#include "kernels/attention_backward.h"
 #include "kernels/library.h"
 #include "kernels/ring_plan.h"
 #include "runtime/owned_tensor.h"
@@ -222,4 +224,91 @@ TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, m
         CHECK(m.rel_rmse <= 1e-2);
       }
   }
+}
+
+TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in place, dK / dV travelling with their shard "
+          "back to its owner) give float64 gradients (bf16, causal and not, zigzag and contiguous)") {
+  std::mt19937 rng(45);
+  const int64_t H = 2, D = 32, S = 96;
+  const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
+  const std::vector<int64_t> shape = {1, H, S, D};
+  const HostTensor q = tj_test::randn(DType::bf16, shape, rng), k = tj_test::randn(DType::bf16, shape, rng),
+                   v = tj_test::randn(DType::bf16, shape, rng), dout = tj_test::randn(DType::bf16, shape, rng);
+  for (bool causal : {false, true}) {
+    std::vector<double> o64, lse2_64;
+    tj_test::Grads want;
+    tj_test::reference_attention(q, k, v, dout, causal, scale_nat, o64, lse2_64, want);
+    const HostTensor o = HostTensor::from_values(o64, DType::bf16, shape);
+    std::vector<double> lse_nat(lse2_64.size());
+    for (size_t i = 0; i < lse_nat.size(); ++i) lse_nat[i] = lse2_64[i] * std::log(2.0);
+    const HostTensor lse = HostTensor::from_values(lse_nat, DType::f32, {1, H, S});
+    for (auto sharding : {RingPlan::Sharding::contiguous, RingPlan::Sharding::zigzag})
+      for (int64_t P : {2, 3}) {
+        const RingPlan plan(P, S, sharding, causal);
+        CAPTURE(plan.describe());
+        const int64_t n = S / P, L = plan.chunk_rows();
+        // A rank's rows of a [1, H, S, X] tensor (X = D, or none for the LSE), one after another.
+        auto shard = [&](const HostTensor& t, int64_t r) {
+          const bool rows_only = t.shape().size() == 3;
+          const int64_t X = rows_only ? 1 : D;
+          HostTensor s(t.dtype(), rows_only ? std::vector<int64_t>{1, H, n} : std::vector<int64_t>{1, H, n, D});
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t x = 0; x < X; ++x) s.set((h * n + i) * X + x, t.at((h * S + plan.global_row(r, i)) * X + x));
+          return s;
+        };
+        auto zeros = [&](std::vector<int64_t> sh) {
+          HostTensor z(DType::f32, sh);
+          for (int64_t i = 0; i < z.numel(); ++i) z.set(i, 0.0);
+          return z;
+        };
+        struct Held {
+          HostTensor k, v, dk, dv;
+        };
+        std::vector<HostTensor> qs, dos, delta, lse2, dq;
+        std::vector<Held> held;
+        for (int64_t r = 0; r < P; ++r) {
+          qs.push_back(shard(q, r));
+          dos.push_back(shard(dout, r));
+          delta.emplace_back(DType::f32, std::vector<int64_t>{1, H, n});
+          lse2.emplace_back(DType::f32, std::vector<int64_t>{1, H, n});
+          const HostTensor os = shard(o, r), ls = shard(lse, r);
+          tj_test::run_launches({{&kernels::attention_bwd_prepare(), {os.view(), dos[r].view(), ls.view(), delta[r].view(), lse2[r].view()}}});
+          dq.push_back(zeros({1, H, n, D}));
+          held.push_back({shard(k, r), shard(v, r), zeros({1, H, n, D}), zeros({1, H, n, D})});
+        }
+        HostTensor dk_part(DType::f32, {1, H, L, D}), dv_part(DType::f32, {1, H, L, D});
+        for (int64_t s = 0; s < P; ++s) {
+          for (int64_t r = 0; r < P; ++r) {
+            kernels::RingBackwardViews views{qs[r].view(),     dos[r].view(),     lse2[r].view(),   delta[r].view(),
+                                             dq[r].view(),     held[r].k.view(),  held[r].v.view(), held[r].dk.view(),
+                                             held[r].dv.view(), dk_part.view(),   dv_part.view(),
+                                             scale_nat / std::log(2.0)};
+            tj_test::run_launches(kernels::ring_backward_step_launches(plan, r, s, views));
+          }
+          // Each shard with its gradients moves on to the next rank (after the last step: home).
+          std::rotate(held.rbegin(), held.rbegin() + 1, held.rend());
+        }
+        std::vector<double> got_dq(H * S * D), got_dk(H * S * D), got_dv(H * S * D);
+        for (int64_t r = 0; r < P; ++r)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t x = 0; x < D; ++x) {
+                const int64_t at = (h * S + plan.global_row(r, i)) * D + x, mine = (h * n + i) * D + x;
+                got_dq[at] = dq[r].at(mine);
+                got_dk[at] = held[r].dk.at(mine);
+                got_dv[at] = held[r].dv.at(mine);
+              }
+        const tj_test::Metrics mq = tj_test::compare(got_dq, want.dq), mk = tj_test::compare(got_dk, want.dk),
+                               mv = tj_test::compare(got_dv, want.dv);
+        MESSAGE(plan.describe(), ": dq ", tj_test::str(mq), "; dk ", tj_test::str(mk), "; dv ", tj_test::str(mv));
+        CHECK(mq.rel_rmse < 2e-2);
+        CHECK(mk.rel_rmse < 2e-2);
+        CHECK(mv.rel_rmse < 2e-2);
+      }
+  }
+  CHECK_THROWS_WITH_AS(kernels::ring_backward_step_launches(RingPlan(2, 64, RingPlan::Sharding::contiguous, true, 16), 0, 0, {}),
+                       "ring attention backward: a sliding window is not supported yet (ring attention over 2 ranks, 64 rows in 2 "
+                       "chunks of 32 (contiguous, causal, window 16))",
+                       Error);
 }

@@ -1,0 +1,91 @@
+#pragma once
+// The backward tests' helpers (tests/test_attention_backward.cpp, the ring's in
+// tests/test_ring_plan.cpp): float64 attention forward and backward of [B, H, S, D] host tensors,
+// and a launch list (kernels/attention_backward.h) run on the CPU reference executor.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/attention_backward.h"
+#include "runtime/owned_tensor.h"
+#include "runtime/reference.h"
+
+namespace tj_test {
+
+using tj::HostTensor;
+
+struct Grads {
+  std::vector<double> dq, dk, dv;
+};
+
+// float64 forward (o, lse in log2 units) and backward of softmax(q k^T * scale_nat) v.
+inline void reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, bool causal,
+                         double scale_nat, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
+  const auto& sh = q.shape();
+  const int64_t BH = sh[0] * sh[1], S = sh[2], D = sh[3];
+  o.assign(BH * S * D, 0);
+  lse.assign(BH * S, 0);
+  g.dq.assign(BH * S * D, 0);
+  g.dk.assign(BH * S * D, 0);
+  g.dv.assign(BH * S * D, 0);
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    const int64_t base = bh * S * D;
+    std::vector<double> P(S * S, 0.0);
+    for (int64_t i = 0; i < S; ++i) {
+      double mx = -INFINITY;
+      std::vector<double> s(S, -INFINITY);
+      for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
+        double d = 0;
+        for (int64_t x = 0; x < D; ++x) d += q.at(base + i * D + x) * k.at(base + j * D + x);
+        s[j] = d * scale_nat;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < S; ++j) sum += std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx);
+      lse[bh * S + i] = (mx + std::log(sum)) / std::log(2.0);
+      for (int64_t j = 0; j < S; ++j) P[i * S + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx) / sum;
+      for (int64_t x = 0; x < D; ++x) {
+        double acc = 0;
+        for (int64_t j = 0; j < S; ++j) acc += P[i * S + j] * v.at(base + j * D + x);
+        o[base + i * D + x] = acc;
+      }
+    }
+    for (int64_t i = 0; i < S; ++i) {
+      double delta = 0;
+      for (int64_t x = 0; x < D; ++x) delta += dout.at(base + i * D + x) * o[base + i * D + x];
+      for (int64_t j = 0; j < S; ++j) {
+        double dp = 0;
+        for (int64_t x = 0; x < D; ++x) dp += dout.at(base + i * D + x) * v.at(base + j * D + x);
+        const double ds = P[i * S + j] * (dp - delta);
+        for (int64_t x = 0; x < D; ++x) {
+          g.dv[base + j * D + x] += P[i * S + j] * dout.at(base + i * D + x);
+          g.dq[base + i * D + x] += ds * k.at(base + j * D + x) * scale_nat;
+          g.dk[base + j * D + x] += ds * q.at(base + i * D + x) * scale_nat;
+        }
+      }
+    }
+  }
+}
+
+// Runs each launch on the CPU reference executor with its kernel's default config.
+inline void run_launches(const std::vector<tj::kernels::BackwardLaunch>& launches) {
+  for (const tj::kernels::BackwardLaunch& l : launches) {
+    std::vector<tj::ArgSpec> specs;
+    std::vector<tj::ArgValue> vals;
+    for (const tj::Arg& a : l.args) {
+      if (const tj::TensorView* t = std::get_if<tj::TensorView>(&a)) {
+        specs.push_back(tj::TensorSpec{t->dtype, t->shape});
+        vals.emplace_back(*t);
+      } else if (const double* d = std::get_if<double>(&a)) {
+        specs.push_back(tj::RuntimeScalar{static_cast<float>(*d)});
+        vals.emplace_back(static_cast<float>(*d));
+      } else {
+        specs.push_back(std::get<bool>(a));
+      }
+    }
+    const tj::ir::Function f = l.kernel->trace(specs);
+    tj::run_reference(f, tj::default_config(f), vals);
+  }
+}
+
+}  // namespace tj_test
