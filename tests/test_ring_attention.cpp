@@ -16,6 +16,8 @@
 #include "core/error.h"
 #include "dist/dilated_ring.h"
 #include "dist/ring_attention.h"
+#include "dist/ring_backward.h"
+#include "kernels/attention_backward.h"
 #include "dist/ulysses_attention.h"
 #include "gpu.h"
 #include "kernels/library.h"
@@ -183,6 +185,13 @@ TEST_CASE("tilejit-ring: options are resolved with their defaults, and a wrong o
   x = {};
   x.dilated = "2048:1";
   CHECK(error_of(x) == "--dilated is checked (--check), not timed yet");
+  x = {};
+  x.backward = true;
+  CHECK(error_of(x) == "--backward is checked (--check), not timed yet");
+  x.check = true;
+  x.dilated = "2048:1";
+  CHECK(error_of(x) == "--backward and --dilated: one at a time");
+  x = {};
   x.check = true;
   x.dilated = "2048";
   CHECK(error_of(x) == "--dilated: '2048' is not SEGMENT:RATE (e.g. --dilated 2048:1,8192:2)");
@@ -282,6 +291,51 @@ TEST_CASE("gpu: a ring (and an all-to-all) of one rank is attention over its row
   ncclCommDestroy(comm);
 }
 
+TEST_CASE("gpu: the ring backward of one rank equals attention_backward on one GPU (bf16, causal and not)") {
+  TJ_REQUIRE_HOPPER();
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  runtime::current_device();
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+  std::mt19937 rng(41);
+  const std::vector<int64_t> shape = {1, 2, 512, 128};
+  const DeviceTensor q = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
+                     k = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
+                     v = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
+                     dout = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng));
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    DeviceTensor o(DType::bf16, shape), lse(DType::f32, {1, 2, 512});
+    dist::RingAttentionOptions fo;
+    fo.causal = causal;
+    fo.lse = lse.view();
+    dist::RingAttentionWorkspace fws;
+    dist::ring_attention_forward(comm, q.view(), k.view(), v.view(), o.view(), fo, fws);
+    DeviceTensor g[3] = {DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape)};
+    DeviceTensor want[3] = {DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape)};
+    for (auto* t : {&g[0], &g[1], &g[2]}) t->fill_bytes(0xFF);
+    dist::RingBackwardOptions bo;
+    bo.causal = causal;
+    dist::RingBackwardWorkspace bws;
+    dist::ring_attention_backward(comm, q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), g[0].view(), g[1].view(),
+                                  g[2].view(), bo, bws);
+    kernels::AttentionBackwardOptions ko;
+    ko.causal = causal;
+    kernels::AttentionBackwardWorkspace kws;
+    kernels::attention_backward(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), want[0].view(), want[1].view(),
+                                want[2].view(), ko, kws);
+    for (int i = 0; i < 3; ++i) {
+      const HostTensor a = g[i].to_host(), b = want[i].to_host();
+      const tj_test::Metrics m = tj_test::compare(a.values(), b.values());
+      MESSAGE("d", "qkv"[i], " ring of one vs attention_backward: ", tj_test::str(m));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= 1e-2);   // dq: f32 atomic sums against the dQ kernel's
+    }
+  }
+  ncclCommDestroy(comm);
+}
+
 TEST_CASE("gpu: tilejit-ring --check on two GPUs: ring and all-to-all equal single-GPU attention of the whole sequence") {
   TJ_REQUIRE_HOPPER();
   if (runtime::driver().device_count() < 2) {
@@ -296,4 +350,6 @@ TEST_CASE("gpu: tilejit-ring --check on two GPUs: ring and all-to-all equal sing
   if (!std::filesystem::exists(exe) && std::filesystem::exists(sibling)) exe = sibling.string();
   const std::string cmd = exe + " --check --seq 8192 --heads 4 --kv-heads 2 --gpus 2 2>&1";
   CHECK(std::system(cmd.c_str()) == 0);
+  const std::string backward = exe + " --check --backward --seq 4096 --heads 4 --gpus 2 2>&1";
+  CHECK(std::system(backward.c_str()) == 0);
 }

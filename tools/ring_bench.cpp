@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "dist/dilated_ring.h"
 #include "dist/ring_attention.h"
+#include "dist/ring_backward.h"
+#include "kernels/attention_backward.h"
 #include "dist/ulysses_attention.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variants.h"
@@ -183,6 +185,20 @@ void paired_rows(const HostTensor& ours, const HostTensor& whole, int64_t heads,
       }
 }
 
+// Rank r's rows (the plan's chunks, one after another) of a [B, H, S, ...] host tensor.
+HostTensor rank_rows(const HostTensor& t, const RingPlan& plan, int64_t rank) {
+  std::vector<int64_t> shape = t.shape();
+  const int64_t S = shape[2], n = S / plan.ranks, BH = shape[0] * shape[1];
+  const int64_t row_bytes = (shape.size() > 3 ? shape[3] : 1) * size_bytes(t.dtype());
+  shape[2] = n;
+  HostTensor s(t.dtype(), shape);
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(static_cast<char*>(s.data()) + (bh * n + i) * row_bytes,
+                  static_cast<const char*>(t.data()) + (bh * S + plan.global_row(rank, i)) * row_bytes, row_bytes);
+  return s;
+}
+
 dist::RingAttentionOptions ring_options(const Case& c, const RingPlan& plan, CUstream stream) {
   dist::RingAttentionOptions ro;
   ro.causal = c.causal;
@@ -214,15 +230,7 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
   std::mt19937 rng(1234);
   const HostTensor q = random_bf16({B, H, S, D}, rng), k = random_bf16({B, Hkv, S, D}, rng), v = random_bf16({B, Hkv, S, D}, rng);
   // This rank's rows, one after another.
-  auto shard = [&](const HostTensor& t) {
-    const int64_t heads = t.shape()[1];
-    HostTensor s(DType::bf16, {B, heads, n, D});
-    for (int64_t bh = 0; bh < B * heads; ++bh)
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(static_cast<char*>(s.data()) + ((bh * n + i) * D) * 2,
-                    static_cast<const char*>(t.data()) + ((bh * S + plan.global_row(rank, i)) * D) * 2, D * 2);
-    return s;
-  };
+  auto shard = [&](const HostTensor& t) { return rank_rows(t, plan, rank); };
   DeviceTensor dq = DeviceTensor::from_host(shard(q)), dk = DeviceTensor::from_host(shard(k)), dv = DeviceTensor::from_host(shard(v));
   DeviceTensor o(DType::bf16, {B, H, n, D});
   o.fill_bytes(0xFF);
@@ -282,6 +290,70 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
       all_ok = all_ok && m[3] == 1.0;
       log << fmt::format("| {} | {} | {} | {} | {} | {} | {:.2e} | {:.2e} | {:.2e} | {} |\n", S, ranks, c.ulysses ? "all-to-all" : "ring",
                          c.fp8 ? "fp8" : "bf16", mask_name(plan), r, m[0], m[1], m[2], m[3] == 1.0 ? "ok" : "**FAIL**");
+    }
+  return ok && (rank != 0 || all_ok);
+}
+
+// --check --backward: the ring's gradients of this rank's rows (dist/ring_backward.h, from the
+// forward's o and LSE of one GPU) against attention_backward of the whole sequence on one GPU.
+bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, int64_t S, bool causal,
+                    RingPlan::Sharding sharding, CUstream stream, std::ostream& log) {
+  const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
+  const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
+  std::mt19937 rng(2024);
+  const std::vector<int64_t> shape = {B, H, S, D};
+  const HostTensor q = random_bf16(shape, rng), k = random_bf16(shape, rng), v = random_bf16(shape, rng), dout = random_bf16(shape, rng);
+  const DeviceTensor fq = DeviceTensor::from_host(q), fk = DeviceTensor::from_host(k), fv = DeviceTensor::from_host(v),
+                     fdo = DeviceTensor::from_host(dout);
+  DeviceTensor fo(DType::bf16, shape), flse(DType::f32, {B, H, S});
+  std::vector<DeviceTensor> want;
+  for (int i = 0; i < 3; ++i) want.emplace_back(DType::bf16, shape);
+  kernels::AttentionFp8Options fwd;
+  fwd.quantize = false;
+  fwd.causal = causal;
+  fwd.lse = flse.view();
+  fwd.stream = stream;
+  kernels::AttentionFp8Workspace fws;
+  kernels::attention_fp8_forward(fq.view(), fk.view(), fv.view(), fo.view(), fwd, fws);
+  kernels::AttentionBackwardOptions bo;
+  bo.causal = causal;
+  bo.stream = stream;
+  kernels::AttentionBackwardWorkspace bws;
+  kernels::attention_backward(fq.view(), fk.view(), fv.view(), fo.view(), fdo.view(), flse.view(), want[0].view(), want[1].view(),
+                              want[2].view(), bo, bws);
+  synchronize(stream);
+  const HostTensor ho = fo.to_host(), hl = flse.to_host();
+  auto mine = [&](const HostTensor& t) { return DeviceTensor::from_host(rank_rows(t, plan, rank)); };
+  const DeviceTensor rq = mine(q), rk = mine(k), rv = mine(v), rdo = mine(dout), ro = mine(ho), rl = mine(hl);
+  const int64_t n = S / ranks;
+  std::vector<DeviceTensor> got;
+  for (int i = 0; i < 3; ++i) {
+    got.emplace_back(DType::bf16, std::vector<int64_t>{B, H, n, D});
+    got.back().fill_bytes(0xFF);
+  }
+  dist::RingBackwardOptions rbo;
+  rbo.sharding = plan.sharding;
+  rbo.causal = causal;
+  rbo.stream = stream;
+  dist::RingBackwardWorkspace rws;
+  dist::ring_attention_backward(comm, rq.view(), rk.view(), rv.view(), ro.view(), rdo.view(), rl.view(), got[0].view(),
+                                got[1].view(), got[2].view(), rbo, rws);
+  synchronize(stream);
+  std::vector<double> errs;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<double> a, b;
+    paired_rows(got[i].to_host(), want[i].to_host(), B * H, n, S, D, [&](int64_t r) { return plan.global_row(rank, r); }, a, b);
+    errs.push_back(rel_rmse(a, b));
+  }
+  // Both sum dQ in f32 in another order (the ring by atomic adds) and round each gradient to bf16.
+  const bool ok = *std::max_element(errs.begin(), errs.end()) <= 1e-2;
+  const std::vector<double> all = all_gather(comm, {errs[0], errs[1], errs[2], ok ? 1.0 : 0.0}, ranks, stream);
+  bool all_ok = true;
+  if (rank == 0)
+    for (int r = 0; r < ranks; ++r) {
+      all_ok = all_ok && all[4 * r + 3] == 1.0;
+      log << fmt::format("| {} | {} | ring backward | bf16 | {} | {} | dq {:.2e}, dk {:.2e}, dv {:.2e} | - | - | {} |\n", S, ranks,
+                         mask_name(plan), r, all[4 * r], all[4 * r + 1], all[4 * r + 2], all[4 * r + 3] == 1.0 ? "ok" : "**FAIL**");
     }
   return ok && (rank != 0 || all_ok);
 }
@@ -501,6 +573,8 @@ RingBenchOptions resolved(const RingBenchOptions& in) {
     parse_dilated(opt.dilated);
     if (!opt.check) throw Error("--dilated is checked (--check), not timed yet");
   }
+  if (opt.backward && !opt.check) throw Error("--backward is checked (--check), not timed yet");
+  if (opt.backward && !opt.dilated.empty()) throw Error("--backward and --dilated: one at a time");
   return opt;
 }
 
@@ -527,6 +601,17 @@ int ring_rank_main(const RingBenchOptions& in) {
     std::cout << table.str() << std::flush;
   }
   bool ok = true;
+  if (opt.backward)
+    for (int64_t S : opt.seqs)
+      for (bool causal : {false, true}) {
+        if ((causal && opt.non_causal_only) || (!causal && opt.causal_only)) continue;
+        std::ostringstream row;
+        ok = check_backward(comm, rank, ranks, opt, S, causal, sharding, stream, row) && ok;
+        if (rank == 0) {
+          std::cout << row.str() << std::flush;
+          table << row.str();
+        }
+      }
   if (!opt.dilated.empty()) {
     const std::vector<kernels::DilatedPair> pairs = parse_dilated(opt.dilated);
     for (int64_t S : opt.seqs)
@@ -541,7 +626,7 @@ int ring_rank_main(const RingBenchOptions& in) {
           }
         }
   }
-  for (int64_t S : opt.dilated.empty() ? opt.seqs : std::vector<int64_t>{})
+  for (int64_t S : opt.dilated.empty() && !opt.backward ? opt.seqs : std::vector<int64_t>{})
     for (const std::string& strategy : opt.strategies)
     for (const std::string& d : opt.dtypes)
       for (bool causal : {false, true}) {
