@@ -94,9 +94,8 @@ void dilated_ring_attention_forward(ncclComm_t comm, const TensorView& q, const 
     kernels::dilated_attention_forward(q, k, v, o, local, ws.local);
   } else {
     if (!ws.local.lse || ws.local.lse->shape() != std::vector<int64_t>{B, H, n}) ws.local.lse.emplace(DType::f32, std::vector<int64_t>{B, H, n});
+    zero_async(o, opt.stream);
     runtime::Driver& d = runtime::driver();
-    d.check(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(o.data), 0, static_cast<size_t>(o.numel()) * size_bytes(o.dtype), opt.stream),
-            "cuMemsetD8Async");
     d.check(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ws.local.lse->view().data), 0xFF800000u,
                                static_cast<size_t>(B * H * n), opt.stream),
             "cuMemsetD32Async");

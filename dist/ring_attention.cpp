@@ -20,18 +20,7 @@ namespace {
 
 constexpr int64_t kAlign = 256;   // each tensor of a slot starts 256 bytes in (TMA wants 16)
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
 TensorView slice(const TensorView& t, int dim, int64_t start, int64_t len) { return slice_of(t, dim, start, len); }
-
-TensorView view_at(const DeviceTensor& bytes, int64_t offset, DType dt, std::vector<int64_t> shape) {
-  TensorView v;
-  v.data = static_cast<char*>(bytes.view().data) + offset;
-  v.dtype = dt;
-  v.shape = std::move(shape);
-  v.device = Device::cuda;
-  return v;
-}
 
 // Where a slot holds the travelling shard: K then V (16-bit), or K8, Vᵀ8 (rows padded to 16 keys)
 // and the K / V descales per (b, h) of the shard (fp8).
@@ -53,25 +42,13 @@ struct SlotLayout {
     vd_off = kd_off + round_up(B * Hkv * 4, kAlign);
     bytes = vd_off + B * Hkv * 4;
   }
-  TensorView k(const DeviceTensor& s) const { return view_at(s, k_off, fp8 ? DType::e4m3 : dt, {B, Hkv, n, D}); }
+  TensorView k(const DeviceTensor& s) const { return byte_view(s, k_off, fp8 ? DType::e4m3 : dt, {B, Hkv, n, D}); }
   TensorView v(const DeviceTensor& s) const {
-    return fp8 ? view_at(s, v_off, DType::e4m3, {B, Hkv, D, round_up(n, 16)}) : view_at(s, v_off, dt, {B, Hkv, n, D});
+    return fp8 ? byte_view(s, v_off, DType::e4m3, {B, Hkv, D, round_up(n, 16)}) : byte_view(s, v_off, dt, {B, Hkv, n, D});
   }
-  TensorView kd(const DeviceTensor& s) const { return view_at(s, kd_off, DType::f32, {B, Hkv}); }
-  TensorView vd(const DeviceTensor& s) const { return view_at(s, vd_off, DType::f32, {B, Hkv}); }
+  TensorView kd(const DeviceTensor& s) const { return byte_view(s, kd_off, DType::f32, {B, Hkv}); }
+  TensorView vd(const DeviceTensor& s) const { return byte_view(s, vd_off, DType::f32, {B, Hkv}); }
 };
-
-void copy_async(const TensorView& dst, const TensorView& src, CUstream stream) {
-  runtime::Driver& d = runtime::driver();
-  d.check(d.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst.data), reinterpret_cast<CUdeviceptr>(src.data),
-                              static_cast<size_t>(src.numel()) * size_bytes(src.dtype), stream),
-          "cuMemcpyDtoDAsync");
-}
-
-void wait_event(CUstream stream, const runtime::Event& e) {
-  runtime::Driver& d = runtime::driver();
-  d.check(d.cuStreamWaitEvent(stream, e.get(), 0), "cuStreamWaitEvent");
-}
 
 }  // namespace
 
@@ -182,7 +159,7 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
   const bool ring = !opt.local_only && P > 1;
   if (ring) {
     ready.record(stream);
-    wait_event(ws.comm->get(), ready);
+    wait_event(ws.comm->get(), ready.get());
   }
 
   const DType in = opt.fp8 ? DType::e4m3 : q.dtype;
@@ -199,7 +176,7 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
     const DeviceTensor& held = *ws.slot[ring ? s % 2 : 0];
     if (ring && s + 1 < steps) {
       // Pass the held shard on and take the next: into the slot that step s - 1 read.
-      if (s >= 1) wait_event(ws.comm->get(), ws.sync[2 * (s - 1) + 1]);
+      if (s >= 1) wait_event(ws.comm->get(), ws.sync[2 * (s - 1) + 1].get());
       nccl_check(ncclGroupStart(), "ring attention", "ncclGroupStart");
       nccl_check(ncclSend(held.view().data, layout.bytes, ncclUint8, next, comm, ws.comm->get()), "ring attention", "ncclSend");
       nccl_check(ncclRecv(ws.slot[(s + 1) % 2]->view().data, layout.bytes, ncclUint8, prev, comm, ws.comm->get()), "ring attention", "ncclRecv");
@@ -208,7 +185,7 @@ void ring_attention_forward(ncclComm_t comm, const TensorView& q, const TensorVi
     }
     if (s >= 1) {
       mark(s, 0);
-      if (ring) wait_event(stream, ws.sync[2 * (s - 1)]);
+      if (ring) wait_event(stream, ws.sync[2 * (s - 1)].get());
       mark(s, 1);
     }
     const TensorView hk = layout.k(held), hv = layout.v(held);

@@ -21,17 +21,6 @@ namespace {
 
 constexpr const char* kWho = "ring attention backward";
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-TensorView view_at(const DeviceTensor& bytes, int64_t offset, DType dt, std::vector<int64_t> shape) {
-  TensorView v;
-  v.data = static_cast<char*>(bytes.view().data) + offset;
-  v.dtype = dt;
-  v.shape = std::move(shape);
-  v.device = Device::cuda;
-  return v;
-}
-
 // A slot: K and V in the inputs' dtype, then dK and dV in f32 (each 256 bytes aligned).
 struct Slot {
   std::vector<int64_t> shape;
@@ -44,29 +33,11 @@ struct Slot {
     dv_off = dk_off + round_up(elems * 4, 256);
     bytes = dv_off + elems * 4;
   }
-  TensorView k(const DeviceTensor& s) const { return view_at(s, 0, dt, shape); }
-  TensorView v(const DeviceTensor& s) const { return view_at(s, v_off, dt, shape); }
-  TensorView dk(const DeviceTensor& s) const { return view_at(s, dk_off, DType::f32, shape); }
-  TensorView dv(const DeviceTensor& s) const { return view_at(s, dv_off, DType::f32, shape); }
+  TensorView k(const DeviceTensor& s) const { return byte_view(s, 0, dt, shape); }
+  TensorView v(const DeviceTensor& s) const { return byte_view(s, v_off, dt, shape); }
+  TensorView dk(const DeviceTensor& s) const { return byte_view(s, dk_off, DType::f32, shape); }
+  TensorView dv(const DeviceTensor& s) const { return byte_view(s, dv_off, DType::f32, shape); }
 };
-
-void copy_async(const TensorView& dst, const TensorView& src, CUstream stream) {
-  runtime::Driver& d = runtime::driver();
-  d.check(d.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst.data), reinterpret_cast<CUdeviceptr>(src.data),
-                              static_cast<size_t>(src.numel()) * size_bytes(src.dtype), stream),
-          "cuMemcpyDtoDAsync");
-}
-
-void zero_async(const TensorView& t, CUstream stream) {
-  runtime::Driver& d = runtime::driver();
-  d.check(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(t.data), 0, static_cast<size_t>(t.numel()) * size_bytes(t.dtype), stream),
-          "cuMemsetD8Async");
-}
-
-void wait_event(CUstream stream, const runtime::Event& e) {
-  runtime::Driver& d = runtime::driver();
-  d.check(d.cuStreamWaitEvent(stream, e.get(), 0), "cuStreamWaitEvent");
-}
 
 // [B, H, n, D] -> [1, 1, B·H·n, D] of a contiguous tensor (convert's rank-4 rows).
 TensorView as_rows(const TensorView& t) {
@@ -132,7 +103,7 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
   const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
   for (int64_t s = 0; s < P; ++s) {
     const DeviceTensor& held = *ws.slot[s % 2];
-    if (s >= 1) wait_event(stream, ws.sync[2 * (s - 1) + 1]);
+    if (s >= 1) wait_event(stream, ws.sync[2 * (s - 1) + 1].get());
     const kernels::RingBackwardViews views{q,
                                            dout,
                                            ws.lse2->view(),
@@ -151,7 +122,7 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
     // The shard moves on once this step has used it: K, V and its gradients to rank + 1, the next
     // from rank - 1 into the slot step s - 1 used. After the last step only the gradients travel,
     // home to their owner.
-    wait_event(cs, ws.sync[2 * s]);
+    wait_event(cs, ws.sync[2 * s].get());
     const bool last = s + 1 == P;
     const int64_t from = last ? layout.dk_off : 0, bytes = layout.bytes - from;
     nccl_check(ncclGroupStart(), kWho, "ncclGroupStart");
@@ -161,7 +132,7 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
     nccl_check(ncclGroupEnd(), kWho, "ncclGroupEnd");
     ws.sync[2 * s + 1].record(cs);
   }
-  if (ring) wait_event(stream, ws.sync[2 * (P - 1) + 1]);
+  if (ring) wait_event(stream, ws.sync[2 * (P - 1) + 1].get());
   // This rank's own shard's gradients are home (slot P mod 2; slot 0 for a ring of one).
   const DeviceTensor& own = *ws.slot[ring ? P % 2 : 0];
   LaunchOptions c = lo;

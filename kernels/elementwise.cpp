@@ -77,16 +77,27 @@ const Kernel& layernorm() {
 }
 
 // Kept below the kernels above: golden files of generated code name their lines.
+namespace {
+
+// out = x (or out + x) rounded to out's dtype over [A, B, rows, cols].
+void rows4_body(const TensorArg& out, const TensorArg& x, bool add) {
+  auto [A, B, rows, cols] = out.shape<4>();
+  for (auto ab : grid(A * B)) {
+    auto a = floordiv(ab, B);
+    auto b = ab % B;
+    for (auto r : tile(rows, block("r")))
+      for (auto c : tile(cols, block("c"))) {
+        auto value = x.load(a, b, r, c);
+        if (add) value = out.load(a, b, r, c).to(DType::f32) + value.to(DType::f32);
+        out.store(a, b, r, c, value.to(out.dtype()));
+      }
+  }
+}
+
+}  // namespace
+
 const Kernel& convert() {
-  static const Kernel k = kernel("convert", {"x", "out"}, [](In x, Out out) {
-    auto [A, B, rows, cols] = x.shape<4>();
-    for (auto ab : grid(A * B)) {
-      auto a = floordiv(ab, B);
-      auto b = ab % B;
-      for (auto r : tile(rows, block("r")))
-        for (auto c : tile(cols, block("c"))) out.store(a, b, r, c, x.load(a, b, r, c).to(out.dtype()));
-    }
-  });
+  static const Kernel k = kernel("convert", {"x", "out"}, [](In x, Out out) { rows4_body(out, x, false); });
   return k;
 }
 
@@ -115,18 +126,7 @@ const Kernel& merge_attention() {
 }
 
 const Kernel& accumulate() {
-  static const Kernel k = kernel("accumulate", {"out", "x"}, [](InOut out, In x) {
-    auto [A, B, rows, cols] = out.shape<4>();
-    for (auto ab : grid(A * B)) {
-      auto a = floordiv(ab, B);
-      auto b = ab % B;
-      for (auto r : tile(rows, block("r")))
-        for (auto c : tile(cols, block("c"))) {
-          auto sum = out.load(a, b, r, c).to(DType::f32) + x.load(a, b, r, c).to(DType::f32);
-          out.store(a, b, r, c, sum.to(out.dtype()));
-        }
-    }
-  });
+  static const Kernel k = kernel("accumulate", {"out", "x"}, [](InOut out, In x) { rows4_body(out, x, true); });
   return k;
 }
 

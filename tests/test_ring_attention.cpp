@@ -39,6 +39,20 @@ TensorView fake(DType dt, std::vector<int64_t> shape) {
   return v;
 }
 
+// A communicator of one rank on tilejit's device, destroyed with it.
+struct OneRank {
+  ncclComm_t comm = nullptr;
+  OneRank() {
+    ncclUniqueId id;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    runtime::current_device();
+    REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+  }
+  ~OneRank() { ncclCommDestroy(comm); }
+  OneRank(const OneRank&) = delete;
+  OneRank& operator=(const OneRank&) = delete;
+};
+
 std::string plan_error(int64_t ranks, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                        const dist::RingAttentionOptions& opt = {}) {
   try {
@@ -219,11 +233,8 @@ TEST_CASE("tilejit-ring: the NCCL id crosses to the ranks as hex, and text of an
 
 TEST_CASE("gpu: a ring (and an all-to-all) of one rank is attention over its rows (bf16 and fp8, causal and not, GQA), against float64") {
   TJ_REQUIRE_HOPPER();
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  runtime::current_device();
-  ncclComm_t comm = nullptr;
-  REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+  OneRank one;
+  ncclComm_t comm = one.comm;
   std::mt19937 rng(40);
   const int64_t B = 1, H = 4, Hkv = 2, S = 512, D = 128;
   const HostTensor q = tj_test::randn(DType::bf16, {B, H, S, D}, rng), k = tj_test::randn(DType::bf16, {B, Hkv, S, D}, rng),
@@ -288,16 +299,12 @@ TEST_CASE("gpu: a ring (and an all-to-all) of one rank is attention over its row
       // fp8: the LSE of the e4m3 P's sums (the merging launches weigh their keys by it), a few % off
       CHECK(ml.max_abs <= (fp8 ? 1e-1 : 1e-3));
     }
-  ncclCommDestroy(comm);
 }
 
 TEST_CASE("gpu: the ring backward of one rank equals attention_backward on one GPU (bf16, causal and not)") {
   TJ_REQUIRE_HOPPER();
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  runtime::current_device();
-  ncclComm_t comm = nullptr;
-  REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+  OneRank one;
+  ncclComm_t comm = one.comm;
   std::mt19937 rng(41);
   const std::vector<int64_t> shape = {1, 2, 512, 128};
   const DeviceTensor q = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
@@ -333,7 +340,6 @@ TEST_CASE("gpu: the ring backward of one rank equals attention_backward on one G
       CHECK(m.rel_rmse <= 1e-2);   // dq: f32 atomic sums against the dQ kernel's
     }
   }
-  ncclCommDestroy(comm);
 }
 
 TEST_CASE("gpu: tilejit-ring --check on two GPUs: ring and all-to-all equal single-GPU attention of the whole sequence") {
