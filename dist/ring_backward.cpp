@@ -73,7 +73,15 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
                              const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
                              const TensorView& dv, const RingBackwardOptions& opt, RingBackwardWorkspace& ws) {
   runtime::current_device();
-  const auto [rank, ranks] = rank_of(comm, kWho);
+  int rank = opt.local_rank, ranks = opt.local_ranks;
+  if (opt.local_only) {
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+      throw Error(fmt::format("{}: local_only as rank {} of {} ranks", kWho, rank, ranks));
+  } else {
+    const RankOf r = rank_of(comm, kWho);
+    rank = r.rank;
+    ranks = r.ranks;
+  }
   const RingPlan plan = ring_backward_plan(ranks, q, k, v, o, dout, lse, dq, dk, dv, opt);
   const int64_t B = q.shape[0], H = q.shape[1], n = q.shape[2], D = q.shape[3], L = plan.chunk_rows(), P = plan.ranks;
   const CUstream stream = opt.stream;
@@ -99,11 +107,11 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
   zero_async(layout.dv(home), stream);
 
   const double scale = 1.4426950408889634 * opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
-  const bool ring = P > 1;
+  const bool ring = !opt.local_only && P > 1;
   const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
   for (int64_t s = 0; s < P; ++s) {
-    const DeviceTensor& held = *ws.slot[s % 2];
-    if (s >= 1) wait_event(stream, ws.sync[2 * (s - 1) + 1].get());
+    const DeviceTensor& held = *ws.slot[ring ? s % 2 : 0];
+    if (ring && s >= 1) wait_event(stream, ws.sync[2 * (s - 1) + 1].get());
     const kernels::RingBackwardViews views{q,
                                            dout,
                                            ws.lse2->view(),
@@ -118,7 +126,7 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
                                            scale};
     for (const kernels::BackwardLaunch& l : kernels::ring_backward_step_launches(plan, rank, s, views)) launch(*l.kernel, l.args, lo);
     ws.sync[2 * s].record(stream);
-    if (!ring) break;
+    if (!ring) continue;
     // The shard moves on once this step has used it: K, V and its gradients to rank + 1, the next
     // from rank - 1 into the slot step s - 1 used. After the last step only the gradients travel,
     // home to their owner.

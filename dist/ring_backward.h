@@ -24,6 +24,11 @@ struct RingBackwardOptions {
   bool causal = false;
   std::optional<double> softmax_scale;   // the forward's; default 1/sqrt(D)
   CUstream stream = nullptr;             // the compute stream
+  // Hold the rank's own shard at every step and send nothing: the launches rank local_rank of a
+  // ring of local_ranks runs, without communication (`tilejit bench ring`'s single-GPU baseline;
+  // the gradients are then not the attention's). comm may be null.
+  bool local_only = false;
+  int local_ranks = 1, local_rank = 0;
 };
 
 struct RingBackwardWorkspace {

@@ -358,6 +358,70 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
   return ok && (rank != 0 || all_ok);
 }
 
+// --backward without --check: the ring backward timed against its own launches on one GPU
+// (local_only), after a ring forward gave o and the LSE; TFLOP/s count 2.5 forwards (five matrix
+// products against two).
+void time_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, int64_t S, bool causal,
+                   RingPlan::Sharding sharding, CUstream stream, std::ostream& log) {
+  const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, n = S / ranks;
+  const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
+  const std::vector<int64_t> shape = {B, H, n, D};
+  std::vector<DeviceTensor> t;   // q, k, v, do, o, dq, dk, dv
+  for (int i = 0; i < 8; ++i) t.emplace_back(DType::bf16, shape);
+  for (int i = 0; i < 4; ++i) fill_random(t[i], 101 + 13 * i + rank, stream);
+  DeviceTensor lse(DType::f32, {B, H, n});
+  dist::RingAttentionOptions fo;
+  fo.sharding = plan.sharding;
+  fo.causal = causal;
+  fo.lse = lse.view();
+  fo.stream = stream;
+  dist::RingAttentionWorkspace fws;
+  dist::ring_attention_forward(comm, t[0].view(), t[1].view(), t[2].view(), t[4].view(), fo, fws);
+  dist::RingBackwardOptions ring;
+  ring.sharding = plan.sharding;
+  ring.causal = causal;
+  ring.stream = stream;
+  dist::RingBackwardOptions local = ring;
+  local.local_only = true;
+  local.local_ranks = ranks;
+  local.local_rank = rank;
+  dist::RingBackwardWorkspace rws, lws;
+  runtime::Event t0, t1;
+  runtime::DeviceBuffer token(sizeof(float));
+  token.memset(0);
+  auto call = [&](const dist::RingBackwardOptions& o, dist::RingBackwardWorkspace& w) {
+    nccl(ncclAllReduce(reinterpret_cast<void*>(token.ptr()), reinterpret_cast<void*>(token.ptr()), 1, ncclFloat32, ncclSum, comm,
+                       stream),
+         "ncclAllReduce");
+    t0.record(stream);
+    dist::ring_attention_backward(o.local_only ? nullptr : comm, t[0].view(), t[1].view(), t[2].view(), t[4].view(), t[3].view(),
+                                  lse.view(), t[5].view(), t[6].view(), t[7].view(), o, w);
+    t1.record(stream);
+    t1.synchronize();
+    return double{runtime::Event::elapsed_ms(t0, t1)};
+  };
+  std::vector<double> ring_ms, local_ms;
+  for (int i = 0; i < opt.warmup + opt.reps; ++i) {
+    const double r = call(ring, rws), l = call(local, lws);
+    if (i >= opt.warmup) {
+      ring_ms.push_back(r);
+      local_ms.push_back(l);
+    }
+  }
+  const std::vector<double> all = all_gather(comm, {median(ring_ms), median(local_ms)}, ranks, stream);
+  if (rank != 0) return;
+  double ring_max = 0, local_max = 0;
+  for (int r = 0; r < ranks; ++r) {
+    ring_max = std::max(ring_max, all[2 * r]);
+    local_max = std::max(local_max, all[2 * r + 1]);
+  }
+  const double per_gpu = 2.5 * attention_flops(B, H, S, D, causal) / ranks;
+  const double ring_tf = per_gpu / ring_max * 1e-9, local_tf = per_gpu / local_max * 1e-9;
+  log << fmt::format("| {} | {} | ring backward | bf16 | {} | {} | {:.1f} | {:.1f} | {:.1f} | - | {:.3f} | - | - | - |\n", S, ranks,
+                     mask_name(plan), plan.sharding == RingPlan::Sharding::zigzag ? "zigzag" : "contiguous", ring_max, ring_tf,
+                     local_tf, ring_tf / local_tf);
+}
+
 // --check --dilated: dilated attention over the ranks (dist/dilated_ring.h) against single-GPU
 // dilated attention of the whole sequence (every rank runs it on its own GPU).
 bool check_dilated(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, const std::vector<kernels::DilatedPair>& pairs,
@@ -573,7 +637,6 @@ RingBenchOptions resolved(const RingBenchOptions& in) {
     parse_dilated(opt.dilated);
     if (!opt.check) throw Error("--dilated is checked (--check), not timed yet");
   }
-  if (opt.backward && !opt.check) throw Error("--backward is checked (--check), not timed yet");
   if (opt.backward && !opt.dilated.empty()) throw Error("--backward and --dilated: one at a time");
   return opt;
 }
@@ -606,7 +669,8 @@ int ring_rank_main(const RingBenchOptions& in) {
       for (bool causal : {false, true}) {
         if ((causal && opt.non_causal_only) || (!causal && opt.causal_only)) continue;
         std::ostringstream row;
-        ok = check_backward(comm, rank, ranks, opt, S, causal, sharding, stream, row) && ok;
+        if (opt.check) ok = check_backward(comm, rank, ranks, opt, S, causal, sharding, stream, row) && ok;
+        else time_backward(comm, rank, ranks, opt, S, causal, sharding, stream, row);
         if (rank == 0) {
           std::cout << row.str() << std::flush;
           table << row.str();

@@ -18,7 +18,7 @@ struct RingBenchOptions {
   bool causal_only = false, non_causal_only = false;
   int64_t window = 0;                    // a causal sliding window (ring only, contiguous chunks)
   std::string dilated;                   // "SEGMENT:RATE,...": dilated attention over the ranks (--check)
-  bool backward = false;                 // the ring backward (--check)
+  bool backward = false;                 // the ring backward (timed, or --check)
   std::string sharding = "zigzag";
   bool check = false;
   int reps = 3, warmup = 1;

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   app.add_flag("--non-causal", opt.non_causal_only, "non-causal only");
   app.add_option("--dilated", opt.dilated,
                  "SEGMENT:RATE,...: LongNet's dilated attention over the ranks (dist/dilated_ring.h), with --check");
-  app.add_flag("--backward", opt.backward, "the ring backward (dist/ring_backward.h) against one GPU's, with --check");
+  app.add_flag("--backward", opt.backward, "the ring backward (dist/ring_backward.h): timed, or with --check against one GPU's");
   app.add_option("--window", opt.window, "a causal sliding window of this many keys (ring only; contiguous chunks)");
   app.add_option("--sharding", opt.sharding, "zigzag or contiguous")->capture_default_str();
   app.add_flag("--check", opt.check, "check the ring against single-GPU attention and float64 instead of timing");
