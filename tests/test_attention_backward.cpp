@@ -129,6 +129,20 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
 
 namespace {
 
+// Random bf16 inputs and their float64 forward (o, the LSE in log2 units) and gradients.
+struct Problem {
+  HostTensor q, k, v, dout;
+  std::vector<double> o, lse2;
+  Grads want;
+};
+
+Problem make_problem(const std::vector<int64_t>& shape, bool causal, double scale_nat, std::mt19937& rng) {
+  Problem p{random(DType::bf16, shape, rng), random(DType::bf16, shape, rng), random(DType::bf16, shape, rng),
+            random(DType::bf16, shape, rng), {}, {}, {}};
+  reference_attention(p.q, p.k, p.v, p.dout, causal, scale_nat, p.o, p.lse2, p.want);
+  return p;
+}
+
 std::string backward_error(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& dq) {
   try {
     kernels::attention_backward_launches(q, k, k, q, q, lse, dq, k, k, {}, lse, lse, std::nullopt);
@@ -149,11 +163,10 @@ TEST_CASE("attention_backward's launches on the CPU reference: from the forward'
     for (bool deterministic : {true, false}) {
       CAPTURE(causal);
       CAPTURE(deterministic);
-      HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
-                 dout = random(DType::bf16, shape, rng);
-      std::vector<double> o64, lse2_64;
-      Grads want;
-      reference_attention(q, k, v, dout, causal, scale_nat, o64, lse2_64, want);
+      Problem p = make_problem(shape, causal, scale_nat, rng);
+      HostTensor &q = p.q, &k = p.k, &v = p.v, &dout = p.dout;
+      const std::vector<double>&o64 = p.o, &lse2_64 = p.lse2;
+      const Grads& want = p.want;
       std::vector<double> lse_nat(lse2_64.size());
       for (size_t i = 0; i < lse_nat.size(); ++i) lse_nat[i] = lse2_64[i] * std::log(2.0);
       HostTensor o = HostTensor::from_values(o64, DType::bf16, shape), lse = HostTensor::from_values(lse_nat, DType::f32, rows);
@@ -212,11 +225,9 @@ TEST_CASE("gpu: attention_backward after attention_fp8_forward's LSE: float64 gr
     for (bool deterministic : {true, false}) {
       CAPTURE(causal);
       CAPTURE(deterministic);
-      HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
-                 dout = random(DType::bf16, shape, rng);
-      std::vector<double> o64, lse64;
-      Grads want;
-      reference_attention(q, k, v, dout, causal, scale_nat, o64, lse64, want);
+      const Problem p = make_problem(shape, causal, scale_nat, rng);
+      const HostTensor &q = p.q, &k = p.k, &v = p.v, &dout = p.dout;
+      const Grads& want = p.want;
       const DeviceTensor dq_ = DeviceTensor::from_host(q), dk_ = DeviceTensor::from_host(k), dv_ = DeviceTensor::from_host(v),
                          ddo = DeviceTensor::from_host(dout);
       DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::bf16, shape), gk(DType::bf16, shape), gv(DType::bf16, shape);
