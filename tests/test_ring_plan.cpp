@@ -34,14 +34,7 @@ std::string error_of(int64_t ranks, int64_t seq, RingPlan::Sharding s) {
 }
 
 // Rows [row0, row0 + rows) of a [1, H, S, D] (or [1, H, S]) host tensor, as a view (no copy).
-TensorView rows_of(const HostTensor& t, int64_t row0, int64_t rows) {
-  TensorView v = t.view();
-  const std::vector<int64_t> s = v.effective_strides();
-  v.data = static_cast<char*>(v.data) + row0 * s[2] * static_cast<int64_t>(size_bytes(v.dtype));
-  v.shape[2] = rows;
-  v.strides = s;
-  return v;
-}
+TensorView rows_of(const HostTensor& t, int64_t row0, int64_t rows) { return slice_of(t.view(), 2, row0, rows); }
 
 // float64 attention of [H, S, D] inputs over the whole sequence (causal by global positions).
 std::vector<double> full_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, bool causal, int64_t window = 0) {

@@ -133,6 +133,43 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Times calls on the compute stream with CUDA events, after an all-reduce has lined the ranks up
+// (no rank's time counts another's late start).
+class AlignedTimer {
+ public:
+  AlignedTimer(ncclComm_t comm, CUstream stream) : comm_(comm), stream_(stream), token_(sizeof(float)) { token_.memset(0); }
+  template <class Fn>
+  double ms(Fn&& fn) {
+    void* t = reinterpret_cast<void*>(token_.ptr());
+    nccl(ncclAllReduce(t, t, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+    t0_.record(stream_);
+    fn();
+    t1_.record(stream_);
+    t1_.synchronize();
+    return double{runtime::Event::elapsed_ms(t0_, t1_)};
+  }
+  // The medians of `a` and `b` over reps calls each after warmup, alternating, so that both see
+  // the same clocks and temperature.
+  template <class A, class B>
+  std::pair<double, double> alternate(int warmup, int reps, A&& a, B&& b) {
+    std::vector<double> ta, tb;
+    for (int i = 0; i < warmup + reps; ++i) {
+      const double x = ms(a), y = ms(b);
+      if (i >= warmup) {
+        ta.push_back(x);
+        tb.push_back(y);
+      }
+    }
+    return {median(ta), median(tb)};
+  }
+
+ private:
+  ncclComm_t comm_;
+  CUstream stream_;
+  runtime::DeviceBuffer token_;
+  runtime::Event t0_, t1_;
+};
+
 // Gathers `mine` (the same count on every rank) from every rank, rank-major.
 std::vector<double> all_gather(ncclComm_t comm, const std::vector<double>& mine, int ranks, CUstream stream) {
   const size_t n = mine.size();
@@ -386,29 +423,15 @@ void time_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions&
   local.local_ranks = ranks;
   local.local_rank = rank;
   dist::RingBackwardWorkspace rws, lws;
-  runtime::Event t0, t1;
-  runtime::DeviceBuffer token(sizeof(float));
-  token.memset(0);
-  auto call = [&](const dist::RingBackwardOptions& o, dist::RingBackwardWorkspace& w) {
-    nccl(ncclAllReduce(reinterpret_cast<void*>(token.ptr()), reinterpret_cast<void*>(token.ptr()), 1, ncclFloat32, ncclSum, comm,
-                       stream),
-         "ncclAllReduce");
-    t0.record(stream);
-    dist::ring_attention_backward(o.local_only ? nullptr : comm, t[0].view(), t[1].view(), t[2].view(), t[4].view(), t[3].view(),
-                                  lse.view(), t[5].view(), t[6].view(), t[7].view(), o, w);
-    t1.record(stream);
-    t1.synchronize();
-    return double{runtime::Event::elapsed_ms(t0, t1)};
+  auto call = [&](const dist::RingBackwardOptions& opts, dist::RingBackwardWorkspace& work) {
+    return [&, o = &opts, w = &work] {
+      dist::ring_attention_backward(o->local_only ? nullptr : comm, t[0].view(), t[1].view(), t[2].view(), t[4].view(), t[3].view(),
+                                    lse.view(), t[5].view(), t[6].view(), t[7].view(), *o, *w);
+    };
   };
-  std::vector<double> ring_ms, local_ms;
-  for (int i = 0; i < opt.warmup + opt.reps; ++i) {
-    const double r = call(ring, rws), l = call(local, lws);
-    if (i >= opt.warmup) {
-      ring_ms.push_back(r);
-      local_ms.push_back(l);
-    }
-  }
-  const std::vector<double> all = all_gather(comm, {median(ring_ms), median(local_ms)}, ranks, stream);
+  AlignedTimer timer(comm, stream);
+  const auto [ring_ms, local_ms] = timer.alternate(opt.warmup, opt.reps, call(ring, rws), call(local, lws));
+  const std::vector<double> all = all_gather(comm, {ring_ms, local_ms}, ranks, stream);
   if (rank != 0) return;
   double ring_max = 0, local_max = 0;
   for (int r = 0; r < ranks; ++r) {
@@ -488,9 +511,6 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
   fill_random(sh.v, 37 + rank, stream);
   dist::RingAttentionOptions ro = ring_options(c, plan, stream);
   dist::RingAttentionWorkspace ws;
-  runtime::Event t0, t1;
-  runtime::DeviceBuffer token(sizeof(float));
-  token.memset(0);
   dist::RingAttentionOptions local = ro;
   local.local_only = true;
   local.local_ranks = ranks;
@@ -498,40 +518,27 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
   dist::RingAttentionWorkspace local_ws;
   dist::UlyssesAttentionWorkspace uws;
   kernels::AttentionFp8Workspace local_aws;
-  auto call = [&](const dist::RingAttentionOptions& o, dist::RingAttentionWorkspace& w) {
-    // Line the ranks up, so that no rank's time counts another's late start.
-    nccl(ncclAllReduce(reinterpret_cast<void*>(token.ptr()), reinterpret_cast<void*>(token.ptr()), 1, ncclFloat32, ncclSum, comm,
-                       stream),
-         "ncclAllReduce");
-    t0.record(stream);
-    if (c.ulysses && !o.local_only) {
-      dist::ulysses_attention_forward(comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), ulysses_options(o), uws);
-    } else if (c.ulysses) {
-      // All-to-all's attention alone: the gathered heads of the last call, without the transfers.
-      kernels::AttentionFp8Options a;
-      a.causal = o.causal;
-      a.quantize = o.fp8;
-      a.stream = stream;
-      kernels::attention_fp8_forward(uws.q->view(), uws.k->view(), uws.v->view(), uws.o->view(), a, local_aws);
-    } else {
-      dist::ring_attention_forward(o.local_only ? nullptr : comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), o, w);
-    }
-    t1.record(stream);
-    t1.synchronize();
-    return double{runtime::Event::elapsed_ms(t0, t1)};
+  auto call = [&](const dist::RingAttentionOptions& opts, dist::RingAttentionWorkspace& work) {
+    return [&, po = &opts, w = &work] {
+      const dist::RingAttentionOptions& o = *po;
+      if (c.ulysses && !o.local_only) {
+        dist::ulysses_attention_forward(comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), ulysses_options(o), uws);
+      } else if (c.ulysses) {
+        // All-to-all's attention alone: the gathered heads of the last call, without the transfers.
+        kernels::AttentionFp8Options a;
+        a.causal = o.causal;
+        a.quantize = o.fp8;
+        a.stream = stream;
+        kernels::attention_fp8_forward(uws.q->view(), uws.k->view(), uws.v->view(), uws.o->view(), a, local_aws);
+      } else {
+        dist::ring_attention_forward(o.local_only ? nullptr : comm, sh.q.view(), sh.k.view(), sh.v.view(), sh.o.view(), o, *w);
+      }
+    };
   };
-  // The ring and its baseline alternate, so that both see the same clocks and temperature.
-  std::vector<double> ring_times, local_times;
-  for (int i = 0; i < opt.warmup + opt.reps; ++i) {
-    const double r = call(ro, ws), l = call(local, local_ws);
-    if (i >= opt.warmup) {
-      ring_times.push_back(r);
-      local_times.push_back(l);
-    }
-  }
-  const double ring_ms = median(ring_times), local_ms = median(local_times);
+  AlignedTimer timer(comm, stream);
+  const auto [ring_ms, local_ms] = timer.alternate(opt.warmup, opt.reps, call(ro, ws), call(local, local_ws));
   ro.record_steps = !c.ulysses;
-  call(ro, ws);
+  timer.ms(call(ro, ws));
   if (!c.ulysses) ws.read_step_times();
   double wait_ms = 0, worst_step_wait = 0;
   for (size_t s = 1; !c.ulysses && s < ws.steps.size(); ++s) {
@@ -551,11 +558,8 @@ void time_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt
     kernels::AttentionFp8Workspace aws;
     std::vector<double> ms;
     for (int i = 0; i < opt.warmup + opt.reps; ++i) {
-      t0.record(stream);
-      kernels::attention_fp8_forward(sh.q.view(), k_all.view(), v_all.view(), sh.o.view(), ao, aws);
-      t1.record(stream);
-      t1.synchronize();
-      if (i >= opt.warmup) ms.push_back(runtime::Event::elapsed_ms(t0, t1));
+      const double t = timer.ms([&] { kernels::attention_fp8_forward(sh.q.view(), k_all.view(), v_all.view(), sh.o.view(), ao, aws); });
+      if (i >= opt.warmup) ms.push_back(t);
     }
     dense_ms = median(ms);
   }
