@@ -102,6 +102,11 @@ bool Emitter::store_folds_transpose(const Op& op, size_t i) const {
   const Op* t = def_[op.operands[i]];
   if (!t || t->kind != OpKind::transpose || !plan_.of(t->operands[0]).in_registers() || f_.type(t->operands[0]).rank() != 2)
     return false;
+  // Only accumulator fragments: in them 8 lanes hold 8 adjacent rows, so a swapped store still
+  // writes runs of adjacent elements. A SIMT tile's lanes and vectors run along its columns, and
+  // stored swapped each lane would write its own far-apart elements (H200: the e4m3 quantizer
+  // that writes a transpose ran 3x slower so); it goes through shared memory instead.
+  if (plan_.of(t->operands[0]).kind != LayoutKind::mma) return false;
   int tile_dims = 0;
   for (const ir::Index& ix : op.indices) tile_dims += ix.kind != ir::Index::Kind::scalar;
   return tile_dims == 2;

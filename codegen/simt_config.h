@@ -3,17 +3,17 @@
 // tiles (elementwise maps, reductions along rows that a grid walks: softmax, norms, amax and
 // quantize passes). They are memory bound, and what decides their speed is the bytes a thread
 // has in flight and the trips a row takes, so the config gives:
-//   - each tunable block the width of its loop (the next power of two), at most 1024 (1024 where
-//     the extent is known only at run time): a row of up to 1024 columns in one trip, which the
-//     SIMT path keeps in registers between a kernel's passes over it (Emitter::single_trip);
-//   - num_warps 2 for kernels that reduce, 4 for the others (fewer where the narrowest such block
-//     has fewer elements than the threads);
+//   - each tunable block the width of its loop (the next power of two), at most 4096 in kernels
+//     that reduce and 1024 in the others (1024 where the extent is known only at run time): a row
+//     of up to 4096 columns in one trip, which the SIMT path keeps in registers between a
+//     kernel's passes over it (Emitter::single_trip);
+//   - num_warps for kernels that reduce: enough that a thread holds at most 32 elements of the
+//     widest block, 2 to 4; 4 for the others (fewer where the narrowest such block has fewer
+//     elements than the threads);
 //   - simt_vec: adjacent elements per thread filling 16 bytes of the widest element the kernel
 //     loads or stores, no more than the narrowest block leaves each thread.
-// H200, RMSNorm bf16 [16384, 4096], same run: blocks of 1024 on 2 warps 0.078 ms (88% of a copy
-// of the same bytes), on 4 warps 0.089 ms, whole rows of 4096 on 8 warps 0.089 ms; blocks of 64
-// on 4 warps, 1 element a thread (the generic default) about 5x slower (H100, softmax). An add
-// (no reduction) runs at a copy's speed on 4 warps, 91% on 2.
+// The measurements behind these choices are beside the constants in simt_config.cpp; blocks of 64
+// on 4 warps, 1 element a thread (the generic default) run about 5x slower (H100, softmax).
 #include <optional>
 
 #include "dsl/config.h"

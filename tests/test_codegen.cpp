@@ -457,13 +457,22 @@ TEST_CASE("codegen: a tile loop of one trip runs in its scope, and a row a secon
   CHECK(contains(g.source, "// one trip of the tile loop (0LL to 4096LL in a block of 4096): its body in this scope"));
   CHECK(contains(g.source, "// the same tile of 'x' as v"));
   compile_and_check(f, whole);
-  // The untuned streaming config: rows of 1000 in one block of 1024 (the tail masked), one load;
-  // rows of 4096 in four trips of 1024 a pass, each pass loading its tiles.
+  // The untuned streaming config: rows of 1000 in one block of 1024 (the tail masked) on 2 warps,
+  // one load; rows of 4096 whole on 4 warps (32 elements a thread), loaded once; rows of 10000 in
+  // three trips of 4096 a pass, each pass loading its tiles.
   ir::Function ragged = kernels::softmax().trace({contiguous_spec(DType::f32, {4, 1000}), contiguous_spec(DType::f32, {4, 1000})});
   const Config cr = codegen::untuned_config(ragged, "sm_90a");
   CHECK(cr.blocks.at("c") == 1024);
+  CHECK(cr.num_warps == 2);
   CHECK(count(codegen::generate_cuda(ragged, cr, codegen::Target::parse("sm_90a")).source, "tj::dev::load<") == 1);
-  const std::string src = codegen::generate_cuda(f, codegen::untuned_config(f, "sm_90a"), codegen::Target::parse("sm_90a")).source;
+  const Config cw = codegen::untuned_config(f, "sm_90a");
+  CHECK(cw.blocks.at("c") == 4096);
+  CHECK(cw.num_warps == 4);
+  CHECK(count(codegen::generate_cuda(f, cw, codegen::Target::parse("sm_90a")).source, "tj::dev::load<") == 1);
+  ir::Function wide = kernels::softmax().trace({contiguous_spec(DType::bf16, {4, 10000}), contiguous_spec(DType::bf16, {4, 10000})});
+  const Config cl = codegen::untuned_config(wide, "sm_90a");
+  CHECK(cl.blocks.at("c") == 4096);
+  const std::string src = codegen::generate_cuda(wide, cl, codegen::Target::parse("sm_90a")).source;
   CHECK(count(src, "tj::dev::load<") == 2);
   CHECK(count(src, "for (long long") == 2);
 }

@@ -365,6 +365,24 @@ struct Group {
       *reinterpret_cast<C*>(reinterpret_cast<char*>(dst) + b) = *reinterpret_cast<const C*>(reinterpret_cast<const char*>(src) + b);
   }
 };
+
+// Whether every group of vec adjacent columns the calling thread holds in a unit-stride tile is
+// in range (rows and columns, where CR / CC ask) and aligned to its accesses.
+template <class M, class L, bool CR, bool CC>
+TJ_DEV bool all_groups_whole(const M* base, Span r, Span c) {
+  bool whole = true;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i) {
+    const long long pr = r.start + L::coord_r(i);
+    whole &= !CR || in_range(pr, r.limit);
+#pragma unroll
+    for (int j0 = 0; j0 < L::sc; j0 += L::vec) {
+      const long long pc = c.start + L::coord_c(j0);
+      whole &= (!CC || (pc >= 0 && pc + L::vec <= c.limit)) & Group<M, L::vec>::aligned(base + pr * r.stride + pc);
+    }
+  }
+  return whole;
+}
 }  // namespace detail
 
 // Loads the tile whose element (r, c) sits at data[offset + (r.start + r) * r.stride +
@@ -372,6 +390,11 @@ struct Group {
 // `ok` masks the whole tile (indices of dropped dims out of range). Masked elements read 0.
 // A thread's group of vec adjacent columns moves in one access where the columns are
 // contiguous (c.stride 1), aligned and in range; elsewhere element by element.
+// Where every group of the thread qualifies (the usual case: a whole, aligned tile), one test
+// picks a path that issues all the accesses back to back. A test per group would put a branch
+// between each access and the next, and the branches' join waits for each load's data: a row
+// then pays the memory latency once per group (H200, softmax bf16 [16384, 4096], 4 groups a
+// thread: 2.7 TB/s).
 template <class E, class L, bool CR, bool CC>
 TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok, Span r, Span c) {
   using M = typename E::mem;
@@ -382,6 +405,20 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
   const bool unit = grouped && c.stride == 1;
   constexpr bool wide_rows = L::ec * (long long)sizeof(M) >= 256;   // see ld_global
   Tile<typename E::reg, L> out;
+  if constexpr (grouped) {
+    if (unit && ok && detail::all_groups_whole<M, L, CR, CC>(base, r, c)) {
+#pragma unroll
+      for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+        for (int j0 = 0; j0 < L::sc; j0 += step) {
+          alignas(16) M group[L::vec];
+          G::template load<wide_rows>(group, base + (r.start + L::coord_r(i)) * r.stride + c.start + L::coord_c(j0));
+#pragma unroll
+          for (int v = 0; v < L::vec; ++v) out.v[L::idx(i, j0 + v)] = E::ld(&group[v]);
+        }
+      return out;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < L::sr; ++i) {
     const long long pr = r.start + L::coord_r(i);
@@ -416,7 +453,8 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
   return out;
 }
 
-// Stores the tile (same addressing as load); masked elements and replicas are skipped.
+// Stores the tile (same addressing as load); masked elements and replicas are skipped. As in
+// load, one test for the whole tile picks the path of back-to-back group accesses.
 template <class E, class L, bool CR, bool CC>
 TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x) {
   using M = typename E::mem;
@@ -425,6 +463,21 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
   constexpr int step = grouped ? L::vec : 1;
   M* base = static_cast<M*>(data) + offset;
   const bool unit = grouped && c.stride == 1;
+  if constexpr (grouped) {
+    if (unit && ok && detail::all_groups_whole<M, L, CR, CC>(base, r, c)) {
+#pragma unroll
+      for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+        for (int j0 = 0; j0 < L::sc; j0 += step) {
+          if (!(L::primary_r(i) && L::primary_c(j0))) continue;
+          alignas(16) M group[L::vec];
+#pragma unroll
+          for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[L::idx(i, j0 + v)]);
+          G::copy(base + (r.start + L::coord_r(i)) * r.stride + c.start + L::coord_c(j0), group);
+        }
+      return;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < L::sr; ++i) {
     const long long pr = r.start + L::coord_r(i);
