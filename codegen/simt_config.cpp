@@ -1,6 +1,7 @@
 #include "codegen/simt_config.h"
 
 #include <algorithm>
+#include <set>
 
 #include "codegen/emitter_knobs.h"
 #include "dsl/static_extents.h"
@@ -9,12 +10,14 @@ namespace tj::codegen {
 
 namespace {
 
-// Kernels that reduce take whole rows of up to 4096 elements (kReduceBlock) in one trip, on
-// enough warps that each thread holds at most 32 of them (kPerThread), 2 warps at least; the row
-// stays in registers between its passes (Emitter::single_trip). H200, bf16 [16384, 4096], same
-// run, ms (blocks c, warps w): softmax c1024 w2 0.0934, c2048 w4 0.0908, c4096 w4 0.0722, c4096 w8
-// 0.0809; RMSNorm 0.0810, 0.0781, 0.0789, 0.0775; LayerNorm 0.1040, 0.0951, 0.1008, 0.0961.
-// Kernels that only map (an add) take blocks of 1024 on 4 warps: a copy's speed.
+// Kernels that reduce take whole rows of up to 4096 elements (kReduceBlock) in one trip: the row
+// stays in registers between its passes (Emitter::single_trip). Their warps: enough that a thread
+// holds at most kPerThread elements of all the row tiles the kernel loads (softmax: x; RMSNorm:
+// x and w; LayerNorm: x, w and b), 2 to 8: registers per row decide how many rows an SM keeps in
+// flight. H200, bf16 [16384, 4096], same run, ms (blocks c, warps w): softmax c1024 w2 0.0934,
+// c2048 w4 0.0908, c4096 w4 0.0722, c4096 w8 0.0809; RMSNorm 0.0810, 0.0781, 0.0789, 0.0775;
+// LayerNorm 0.1040, 0.0951, 0.1008, 0.0961. Kernels that only map (an add) take blocks of 1024
+// on 4 warps: a copy's speed.
 constexpr int64_t kBlock = 1024;
 constexpr int64_t kReduceBlock = 4096;
 constexpr int64_t kPerThread = 32;
@@ -32,11 +35,15 @@ std::optional<Config> simt_streaming_config(const ir::Function& f) {
     if (v.type.rank() >= 2) return std::nullopt;
   int widest = 0;   // bytes of the widest element a load or store moves
   bool has_dot = false, reduces = false;
+  std::set<int> row_tiles;   // In tensors loaded as tiles of a block
   ir::walk(f.body, [&](const ir::Op& op, int) {
     has_dot |= op.kind == ir::OpKind::dot;
     reduces |= op.kind == ir::OpKind::reduce;
     if ((op.kind == ir::OpKind::load || ir::is_store(op.kind)) && op.param >= 0)
       widest = std::max(widest, size_bytes(f.params.at(op.param).dtype));
+    if (op.kind == ir::OpKind::load && f.params.at(op.param).kind == ir::ParamKind::tensor_in &&
+        std::any_of(op.indices.begin(), op.indices.end(), [](const ir::Index& i) { return i.kind == ir::Index::Kind::block; }))
+      row_tiles.insert(op.param);
   });
   if (has_dot) return std::nullopt;
 
@@ -52,7 +59,8 @@ std::optional<Config> simt_streaming_config(const ir::Function& f) {
     narrowest = std::min(narrowest, size);
     widest_block = std::max(widest_block, size);
   }
-  c.num_warps = reduces ? static_cast<int>(std::clamp<int64_t>(widest_block / (32 * kPerThread), 2, 4)) : 4;
+  const int64_t held = pow2_ceil(std::max<int64_t>(1, static_cast<int64_t>(row_tiles.size())));
+  c.num_warps = reduces ? static_cast<int>(std::clamp<int64_t>(widest_block * held / (32 * kPerThread), 2, 8)) : 4;
   while (c.num_warps > 1 && c.num_warps * 32 > narrowest) c.num_warps /= 2;
   const int64_t per_thread = std::max<int64_t>(1, narrowest / (c.num_warps * 32));
   const int64_t vec = std::min<int64_t>(widest > 0 ? std::max(1, 16 / widest) : 1, per_thread);

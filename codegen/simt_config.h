@@ -8,8 +8,9 @@
 //     of up to 4096 columns in one trip, which the SIMT path keeps in registers between a
 //     kernel's passes over it (Emitter::single_trip);
 //   - num_warps for kernels that reduce: enough that a thread holds at most 32 elements of the
-//     widest block, 2 to 4; 4 for the others (fewer where the narrowest such block has fewer
-//     elements than the threads);
+//     row tiles the kernel loads (the widest block times the In tensors loaded as tiles, rounded
+//     up to a power of two), 2 to 8; 4 for the others (fewer where the narrowest such block has
+//     fewer elements than the threads);
 //   - simt_vec: adjacent elements per thread filling 16 bytes of the widest element the kernel
 //     loads or stores, no more than the narrowest block leaves each thread.
 // The measurements behind these choices are beside the constants in simt_config.cpp; blocks of 64

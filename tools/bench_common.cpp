@@ -53,7 +53,7 @@ void precompile(const std::vector<CompileJob>& jobs, const std::string& arch) {
 std::string config_brief(const Config& c) {
   std::string s;
   for (const auto& [k, v] : c.blocks) s += fmt::format("{}{} ", k, v);
-  s += fmt::format("s{}", c.num_stages);
+  s += fmt::format("s{} w{}", c.num_stages, c.num_warps);
   for (const auto& [k, v] : c.knobs) s += fmt::format(" {}={}", k, v);
   return s;
 }
