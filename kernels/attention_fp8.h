@@ -56,6 +56,13 @@ struct AttentionFp8Options {
   // f32 [B, H] to fill with the output's amax per (b, h) (for the next o_scale): max |o| / o_scale
   // of the output as stored (e4m3: rounded to it; a saturated output shows as 448 / o_scale).
   std::optional<TensorView> o_amax;
+  // Delayed scaling (the plain recipe only; TransformerEngine's recipe with an amax history of one):
+  // Q, K and V take their descales from the amaxes the previous call with this workspace measured,
+  // and measure this call's amaxes in the same pass that quantizes, so each is read once instead of
+  // twice. The first call with a workspace (or after a change of shape) measures first, as without
+  // it. A value past the previous call's amax saturates (to +-448 descale) for that one call. Keep
+  // one workspace per layer: its amaxes describe the tensors of the calls made with it.
+  bool delayed_scaling = false;
   bool hadamard = false;                     // rotate Q and K by a Hadamard before quantizing (see above)
   bool q_residual = false;                   // Q as e4m3 high + low parts, QK head dim 2D (see above)
   // An attention variant (kernels/attention_variant.h: attention_variant(...)) to run instead of
@@ -75,6 +82,10 @@ struct AttentionFp8Options {
 struct AttentionFp8Workspace {
   std::optional<DeviceTensor> q8, k8, vt8, qd, kd, vd, ones, no_lse, hadamard;
   std::optional<DeviceTensor> q_amax, k_amax, v_amax;   // per-chunk amaxes of the plain recipe
+  // Delayed scaling: the amaxes this call measures (swapped with the ones above after each call),
+  // and the q / k shapes the amaxes above were measured on (empty: none yet).
+  std::optional<DeviceTensor> q_amax_next, k_amax_next, v_amax_next;
+  std::vector<int64_t> delayed_q_shape, delayed_k_shape;
 };
 
 // o = attention(q, k, v) for device tensors q [B, H, Sq, D], k / v [B, Hkv, Skv, D] (bf16 or
@@ -131,6 +142,12 @@ void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& par
 TensorView chunk_amaxes(const TensorView& x, std::optional<DeviceTensor>& partial, const LaunchOptions& lo);
 void quantize_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& descale,
                                 bool transpose, const LaunchOptions& lo);
+
+// Delayed scaling's quantizer: y (transpose: yᵀ [B, H, D, S_pad]) and descale from x and `prev`
+// ([B, H, C'] chunk amaxes of an earlier x), x's own chunk amaxes into `next` (grown as
+// chunk_amaxes grows `partial`; returns the [B, H, C] view of it): one pass over x.
+TensorView quantize_fp8_delayed(const TensorView& x, const TensorView& prev, const TensorView& y, const TensorView& descale,
+                                std::optional<DeviceTensor>& next, bool transpose, const LaunchOptions& lo);
 
 // Sylvester's Hadamard matrix of order d, normalized (entries ±1/√d, H·Hᵀ = I), f32 [d, d]:
 // the rotation the hadamard option passes to the quantizers. d must be a power of two.

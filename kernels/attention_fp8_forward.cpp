@@ -158,16 +158,23 @@ Config chunked_quantize_config(bool transpose) {
   return c;
 }
 
-TensorView chunk_amaxes(const TensorView& x, std::optional<DeviceTensor>& partial, const LaunchOptions& lo) {
+namespace {
+// The [B, H, C] chunk amaxes of x in `partial`, grown as needed, never shrunk, and viewed at each
+// call's shape: callers that quantize views of several shapes in turn (dilated attention's pairs)
+// would otherwise free and allocate it at every one, and a free waits for the device.
+TensorView chunk_view(const TensorView& x, std::optional<DeviceTensor>& partial) {
   const int64_t C = attention_fp8_quantize_chunks(x.shape[0] * x.shape[1], x.shape[2]);
-  // Grown, never shrunk, and viewed at each call's shape: callers that quantize views of several
-  // shapes in turn (dilated attention's pairs) would otherwise free and allocate it at every one,
-  // and a free waits for the device.
   const int64_t need = x.shape[0] * x.shape[1] * C;
   if (!partial || partial->dtype() != DType::f32 || partial->view().numel() < need) partial.emplace(DType::f32, std::vector<int64_t>{need});
   TensorView chunks = partial->view();
   chunks.shape = {x.shape[0], x.shape[1], C};
   chunks.strides = {};
+  return chunks;
+}
+}  // namespace
+
+TensorView chunk_amaxes(const TensorView& x, std::optional<DeviceTensor>& partial, const LaunchOptions& lo) {
+  const TensorView chunks = chunk_view(x, partial);
   LaunchOptions o = lo;
   o.config = chunk_amax_config();
   launch(chunk_amax(), {x, chunks}, o);
@@ -179,6 +186,15 @@ void quantize_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, c
   LaunchOptions o = lo;
   o.config = chunked_quantize_config(transpose);
   launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, chunks, y, descale}, o);
+}
+
+TensorView quantize_fp8_delayed(const TensorView& x, const TensorView& prev, const TensorView& y, const TensorView& descale,
+                                std::optional<DeviceTensor>& next, bool transpose, const LaunchOptions& lo) {
+  const TensorView chunks = chunk_view(x, next);
+  LaunchOptions o = lo;
+  o.config = chunked_quantize_config(transpose);
+  launch(transpose ? quantize_transpose_fp8_delayed() : quantize_fp8_delayed(), {x, prev, y, descale, chunks}, o);
+  return chunks;
 }
 
 void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& partial, const TensorView& y,
@@ -239,6 +255,25 @@ void quantize_qkv_per_head(const TensorView& q, const TensorView& k, const Tenso
   quantize_with_chunk_amaxes(q, q_chunks, ws.q8->view(), ws.qd->view(), /*transpose=*/false, after);
   quantize_with_chunk_amaxes(k, k_chunks, ws.k8->view(), ws.kd->view(), /*transpose=*/false, beside);
   quantize_with_chunk_amaxes(v, v_chunks, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, beside);
+}
+
+// Delayed scaling's pre-passes: one quantizer per tensor, each taking the descales from the chunk
+// amaxes of the call before (ws.*_amax) and measuring its own into ws.*_amax_next, swapped after.
+// Each reads only its own input and amaxes no running kernel writes, so each after the first
+// starts early beside the one before it.
+void quantize_qkv_delayed(const TensorView& q, const TensorView& k, const TensorView& v, bool first_starts_early,
+                          AttentionFp8Workspace& ws, const LaunchOptions& lo) {
+  LaunchOptions first = lo, beside = lo;
+  first.start_early = first_starts_early;
+  first.next_starts_early = true;
+  beside.start_early = true;
+  auto prev = [](const TensorView& x, std::optional<DeviceTensor>& partial) { return chunk_view(x, partial); };
+  quantize_fp8_delayed(q, prev(q, ws.q_amax), ws.q8->view(), ws.qd->view(), ws.q_amax_next, /*transpose=*/false, first);
+  quantize_fp8_delayed(k, prev(k, ws.k_amax), ws.k8->view(), ws.kd->view(), ws.k_amax_next, /*transpose=*/false, beside);
+  quantize_fp8_delayed(v, prev(v, ws.v_amax), ws.vt8->view(), ws.vd->view(), ws.v_amax_next, /*transpose=*/true, beside);
+  std::swap(ws.q_amax, ws.q_amax_next);
+  std::swap(ws.k_amax, ws.k_amax_next);
+  std::swap(ws.v_amax, ws.v_amax_next);
 }
 
 }  // namespace
@@ -305,6 +340,9 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
     throw Error("attention_fp8_forward: hadamard and q_residual are quantization recipes; with quantize = false the "
                 "16-bit inputs run as given");
   if (opt.hadamard) require_power_of_two(D);   // before anything runs
+  if (opt.delayed_scaling && (!opt.quantize || opt.hadamard || opt.q_residual))
+    throw Error("attention_fp8_forward: delayed_scaling is a scaling of the plain recipe: it needs quantize, and no hadamard or "
+                "q_residual");
   if (opt.o_amax && (opt.o_amax->dtype != DType::f32 || opt.o_amax->shape != std::vector<int64_t>{B, H}))
     throw Error(fmt::format("attention_fp8_forward: o_amax must be f32 [B, H] = [{}, {}], got {}", B, H,
                             opt.o_amax->describe()));
@@ -350,7 +388,15 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
   ensure(ws.vd, DType::f32, {B, Hkv});
   quantize_qk(q, k, opt, ws, lo);
   if (opt.hadamard || opt.q_residual) quantize_fp8_per_head(v, ws.v_amax, ws.vt8->view(), ws.vd->view(), /*transpose=*/true, lo);
-  else quantize_qkv_per_head(q, k, v, opt.start_early, ws, lo);
+  else if (opt.delayed_scaling && ws.delayed_q_shape == q.shape && ws.delayed_k_shape == k.shape)
+    quantize_qkv_delayed(q, k, v, opt.start_early, ws, lo);
+  else quantize_qkv_per_head(q, k, v, opt.start_early, ws, lo);   // delayed scaling's first call measures first
+  if (opt.delayed_scaling) {
+    ws.delayed_q_shape = q.shape;
+    ws.delayed_k_shape = k.shape;
+  } else {
+    ws.delayed_q_shape.clear();   // a call without it leaves amaxes of other chunks
+  }
   launch_attention(opt,
                    {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse,
                     scale, static_cast<double>(opt.o_scale), opt.causal, with_lse},

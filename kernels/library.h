@@ -86,6 +86,14 @@ const Kernel& quantize_transpose_fp8();
 const Kernel& chunk_amax();
 const Kernel& quantize_fp8_chunked();
 const Kernel& quantize_transpose_fp8_chunked();
+// Delayed scaling (TransformerEngine's recipe, an amax history of one): quantize_fp8_delayed /
+// quantize_transpose_fp8_delayed (x, prev [B,H,C'] f32, y or yt, descale [B,H], amax_out [B,H,C])
+// quantize chunk by chunk with the descale from `prev` (an earlier call's chunk amaxes: their max
+// / fp8_max) and write each chunk's own amax into amax_out, reading x once. Values past the
+// earlier amax saturate. With prev = this x's chunk amaxes, y equals the chunked quantizers' bit
+// for bit.
+const Kernel& quantize_fp8_delayed();
+const Kernel& quantize_transpose_fp8_delayed();
 // head_amax (x [B,H,S,D], amax [B,H] f32, scale): amax[b, h] = max |x[b, h]| * scale -- the
 // output amax of an e4m3 attention output (scale = 1 / o_scale), one program per (b, h).
 const Kernel& head_amax();

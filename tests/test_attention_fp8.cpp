@@ -1092,6 +1092,110 @@ TEST_CASE("chunk_amax + quantize_fp8_chunked / quantize_transpose_fp8_chunked wr
     }
 }
 
+TEST_CASE("quantize_fp8_delayed / quantize_transpose_fp8_delayed: the earlier amaxes' descale, this x's chunk amaxes, saturation") {
+  std::mt19937 rng(17);
+  Config qc;
+  qc.blocks = {{"s", 64}, {"s2", 64}};
+  for (int64_t S : {50, 300})
+    for (int64_t C : {1, 3}) {
+      INFO("S " << S << " chunks " << C);
+      const int64_t S_pad = (S + 15) / 16 * 16;
+      const HostTensor x = randn(DType::bf16, {2, 2, S, 64}, rng, 0.01);
+      HostTensor partial(DType::f32, {2, 2, C}), measured(DType::f32, {2, 2, C}), d1(DType::f32, {2, 2}), d2(DType::f32, {2, 2});
+      HostTensor y1(DType::e4m3, {2, 2, S, 64}), y2(DType::e4m3, {2, 2, S, 64}), t1(DType::e4m3, {2, 2, 64, S_pad}),
+          t2(DType::e4m3, {2, 2, 64, S_pad});
+      t1.fill_bytes(0);
+      t2.fill_bytes(0);
+      y2.fill_bytes(0xFF);
+      measured.fill_bytes(0xFF);
+      run_ref(kernels::chunk_amax(), {x.view(), partial.view()}, qc);
+      run_ref(kernels::quantize_fp8_chunked(), {x.view(), partial.view(), y1.view(), d1.view()}, qc);
+      run_ref(kernels::quantize_transpose_fp8_chunked(), {x.view(), partial.view(), t1.view(), d1.view()}, qc);
+      // The amaxes of this very x: what the chunked quantizers write, and the same amaxes measured.
+      run_ref(kernels::quantize_fp8_delayed(), {x.view(), partial.view(), y2.view(), d2.view(), measured.view()}, qc);
+      CHECK(std::memcmp(y1.data(), y2.data(), y1.size_bytes()) == 0);
+      CHECK(std::memcmp(d1.data(), d2.data(), d1.size_bytes()) == 0);
+      CHECK(std::memcmp(partial.data(), measured.data(), partial.size_bytes()) == 0);
+      measured.fill_bytes(0xFF);
+      run_ref(kernels::quantize_transpose_fp8_delayed(), {x.view(), partial.view(), t2.view(), d2.view(), measured.view()}, qc);
+      CHECK(std::memcmp(t1.data(), t2.data(), t1.size_bytes()) == 0);
+      CHECK(std::memcmp(partial.data(), measured.data(), partial.size_bytes()) == 0);
+      // Amaxes of half of x (an earlier, smaller tensor): the values past them saturate at +-448,
+      // the others are e4m3(x / descale); nothing is NaN.
+      HostTensor half_amax = partial;
+      for (int64_t i = 0; i < half_amax.numel(); ++i) half_amax.set(i, partial.at(i) / 2);
+      run_ref(kernels::quantize_fp8_delayed(), {x.view(), half_amax.view(), y2.view(), d2.view(), measured.view()}, qc);
+      CHECK(std::memcmp(partial.data(), measured.data(), partial.size_bytes()) == 0);
+      int64_t saturated = 0, want_saturated = 0, wrong = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const int64_t bh = i / (S * 64);
+        const double scaled = static_cast<double>(static_cast<float>(x.at(i)) * (1.0f / static_cast<float>(d2.at(bh))));
+        const double got = y2.at(i);
+        saturated += std::abs(got) == 448.0;
+        want_saturated += std::abs(scaled) >= 464.0;   // past the rounding of 448's neighbourhood
+        wrong += !std::isfinite(got) || std::abs(got) > 448.0 || (std::abs(scaled) < 440.0 && std::abs(got - scaled) > std::abs(scaled) / 16 + 1e-3);
+      }
+      double head0 = 0;   // head (0, 0)'s amax: the max over its chunks
+      for (int64_t c = 0; c < C; ++c) head0 = std::max(head0, partial.at(c));
+      CHECK(d2.at(0) == doctest::Approx(head0 / 2 / 448.0).epsilon(1e-6));
+      CHECK(wrong == 0);
+      CHECK(want_saturated > 0);
+      CHECK(saturated >= want_saturated);
+    }
+}
+
+TEST_CASE("attention_fp8_forward: delayed_scaling takes the plain recipe only, and says so") {
+  kernels::AttentionFp8Options opt;
+  opt.delayed_scaling = true;
+  opt.hadamard = true;
+  kernels::AttentionFp8Workspace ws;
+  HostTensor q(DType::bf16, {1, 1, 64, 64});
+  CHECK_THROWS_WITH_AS(kernels::attention_fp8_forward(q.view(), q.view(), q.view(), q.view(), opt, ws),
+                       doctest::Contains("delayed_scaling is a scaling of the plain recipe: it needs quantize, and no hadamard or q_residual"),
+                       Error);
+}
+
+TEST_CASE("gpu: attention_fp8_forward with delayed_scaling: the second call on the same inputs equals the first bit for bit, later calls stay accurate") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(18);
+  const int64_t B = 2, H = 4, Hkv = 2, S = 1000, D = 128;
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    kernels::AttentionFp8Options opt;
+    opt.causal = causal;
+    opt.delayed_scaling = true;
+    kernels::AttentionFp8Workspace ws;
+    HostTensor q = randn(DType::bf16, {B, H, S, D}, rng, 0.0), k = randn(DType::bf16, {B, Hkv, S, D}, rng, 0.0),
+               v = randn(DType::bf16, {B, Hkv, S, D}, rng, 0.0);
+    DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+    DeviceTensor o1(DType::bf16, {B, H, S, D}), o2(DType::bf16, {B, H, S, D});
+    o1.fill_bytes(0xFF);
+    o2.fill_bytes(0xFF);
+    kernels::attention_fp8_forward(dq.view(), dk.view(), dv.view(), o1.view(), opt, ws);   // measures first
+    kernels::attention_fp8_forward(dq.view(), dk.view(), dv.view(), o2.view(), opt, ws);   // the amaxes of the same inputs
+    runtime::synchronize();
+    const HostTensor h1 = o1.to_host(), h2 = o2.to_host();
+    CHECK(std::memcmp(h1.data(), h2.data(), h1.size_bytes()) == 0);
+    // New inputs of the same distribution: the previous call's amaxes, a few values saturating.
+    for (int call = 0; call < 2; ++call) {
+      q = randn(DType::bf16, {B, H, S, D}, rng, 0.0);
+      k = randn(DType::bf16, {B, Hkv, S, D}, rng, 0.0);
+      v = randn(DType::bf16, {B, Hkv, S, D}, rng, 0.0);
+      dq = DeviceTensor::from_host(q);
+      dk = DeviceTensor::from_host(k);
+      dv = DeviceTensor::from_host(v);
+      o2.fill_bytes(0xFF);
+      kernels::attention_fp8_forward(dq.view(), dk.view(), dv.view(), o2.view(), opt, ws);
+      runtime::synchronize();
+      const Metrics m = compare(o2.to_host().values(), tj_test::gqa_attention_f64(q, k, v, causal));
+      MESSAGE(fmt::format("delayed scaling, call {}, causal={}: {}", call + 3, causal, str(m)));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= 6.5e-2);
+      CHECK(m.cosine >= 0.998);
+    }
+  }
+}
+
 TEST_CASE("gpu: quantize_fp8_per_head, with its launch configs, writes what the CPU reference's one-pass quantizers write") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(16);

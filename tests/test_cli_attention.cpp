@@ -137,6 +137,14 @@ TEST_CASE("cli attention: bad options give errors that name the option and the p
   o.hadamard = true;
   CHECK(error_of(o) == "--hadamard and --q-residual are recipes of the FP8 pipeline's quantization: use them with --dtype "
                        "e4m3, not bf16");
+  o = attention_opts("bf16");
+  o.delayed_scaling = true;
+  CHECK(error_of(o) == "--delayed-scaling scales the FP8 pipeline's plain recipe: use it with --dtype e4m3 and without "
+                       "--hadamard / --q-residual (got --dtype bf16)");
+  o = attention_opts("e4m3");
+  o.delayed_scaling = true;
+  o.hadamard = true;
+  CHECK(error_of(o).find("(got --dtype e4m3 and a recipe)") != std::string::npos);
   o = attention_opts("e4m3");
   o.q_residual = true;
   o.shape = "1,2,256,256";

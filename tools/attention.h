@@ -86,6 +86,7 @@ struct AttentionProblem {
   int64_t B = 1, H = 2, S = 256, D = 64;
   bool causal = false;
   bool hadamard = false, q_residual = false;   // FP8 recipes (kernels/attention_fp8.h)
+  bool delayed_scaling = false;                // e4m3: descales from the previous call's amaxes (one pass)
   std::optional<Config> config;  // --config (the attention_fp8 kernel's); else tuned / default
   std::vector<int64_t> shape() const { return {B, H, S, D}; }
   double flops() const { return attention_flops(B, H, S, D, causal); }

@@ -159,8 +159,13 @@ AttentionProblem resolve_attention(const ProblemOptions& o) {
     throw Error(fmt::format("--q-residual doubles the QK head dim: head dim {} would be {}, above the 256 the tensor-core "
                             "attention takes",
                             p.D, 2 * p.D));
+  if (o.delayed_scaling && (p.path != AttentionPath::fp8_pipeline || o.hadamard || o.q_residual))
+    throw Error(fmt::format("--delayed-scaling scales the FP8 pipeline's plain recipe: use it with --dtype e4m3 and without "
+                            "--hadamard / --q-residual (got --dtype {}{})",
+                            o.dtype, o.hadamard || o.q_residual ? " and a recipe" : ""));
   p.hadamard = o.hadamard;
   p.q_residual = o.q_residual;
+  p.delayed_scaling = o.delayed_scaling;
   if (!o.config.empty()) {
     std::string source;   // --config's entries over the tuned or default config
     p.config = Config::from_json(o.config, attention_config(p.in, p.out, p.shape(), p.causal, source));

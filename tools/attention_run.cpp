@@ -108,6 +108,9 @@ int run_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const Ho
   const std::string why = runtime::driver().unavailable_reason();
   if (p.hadamard || p.q_residual)
     fmt::print("note: --hadamard / --q-residual run on the GPU; the CPU reference executor runs the plain recipe\n");
+  if (p.delayed_scaling)
+    fmt::print("note: --delayed-scaling runs on the GPU; on the CPU reference executor the plain recipe (on the same inputs the "
+               "two quantize alike)\n");
   Config cfg = p.config ? *p.config : kernels::attention_variant_default_config("", p.in, p.D, p.causal, 0, p.S);
   fmt::print("no GPU ({}): the same kernels on the CPU reference executor instead (config {}; no timing)\n", why, cfg.to_json());
   HostTensor o(p.out, p.shape());
@@ -171,6 +174,7 @@ int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
   opt.quantize = p.path == AttentionPath::fp8_pipeline;
   opt.hadamard = p.hadamard;
   opt.q_residual = p.q_residual;
+  opt.delayed_scaling = p.delayed_scaling;
   opt.attention_config = cfg;
   opt.stream = stream;
   kernels::AttentionFp8Workspace ws;
@@ -180,6 +184,11 @@ int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
   forward();
   runtime::synchronize();
   fmt::print("{} ({}): first run {:.0f} ms (tracing, NVRTC or the disk cache, loading)\n", dev.name, dev.arch(), ms_since(t0));
+  if (p.delayed_scaling) {
+    out.fill_bytes(0xFF);
+    forward();   // the first call measured the amaxes; this one and the timed ones scale by them
+    runtime::synchronize();
+  }
 
   int status = 0;
   if (check == CheckMode::never) {

@@ -1,5 +1,6 @@
 // `tilejit bench memory`: memory-bound kernels at sizes past the L2 cache (softmax, RMSNorm,
-// LayerNorm, the e4m3 quantizer with its per-head amax, the same writing the transpose, an add),
+// LayerNorm, the e4m3 quantizer with its per-head amax, the same writing the transpose, the
+// quantizers of delayed scaling (one pass), an add),
 // each next to a device-to-device copy of the same bytes and, through bench/memory/peers.py,
 // PyTorch's eager and torch.compile versions of the same op on the same shapes, in one run.
 //
@@ -248,6 +249,37 @@ int bench_memory(const BenchMemoryOptions& o) {
     }
     c.check = check.str(0.07);
     cases.push_back(std::move(c));
+  }
+
+  // Delayed scaling's quantizer (one pass: the descale from an earlier call's chunk amaxes, this
+  // x's measured on the way), the earlier amaxes here those of this x: no value saturates.
+  {
+    LaunchOptions lo;
+    lo.stream = stream;
+    const TensorView prev = kernels::chunk_amaxes(x4, partial, lo);
+    std::optional<DeviceTensor> next;
+    for (bool transpose : {false, true}) {
+      MemoryCase c;
+      c.op = transpose ? "quantize_t_delayed" : "quantize_delayed";
+      c.shape = fmt::format("{}x1x{}x{}", heads, S, D);
+      c.bytes = n * eb + n * 1.0 + heads * 4.0;
+      c.config = config_brief(kernels::chunked_quantize_config(transpose));
+      c.config_source = "the pipeline's";
+      DeviceTensor& y8 = transpose ? qt8 : q8;
+      std::optional<HostTensor> got;
+      c.tilejit = measure([&] { kernels::quantize_fp8_delayed(x4, prev, y8.view(), descale.view(), next, transpose, lo); }, y8, &got,
+                          0, stream, o.reps, o.warmup, l2);
+      const HostTensor ds = descale.to_host();
+      RowCheck check;
+      for (int64_t h : evenly_spaced(heads, 8))
+        for (int64_t i = h * S * D; i < (h + 1) * S * D; i += 61) {
+          const int64_t s_ = (i / D) % S, d = i % D;
+          const double q = transpose ? got->at(h * D * S + d * S + s_) : got->at(i);
+          check.add(q * ds.at(h), hx.at(i), 16 * ds.at(h));
+        }
+      c.check = check.str(0.07);
+      cases.push_back(std::move(c));
+    }
   }
 
   // The copy of each case's bytes: half of them read, half written.

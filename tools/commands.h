@@ -24,6 +24,7 @@ struct ProblemOptions {
   int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
   // `tilejit run attention --dtype e4m3`: the FP8 quantization recipes of kernels/attention_fp8.h.
   bool hadamard = false, q_residual = false;
+  bool delayed_scaling = false;   // attention e4m3: the previous call's amaxes (kernels/attention_fp8.h)
 };
 
 // `tilejit doctor`: what this machine can do (driver, GPU, NVRTC, features, cache).
