@@ -240,12 +240,20 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
 // pipeline from bf16 in the old order without early starts -> this: S 2048 0.5340-0.5347 ->
 // 0.5118-0.5122 ms, S 1024 0.387-0.388 -> 0.365, S 8192 1.354-1.355 -> 1.330-1.333 (at S 2048 this
 // order alone: 0.527-0.528; without next_starts_early on the first of each kind: 0.517).
+struct PrepassLaunches {
+  LaunchOptions first, beside;   // the first pre-pass (starts early where the caller allows), the ones beside it
+};
+PrepassLaunches prepass_launches(const LaunchOptions& lo, bool first_starts_early) {
+  PrepassLaunches p{lo, lo};
+  p.first.start_early = first_starts_early;
+  p.first.next_starts_early = true;
+  p.beside.start_early = true;
+  return p;
+}
+
 void quantize_qkv_per_head(const TensorView& q, const TensorView& k, const TensorView& v, bool first_starts_early,
                            AttentionFp8Workspace& ws, const LaunchOptions& lo) {
-  LaunchOptions first = lo, beside = lo;
-  first.start_early = first_starts_early;
-  first.next_starts_early = true;
-  beside.start_early = true;
+  const auto [first, beside] = prepass_launches(lo, first_starts_early);
   const TensorView q_chunks = chunk_amaxes(q, ws.q_amax, first);
   const TensorView k_chunks = chunk_amaxes(k, ws.k_amax, beside);
   const TensorView v_chunks = chunk_amaxes(v, ws.v_amax, beside);
@@ -263,10 +271,7 @@ void quantize_qkv_per_head(const TensorView& q, const TensorView& k, const Tenso
 // starts early beside the one before it.
 void quantize_qkv_delayed(const TensorView& q, const TensorView& k, const TensorView& v, bool first_starts_early,
                           AttentionFp8Workspace& ws, const LaunchOptions& lo) {
-  LaunchOptions first = lo, beside = lo;
-  first.start_early = first_starts_early;
-  first.next_starts_early = true;
-  beside.start_early = true;
+  const auto [first, beside] = prepass_launches(lo, first_starts_early);
   auto prev = [](const TensorView& x, std::optional<DeviceTensor>& partial) { return chunk_view(x, partial); };
   quantize_fp8_delayed(q, prev(q, ws.q_amax), ws.q8->view(), ws.qd->view(), ws.q_amax_next, /*transpose=*/false, first);
   quantize_fp8_delayed(k, prev(k, ws.k_amax), ws.k8->view(), ws.kd->view(), ws.k_amax_next, /*transpose=*/false, beside);

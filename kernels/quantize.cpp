@@ -37,6 +37,8 @@
 // It is computed in both passes rather than stored.
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "kernels/library.h"
 #include "core/error.h"
 
@@ -175,76 +177,38 @@ const Kernel& chunk_amax() {
 }
 
 namespace {
-// Chunk c of x[b, h] quantized with the descale from every chunk's amax; `transpose` writes yᵀ
-// [B, H, D, S_pad] (the last chunk's last tile reaches past S and loads zeros there, so yᵀ's
-// pad columns [S, S_pad) get zeros).
-void quantize_chunks(const In& x, const In& partial, const Out& y, const Out& descale, bool transpose) {
+// Chunk c of x[b, h] quantized with the descale from chunk amaxes `amaxes` ([B, H, C'], every
+// chunk's program takes their max); `transpose` writes yᵀ [B, H, D, S_pad] (the last chunk's last
+// tile reaches past S and loads zeros there, so yᵀ's pad columns [S, S_pad) get zeros). The C
+// chunks are amaxes' own, or with `measured` (delayed scaling: `amaxes` are an earlier call's)
+// measured's, whose [b, h, c] the same pass fills with the chunk's amax for the next call: x is
+// read once, and values past the earlier amax saturate (to +-448 for e4m3).
+void quantize_chunks(const In& x, const In& amaxes, const Out& y, const Out& descale, bool transpose, const Out* measured = nullptr) {
   auto [B, H, S, D] = x.shape<4>();
-  auto C = partial.dim(2);
+  auto C = measured ? measured->dim(2) : amaxes.dim(2);
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H);
     auto h = bh % H;
     for (auto c : grid(C)) {
-      auto ds = chunked_descale(partial, b, h, y.dtype());
-      descale.store(b, h, ds);   // the same value from every chunk
-      auto inv = 1.0 / ds;
-      auto [begin, end] = chunk_rows(S, C, c);
-      for (auto s : tile(begin, end, block("s2"))) {
-        auto q = (x.load(b, h, s, all).to(DType::f32) * inv).to(y.dtype());
-        if (transpose) y.store(b, h, all, s, q.T());
-        else y.store(b, h, s, all, q);
-      }
-    }
-  }
-}
-}  // namespace
-
-namespace {
-// Delayed scaling: chunk c of x[b, h] quantized with the descale from `prev` ([B, H, C'], the
-// chunk amaxes of an earlier call's x), while the same pass takes this chunk's amax into
-// amax_out[b, h, c] for the next call: x is read once. Values past the earlier amax saturate
-// (to +-448 for e4m3).
-void quantize_chunks_delayed(const In& x, const In& prev, const Out& y, const Out& descale, const Out& amax_out, bool transpose) {
-  auto [B, H, S, D] = x.shape<4>();
-  auto C = amax_out.dim(2);
-  for (auto bh : grid(B * H)) {
-    auto b = floordiv(bh, H);
-    auto h = bh % H;
-    for (auto c : grid(C)) {
-      auto ds = chunked_descale(prev, b, h, y.dtype());
+      auto ds = chunked_descale(amaxes, b, h, y.dtype());
       descale.store(b, h, ds);   // the same value from every chunk
       auto inv = 1.0 / ds;
       auto [begin, end] = chunk_rows(S, C, c);
       auto rows = tile(begin, end, block("s2"));
-      Var peak = zeros({rows, D}, DType::f32);
+      std::optional<Var> peak;
+      if (measured) peak.emplace(zeros({rows, D}, DType::f32));
       for (auto s : rows) {
         auto t = x.load(b, h, s, all).to(DType::f32);
-        peak = maximum(peak, abs(t));
+        if (peak) *peak = maximum(*peak, abs(t));
         auto q = (t * inv).to(y.dtype());
         if (transpose) y.store(b, h, all, s, q.T());
         else y.store(b, h, s, all, q);
       }
-      amax_out.store(b, h, c, amax(amax(peak, 1), 0));
+      if (measured) measured->store(b, h, c, amax(amax(*peak, 1), 0));
     }
   }
 }
 }  // namespace
-
-const Kernel& quantize_fp8_delayed() {
-  static const Kernel k = kernel("quantize_fp8_delayed", {"x", "prev", "y", "descale", "amax_out"},
-                                 [](In x, In prev, Out y, Out descale, Out amax_out) {
-                                   quantize_chunks_delayed(x, prev, y, descale, amax_out, false);
-                                 });
-  return k;
-}
-
-const Kernel& quantize_transpose_fp8_delayed() {
-  static const Kernel k = kernel("quantize_transpose_fp8_delayed", {"x", "prev", "yt", "descale", "amax_out"},
-                                 [](In x, In prev, Out yt, Out descale, Out amax_out) {
-                                   quantize_chunks_delayed(x, prev, yt, descale, amax_out, true);
-                                 });
-  return k;
-}
 
 const Kernel& quantize_fp8_chunked() {
   static const Kernel k = kernel("quantize_fp8_chunked", {"x", "partial", "y", "descale"},
@@ -257,6 +221,23 @@ const Kernel& quantize_transpose_fp8_chunked() {
                                  [](In x, In partial, Out yt, Out descale) { quantize_chunks(x, partial, yt, descale, true); });
   return k;
 }
+
+const Kernel& quantize_fp8_delayed() {
+  static const Kernel k = kernel("quantize_fp8_delayed", {"x", "prev", "y", "descale", "amax_out"},
+                                 [](In x, In prev, Out y, Out descale, Out amax_out) {
+                                   quantize_chunks(x, prev, y, descale, false, &amax_out);
+                                 });
+  return k;
+}
+
+const Kernel& quantize_transpose_fp8_delayed() {
+  static const Kernel k = kernel("quantize_transpose_fp8_delayed", {"x", "prev", "yt", "descale", "amax_out"},
+                                 [](In x, In prev, Out yt, Out descale, Out amax_out) {
+                                   quantize_chunks(x, prev, yt, descale, true, &amax_out);
+                                 });
+  return k;
+}
+
 
 const Kernel& head_amax() {
   static const Kernel k = kernel("head_amax", {"x", "amax", "scale"}, [](In x, Out amax_out, Scalar scale) {

@@ -216,6 +216,25 @@ int bench_memory(const BenchMemoryOptions& o) {
   library_case("layernorm", kernels::layernorm(), {x.view(), w.view(), b.view(), out.view(), 1e-5}, 2 * n * eb + 2 * C * eb);
   library_case("add", kernels::vector_add(), {xflat, y.view(), outflat}, 3 * n * eb);
 
+  // Dequantized values against x on sampled heads: within e4m3's rounding (at most 2^-4 relative,
+  // 0.07 with the scaling's f32 rounding) of values of 16 descales or more; the descale is amax /
+  // 448 (every quantizer here scales by this x's amaxes).
+  auto check_quantized = [&](const HostTensor& got, bool transpose) {
+    const HostTensor ds = descale.to_host();
+    RowCheck check;
+    for (int64_t h : evenly_spaced(heads, 8)) {
+      double amax = 0;
+      for (int64_t i = h * S * D; i < (h + 1) * S * D; ++i) amax = std::max(amax, std::abs(hx.at(i)));
+      check.add(ds.at(h), amax / 448.0, 1e-30);
+      for (int64_t i = h * S * D; i < (h + 1) * S * D; i += 61) {
+        const int64_t s = (i / D) % S, d = i % D;
+        const double q = transpose ? got.at(h * D * S + d * S + s) : got.at(i);
+        check.add(q * ds.at(h), hx.at(i), 16 * ds.at(h));
+      }
+    }
+    return check;
+  };
+
   // The e4m3 quantizer with its per-head amax (the attention pipeline's: kernels/attention_fp8.h),
   // writing y or its transpose.
   for (bool transpose : {false, true}) {
@@ -232,22 +251,7 @@ int bench_memory(const BenchMemoryOptions& o) {
     std::optional<HostTensor> got;
     c.tilejit = measure([&] { kernels::quantize_fp8_per_head(x4, partial, y8.view(), descale.view(), transpose, lo); }, y8, &got, 0,
                         stream, o.reps, o.warmup, l2);
-    // Dequantized values against x on sampled heads: within e4m3's rounding (at most 2^-4 relative,
-    // 0.07 with the scaling's f32 rounding) of values of 16 descales or more; the descale is
-    // amax / 448.
-    const HostTensor ds = descale.to_host();
-    RowCheck check;
-    for (int64_t h : evenly_spaced(heads, 8)) {
-      double amax = 0;
-      for (int64_t i = h * S * D; i < (h + 1) * S * D; ++i) amax = std::max(amax, std::abs(hx.at(i)));
-      check.add(ds.at(h), amax / 448.0, 1e-30);
-      for (int64_t i = h * S * D; i < (h + 1) * S * D; i += 61) {
-        const int64_t s = (i / D) % S, d = i % D;
-        const double q = transpose ? got->at(h * D * S + d * S + s) : got->at(i);
-        check.add(q * ds.at(h), hx.at(i), 16 * ds.at(h));
-      }
-    }
-    c.check = check.str(0.07);
+    c.check = check_quantized(*got, transpose).str(0.07);
     cases.push_back(std::move(c));
   }
 
@@ -269,15 +273,7 @@ int bench_memory(const BenchMemoryOptions& o) {
       std::optional<HostTensor> got;
       c.tilejit = measure([&] { kernels::quantize_fp8_delayed(x4, prev, y8.view(), descale.view(), next, transpose, lo); }, y8, &got,
                           0, stream, o.reps, o.warmup, l2);
-      const HostTensor ds = descale.to_host();
-      RowCheck check;
-      for (int64_t h : evenly_spaced(heads, 8))
-        for (int64_t i = h * S * D; i < (h + 1) * S * D; i += 61) {
-          const int64_t s_ = (i / D) % S, d = i % D;
-          const double q = transpose ? got->at(h * D * S + d * S + s_) : got->at(i);
-          check.add(q * ds.at(h), hx.at(i), 16 * ds.at(h));
-        }
-      c.check = check.str(0.07);
+      c.check = check_quantized(*got, transpose).str(0.07);
       cases.push_back(std::move(c));
     }
   }

@@ -366,21 +366,25 @@ struct Group {
   }
 };
 
+// Calls f(i, j0, pr, pc) for each group of vec adjacent columns the calling thread holds: slot
+// row i, first slot column j0, at tile row r.start + coord_r(i) = pr and column pc.
+template <class L, class F>
+TJ_DEV void each_group(Span r, Span c, F f) {
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j0 = 0; j0 < L::sc; j0 += L::vec) f(i, j0, r.start + L::coord_r(i), c.start + L::coord_c(j0));
+}
+
 // Whether every group of vec adjacent columns the calling thread holds in a unit-stride tile is
 // in range (rows and columns, where CR / CC ask) and aligned to its accesses.
 template <class M, class L, bool CR, bool CC>
 TJ_DEV bool all_groups_whole(const M* base, Span r, Span c) {
   bool whole = true;
-#pragma unroll
-  for (int i = 0; i < L::sr; ++i) {
-    const long long pr = r.start + L::coord_r(i);
-    whole &= !CR || in_range(pr, r.limit);
-#pragma unroll
-    for (int j0 = 0; j0 < L::sc; j0 += L::vec) {
-      const long long pc = c.start + L::coord_c(j0);
-      whole &= (!CC || (pc >= 0 && pc + L::vec <= c.limit)) & Group<M, L::vec>::aligned(base + pr * r.stride + pc);
-    }
-  }
+  each_group<L>(r, c, [&](int, int, long long pr, long long pc) {
+    whole &= (!CR || in_range(pr, r.limit)) & (!CC || (pc >= 0 && pc + L::vec <= c.limit)) &
+             Group<M, L::vec>::aligned(base + pr * r.stride + pc);
+  });
   return whole;
 }
 }  // namespace detail
@@ -407,15 +411,12 @@ TJ_DEV Tile<typename E::reg, L> load(const void* data, long long offset, bool ok
   Tile<typename E::reg, L> out;
   if constexpr (grouped) {
     if (unit && ok && detail::all_groups_whole<M, L, CR, CC>(base, r, c)) {
+      detail::each_group<L>(r, c, [&](int i, int j0, long long pr, long long pc) {
+        alignas(16) M group[L::vec];
+        G::template load<wide_rows>(group, base + pr * r.stride + pc);
 #pragma unroll
-      for (int i = 0; i < L::sr; ++i)
-#pragma unroll
-        for (int j0 = 0; j0 < L::sc; j0 += step) {
-          alignas(16) M group[L::vec];
-          G::template load<wide_rows>(group, base + (r.start + L::coord_r(i)) * r.stride + c.start + L::coord_c(j0));
-#pragma unroll
-          for (int v = 0; v < L::vec; ++v) out.v[L::idx(i, j0 + v)] = E::ld(&group[v]);
-        }
+        for (int v = 0; v < L::vec; ++v) out.v[L::idx(i, j0 + v)] = E::ld(&group[v]);
+      });
       return out;
     }
   }
@@ -465,16 +466,13 @@ TJ_DEV void store(void* data, long long offset, bool ok, Span r, Span c, const T
   const bool unit = grouped && c.stride == 1;
   if constexpr (grouped) {
     if (unit && ok && detail::all_groups_whole<M, L, CR, CC>(base, r, c)) {
+      detail::each_group<L>(r, c, [&](int i, int j0, long long pr, long long pc) {
+        if (!(L::primary_r(i) && L::primary_c(j0))) return;
+        alignas(16) M group[L::vec];
 #pragma unroll
-      for (int i = 0; i < L::sr; ++i)
-#pragma unroll
-        for (int j0 = 0; j0 < L::sc; j0 += step) {
-          if (!(L::primary_r(i) && L::primary_c(j0))) continue;
-          alignas(16) M group[L::vec];
-#pragma unroll
-          for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[L::idx(i, j0 + v)]);
-          G::copy(base + (r.start + L::coord_r(i)) * r.stride + c.start + L::coord_c(j0), group);
-        }
+        for (int v = 0; v < L::vec; ++v) E::st(&group[v], x.v[L::idx(i, j0 + v)]);
+        G::copy(base + pr * r.stride + pc, group);
+      });
       return;
     }
   }
