@@ -48,18 +48,22 @@ constexpr double kLn2 = 0.6931471805599453;
 // the scores' gradient is in natural units. Per key tile the scores are computed transposed (s^T =
 // k q^T, [n, m]), so that every dot's rows are the key tile's and P^T and dS^T go into the next
 // dots from registers.
+// Grouped-query heads: q [B, H, Sq, D], k / v [B, Hkv, Skv, D]; query head h reads kv head h / (H /
+// Hkv), and dk / dv [B, H, Skv, D] are per query head (the host sums each group's).
 void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out* dq_acc, Scalar scale, bool causal) {
-  auto [B, H, S, D] = q.shape<4>();
+  auto [B, H, Sq, D] = q.shape<4>();
+  auto Hkv = k.dim(1), Skv = k.dim(2);
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
-    for (auto n : tile(S, block("n"))) {
+    auto hk = h / (H / Hkv);
+    for (auto n : tile(Skv, block("n"))) {
       Var dk_acc = zeros({n, D}, DType::f32);
       Var dv_acc = zeros({n, D}, DType::f32);
-      auto kt = k.load(b, h, n, all);
-      auto vt = v.load(b, h, n, all);
-      // Causal: query tiles from this key tile on (the keys before a query see it).
+      auto kt = k.load(b, hk, n, all);
+      auto vt = v.load(b, hk, n, all);
+      // Causal (top-left): query tiles from this key tile on (the keys before a query see it).
       const Operand m_begin = causal ? Operand(n.begin()) : Operand(0);
-      for (auto m : tile(m_begin, S, block("m"))) {
+      for (auto m : tile(m_begin, Sq, block("m"))) {
         auto qt = q.load(b, h, m, all);
         auto dot_ = dout.load(b, h, m, all);
         auto st = dot(kt, qt.T()) * scale;                                   // [n, m]
@@ -95,21 +99,26 @@ const Kernel& attention_bwd_dq() {
   static const Kernel k = kernel(
       "attention_bwd_dq", {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"},
       [](In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal) {
-        auto [B, H, S, D] = q.shape<4>();
+        auto [B, H, Sq, D] = q.shape<4>();
+        auto Hkv = k.dim(1), Skv = k.dim(2);
+        const bool same_length = q.static_dim(2) && q.static_dim(2) == k.static_dim(2);
         for (auto bh : grid(B * H)) {
           auto b = floordiv(bh, H), h = bh % H;
-          for (auto m : tile(S, block("m"))) {
+          auto hk = h / (H / Hkv);
+          for (auto m : tile(Sq, block("m"))) {
             Var dq_acc = zeros({m, D}, DType::f32);
             auto qt = q.load(b, h, m, all);
             auto dot_ = dout.load(b, h, m, all);
             auto lse_m = lse.load(b, h, m).col();
             auto delta_m = delta.load(b, h, m).col();
-            for (auto n : tile(causal ? m.end() : S, block("n"))) {
-              auto kt = k.load(b, h, n, all);
+            // Causal (top-left): the keys up to the tile's last row (all of them past Skv).
+            const Operand n_end = !causal ? Operand(Skv) : same_length ? Operand(m.end()) : Operand(minimum(m.end(), Skv));
+            for (auto n : tile(n_end, block("n"))) {
+              auto kt = k.load(b, hk, n, all);
               auto s = dot(qt, kt.T()) * scale;
               if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
               auto p = exp2(s - lse_m);
-              auto dp = dot(dot_, v.load(b, h, n, all).T());
+              auto dp = dot(dot_, v.load(b, hk, n, all).T());
               auto ds = p * (dp - delta_m);
               dq_acc = dot(ds.to(q.dtype()), kt, dq_acc);
             }
@@ -140,18 +149,38 @@ const Kernel& attention_bwd_dq_convert() {
   return k;
 }
 
+const Kernel& attention_bwd_group_sum() {
+  static const Kernel k = kernel("attention_bwd_group_sum", {"part", "out"}, [](In part, Out out) {
+    auto [B, H, S, D] = part.shape<4>();
+    auto Hkv = out.dim(1);
+    auto G = H / Hkv;
+    for (auto bk : grid(B * Hkv)) {
+      auto b = floordiv(bk, Hkv), hk = bk % Hkv;
+      for (auto s : tile(S, block("s"))) {
+        Var acc = zeros({s, D}, DType::f32);
+        for (auto g : grid(G)) acc = acc + part.load(b, hk * G + g, s, all).to(DType::f32);   // in order: reproducible
+        out.store(b, hk, s, all, Tile(acc).to(out.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
 namespace {
 
 void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& dout,
                   const TensorView& lse, const TensorView& dq, const TensorView& dk, const TensorView& dv) {
   auto fail = [](const std::string& why) { throw Error("attention backward: " + why); };
   if (q.rank() != 4) fail(fmt::format("q is {}: expected [B, H, S, D]", q.describe()));
-  if (k.shape[1] != q.shape[1] && k.rank() == 4)
-    fail(fmt::format("k has {} heads and q {}: grouped-query heads are not supported by the backward yet", k.shape[1], q.shape[1]));
-  const std::pair<const char*, const TensorView*> same[] = {{"k", &k}, {"v", &v}, {"o", &o}, {"do", &dout},
-                                                            {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
-  for (const auto& [what, t] : same)
+  if (k.rank() != 4 || k.shape[0] != q.shape[0] || k.shape[3] != q.shape[3] || k.shape[1] < 1 || q.shape[1] % k.shape[1] != 0)
+    fail(fmt::format("k is {}: expected [B, Hkv, Skv, D] with q's B and D and Hkv dividing q's {} heads (q is {})", k.describe(),
+                     q.shape[1], q.describe()));
+  const std::pair<const char*, const TensorView*> like_q[] = {{"o", &o}, {"do", &dout}, {"dq", &dq}};
+  for (const auto& [what, t] : like_q)
     if (t->shape != q.shape) fail(fmt::format("{} is {}: expected the shape of q, {}", what, t->describe(), q.describe()));
+  const std::pair<const char*, const TensorView*> like_k[] = {{"v", &v}, {"dk", &dk}, {"dv", &dv}};
+  for (const auto& [what, t] : like_k)
+    if (t->shape != k.shape) fail(fmt::format("{} is {}: expected the shape of k, {}", what, t->describe(), k.describe()));
   if (q.dtype != DType::bf16 && q.dtype != DType::f16) fail(fmt::format("q is {}: expected bf16 or f16", q.describe()));
   for (const auto& [what, t] : {std::pair<const char*, const TensorView*>{"k", &k}, {"v", &v}, {"o", &o}, {"do", &dout}})
     if (t->dtype != q.dtype) fail(fmt::format("{} is {}: expected q's dtype, {}", what, t->describe(), tj::name(q.dtype)));
@@ -167,18 +196,34 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
                                                         const TensorView& o, const TensorView& dout, const TensorView& lse,
                                                         const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                                         const AttentionBackwardOptions& opt, const TensorView& delta,
-                                                        const TensorView& lse2, const std::optional<TensorView>& dq_acc) {
+                                                        const TensorView& lse2, const std::optional<TensorView>& dq_acc,
+                                                        const std::optional<TensorView>& dk_part,
+                                                        const std::optional<TensorView>& dv_part) {
   check_inputs(q, k, v, o, dout, lse, dq, dk, dv);
   if (!opt.deterministic && !dq_acc) throw Error("attention backward: the fused pass needs its dq_acc scratch");
+  const int64_t groups = q.shape[1] / k.shape[1];
+  const std::vector<int64_t> part_shape = {q.shape[0], q.shape[1], k.shape[2], k.shape[3]};
+  if (groups > 1)
+    for (const auto& [what, t] : {std::pair<const char*, const std::optional<TensorView>*>{"dk_part", &dk_part}, {"dv_part", &dv_part}})
+      if (!*t || (*t)->dtype != DType::f32 || (*t)->shape != part_shape)
+        throw Error(fmt::format("attention backward: grouped-query heads ({} query heads per kv head) need the {} scratch, f32[{}, "
+                                "{}, {}, {}]{}",
+                                groups, what, part_shape[0], part_shape[1], part_shape[2], part_shape[3],
+                                *t ? fmt::format(", got {}", (*t)->describe()) : std::string()));
+  const TensorView gk = groups > 1 ? *dk_part : dk, gv = groups > 1 ? *dv_part : dv;   // per query head
   const double scale = 1.4426950408889634 * opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape[3])));
   std::vector<BackwardLaunch> out;
   out.push_back({&attention_bwd_prepare(), {o, dout, lse, delta, lse2}});
   if (opt.deterministic) {
-    out.push_back({&attention_bwd_dkdv(), {q, k, v, dout, lse2, delta, dk, dv, scale, opt.causal}});
+    out.push_back({&attention_bwd_dkdv(), {q, k, v, dout, lse2, delta, gk, gv, scale, opt.causal}});
     out.push_back({&attention_bwd_dq(), {q, k, v, dout, lse2, delta, dq, scale, opt.causal}});
   } else {
-    out.push_back({&attention_bwd_fused(), {q, k, v, dout, lse2, delta, dk, dv, *dq_acc, scale, opt.causal}});
+    out.push_back({&attention_bwd_fused(), {q, k, v, dout, lse2, delta, gk, gv, *dq_acc, scale, opt.causal}});
     out.push_back({&attention_bwd_dq_convert(), {*dq_acc, dq}});
+  }
+  if (groups > 1) {
+    out.push_back({&attention_bwd_group_sum(), {gk, dk}});
+    out.push_back({&attention_bwd_group_sum(), {gv, dv}});
   }
   return out;
 }
@@ -190,16 +235,23 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const std::vector<int64_t> rows = {q.shape[0], q.shape[1], q.shape[2]};
   for (auto* t : {&ws.delta, &ws.lse2})
     if (!*t || (*t)->shape() != rows) t->emplace(DType::f32, rows);
-  std::optional<TensorView> acc;
+  std::optional<TensorView> acc, dk_part, dv_part;
   if (!opt.deterministic) {
     if (!ws.dq_acc || ws.dq_acc->shape() != q.shape) ws.dq_acc.emplace(DType::f32, q.shape);
     ws.dq_acc->fill_bytes_async(0, opt.stream);
     acc = ws.dq_acc->view();
   }
+  if (q.shape[1] != k.shape[1]) {
+    const std::vector<int64_t> part = {q.shape[0], q.shape[1], k.shape[2], k.shape[3]};
+    for (auto* t : {&ws.dk_part, &ws.dv_part})
+      if (!*t || (*t)->shape() != part) t->emplace(DType::f32, part);
+    dk_part = ws.dk_part->view();
+    dv_part = ws.dv_part->view();
+  }
   LaunchOptions lo;
   lo.stream = opt.stream;
   for (const BackwardLaunch& l : attention_backward_launches(q, k, v, o, dout, lse, dq, dk, dv, opt, ws.delta->view(),
-                                                             ws.lse2->view(), acc))
+                                                             ws.lse2->view(), acc, dk_part, dv_part))
     launch(*l.kernel, l.args, lo);
 }
 

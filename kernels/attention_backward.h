@@ -20,6 +20,8 @@ namespace tj::kernels {
 //   attention_bwd_dkdv:  per key tile, dk and dv over every query tile.
 //   attention_bwd_dq:    per query tile, dq over every key tile.
 // Gradients are with respect to q, k and v of the forward (natural-log softmax, scale / log2(e)).
+// q, do, lse, delta, dq: [B, H, Sq, ..]; k, v: [B, Hkv, Skv, D] (query head h reads kv head h /
+// (H / Hkv)); dk, dv: [B, H, Skv, D], each query head's share (the kv head's when Hkv = H).
 const Kernel& attention_bwd_delta();
 const Kernel& attention_bwd_dkdv();
 const Kernel& attention_bwd_dq();
@@ -29,6 +31,9 @@ const Kernel& attention_bwd_dq();
 //   dq's last bits vary from run to run (the three-kernel form is bit-reproducible).
 const Kernel& attention_bwd_fused();
 const Kernel& attention_bwd_dq_convert();
+//   attention_bwd_group_sum (part [B, H, S, D] f32, out [B, Hkv, S, D]): grouped-query heads'
+//   dk / dv, each kv head's the sum of its H / Hkv query heads' shares, in a fixed order.
+const Kernel& attention_bwd_group_sum();
 
 // attention_bwd_prepare (o, do, lse, delta, lse2): delta as attention_bwd_delta, and lse2 = lse ·
 // log2(e): the forward's natural-log LSE (attention_fp8's) in the units the kernels above take.
@@ -46,6 +51,7 @@ struct AttentionBackwardOptions {
 // Device scratch of attention_backward, reused across calls.
 struct AttentionBackwardWorkspace {
   std::optional<DeviceTensor> delta, lse2, dq_acc;
+  std::optional<DeviceTensor> dk_part, dv_part;   // grouped-query heads: per query head, summed per group
 };
 
 // One launch of the backward: a kernel and its arguments (default configs).
@@ -54,21 +60,25 @@ struct BackwardLaunch {
   std::vector<Arg> args;
 };
 
-// The launches of attention_backward, in order, over the scratch given (delta, lse2 [B, H, S] f32;
-// dq_acc [B, H, S, D] f32, zeroed before them, when not deterministic). Throws tj::Error for
-// inputs that do not fit (see attention_backward).
+// The launches of attention_backward, in order, over the scratch given (delta, lse2 [B, H, Sq] f32;
+// dq_acc [B, H, Sq, D] f32, zeroed before them, when not deterministic; with grouped-query heads
+// dk_part, dv_part [B, H, Skv, D] f32: each query head's share, summed per group after). Throws
+// tj::Error for inputs that do not fit (see attention_backward).
 std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, const TensorView& k, const TensorView& v,
                                                         const TensorView& o, const TensorView& dout, const TensorView& lse,
                                                         const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                                         const AttentionBackwardOptions& opt, const TensorView& delta,
-                                                        const TensorView& lse2, const std::optional<TensorView>& dq_acc);
+                                                        const TensorView& lse2, const std::optional<TensorView>& dq_acc,
+                                                        const std::optional<TensorView>& dk_part = std::nullopt,
+                                                        const std::optional<TensorView>& dv_part = std::nullopt);
 
 // dq, dk, dv = the gradients of attention(q, k, v) (softmax scale opt.softmax_scale, causal or
 // not) given dout = dL/do, o and lse the forward's outputs (attention_fp8_forward with lse: its
-// natural-log row logsumexp). q, k, v, o, dout [B, H, S, D] bf16 or f16 (one dtype), lse f32
-// [B, H, S], dq / dk / dv [B, H, S, D] of any float dtype, on the GPU, launched on opt.stream.
-// Grouped-query heads (k with fewer heads than q) and different query and key lengths are
-// errors: not yet.
+// natural-log row logsumexp). q, o, dout, dq [B, H, Sq, D]; k, v, dk, dv [B, Hkv, Skv, D] (Hkv
+// dividing H: grouped-query heads, query head h reading kv head h / (H / Hkv), dk / dv summed over
+// each group in a fixed order; Sq and Skv may differ, causal is top-left aligned as the forward);
+// q, k, v, o, dout bf16 or f16 (one dtype), lse f32 [B, H, Sq], the gradients of any float dtype
+// but fp8; on the GPU, launched on opt.stream.
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                         const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const AttentionBackwardOptions& opt, AttentionBackwardWorkspace& ws);

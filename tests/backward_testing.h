@@ -18,49 +18,51 @@ struct Grads {
   std::vector<double> dq, dk, dv;
 };
 
-// float64 forward (o, lse in log2 units) and backward of softmax(q k^T * scale_nat) v.
+// float64 forward (o, lse in log2 units) and backward of softmax(q k^T * scale_nat) v for q
+// [B, H, Sq, D] and k, v [B, Hkv, Skv, D] (query head h reads kv head h / (H / Hkv); dk, dv sum
+// over the heads that share theirs); causal: top-left aligned (row i sees keys 0..i).
 inline void reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, bool causal,
                          double scale_nat, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
   const auto& sh = q.shape();
-  const int64_t BH = sh[0] * sh[1], S = sh[2], D = sh[3];
-  o.assign(BH * S * D, 0);
-  lse.assign(BH * S, 0);
-  g.dq.assign(BH * S * D, 0);
-  g.dk.assign(BH * S * D, 0);
-  g.dv.assign(BH * S * D, 0);
-  for (int64_t bh = 0; bh < BH; ++bh) {
-    const int64_t base = bh * S * D;
-    std::vector<double> P(S * S, 0.0);
-    for (int64_t i = 0; i < S; ++i) {
+  const int64_t B = sh[0], H = sh[1], Sq = sh[2], D = sh[3], Hkv = k.shape()[1], S = k.shape()[2], G = H / Hkv;
+  o.assign(B * H * Sq * D, 0);
+  lse.assign(B * H * Sq, 0);
+  g.dq.assign(B * H * Sq * D, 0);
+  g.dk.assign(B * Hkv * S * D, 0);
+  g.dv.assign(B * Hkv * S * D, 0);
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t base = bh * Sq * D, kbase = ((bh / H) * Hkv + (bh % H) / G) * S * D;
+    std::vector<double> P(Sq * S, 0.0);
+    for (int64_t i = 0; i < Sq; ++i) {
       double mx = -INFINITY;
       std::vector<double> s(S, -INFINITY);
-      for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
+      for (int64_t j = 0; j < (causal ? std::min(i + 1, S) : S); ++j) {
         double d = 0;
-        for (int64_t x = 0; x < D; ++x) d += q.at(base + i * D + x) * k.at(base + j * D + x);
+        for (int64_t x = 0; x < D; ++x) d += q.at(base + i * D + x) * k.at(kbase + j * D + x);
         s[j] = d * scale_nat;
         mx = std::max(mx, s[j]);
       }
       double sum = 0;
       for (int64_t j = 0; j < S; ++j) sum += std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx);
-      lse[bh * S + i] = (mx + std::log(sum)) / std::log(2.0);
+      lse[bh * Sq + i] = (mx + std::log(sum)) / std::log(2.0);
       for (int64_t j = 0; j < S; ++j) P[i * S + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx) / sum;
       for (int64_t x = 0; x < D; ++x) {
         double acc = 0;
-        for (int64_t j = 0; j < S; ++j) acc += P[i * S + j] * v.at(base + j * D + x);
+        for (int64_t j = 0; j < S; ++j) acc += P[i * S + j] * v.at(kbase + j * D + x);
         o[base + i * D + x] = acc;
       }
     }
-    for (int64_t i = 0; i < S; ++i) {
+    for (int64_t i = 0; i < Sq; ++i) {
       double delta = 0;
       for (int64_t x = 0; x < D; ++x) delta += dout.at(base + i * D + x) * o[base + i * D + x];
       for (int64_t j = 0; j < S; ++j) {
         double dp = 0;
-        for (int64_t x = 0; x < D; ++x) dp += dout.at(base + i * D + x) * v.at(base + j * D + x);
+        for (int64_t x = 0; x < D; ++x) dp += dout.at(base + i * D + x) * v.at(kbase + j * D + x);
         const double ds = P[i * S + j] * (dp - delta);
         for (int64_t x = 0; x < D; ++x) {
-          g.dv[base + j * D + x] += P[i * S + j] * dout.at(base + i * D + x);
-          g.dq[base + i * D + x] += ds * k.at(base + j * D + x) * scale_nat;
-          g.dk[base + j * D + x] += ds * q.at(base + i * D + x) * scale_nat;
+          g.dv[kbase + j * D + x] += P[i * S + j] * dout.at(base + i * D + x);
+          g.dq[base + i * D + x] += ds * k.at(kbase + j * D + x) * scale_nat;
+          g.dk[kbase + j * D + x] += ds * q.at(base + i * D + x) * scale_nat;
         }
       }
     }

@@ -127,6 +127,37 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
   }
 }
 
+TEST_CASE("attention backward in the DSL: grouped-query heads and Sq != Skv keep every dot on wgmma; the group sum compiles") {
+  const TensorSpec q{DType::bf16, {2, 8, 1024, 128}}, kv{DType::bf16, {2, 2, 768, 128}}, rows{DType::f32, {2, 8, 1024}},
+      part{DType::f32, {2, 8, 768, 128}};
+  for (bool causal : {false, true})
+    for (const Kernel* k : {&kernels::attention_bwd_dkdv(), &kernels::attention_bwd_dq(), &kernels::attention_bwd_fused()}) {
+      const bool dkdv = k != &kernels::attention_bwd_dq(), fused = k == &kernels::attention_bwd_fused();
+      std::vector<ArgSpec> specs = {q, kv, kv, q, rows, rows};
+      if (dkdv) {
+        specs.push_back(part);
+        specs.push_back(part);
+      } else {
+        specs.push_back(q);
+      }
+      if (fused) specs.push_back(TensorSpec{DType::f32, q.shape});
+      specs.push_back(RuntimeScalar{0.1f});
+      specs.push_back(causal);
+      const ir::Function f = k->trace(specs);
+      CAPTURE(f.name);
+      CAPTURE(causal);
+      const auto g = codegen::generate_cuda(f, codegen::untuned_config(f, "sm_90a"), codegen::Target::parse("sm_90a"));
+      CHECK(g.lowering == "tensor cores (wgmma)");
+      CHECK(g.notes.empty());
+      const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+      CHECK(std::regex_search(r.ptx, std::regex(R"(wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16)")));
+    }
+  const ir::Function f = kernels::attention_bwd_group_sum().trace({part, TensorSpec{DType::bf16, {2, 2, 768, 128}}});
+  const auto g = codegen::generate_cuda(f, codegen::untuned_config(f, "sm_90a"), codegen::Target::parse("sm_90a"));
+  INFO(g.source);
+  CHECK(tj_test::nvrtc(g, "sm_90a", true, true).ptx.find("ld.global") != std::string::npos);
+}
+
 namespace {
 
 // Random bf16 inputs and their float64 forward (o, the LSE in log2 units) and gradients.
@@ -136,8 +167,11 @@ struct Problem {
   Grads want;
 };
 
-Problem make_problem(const std::vector<int64_t>& shape, bool causal, double scale_nat, std::mt19937& rng) {
-  Problem p{random(DType::bf16, shape, rng), random(DType::bf16, shape, rng), random(DType::bf16, shape, rng),
+// q and dout of `shape`, k and v of `kv_shape` (default: `shape`).
+Problem make_problem(const std::vector<int64_t>& shape, bool causal, double scale_nat, std::mt19937& rng,
+                     std::vector<int64_t> kv_shape = {}) {
+  if (kv_shape.empty()) kv_shape = shape;
+  Problem p{random(DType::bf16, shape, rng), random(DType::bf16, kv_shape, rng), random(DType::bf16, kv_shape, rng),
             random(DType::bf16, shape, rng), {}, {}, {}};
   reference_attention(p.q, p.k, p.v, p.dout, causal, scale_nat, p.o, p.lse2, p.want);
   return p;
@@ -188,6 +222,43 @@ TEST_CASE("attention_backward's launches on the CPU reference: from the forward'
     }
 }
 
+TEST_CASE("attention_backward's launches on the CPU reference: grouped-query heads and different query and key lengths "
+          "match float64") {
+  std::mt19937 rng(25);
+  const double scale_nat = 1.0 / std::sqrt(32.0);
+  struct Case {
+    int64_t H, Hkv, Sq, Skv;
+  };
+  for (const Case& c : {Case{4, 2, 80, 80}, Case{4, 1, 64, 64}, Case{2, 2, 80, 112}, Case{4, 2, 112, 72}})
+    for (bool causal : {false, true})
+      for (bool deterministic : {true, false}) {
+        INFO("H " << c.H << " Hkv " << c.Hkv << " Sq " << c.Sq << " Skv " << c.Skv << " causal " << causal << " deterministic "
+                  << deterministic);
+        const std::vector<int64_t> shape = {1, c.H, c.Sq, 32}, kv = {1, c.Hkv, c.Skv, 32}, rows = {1, c.H, c.Sq},
+                                   part = {1, c.H, c.Skv, 32};
+        Problem p = make_problem(shape, causal, scale_nat, rng, kv);
+        std::vector<double> lse_nat(p.lse2.size());
+        for (size_t i = 0; i < lse_nat.size(); ++i) lse_nat[i] = p.lse2[i] * std::log(2.0);
+        HostTensor o = HostTensor::from_values(p.o, DType::bf16, shape), lse = HostTensor::from_values(lse_nat, DType::f32, rows);
+        HostTensor delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::f32, kv), dv(DType::bf16, kv),
+            dk_part(DType::f32, part), dv_part(DType::f32, part);
+        HostTensor dq_acc = HostTensor::from_values(std::vector<double>(p.q.numel(), 0.0), DType::f32, shape);
+        for (HostTensor* t : {&delta, &lse2, &dq, &dk, &dv, &dk_part, &dv_part}) t->fill_bytes(0xFF);
+        kernels::AttentionBackwardOptions opt;
+        opt.causal = causal;
+        opt.deterministic = deterministic;
+        const bool grouped = c.H != c.Hkv;
+        tj_test::run_launches(kernels::attention_backward_launches(
+            p.q.view(), p.k.view(), p.v.view(), o.view(), p.dout.view(), lse.view(), dq.view(), dk.view(), dv.view(), opt,
+            delta.view(), lse2.view(), deterministic ? std::nullopt : std::optional<TensorView>(dq_acc.view()),
+            grouped ? std::optional<TensorView>(dk_part.view()) : std::nullopt,
+            grouped ? std::optional<TensorView>(dv_part.view()) : std::nullopt));
+        CHECK(rel_rmse(dv, p.want.dv) < 2e-2);
+        CHECK(rel_rmse(dk, p.want.dk) < 2e-2);
+        CHECK(rel_rmse(dq, p.want.dq) < 2e-2);
+      }
+}
+
 TEST_CASE("attention_backward: inputs that do not fit are errors naming the tensor") {
   auto view = [](DType dt, std::vector<int64_t> shape) {
     TensorView v;
@@ -198,10 +269,23 @@ TEST_CASE("attention_backward: inputs that do not fit are errors naming the tens
   };
   const TensorView q = view(DType::bf16, {1, 8, 256, 64}), lse = view(DType::f32, {1, 8, 256});
   CHECK(backward_error(q, q, lse, q) == "");
+  CHECK(backward_error(q, view(DType::bf16, {1, 8, 128, 64}), lse, q) == "");   // fewer keys than queries
   CHECK(backward_error(q, view(DType::bf16, {1, 2, 256, 64}), lse, q) ==
-        "attention backward: k has 2 heads and q 8: grouped-query heads are not supported by the backward yet");
-  CHECK(backward_error(q, view(DType::bf16, {1, 8, 128, 64}), lse, q) ==
-        "attention backward: k is bf16[1, 8, 128, 64] (cuda): expected the shape of q, bf16[1, 8, 256, 64] (cuda)");
+        "attention backward: grouped-query heads (4 query heads per kv head) need the dk_part scratch, f32[1, 8, 256, 64]");
+  CHECK(backward_error(q, view(DType::bf16, {1, 3, 256, 64}), lse, q) ==
+        "attention backward: k is bf16[1, 3, 256, 64] (cuda): expected [B, Hkv, Skv, D] with q's B and D and Hkv dividing q's 8 "
+        "heads (q is bf16[1, 8, 256, 64] (cuda))");
+  CHECK(backward_error(q, view(DType::bf16, {1, 8, 256, 32}), lse, q) ==
+        "attention backward: k is bf16[1, 8, 256, 32] (cuda): expected [B, Hkv, Skv, D] with q's B and D and Hkv dividing q's 8 "
+        "heads (q is bf16[1, 8, 256, 64] (cuda))");
+  CHECK(backward_error(q, q, lse, view(DType::bf16, {1, 8, 255, 64})) ==
+        "attention backward: dq is bf16[1, 8, 255, 64] (cuda): expected the shape of q, bf16[1, 8, 256, 64] (cuda)");
+  const TensorView kv2 = view(DType::bf16, {1, 2, 256, 64}), wrong_part = view(DType::f32, {1, 2, 256, 64});
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_launches(q, kv2, kv2, q, q, lse, q, kv2, kv2, {}, lse, lse, std::nullopt, wrong_part,
+                                                            wrong_part),
+                       "attention backward: grouped-query heads (4 query heads per kv head) need the dk_part scratch, f32[1, 8, "
+                       "256, 64], got f32[1, 2, 256, 64] (cuda)",
+                       Error);
   CHECK(backward_error(q, view(DType::f16, {1, 8, 256, 64}), lse, q) ==
         "attention backward: k is f16[1, 8, 256, 64] (cuda): expected q's dtype, bf16");
   CHECK(backward_error(q, q, lse, view(DType::e4m3, {1, 8, 256, 64})) ==
@@ -216,21 +300,26 @@ TEST_CASE("attention_backward: inputs that do not fit are errors naming the tens
                        "attention backward: the fused pass needs its dq_acc scratch", Error);
 }
 
-TEST_CASE("gpu: attention_backward after attention_fp8_forward's LSE: float64 gradients (bf16, causal and not, both paths)") {
+TEST_CASE("gpu: attention_backward after attention_fp8_forward's LSE: float64 gradients (bf16, causal and not, both paths, "
+          "grouped-query heads, Sq != Skv)") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(16);
-  const std::vector<int64_t> shape = {1, 2, 384, 128}, rows = {1, 2, 384};
   const double scale_nat = 1.0 / std::sqrt(128.0);
+  struct Case {
+    int64_t H, Hkv, Sq, Skv;
+  };
+  for (const Case& c : {Case{2, 2, 384, 384}, Case{4, 2, 384, 384}, Case{2, 2, 320, 448}})
   for (bool causal : {false, true})
     for (bool deterministic : {true, false}) {
-      CAPTURE(causal);
-      CAPTURE(deterministic);
-      const Problem p = make_problem(shape, causal, scale_nat, rng);
+      INFO("H " << c.H << " Hkv " << c.Hkv << " Sq " << c.Sq << " Skv " << c.Skv << " causal " << causal << " deterministic "
+                << deterministic);
+      const std::vector<int64_t> shape = {1, c.H, c.Sq, 128}, kv = {1, c.Hkv, c.Skv, 128}, rows = {1, c.H, c.Sq};
+      const Problem p = make_problem(shape, causal, scale_nat, rng, kv);
       const HostTensor &q = p.q, &k = p.k, &v = p.v, &dout = p.dout;
       const Grads& want = p.want;
       const DeviceTensor dq_ = DeviceTensor::from_host(q), dk_ = DeviceTensor::from_host(k), dv_ = DeviceTensor::from_host(v),
                          ddo = DeviceTensor::from_host(dout);
-      DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::bf16, shape), gk(DType::bf16, shape), gv(DType::bf16, shape);
+      DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::bf16, shape), gk(DType::bf16, kv), gv(DType::bf16, kv);
       for (DeviceTensor* t : {&gq, &gk, &gv}) t->fill_bytes(0xFF);
       kernels::AttentionFp8Options fwd;
       fwd.quantize = false;
