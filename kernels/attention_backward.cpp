@@ -52,10 +52,12 @@ constexpr double kLn2 = 0.6931471805599453;
 // Hkv), and dk / dv [B, H, Skv, D] are per query head (the host sums each group's).
 void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out* dq_acc, Scalar scale, bool causal) {
   auto [B, H, Sq, D] = q.shape<4>();
-  auto Hkv = k.dim(1), Skv = k.dim(2);
+  const bool same_heads = q.static_dim(1) && q.static_dim(1) == k.static_dim(1);
+  const bool same_length = q.static_dim(2) && q.static_dim(2) == k.static_dim(2);
+  auto Skv = same_length ? Sq : k.dim(2);
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
-    auto hk = h / (H / Hkv);
+    auto hk = same_heads ? h : h / (H / k.dim(1));
     for (auto n : tile(Skv, block("n"))) {
       Var dk_acc = zeros({n, D}, DType::f32);
       Var dv_acc = zeros({n, D}, DType::f32);
@@ -100,11 +102,12 @@ const Kernel& attention_bwd_dq() {
       "attention_bwd_dq", {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"},
       [](In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal) {
         auto [B, H, Sq, D] = q.shape<4>();
-        auto Hkv = k.dim(1), Skv = k.dim(2);
+        const bool same_heads = q.static_dim(1) && q.static_dim(1) == k.static_dim(1);
         const bool same_length = q.static_dim(2) && q.static_dim(2) == k.static_dim(2);
+        auto Skv = same_length ? Sq : k.dim(2);
         for (auto bh : grid(B * H)) {
           auto b = floordiv(bh, H), h = bh % H;
-          auto hk = h / (H / Hkv);
+          auto hk = same_heads ? h : h / (H / k.dim(1));
           for (auto m : tile(Sq, block("m"))) {
             Var dq_acc = zeros({m, D}, DType::f32);
             auto qt = q.load(b, h, m, all);
