@@ -57,12 +57,13 @@ RingPlan ring_backward_plan(int64_t ranks, const TensorView& q, const TensorView
   ro.causal = opt.causal;
   ro.lse = lse;
   RingPlan plan = ring_attention_plan(ranks, q, k, v, o, ro);
-  if (k.shape[1] != q.shape[1])
-    throw Error(fmt::format("{}: k has {} heads and q {}: grouped-query heads are not supported by the backward yet", kWho,
-                            k.shape[1], q.shape[1]));
+  // ring_attention_plan checked k / v against q (grouped-query heads: Hkv dividing H).
   const std::pair<const char*, const TensorView*> same[] = {{"do", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
   for (const auto& [what, t] : same) {
-    if (t->shape != q.shape) throw Error(fmt::format("{}: {} is {}: expected the shape of q, {}", kWho, what, t->describe(), q.describe()));
+    const TensorView& like = t == &dk || t == &dv ? k : q;
+    if (t->shape != like.shape)
+      throw Error(fmt::format("{}: {} is {}: expected the shape of {}, {}", kWho, what, t->describe(), &like == &k ? "k" : "q",
+                              like.describe()));
     if (!t->is_contiguous()) throw Error(fmt::format("{}: {} is {}: expected a contiguous tensor", kWho, what, t->describe()));
   }
   if (dout.dtype != q.dtype) throw Error(fmt::format("{}: do is {}: expected q's dtype, {}", kWho, dout.describe(), name(q.dtype)));

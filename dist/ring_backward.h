@@ -7,7 +7,8 @@
 // last step the accumulators take one more hop, home to their owner.
 //
 // Stage 1: a shard moves on once the step that used it has finished (the transfers do not yet
-// overlap the next step's kernels), bf16 / f16 only, no window, K / V with as many heads as Q.
+// overlap the next step's kernels), bf16 / f16 only, no window; grouped-query heads (K / V with
+// Hkv heads dividing Q's H: each step's per-query-head dK / dV shares summed into the kv head's).
 #include <nccl.h>
 
 #include <optional>

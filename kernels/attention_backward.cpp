@@ -152,20 +152,35 @@ const Kernel& attention_bwd_dq_convert() {
   return k;
 }
 
-const Kernel& attention_bwd_group_sum() {
-  static const Kernel k = kernel("attention_bwd_group_sum", {"part", "out"}, [](In part, Out out) {
-    auto [B, H, S, D] = part.shape<4>();
-    auto Hkv = out.dim(1);
-    auto G = H / Hkv;
-    for (auto bk : grid(B * Hkv)) {
-      auto b = floordiv(bk, Hkv), hk = bk % Hkv;
-      for (auto s : tile(S, block("s"))) {
-        Var acc = zeros({s, D}, DType::f32);
-        for (auto g : grid(G)) acc = acc + part.load(b, hk * G + g, s, all).to(DType::f32);   // in order: reproducible
-        out.store(b, hk, s, all, Tile(acc).to(out.dtype()));
-      }
+namespace {
+// out (+)= the sum of each group's per-query-head shares: part [B, H, S, D] f32 -> out [B, Hkv,
+// S, D], kv head hk summing query heads hk·G .. hk·G + G - 1 (G = H / Hkv) in order.
+template <class Dest>
+void group_sum_body(const In& part, const Dest& out, bool add) {
+  auto [B, H, S, D] = part.shape<4>();
+  auto Hkv = out.dim(1);
+  auto G = H / Hkv;
+  for (auto bk : grid(B * Hkv)) {
+    auto b = floordiv(bk, Hkv), hk = bk % Hkv;
+    for (auto s : tile(S, block("s"))) {
+      Var acc = zeros({s, D}, DType::f32);
+      for (auto g : grid(G)) acc = acc + part.load(b, hk * G + g, s, all).to(DType::f32);   // in order: reproducible
+      if (add) acc = acc + out.load(b, hk, s, all).to(DType::f32);
+      out.store(b, hk, s, all, Tile(acc).to(out.dtype()));
     }
-  });
+  }
+}
+}  // namespace
+
+const Kernel& attention_bwd_group_sum() {
+  static const Kernel k =
+      kernel("attention_bwd_group_sum", {"part", "out"}, [](In part, Out out) { group_sum_body(part, out, false); });
+  return k;
+}
+
+const Kernel& attention_bwd_group_add() {
+  static const Kernel k =
+      kernel("attention_bwd_group_add", {"part", "out"}, [](In part, InOut out) { group_sum_body(part, out, true); });
   return k;
 }
 
@@ -269,8 +284,11 @@ std::vector<BackwardLaunch> ring_backward_step_launches(const RingPlan& plan, in
                    {rows(v.q, l.q_chunk), rows(v.k, l.kv_chunk), rows(v.v, l.kv_chunk), rows(v.dout, l.q_chunk),
                     rows(v.lse2, l.q_chunk), rows(v.delta, l.q_chunk), v.dk_part, v.dv_part, rows(v.dq_acc, l.q_chunk), v.scale,
                     causal}});
-    out.push_back({&accumulate(), {rows(v.dk_acc, l.kv_chunk), v.dk_part}});
-    out.push_back({&accumulate(), {rows(v.dv_acc, l.kv_chunk), v.dv_part}});
+    // Grouped-query heads: the parts are per query head, each group's sum added into the kv head's.
+    for (const auto& [acc, part] : {std::pair{v.dk_acc, v.dk_part}, std::pair{v.dv_acc, v.dv_part}}) {
+      if (part.shape[1] == v.k.shape[1]) out.push_back({&accumulate(), {rows(acc, l.kv_chunk), part}});
+      else out.push_back({&attention_bwd_group_add(), {part, rows(acc, l.kv_chunk)}});
+    }
   }
   return out;
 }

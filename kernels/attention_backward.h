@@ -34,6 +34,9 @@ const Kernel& attention_bwd_dq_convert();
 //   attention_bwd_group_sum (part [B, H, S, D] f32, out [B, Hkv, S, D]): grouped-query heads'
 //   dk / dv, each kv head's the sum of its H / Hkv query heads' shares, in a fixed order.
 const Kernel& attention_bwd_group_sum();
+//   attention_bwd_group_add: the same sum added into out (InOut; the ring backward's travelling
+//   dK / dV accumulators).
+const Kernel& attention_bwd_group_add();
 
 // attention_bwd_prepare (o, do, lse, delta, lse2): delta as attention_bwd_delta, and lse2 = lse ·
 // log2(e): the forward's natural-log LSE (attention_fp8's) in the units the kernels above take.
@@ -89,15 +92,16 @@ struct RingBackwardViews {
   TensorView q, dout;            // the rank's rows [B, H, n, D] (n = S / P)
   TensorView lse2, delta;        // [B, H, n] f32: attention_bwd_prepare's, of the rank's rows
   TensorView dq_acc;             // [B, H, n, D] f32: the rank's dQ, summed over the steps (zeroed first)
-  TensorView k, v;               // the key / value shard held at this step [B, H, n, D]
-  TensorView dk_acc, dv_acc;     // its dK, dV [B, H, n, D] f32, summed as it travels (zeroed at its owner)
-  TensorView dk_part, dv_part;   // scratch [B, H, L, D] f32 (L: the plan's chunk rows)
+  TensorView k, v;               // the key / value shard held at this step [B, Hkv, n, D]
+  TensorView dk_acc, dv_acc;     // its dK, dV [B, Hkv, n, D] f32, summed as it travels (zeroed at its owner)
+  TensorView dk_part, dv_part;   // scratch [B, H, L, D] f32 (L: the plan's chunk rows), per query head
   double scale = 0;              // the softmax scale · log2(e)
 };
 
 // The launches of rank `rank` at step `step` of `plan` (no window): per chunk pair, the fused
 // backward (dK, dV of the held chunk into the scratch, dQ added into dq_acc's rows), then the
-// scratch added into the held shard's dk_acc / dv_acc. Throws tj::Error for a plan with a window.
+// scratch added into the held shard's dk_acc / dv_acc (grouped-query heads: each group's sum).
+// Throws tj::Error for a plan with a window.
 std::vector<BackwardLaunch> ring_backward_step_launches(const RingPlan& plan, int64_t rank, int64_t step, const RingBackwardViews& v);
 
 }  // namespace tj::kernels

@@ -300,26 +300,29 @@ TEST_CASE("gpu: a ring (and an all-to-all) of one rank is attention over its row
     }
 }
 
-TEST_CASE("gpu: the ring backward of one rank equals attention_backward on one GPU (bf16, causal and not)") {
+TEST_CASE("gpu: the ring backward of one rank equals attention_backward on one GPU (bf16, causal and not, GQA)") {
   TJ_REQUIRE_HOPPER();
   OneRank one;
   ncclComm_t comm = one.comm;
   std::mt19937 rng(41);
-  const std::vector<int64_t> shape = {1, 2, 512, 128};
-  const DeviceTensor q = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
-                     k = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
-                     v = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
-                     dout = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng));
+  for (int64_t Hkv : {4, 2})
   for (bool causal : {false, true}) {
+    CAPTURE(Hkv);
     CAPTURE(causal);
-    DeviceTensor o(DType::bf16, shape), lse(DType::f32, {1, 2, 512});
+    const std::vector<int64_t> shape = {1, 4, 512, 128}, kv_shape = {1, Hkv, 512, 128};
+    const DeviceTensor q = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng)),
+                       k = DeviceTensor::from_host(tj_test::randn(DType::bf16, kv_shape, rng)),
+                       v = DeviceTensor::from_host(tj_test::randn(DType::bf16, kv_shape, rng)),
+                       dout = DeviceTensor::from_host(tj_test::randn(DType::bf16, shape, rng));
+    DeviceTensor o(DType::bf16, shape), lse(DType::f32, {1, 4, 512});
     dist::RingAttentionOptions fo;
     fo.causal = causal;
     fo.lse = lse.view();
     dist::RingAttentionWorkspace fws;
     dist::ring_attention_forward(comm, q.view(), k.view(), v.view(), o.view(), fo, fws);
-    DeviceTensor g[3] = {DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape)};
-    DeviceTensor want[3] = {DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, shape)};
+    DeviceTensor g[3] = {DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, kv_shape), DeviceTensor(DType::bf16, kv_shape)};
+    DeviceTensor want[3] = {DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, kv_shape),
+                            DeviceTensor(DType::bf16, kv_shape)};
     for (auto* t : {&g[0], &g[1], &g[2]}) t->fill_bytes(0xFF);
     dist::RingBackwardOptions bo;
     bo.causal = causal;
@@ -357,4 +360,6 @@ TEST_CASE("gpu: tilejit-ring --check on two GPUs: ring and all-to-all equal sing
   CHECK(std::system(cmd.c_str()) == 0);
   const std::string backward = exe + " --check --backward --seq 4096 --heads 4 --gpus 2 2>&1";
   CHECK(std::system(backward.c_str()) == 0);
+  const std::string backward_gqa = exe + " --check --backward --seq 4096 --heads 4 --kv-heads 2 --gpus 2 2>&1";
+  CHECK(std::system(backward_gqa.c_str()) == 0);
 }

@@ -220,14 +220,17 @@ TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, m
 }
 
 TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in place, dK / dV travelling with their shard "
-          "back to its owner) give float64 gradients (bf16, causal and not, zigzag and contiguous)") {
+          "back to its owner) give float64 gradients (bf16, causal and not, zigzag and contiguous, grouped-query heads)") {
   std::mt19937 rng(45);
   const int64_t H = 2, D = 32, S = 96;
   const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
   const std::vector<int64_t> shape = {1, H, S, D};
-  const HostTensor q = tj_test::randn(DType::bf16, shape, rng), k = tj_test::randn(DType::bf16, shape, rng),
-                   v = tj_test::randn(DType::bf16, shape, rng), dout = tj_test::randn(DType::bf16, shape, rng);
+  for (int64_t Hkv : {H, int64_t{1}})
   for (bool causal : {false, true}) {
+    const std::vector<int64_t> kv_shape = {1, Hkv, S, D};
+    const HostTensor q = tj_test::randn(DType::bf16, shape, rng), k = tj_test::randn(DType::bf16, kv_shape, rng),
+                     v = tj_test::randn(DType::bf16, kv_shape, rng), dout = tj_test::randn(DType::bf16, shape, rng);
+    CAPTURE(Hkv);
     std::vector<double> o64, lse2_64;
     tj_test::Grads want;
     tj_test::reference_attention(q, k, v, dout, causal, scale_nat, o64, lse2_64, want);
@@ -240,12 +243,12 @@ TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in p
         const RingPlan plan(P, S, sharding, causal);
         CAPTURE(plan.describe());
         const int64_t n = S / P, L = plan.chunk_rows();
-        // A rank's rows of a [1, H, S, X] tensor (X = D, or none for the LSE), one after another.
+        // A rank's rows of a [1, heads, S, X] tensor (X = D, or none for the LSE), one after another.
         auto shard = [&](const HostTensor& t, int64_t r) {
           const bool rows_only = t.shape().size() == 3;
-          const int64_t X = rows_only ? 1 : D;
-          HostTensor s(t.dtype(), rows_only ? std::vector<int64_t>{1, H, n} : std::vector<int64_t>{1, H, n, D});
-          for (int64_t h = 0; h < H; ++h)
+          const int64_t X = rows_only ? 1 : D, heads = t.shape()[1];
+          HostTensor s(t.dtype(), rows_only ? std::vector<int64_t>{1, heads, n} : std::vector<int64_t>{1, heads, n, D});
+          for (int64_t h = 0; h < heads; ++h)
             for (int64_t i = 0; i < n; ++i)
               for (int64_t x = 0; x < X; ++x) s.set((h * n + i) * X + x, t.at((h * S + plan.global_row(r, i)) * X + x));
           return s;
@@ -268,7 +271,7 @@ TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in p
           const HostTensor os = shard(o, r), ls = shard(lse, r);
           tj_test::run_launches({{&kernels::attention_bwd_prepare(), {os.view(), dos[r].view(), ls.view(), delta[r].view(), lse2[r].view()}}});
           dq.push_back(zeros({1, H, n, D}));
-          held.push_back({shard(k, r), shard(v, r), zeros({1, H, n, D}), zeros({1, H, n, D})});
+          held.push_back({shard(k, r), shard(v, r), zeros({1, Hkv, n, D}), zeros({1, Hkv, n, D})});
         }
         HostTensor dk_part(DType::f32, {1, H, L, D}), dv_part(DType::f32, {1, H, L, D});
         for (int64_t s = 0; s < P; ++s) {
@@ -282,13 +285,14 @@ TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in p
           // Each shard with its gradients moves on to the next rank (after the last step: home).
           std::rotate(held.rbegin(), held.rbegin() + 1, held.rend());
         }
-        std::vector<double> got_dq(H * S * D), got_dk(H * S * D), got_dv(H * S * D);
+        std::vector<double> got_dq(H * S * D), got_dk(Hkv * S * D), got_dv(Hkv * S * D);
         for (int64_t r = 0; r < P; ++r)
           for (int64_t h = 0; h < H; ++h)
             for (int64_t i = 0; i < n; ++i)
               for (int64_t x = 0; x < D; ++x) {
                 const int64_t at = (h * S + plan.global_row(r, i)) * D + x, mine = (h * n + i) * D + x;
                 got_dq[at] = dq[r].at(mine);
+                if (h >= Hkv) continue;
                 got_dk[at] = held[r].dk.at(mine);
                 got_dv[at] = held[r].dv.at(mine);
               }

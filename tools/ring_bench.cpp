@@ -335,16 +335,17 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
 // forward's o and LSE of one GPU) against attention_backward of the whole sequence on one GPU.
 bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, int64_t S, bool causal,
                     RingPlan::Sharding sharding, CUstream stream, std::ostream& log) {
-  const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
+  const int64_t B = opt.batch, H = opt.heads, Hkv = opt.kv_heads, D = opt.head_dim;
   const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
   std::mt19937 rng(2024);
-  const std::vector<int64_t> shape = {B, H, S, D};
-  const HostTensor q = random_bf16(shape, rng), k = random_bf16(shape, rng), v = random_bf16(shape, rng), dout = random_bf16(shape, rng);
+  const std::vector<int64_t> shape = {B, H, S, D}, kv_shape = {B, Hkv, S, D};
+  const HostTensor q = random_bf16(shape, rng), k = random_bf16(kv_shape, rng), v = random_bf16(kv_shape, rng),
+                   dout = random_bf16(shape, rng);
   const DeviceTensor fq = DeviceTensor::from_host(q), fk = DeviceTensor::from_host(k), fv = DeviceTensor::from_host(v),
                      fdo = DeviceTensor::from_host(dout);
   DeviceTensor fo(DType::bf16, shape), flse(DType::f32, {B, H, S});
-  std::vector<DeviceTensor> want;
-  for (int i = 0; i < 3; ++i) want.emplace_back(DType::bf16, shape);
+  std::vector<DeviceTensor> want;   // dq, dk, dv
+  for (int i = 0; i < 3; ++i) want.emplace_back(DType::bf16, i == 0 ? shape : kv_shape);
   kernels::AttentionFp8Options fwd;
   fwd.quantize = false;
   fwd.causal = causal;
@@ -365,7 +366,7 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
   const int64_t n = S / ranks;
   std::vector<DeviceTensor> got;
   for (int i = 0; i < 3; ++i) {
-    got.emplace_back(DType::bf16, std::vector<int64_t>{B, H, n, D});
+    got.emplace_back(DType::bf16, std::vector<int64_t>{B, i == 0 ? H : Hkv, n, D});
     got.back().fill_bytes(0xFF);
   }
   dist::RingBackwardOptions rbo;
@@ -379,7 +380,8 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
   std::vector<double> errs;
   for (int i = 0; i < 3; ++i) {
     std::vector<double> a, b;
-    paired_rows(got[i].to_host(), want[i].to_host(), B * H, n, S, D, [&](int64_t r) { return plan.global_row(rank, r); }, a, b);
+    paired_rows(got[i].to_host(), want[i].to_host(), B * (i == 0 ? H : Hkv), n, S, D, [&](int64_t r) { return plan.global_row(rank, r); },
+                a, b);
     errs.push_back(rel_rmse(a, b));
   }
   // Both sum dQ in f32 in another order (the ring by atomic adds) and round each gradient to bf16.
@@ -400,11 +402,11 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
 // products against two).
 void time_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, int64_t S, bool causal,
                    RingPlan::Sharding sharding, CUstream stream, std::ostream& log) {
-  const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, n = S / ranks;
+  const int64_t B = opt.batch, H = opt.heads, Hkv = opt.kv_heads, D = opt.head_dim, n = S / ranks;
   const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
-  const std::vector<int64_t> shape = {B, H, n, D};
+  const std::vector<int64_t> shape = {B, H, n, D}, kv_shape = {B, Hkv, n, D};
   std::vector<DeviceTensor> t;   // q, k, v, do, o, dq, dk, dv
-  for (int i = 0; i < 8; ++i) t.emplace_back(DType::bf16, shape);
+  for (int i = 0; i < 8; ++i) t.emplace_back(DType::bf16, i == 1 || i == 2 || i == 6 || i == 7 ? kv_shape : shape);
   for (int i = 0; i < 4; ++i) fill_random(t[i], 101 + 13 * i + rank, stream);
   DeviceTensor lse(DType::f32, {B, H, n});
   dist::RingAttentionOptions fo;
