@@ -289,6 +289,37 @@ TEST_CASE("cli attention: run on a small shape passes its tolerance (the CPU ref
   if (!tj_test::gpu_available()) CHECK(run_attention(big, CheckMode::never, 1) == tj::tools::kNothingRan);
 }
 
+TEST_CASE("cli attention: run --backward on a small shape passes against float64 gradients, and its errors") {
+  // Without a GPU: the forward and the backward's launches on the CPU reference executor; with one,
+  // on the GPU (the backward's dots on the generic tensor-core lowering). Every row is checked.
+  for (const char* dtype : {"bf16", "f16"})
+    for (bool causal : {false, true}) {
+      ProblemOptions o = attention_opts(dtype);
+      o.shape = "1,2,136,64";
+      o.causal = causal;
+      o.backward = true;
+      INFO(dtype << " causal=" << causal);
+      CHECK(run_attention(o, CheckMode::always, 2) == 0);
+    }
+  ProblemOptions big = attention_opts("bf16");
+  big.backward = true;
+  big.seq = 4096;
+  if (!tj_test::gpu_available()) CHECK(run_attention(big, CheckMode::never, 1) == tj::tools::kNothingRan);
+  ProblemOptions fp8 = attention_opts("e4m3");
+  fp8.backward = true;
+  CHECK_THROWS_WITH_AS(run_attention(fp8, CheckMode::never, 1),
+                       "--backward runs the attention backward (kernels/attention_backward.h) on bf16 or f16 inputs: use --dtype "
+                       "bf16 or f16 (an FP8 backward is not there yet), not e4m3",
+                       Error);
+  ProblemOptions other;
+  other.kernel = "softmax";
+  other.backward = true;
+  CHECK_THROWS_WITH_AS(run(other, CheckMode::never, 1),
+                       "--backward applies to `tilejit run attention --dtype bf16|f16` only (kernels/attention_backward.h), not to "
+                       "softmax --dtype f32",
+                       Error);
+}
+
 TEST_CASE("cli bench attention: the shape grid and its option errors") {
   BenchAttentionOptions o;
   std::vector<BenchShape> all = bench_shapes(o);

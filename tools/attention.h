@@ -87,6 +87,7 @@ struct AttentionProblem {
   bool causal = false;
   bool hadamard = false, q_residual = false;   // FP8 recipes (kernels/attention_fp8.h)
   bool delayed_scaling = false;                // e4m3: descales from the previous call's amaxes (one pass)
+  bool backward = false;                       // bf16 / f16: the backward after the forward
   std::optional<Config> config;  // --config (the attention_fp8 kernel's); else tuned / default
   std::vector<int64_t> shape() const { return {B, H, S, D}; }
   double flops() const { return attention_flops(B, H, S, D, causal); }
@@ -100,6 +101,9 @@ std::vector<int64_t> attention_shape(const ProblemOptions& o);
 // Validates everything `tilejit run attention --dtype e4m3|bf16|f16` takes; throws tj::Error
 // with a message that names the option and the path (tests/test_cli_attention.cpp checks each).
 AttentionProblem resolve_attention(const ProblemOptions& o);
+// `tilejit run attention --dtype bf16|f16 --backward` (tools/attention_backward_run.cpp): the forward
+// with its LSE, the backward for a random dO, checked against float64 gradients and timed.
+int run_attention_backward(const AttentionProblem& p, CheckMode check, int repeats);
 
 // The attention_fp8 config for a problem on this GPU: the one `tilejit tune attention_fp8 --dtype
 // IN --shape B,H,S,D [--causal]` stored (looked up with that command's arguments), else the

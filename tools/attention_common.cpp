@@ -166,6 +166,11 @@ AttentionProblem resolve_attention(const ProblemOptions& o) {
   p.hadamard = o.hadamard;
   p.q_residual = o.q_residual;
   p.delayed_scaling = o.delayed_scaling;
+  if (o.backward && p.path != AttentionPath::tensor_core_16bit)
+    throw Error(fmt::format("--backward runs the attention backward (kernels/attention_backward.h) on bf16 or f16 inputs: "
+                            "use --dtype bf16 or f16 (an FP8 backward is not there yet), not {}",
+                            o.dtype));
+  p.backward = o.backward;
   if (!o.config.empty()) {
     std::string source;   // --config's entries over the tuned or default config
     p.config = Config::from_json(o.config, attention_config(p.in, p.out, p.shape(), p.causal, source));

@@ -133,13 +133,16 @@ int run_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const Ho
 int run_attention(const ProblemOptions& o, CheckMode check, int repeats) {
   AttentionProblem p = resolve_attention(o);
   if (repeats < 1) throw Error(fmt::format("--repeats must be at least 1, got {}", repeats));
-  // The random inputs and the output live in host memory first: refuse a shape they cannot fit.
+  // The random inputs and the output live in host memory first: refuse a shape they cannot fit
+  // (the backward: q, k, v, do and the three gradients).
   const double elems = static_cast<double>(p.B) * p.H * p.S * p.D;
-  check_host_memory(elems * (3 * size_bytes(p.source) + size_bytes(p.out)),
+  check_host_memory(elems * (p.backward ? 7 * size_bytes(p.in) : 3 * size_bytes(p.source) + size_bytes(p.out)),
                     fmt::format("attention [{}, {}, {}, {}]", p.B, p.H, p.S, p.D));
-  fmt::print("attention [B, H, S, D] = [{}, {}, {}, {}]  {}{} -> {}{}\npath: {}\n", p.B, p.H, p.S, p.D, name(p.in),
-             p.path == AttentionPath::fp8_pipeline ? " (quantized from random bf16)" : "", name(p.out), p.causal ? "  causal" : "",
-             describe(p.path));
+  fmt::print("attention{} [B, H, S, D] = [{}, {}, {}, {}]  {}{} -> {}{}\npath: {}{}\n", p.backward ? " backward" : "", p.B, p.H, p.S,
+             p.D, name(p.in), p.path == AttentionPath::fp8_pipeline ? " (quantized from random bf16)" : "", name(p.out),
+             p.causal ? "  causal" : "", describe(p.path),
+             p.backward ? ", then attention_backward (kernels/attention_backward.h: delta, dK / dV, dQ)" : "");
+  if (p.backward) return run_attention_backward(p, check, repeats);
   if (const std::optional<int> status = nothing_to_run(p)) return *status;
   const HostTensor q = random_normal(p.source, p.shape(), 1), k = random_normal(p.source, p.shape(), 2),
                    v = random_normal(p.source, p.shape(), 3);

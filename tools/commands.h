@@ -25,6 +25,7 @@ struct ProblemOptions {
   // `tilejit run attention --dtype e4m3`: the FP8 quantization recipes of kernels/attention_fp8.h.
   bool hadamard = false, q_residual = false;
   bool delayed_scaling = false;   // attention e4m3: the previous call's amaxes (kernels/attention_fp8.h)
+  bool backward = false;          // attention bf16 / f16: the backward after the forward (kernels/attention_backward.h)
 };
 
 // `tilejit doctor`: what this machine can do (driver, GPU, NVRTC, features, cache).

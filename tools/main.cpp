@@ -95,6 +95,9 @@ int main(int argc, char** argv) {
   run->add_option("--head-dim", run_opts.head_dim, "attention: head dim D, 64/128/256 for e4m3/bf16/f16 (default 128)")
       ->check(positive);
   run->add_flag("--hadamard", run_opts.hadamard, "attention e4m3: rotate Q and K by a Hadamard before quantizing");
+  run->add_flag("--backward", run_opts.backward,
+                "attention bf16 / f16: the backward (dq, dk, dv from a random dO) after the forward, checked against float64 "
+                "gradients and timed");
   run->add_flag("--delayed-scaling", run_opts.delayed_scaling,
                 "attention e4m3: descales from the previous call's amaxes, measured in the same pass (one read of q, k, v; "
                 "the first call measures first; timed and checked from the second call on)");

@@ -38,6 +38,10 @@ int out_tensor(const ResolvedProblem& r, const HostArguments& a) {
 int run(const ProblemOptions& given, CheckMode check, int repeats) {
   // attention with e4m3 / bf16 / f16: the FP8 pipeline or the 16-bit tensor-core path.
   if (runs_attention_pipeline(given)) return run_attention(given, check, repeats);
+  if (given.backward)
+    throw Error(fmt::format("--backward applies to `tilejit run attention --dtype bf16|f16` only (kernels/attention_backward.h), "
+                            "not to {} --dtype {}",
+                            given.kernel, given.dtype));
   ProblemOptions o = given;
   if (o.batch || o.heads || o.seq || o.head_dim) {
     if (o.kernel != "attention")
