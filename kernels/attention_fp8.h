@@ -149,8 +149,10 @@ void quantize_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, c
 TensorView quantize_fp8_delayed(const TensorView& x, const TensorView& prev, const TensorView& y, const TensorView& descale,
                                 std::optional<DeviceTensor>& next, bool transpose, const LaunchOptions& lo);
 
-// Sylvester's Hadamard matrix of order d, normalized (entries ±1/√d, H·Hᵀ = I), f32 [d, d]:
-// the rotation the hadamard option passes to the quantizers. d must be a power of two.
-HostTensor hadamard_matrix(int64_t d);
+// Sylvester's Hadamard matrix of order d, [d, d]: f32 normalized (entries ±1/√d, H·Hᵀ = I), or in a
+// 16-bit dtype its signs (±1, exact; the quantizers scale the product by 1/√d and multiply on the
+// tensor cores): the rotation the hadamard option passes to the quantizers, in q's dtype. d must
+// be a power of two.
+HostTensor hadamard_matrix(int64_t d, DType dtype = DType::f32);
 
 }  // namespace tj::kernels

@@ -216,8 +216,9 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
   ensure(ws.qd, DType::f32, {B, H});
   ensure(ws.kd, DType::f32, {B, Hkv});
   if (!opt.hadamard && !opt.q_residual) return;
-  if (opt.hadamard && (!ws.hadamard || ws.hadamard->shape() != std::vector<int64_t>{D, D}))
-    ws.hadamard.emplace(DeviceTensor::from_host(hadamard_matrix(D)));
+  // In q's 16-bit dtype: the signs, whose product with Q and K runs on the tensor cores.
+  if (opt.hadamard && (!ws.hadamard || ws.hadamard->shape() != std::vector<int64_t>{D, D} || ws.hadamard->dtype() != q.dtype))
+    ws.hadamard.emplace(DeviceTensor::from_host(hadamard_matrix(D, q.dtype)));
   // Without a rotation the quantizers never read it; any tensor fills the slot.
   const TensorView rotation = opt.hadamard ? ws.hadamard->view() : ws.qd->view();
   LaunchOptions qo = lo;
@@ -302,10 +303,12 @@ int64_t attention_fp8_quantize_chunks(int64_t heads_total, int64_t S) {
   return std::max<int64_t>(1, std::min((S + 63) / 64, (target_programs + heads_total - 1) / heads_total));
 }
 
-HostTensor hadamard_matrix(int64_t d) {
+HostTensor hadamard_matrix(int64_t d, DType dtype) {
   require_power_of_two(d);
-  HostTensor h(DType::f32, {d, d});
-  const double entry = 1.0 / std::sqrt(static_cast<double>(d));
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    throw Error(fmt::format("hadamard_matrix: f32 (normalized) or bf16 / f16 (signs), not {}", name(dtype)));
+  HostTensor h(dtype, {d, d});
+  const double entry = dtype == DType::f32 ? 1.0 / std::sqrt(static_cast<double>(d)) : 1.0;
   // H[i][j] = (-1)^popcount(i & j) / √d: Sylvester's [[H, H], [H, -H]] unrolled.
   for (int64_t i = 0; i < d; ++i)
     for (int64_t j = 0; j < d; ++j) h.set(i * d + j, __builtin_popcountll(static_cast<uint64_t>(i & j)) % 2 ? -entry : entry);

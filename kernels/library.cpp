@@ -100,7 +100,9 @@ std::vector<ArgSpec> rotate_quantize_args(const Problem& p, const char* kernel, 
   expect_rank(p, 4, kernel, "[batch, heads, seq, head_dim]");
   const int64_t B = p.shape[0], H = p.shape[1], S = p.shape[2], D = p.shape[3];
   DType q = p.out_dtype && is_fp8(*p.out_dtype) ? *p.out_dtype : DType::e4m3;
-  TensorSpec x{p.dtype, p.shape}, rotation{DType::f32, {D, D}}, descale{DType::f32, {B, H}};
+  // A 16-bit x takes its rotation in its own dtype (the product on the tensor cores).
+  const DType r = p.dtype == DType::bf16 || p.dtype == DType::f16 ? p.dtype : DType::f32;
+  TensorSpec x{p.dtype, p.shape}, rotation{r, {D, D}}, descale{DType::f32, {B, H}};
   if (!split) return {x, rotation, TensorSpec{q, p.shape}, descale};
   return {x, rotation, TensorSpec{q, {B, H, S, 2, D}}, descale, true};
 }

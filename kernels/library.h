@@ -71,7 +71,9 @@ const Kernel& quantize_transpose_fp8();
 
 // The Q/K quantizers of attention_fp8_forward's hadamard / q_residual options (kernels/quantize.cpp).
 // rotation: f32 [D, D] orthonormal (Sylvester's Hadamard from hadamard_matrix in
-// kernels/attention_fp8.h); descale [B,H] f32 = amax / fp8_max of the values quantized.
+// kernels/attention_fp8.h), or in x's 16-bit dtype a ±1 matrix (hadamard_matrix(D, dtype)) whose
+// product the kernels scale by 1/√D -- a 16-bit product runs on the tensor cores (the generic
+// lowering), an f32 one on the SIMT path; descale [B,H] f32 = amax / fp8_max of the values quantized.
 //   quantize_hadamard_fp8 (x, rotation, y [B,H,S,D], descale): y = fp8(x·R / descale).
 //   quantize_residual_fp8 (x, rotation, y [B,H,S,2,D], descale, rotate): the halves of each
 //     [2D] row: hi = fp8(x' / descale), lo = fp8(x' / descale - hi), x' = x·R when `rotate`, else x.

@@ -37,6 +37,7 @@
 // It is computed in both passes rather than stored.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <optional>
 
 #include "kernels/library.h"
@@ -69,17 +70,23 @@ int64_t static_head_dim(const In& x, const char* kernel) {
   return *d;
 }
 
-// R must be [D, D] for x's head dim D.
+// R must be [D, D] for x's head dim D: f32 (orthonormal), or x's 16-bit dtype holding a ±1 matrix
+// (unnormalized: exact in 16 bits; the product is scaled by 1/√D), which the tensor cores multiply.
 void check_rotation(const In& x, const In& rotation, const char* kernel) {
   const int64_t D = static_head_dim(x, kernel);
   if (rotation.rank() != 2 || rotation.static_dim(0) != D || rotation.static_dim(1) != D)
-    throw Error(fmt::format("{}: the rotation must be f32 [{}, {}] (x's head dim), got a rank-{} tensor{}", kernel, D, D,
+    throw Error(fmt::format("{}: the rotation must be [{}, {}] (x's head dim), got a rank-{} tensor{}", kernel, D, D,
                             rotation.rank(), rotation.rank() == 2 ? fmt::format(" [{}, {}]", rotation.static_dim(0).value_or(-1),
                                                                                  rotation.static_dim(1).value_or(-1))
                                                                   : std::string()));
-  if (rotation.dtype() != DType::f32)
-    throw Error(fmt::format("{}: the rotation must be f32 (so ±1/√D is exact to f32), got {}", kernel, name(rotation.dtype())));
+  if (rotation.dtype() != DType::f32 && rotation.dtype() != x.dtype())
+    throw Error(fmt::format("{}: the rotation must be f32 (orthonormal: ±1/√D, exact to f32) or x's dtype {} (±1, scaled by 1/√D "
+                            "after the product), got {}",
+                            kernel, name(x.dtype()), name(rotation.dtype())));
 }
+
+// Whether the rotation is a 16-bit ±1 matrix (the product on the tensor cores, scaled after).
+bool unnormalized(const In& rotation) { return rotation.dtype() != DType::f32; }
 
 // y [B, H, S, 2, D] for x [B, H, S, D]: two halves of a [B, H, S, 2D] row.
 void check_halves(const In& x, const Out& y, const char* kernel) {
@@ -95,11 +102,17 @@ void check_halves(const In& x, const Out& y, const char* kernel) {
 template <class Use>
 void for_each_column_tile(const In& x, const In& rotation, const Tile& b, const Tile& h, const TileIndex& s, bool rotate,
                           const char* column_block, Use use) {
-  auto rows = x.load(b, h, s, all).to(DType::f32);
+  auto raw = x.load(b, h, s, all);
   if (!rotate) {
-    use(IndexArg(all), rows);
+    use(IndexArg(all), raw.to(DType::f32));
     return;
   }
+  if (unnormalized(rotation)) {   // 16-bit x · (±1): f32 accumulation, then 1/√D
+    const double norm = 1.0 / std::sqrt(static_cast<double>(*x.static_dim(3)));
+    for (auto c : tile(x.dim(3), block(column_block))) use(IndexArg(c), dot(raw, rotation.load(all, c)) * norm);
+    return;
+  }
+  auto rows = raw.to(DType::f32);
   for (auto c : tile(x.dim(3), block(column_block))) use(IndexArg(c), dot(rows, rotation.load(all, c)));
 }
 

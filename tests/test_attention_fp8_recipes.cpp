@@ -158,6 +158,40 @@ TEST_CASE("hadamard_matrix: orthonormal Sylvester matrix, a head dim that is not
   }
   for (int64_t d : {0, 3, 96, 192})
     CHECK_THROWS_WITH_AS(kernels::hadamard_matrix(d), doctest::Contains("must be a power of two"), Error);
+  // In a 16-bit dtype: the signs, exact (the quantizers scale the product by 1/√d).
+  for (DType t : {DType::bf16, DType::f16}) {
+    const HostTensor h = kernels::hadamard_matrix(128, t), f = kernels::hadamard_matrix(128);
+    CHECK(h.dtype() == t);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < h.numel(); ++i) wrong += h.at(i) != (f.at(i) > 0 ? 1.0 : -1.0);
+    CHECK(wrong == 0);
+  }
+  CHECK_THROWS_WITH_AS(kernels::hadamard_matrix(64, DType::e4m3), "hadamard_matrix: f32 (normalized) or bf16 / f16 (signs), not e4m3",
+                       Error);
+}
+
+TEST_CASE("rotating quantizers with a 16-bit ±1 rotation (the tensor cores' product) agree with the f32 rotation") {
+  // The same rotation up to the f32 rounding of ±1/√D and the order of the adds: the descales agree
+  // to f32 rounding, and an e4m3 value differs by one step at most, rarely.
+  std::mt19937 rng(31);
+  const int64_t B = 1, H = 2, S = 72, D = 64;
+  const HostTensor x = tj_test::randn(DType::bf16, {B, H, S, D}, rng, 0.01);
+  const HostTensor r32 = kernels::hadamard_matrix(D), r16 = kernels::hadamard_matrix(D, DType::bf16);
+  const Config qc = kernels::attention_fp8_quantize_config(true);
+  HostTensor y32(DType::e4m3, {B, H, S, D}), y16(DType::e4m3, {B, H, S, D}), d32(DType::f32, {B, H}), d16(DType::f32, {B, H});
+  y16.fill_bytes(0xFF);
+  tj_test::run_ref(kernels::quantize_hadamard_fp8(), {x.view(), r32.view(), y32.view(), d32.view()}, qc);
+  tj_test::run_ref(kernels::quantize_hadamard_fp8(), {x.view(), r16.view(), y16.view(), d16.view()}, qc);
+  for (int64_t bh = 0; bh < B * H; ++bh) CHECK(d16.at(bh) == doctest::Approx(d32.at(bh)).epsilon(1e-6));
+  int64_t differ = 0, far = 0;
+  for (int64_t i = 0; i < y16.numel(); ++i) {
+    const double a = y16.at(i), b = y32.at(i);
+    if (a == b) continue;
+    ++differ;
+    if (std::isnan(a) || std::fabs(a - b) > std::max(std::fabs(a), std::fabs(b)) / 8 + 0x1p-9) ++far;
+  }
+  CHECK(far == 0);
+  CHECK(differ <= y16.numel() / 100);
 }
 
 TEST_CASE("quantize_hadamard_fp8 / quantize_residual_fp8 / quantize_duplicate_fp8: bit-exact against the f32 recipe") {
@@ -215,14 +249,18 @@ TEST_CASE("quantize_hadamard_fp8 / quantize_residual_fp8 / quantize_duplicate_fp
 TEST_CASE("rotating / splitting quantizers: a wrong rotation or output shape is a trace-time error naming it") {
   TensorSpec x{DType::bf16, {1, 2, 64, 128}}, y{DType::e4m3, {1, 2, 64, 128}}, ds{DType::f32, {1, 2}};
   TensorSpec halves{DType::e4m3, {1, 2, 64, 2, 128}};
-  TensorSpec rot{DType::f32, {128, 128}}, rot_small{DType::f32, {64, 64}}, rot_bf16{DType::bf16, {128, 128}};
+  TensorSpec rot{DType::f32, {128, 128}}, rot_small{DType::f32, {64, 64}}, rot_bf16{DType::bf16, {128, 128}},
+      rot_f16{DType::f16, {128, 128}};
   CHECK_NOTHROW(kernels::quantize_hadamard_fp8().trace({x, rot, y, ds}));
+  CHECK_NOTHROW(kernels::quantize_hadamard_fp8().trace({x, rot_bf16, y, ds}));   // x's dtype: ±1, on the tensor cores
   CHECK_THROWS_WITH_AS(kernels::quantize_hadamard_fp8().trace({x, rot_small, y, ds}),
-                       doctest::Contains("the rotation must be f32 [128, 128] (x's head dim), got a rank-2 tensor [64, 64]"), Error);
-  CHECK_THROWS_WITH_AS(kernels::quantize_hadamard_fp8().trace({x, rot_bf16, y, ds}),
-                       doctest::Contains("the rotation must be f32 (so ±1/√D is exact to f32), got bf16"), Error);
+                       doctest::Contains("the rotation must be [128, 128] (x's head dim), got a rank-2 tensor [64, 64]"), Error);
+  CHECK_THROWS_WITH_AS(kernels::quantize_hadamard_fp8().trace({x, rot_f16, y, ds}),
+                       doctest::Contains("the rotation must be f32 (orthonormal: ±1/√D, exact to f32) or x's dtype bf16 (±1, "
+                                         "scaled by 1/√D after the product), got f16"),
+                       Error);
   CHECK_THROWS_WITH_AS(kernels::quantize_residual_fp8().trace({x, rot_small, halves, ds, true}),
-                       doctest::Contains("quantize_residual_fp8: the rotation must be f32 [128, 128]"), Error);
+                       doctest::Contains("quantize_residual_fp8: the rotation must be [128, 128]"), Error);
   // Without `rotate` the rotation is never read: any tensor fills its slot.
   CHECK_NOTHROW(kernels::quantize_residual_fp8().trace({x, rot_small, halves, ds, false}));
   CHECK_THROWS_WITH_AS(kernels::quantize_residual_fp8().trace({x, rot, y, ds, true}),
@@ -423,6 +461,17 @@ TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with 
     CHECK(ck.generated.lowering == "simt");
     CHECK(!ck.cubin.empty());
   }
+  // A 16-bit ±1 rotation: the product on the tensor cores (the generic lowering), D 128.
+  TensorSpec x{DType::bf16, {2, 4, 1000, 128}}, rot{DType::bf16, {128, 128}}, ds{DType::f32, {2, 4}};
+  const CompiledKernel& ck = compile(kernels::quantize_hadamard_fp8(), {x, rot, TensorSpec{DType::e4m3, x.shape}, ds},
+                                     kernels::attention_fp8_quantize_config(true), CompileRequest{"sm_90a", false, false});
+  CHECK(ck.generated.lowering == "tensor cores (wgmma)");
+  CHECK(ck.generated.notes.empty());
+  CHECK(!ck.cubin.empty());
+  const CompiledKernel& split = compile(kernels::quantize_residual_fp8(), {x, rot, TensorSpec{DType::e4m3, {2, 4, 1000, 2, 128}}, ds, true},
+                                        kernels::attention_fp8_quantize_config(true), CompileRequest{"sm_90a", false, false});
+  CHECK(split.generated.lowering == "tensor cores (wgmma)");
+  CHECK(!split.cubin.empty());
 }
 
 // The issue's targets are for S in the thousands; on the reference executor the shapes are small,
@@ -479,7 +528,9 @@ TEST_CASE("gpu: rotating / splitting quantizers match the CPU reference executor
     const int64_t B = 1, H = 2, S = 200;
     INFO("D = " << D);
     HostTensor x = tj_test::randn(DType::bf16, {B, H, S, D}, rng, 0.01);
-    const HostTensor rotation = kernels::hadamard_matrix(D);
+    for (DType rt : {DType::f32, DType::bf16}) {   // f32: SIMT; bf16 ±1: the tensor cores
+    INFO("rotation " << name(rt));
+    const HostTensor rotation = kernels::hadamard_matrix(D, rt);
     const Config qc = kernels::attention_fp8_quantize_config(true);
     HostTensor ref(DType::e4m3, {B, H, S, 2 * D}), ref_ds(DType::f32, {B, H});
     tj_test::run_ref(kernels::quantize_residual_fp8(), {x.view(), rotation.view(), as_halves(ref.view()), ref_ds.view(), true}, qc);
@@ -502,9 +553,11 @@ TEST_CASE("gpu: rotating / splitting quantizers match the CPU reference executor
       ++differ;
       if (std::isnan(a) || std::fabs(a - b) > std::max(std::fabs(a), std::fabs(b)) / 8 + 0x1p-9) ++far;
     }
-    MESSAGE("D = " << D << ": " << differ << " of " << yh.numel() << " e4m3 values differ from the reference by one step");
+    MESSAGE("D = " << D << ", rotation " << name(rt) << ": " << differ << " of " << yh.numel()
+                    << " e4m3 values differ from the reference by one step");
     CHECK(far == 0);
     CHECK(differ <= yh.numel() / 1000);
+    }
   }
 }
 
