@@ -19,6 +19,7 @@
 
 #include "dsl/config.h"
 #include "dsl/kernel.h"
+#include "runtime/jit.h"
 #include "runtime/memory.h"
 #include "runtime/owned_tensor.h"
 #include "tools/commands.h"
@@ -100,6 +101,10 @@ std::vector<int64_t> attention_shape(const ProblemOptions& o);
 
 // Validates everything `tilejit run attention --dtype e4m3|bf16|f16` takes; throws tj::Error
 // with a message that names the option and the path (tests/test_cli_attention.cpp checks each).
+// Runs `k` with `args` (host tensors, numbers, host flags) on the CPU reference executor, with
+// `cfg` or the kernel's default config.
+void run_on_cpu(const Kernel& k, const std::vector<Arg>& args, const std::optional<Config>& cfg = std::nullopt);
+
 AttentionProblem resolve_attention(const ProblemOptions& o);
 // `tilejit run attention --dtype bf16|f16 --backward` (tools/attention_backward_run.cpp): the forward
 // with its LSE, the backward for a random dO, checked against float64 gradients and timed.

@@ -161,18 +161,6 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> sample(const AttentionProb
   return {heads, rows};
 }
 
-// Runs `k` with `args` on the CPU reference executor with its default config (or `cfg`).
-void run_on_cpu(const Kernel& k, const std::vector<Arg>& args, const std::optional<Config>& cfg = std::nullopt) {
-  ir::Function f = k.trace(specs_for(k, args, false));
-  std::vector<ArgValue> values;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (k.slots()[i].is_host()) continue;
-    if (const auto* t = std::get_if<TensorView>(&args[i])) values.emplace_back(*t);
-    else values.emplace_back(static_cast<float>(std::get<double>(args[i])));
-  }
-  run_reference(f, cfg.value_or(default_config(f)), values);
-}
-
 int backward_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                              const HostTensor& dout, CheckMode check) {
   const Config cfg = kernels::attention_variant_default_config("", p.in, p.D, p.causal, 0, p.S);

@@ -17,6 +17,7 @@
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
+#include "runtime/reference.h"
 #include "core/error.h"
 #include "core/numerics.h"
 #include "tools/attention.h"
@@ -100,6 +101,17 @@ std::vector<int64_t> attention_shape(const ProblemOptions& o) {
   const int64_t B = o.batch ? o.batch : std::max<int64_t>(1, kGridTokens / S);
   const int64_t H = o.heads ? o.heads : std::max<int64_t>(1, kGridWidth / D);
   return {B, H, S, D};
+}
+
+void run_on_cpu(const Kernel& k, const std::vector<Arg>& args, const std::optional<Config>& cfg) {
+  ir::Function f = k.trace(specs_for(k, args, false));
+  std::vector<ArgValue> values;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (k.slots()[i].is_host()) continue;
+    if (const auto* t = std::get_if<TensorView>(&args[i])) values.emplace_back(*t);
+    else values.emplace_back(static_cast<float>(std::get<double>(args[i])));
+  }
+  run_reference(f, cfg.value_or(default_config(f)), values);
 }
 
 AttentionProblem resolve_attention(const ProblemOptions& o) {

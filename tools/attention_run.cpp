@@ -35,18 +35,6 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 
 double softmax_scale_log2(int64_t D) { return 1.4426950408889634 / std::sqrt(static_cast<double>(D)); }
 
-// Runs `k` with `args` (host tensors, numbers, host flags) on the CPU reference executor.
-void run_on_cpu(const Kernel& k, const std::vector<Arg>& args, const Config& cfg) {
-  ir::Function f = k.trace(specs_for(k, args, false));
-  std::vector<ArgValue> values;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (k.slots()[i].is_host()) continue;
-    if (const auto* t = std::get_if<TensorView>(&args[i])) values.emplace_back(*t);
-    else values.emplace_back(static_cast<float>(std::get<double>(args[i])));
-  }
-  run_reference(f, cfg, values);
-}
-
 // The pipeline of kernels::attention_fp8_forward, on the CPU reference executor: quantize_fp8
 // (q, k), quantize_transpose_fp8 (v), then attention_fp8 -- or attention_fp8 alone, descales 1,
 // for 16-bit inputs.
