@@ -273,10 +273,9 @@ void quantize_qkv_per_head(const TensorView& q, const TensorView& k, const Tenso
 void quantize_qkv_delayed(const TensorView& q, const TensorView& k, const TensorView& v, bool first_starts_early,
                           AttentionFp8Workspace& ws, const LaunchOptions& lo) {
   const auto [first, beside] = prepass_launches(lo, first_starts_early);
-  auto prev = [](const TensorView& x, std::optional<DeviceTensor>& partial) { return chunk_view(x, partial); };
-  quantize_fp8_delayed(q, prev(q, ws.q_amax), ws.q8->view(), ws.qd->view(), ws.q_amax_next, /*transpose=*/false, first);
-  quantize_fp8_delayed(k, prev(k, ws.k_amax), ws.k8->view(), ws.kd->view(), ws.k_amax_next, /*transpose=*/false, beside);
-  quantize_fp8_delayed(v, prev(v, ws.v_amax), ws.vt8->view(), ws.vd->view(), ws.v_amax_next, /*transpose=*/true, beside);
+  quantize_fp8_delayed(q, chunk_view(q, ws.q_amax), ws.q8->view(), ws.qd->view(), ws.q_amax_next, /*transpose=*/false, first);
+  quantize_fp8_delayed(k, chunk_view(k, ws.k_amax), ws.k8->view(), ws.kd->view(), ws.k_amax_next, /*transpose=*/false, beside);
+  quantize_fp8_delayed(v, chunk_view(v, ws.v_amax), ws.vt8->view(), ws.vd->view(), ws.v_amax_next, /*transpose=*/true, beside);
   std::swap(ws.q_amax, ws.q_amax_next);
   std::swap(ws.k_amax, ws.k_amax_next);
   std::swap(ws.v_amax, ws.v_amax_next);
@@ -403,7 +402,7 @@ void attention_fp8_forward(const TensorView& q, const TensorView& k, const Tenso
     ws.delayed_q_shape = q.shape;
     ws.delayed_k_shape = k.shape;
   } else {
-    ws.delayed_q_shape.clear();   // a call without it leaves amaxes of other chunks
+    ws.delayed_q_shape.clear();   // the recipes' calls leave no Q / K amaxes a delayed call could take
   }
   launch_attention(opt,
                    {ws.q8->view(), ws.k8->view(), ws.vt8->view(), ws.qd->view(), ws.kd->view(), ws.vd->view(), o, lse,

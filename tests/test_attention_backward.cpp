@@ -127,7 +127,7 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
   }
 }
 
-TEST_CASE("attention backward in the DSL: grouped-query heads and Sq != Skv keep every dot on wgmma; the group sum compiles") {
+TEST_CASE("attention backward in the DSL: grouped-query heads and Sq != Skv keep every dot on wgmma, and the group sum compiles") {
   const TensorSpec q{DType::bf16, {2, 8, 1024, 128}}, kv{DType::bf16, {2, 2, 768, 128}}, rows{DType::f32, {2, 8, 1024}},
       part{DType::f32, {2, 8, 768, 128}};
   for (bool causal : {false, true})
