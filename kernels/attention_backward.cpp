@@ -43,6 +43,20 @@ namespace {
 
 constexpr double kLn2 = 0.6931471805599453;
 
+// Where query head h of q [B, H, Sq, D] finds its keys in k [B, Hkv, Skv, D]: kv head h / (H /
+// Hkv), and Skv. Where the heads (the lengths) match, h (q's Sq) itself, so that multi-head kernels
+// trace as they would without grouped-query support.
+struct KeySide {
+  bool same_length;
+  Int length;
+  Int head;
+};
+KeySide key_side(const In& q, const In& k, const Int& H, const Int& Sq, const Int& h) {
+  const bool same_heads = q.static_dim(1) && q.static_dim(1) == k.static_dim(1);
+  const bool same_length = q.static_dim(2) && q.static_dim(2) == k.static_dim(2);
+  return {same_length, same_length ? Sq : k.dim(2), same_heads ? h : h / (H / k.dim(1))};
+}
+
 // dK and dV per key tile over every query tile (attention_bwd_dkdv), and with dq_acc this key
 // tile's share of dQ added into it (attention_bwd_fused). scale: the forward's, log2(e) folded in;
 // the scores' gradient is in natural units. Per key tile the scores are computed transposed (s^T =
@@ -52,13 +66,11 @@ constexpr double kLn2 = 0.6931471805599453;
 // Hkv), and dk / dv [B, H, Skv, D] are per query head (the host sums each group's).
 void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out* dq_acc, Scalar scale, bool causal) {
   auto [B, H, Sq, D] = q.shape<4>();
-  const bool same_heads = q.static_dim(1) && q.static_dim(1) == k.static_dim(1);
-  const bool same_length = q.static_dim(2) && q.static_dim(2) == k.static_dim(2);
-  auto Skv = same_length ? Sq : k.dim(2);
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
-    auto hk = same_heads ? h : h / (H / k.dim(1));
-    for (auto n : tile(Skv, block("n"))) {
+    const KeySide keys = key_side(q, k, H, Sq, h);
+    const Int& hk = keys.head;
+    for (auto n : tile(keys.length, block("n"))) {
       Var dk_acc = zeros({n, D}, DType::f32);
       Var dv_acc = zeros({n, D}, DType::f32);
       auto kt = k.load(b, hk, n, all);
@@ -102,12 +114,10 @@ const Kernel& attention_bwd_dq() {
       "attention_bwd_dq", {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"},
       [](In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal) {
         auto [B, H, Sq, D] = q.shape<4>();
-        const bool same_heads = q.static_dim(1) && q.static_dim(1) == k.static_dim(1);
-        const bool same_length = q.static_dim(2) && q.static_dim(2) == k.static_dim(2);
-        auto Skv = same_length ? Sq : k.dim(2);
         for (auto bh : grid(B * H)) {
           auto b = floordiv(bh, H), h = bh % H;
-          auto hk = same_heads ? h : h / (H / k.dim(1));
+          const KeySide keys = key_side(q, k, H, Sq, h);
+          const Int& hk = keys.head;
           for (auto m : tile(Sq, block("m"))) {
             Var dq_acc = zeros({m, D}, DType::f32);
             auto qt = q.load(b, h, m, all);
@@ -115,7 +125,9 @@ const Kernel& attention_bwd_dq() {
             auto lse_m = lse.load(b, h, m).col();
             auto delta_m = delta.load(b, h, m).col();
             // Causal (top-left): the keys up to the tile's last row (all of them past Skv).
-            const Operand n_end = !causal ? Operand(Skv) : same_length ? Operand(m.end()) : Operand(minimum(m.end(), Skv));
+            const Operand n_end = !causal ? Operand(keys.length)
+                                  : keys.same_length ? Operand(m.end())
+                                                     : Operand(minimum(m.end(), keys.length));
             for (auto n : tile(n_end, block("n"))) {
               auto kt = k.load(b, hk, n, all);
               auto s = dot(qt, kt.T()) * scale;
