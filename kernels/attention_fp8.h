@@ -120,8 +120,9 @@ Config attention_fp8_default_config(DType in, int64_t head_dim, bool causal, int
 int64_t attention_fp8_quantize_chunks(int64_t heads_total, int64_t S);
 
 // The config of attention_fp8_forward's quantizer launches (they run SIMT): rows in blocks of 64
-// ("s", "s2"); with `rotate`, columns of x·H in blocks of 64 too ("d", "d2").
-Config attention_fp8_quantize_config(bool rotate);
+// ("s", "s2"); with `rotate`, columns of x·H in blocks of 64 too ("d", "d2"), one stage past
+// head dim 128 (a 16-bit rotation's operand tiles on the tensor cores fit shared memory).
+Config attention_fp8_quantize_config(bool rotate, int64_t head_dim = 128);
 
 // The configs of quantize_fp8_per_head's launches: chunk_amax's (rows in blocks "s" of 64) and
 // the chunked quantizers' (blocks "s2" of 64; `transpose`: quantize_transpose_fp8_chunked's),

@@ -222,7 +222,7 @@ void quantize_qk(const TensorView& q, const TensorView& k, const AttentionFp8Opt
   // Without a rotation the quantizers never read it; any tensor fills the slot.
   const TensorView rotation = opt.hadamard ? ws.hadamard->view() : ws.qd->view();
   LaunchOptions qo = lo;
-  qo.config = attention_fp8_quantize_config(opt.hadamard);
+  qo.config = attention_fp8_quantize_config(opt.hadamard, D);
   if (opt.q_residual) {
     launch(quantize_residual_fp8(), {q, rotation, as_halves(ws.q8->view()), ws.qd->view(), opt.hadamard}, qo);
     launch(quantize_duplicate_fp8(), {k, rotation, as_halves(ws.k8->view()), ws.kd->view(), opt.hadamard}, qo);
@@ -285,12 +285,15 @@ void quantize_qkv_delayed(const TensorView& q, const TensorView& k, const Tensor
 
 // Rows of 64 (a multiple of 16 keeps Vᵀ's pad zero); with a rotation, columns of x·H in tiles
 // of 64, so the SIMT dot stages at most 64·(D+1) + D·64 floats in shared memory (131 KB at D = 256).
-Config attention_fp8_quantize_config(bool rotate) {
+Config attention_fp8_quantize_config(bool rotate, int64_t head_dim) {
   Config c;
   c.blocks = {{"s", 64}, {"s2", 64}};
   if (rotate) {
     c.blocks["d"] = 64;
     c.blocks["d2"] = 64;
+    // On the tensor cores each pass stages its row tile [64, D] and R's column tile [D, 64]:
+    // 2 stages of both passes at D 256 need 257 KB, one stage 129 KB (of the 227 a block has).
+    if (head_dim > 128) c.num_stages = 1;
   }
   return c;
 }

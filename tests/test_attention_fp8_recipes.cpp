@@ -472,6 +472,13 @@ TEST_CASE("rotating / splitting quantizers: NVRTC compiles them for sm_90a with 
                                         kernels::attention_fp8_quantize_config(true), CompileRequest{"sm_90a", false, false});
   CHECK(split.generated.lowering == "tensor cores (wgmma)");
   CHECK(!split.cubin.empty());
+  // D 256: both passes' operand tiles fit shared memory with the config's one stage.
+  TensorSpec x256{DType::bf16, {2, 4, 1000, 256}}, rot256{DType::bf16, {256, 256}};
+  const CompiledKernel& wide =
+      compile(kernels::quantize_residual_fp8(), {x256, rot256, TensorSpec{DType::e4m3, {2, 4, 1000, 2, 256}}, ds, true},
+              kernels::attention_fp8_quantize_config(true, 256), CompileRequest{"sm_90a", false, false});
+  CHECK(wide.generated.lowering == "tensor cores (wgmma)");
+  CHECK(!wide.cubin.empty());
 }
 
 // The issue's targets are for S in the thousands; on the reference executor the shapes are small,
@@ -531,7 +538,7 @@ TEST_CASE("gpu: rotating / splitting quantizers match the CPU reference executor
     for (DType rt : {DType::f32, DType::bf16}) {   // f32: SIMT; bf16 ±1: the tensor cores
     INFO("rotation " << name(rt));
     const HostTensor rotation = kernels::hadamard_matrix(D, rt);
-    const Config qc = kernels::attention_fp8_quantize_config(true);
+    const Config qc = kernels::attention_fp8_quantize_config(true, D);
     HostTensor ref(DType::e4m3, {B, H, S, 2 * D}), ref_ds(DType::f32, {B, H});
     tj_test::run_ref(kernels::quantize_residual_fp8(), {x.view(), rotation.view(), as_halves(ref.view()), ref_ds.view(), true}, qc);
     DeviceTensor dx = DeviceTensor::from_host(x), drot = DeviceTensor::from_host(rotation);
