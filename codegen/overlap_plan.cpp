@@ -10,11 +10,13 @@ namespace tj::codegen {
 namespace {
 
 // The values an op of the body reads: a tensor-core dot's operands as it reads them (transposes
-// and casts folded), its accumulator and k range; any other op's operands.
+// and casts folded) and as written (the folded ops' results, so that those ops follow the dot),
+// its accumulator and k range; any other op's operands.
 std::vector<int> inputs(const ir::Op& op, const MmaPlan& mma) {
   if (const MmaDot* d = mma.dot_of(&op)) {
-    std::vector<int> in = {d->a.value, d->b.value};
-    in.insert(in.end(), op.operands.begin() + 2, op.operands.end());
+    std::vector<int> in = op.operands;
+    in.push_back(d->a.value);
+    in.push_back(d->b.value);
     return in;
   }
   return op.operands;

@@ -3,6 +3,7 @@
 // user kernels of examples/kernels compiled by NVRTC and ptxas for sm_90a (wgmma and TMA in the
 // PTX, no spills), with a golden file of one kernel's generated source.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <functional>
@@ -580,6 +581,29 @@ TEST_CASE("mma codegen: knob overlap runs a loop's chained dot one iteration lat
     INFO(r.log);
     CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
   }
+  // The chained dot's b operand a transposed load (V stored [D, S]: fp8's K-major as stored): the
+  // load and its folded transpose run late with the dot, so nothing of theirs is carried.
+  for (DType t : {DType::e4m3, DType::bf16})
+    for (int overlap : {1, 2}) {
+      CAPTURE(name(t));
+      CAPTURE(overlap);
+      // 304 keys: a ragged last tile, and vt's rows 16-byte multiples (TMA's rule).
+      const std::vector<int64_t> shape = {2, 4, 304, 128}, vt_shape = {2, 4, 128, 304};
+      const ir::Function f = examples::readme_attention_vt().trace(
+          {T(t, shape), T(t, shape), T(t, vt_shape), T(DType::bf16, shape), RuntimeScalar{0.125f}, true});
+      const auto g = codegen::generate_cuda(
+          f, cfg(fmt::format(R"({{"blocks":{{"m":128,"n":128}},"num_warps":8,"num_stages":{},"knobs":{{"overlap":{}}}}})",
+                             t == DType::e4m3 ? 4 : 2, overlap)
+                     .c_str()),
+          Target{});
+      INFO(g.source);
+      CHECK(contains(g.source, "knob overlap: the dot at line"));
+      CHECK(contains(g.source, "b: 'vt' by TMA (K-major"));
+      CHECK(!contains(g.source, "transpose_8bit"));
+      const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+      INFO(r.log);
+      CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
+    }
   // A GEMM's K loop holds one dot; attention's backward four; without the producer warpgroup the
   // late loads' slots could not be refilled in time. Each says so in the generated code.
   CHECK(contains(codegen::generate_cuda(gemm_nk(DType::bf16, 512, 256, 1024),

@@ -82,37 +82,6 @@ Case gemm_case(bool kn, int64_t M, int64_t N, int64_t K, uint64_t seed) {
   return c;
 }
 
-// The README attention with V stored transposed, vt [B, H, D, S] (as attention_fp8's quantizer
-// writes it): user code too. For e4m3 its P.V operand is K-major as stored, so the generic
-// lowering needs no transposing copy; timed beside the README kernel it measures that copy.
-const Kernel& readme_attention_vt() {
-  static const Kernel k = kernel("readme_attention_vt", {"q", "k", "vt", "o", "scale", "causal"},
-                                 [](In q, In k, In vt, Out o, Scalar scale, bool causal) {
-    auto [B, H, S, D] = q.shape<4>();
-    for (auto bh : grid(B * H)) {
-      auto b = floordiv(bh, H), h = bh % H;
-      for (auto m : tile(S, block("m"))) {
-        Var m_i = full({m}, -INFINITY, DType::f32);
-        Var l_i = zeros({m}, DType::f32);
-        Var acc = zeros({m, D}, DType::f32);
-        auto qt = q.load(b, h, m, all);
-        for (auto n : tile(causal ? m.end() : S, block("n"))) {
-          auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
-          if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
-          auto m_new = maximum(m_i, amax(s, 1));
-          auto p = exp2(s - m_new.col());
-          auto alpha = exp2(m_i - m_new);
-          l_i = l_i * alpha + sum(p, 1);
-          acc = dot(p.to(vt.dtype()), vt.load(b, h, all, n).T(), acc * alpha.col());
-          m_i = m_new;
-        }
-        o.store(b, h, m, all, (acc / l_i.col()).to(o.dtype()));
-      }
-    }
-  });
-  return k;
-}
-
 // v [B, H, S, D] transposed to [B, H, D, S] on the device.
 DeviceTensor transposed_v(const HostTensor& v) {
   const auto& q = v.shape();
@@ -318,7 +287,7 @@ int main(int argc, char** argv) {
         const bool template_path = path == "template";
         bool checked = true;   // the output is the problem's (not a padded or different one)
         if (path.rfind("generic vt", 0) == 0) {
-          k = &readme_attention_vt();
+          k = &examples::readme_attention_vt();
           fast_dev.push_back(transposed_v(c.host[2]));
           run_args[2] = fast_dev.back().view();
         }

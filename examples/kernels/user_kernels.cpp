@@ -106,6 +106,34 @@ const Kernel& readme_attention() {
   return k;
 }
 
+const Kernel& readme_attention_vt() {
+  static const Kernel k = kernel("readme_attention_vt", {"q", "k", "vt", "o", "scale", "causal"},
+                                 [](In q, In k, In vt, Out o, Scalar scale, bool causal) {
+    auto [B, H, S, D] = q.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) {
+        Var m_i = full({m}, -INFINITY, DType::f32);
+        Var l_i = zeros({m}, DType::f32);
+        Var acc = zeros({m, D}, DType::f32);
+        auto qt = q.load(b, h, m, all);
+        for (auto n : tile(causal ? m.end() : S, block("n"))) {
+          auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
+          if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
+          auto m_new = maximum(m_i, amax(s, 1));
+          auto p = exp2(s - m_new.col());
+          auto alpha = exp2(m_i - m_new);
+          l_i = l_i * alpha + sum(p, 1);
+          acc = dot(p.to(vt.dtype()), vt.load(b, h, all, n).T(), acc * alpha.col());
+          m_i = m_new;
+        }
+        o.store(b, h, m, all, (acc / l_i.col()).to(o.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
 const Kernel& sink_attention() {
   static const Kernel k = kernel("sink_attention", {"q", "k", "v", "sinks", "o", "scale"},
                                  [](In q, In k, In v, In sinks, Out o, Scalar scale) {

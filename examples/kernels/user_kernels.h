@@ -21,6 +21,10 @@ const Kernel& swiglu();
 // exp2 (scale has log2(e) folded in), causal or not.
 const Kernel& readme_attention();
 
+// The same with V stored transposed, vt [B, H, D, S] (as the library's FP8 quantizer writes it):
+// for e4m3 the P.V dot's b operand is then K-major as stored, which wgmma's fp8 operands need.
+const Kernel& readme_attention_vt();
+
 // Attention with a per-head sink logit in the softmax denominator (gpt-oss style): sinks [H] in
 // log2 units, an extra key of zero value that every query sees.
 const Kernel& sink_attention();

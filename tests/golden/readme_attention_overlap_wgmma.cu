@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   const unsigned v19 = tj::dev::smem_u32(tj_tc + 0) + (tj_u0 % 1u) * 32768u;  // @ user_kernels.cpp:91
   const unsigned tj_first1 = tj_use1;   // ring 1: this run of the loop's first use
   const unsigned tj_first2 = tj_use2;   // ring 2: this run of the loop's first use
-  // knob overlap: the dot at line 99 and the 6 op(s) that only feed it run one iteration late, while the next iteration's work after its first dot (line 93) runs  // @ user_kernels.cpp:92
+  // knob overlap: the dot at line 99 and the 7 op(s) that only feed it run one iteration late, while the next iteration's work after its first dot (line 93) runs  // @ user_kernels.cpp:92
   long long tj_i21 = 0LL;   // the index of the iteration whose late ops run next
   unsigned tj_pa48[32];   // the late dot's A fragments, carried
   tj::dev::Tile<float, M128x1> tj_c36;   // carried to the late ops
