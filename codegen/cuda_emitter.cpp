@@ -964,13 +964,18 @@ bool Emitter::push_through_mask(const Op& op, const Layout& L, const std::vector
     return fmt::format("tj::dev::map<{}>([]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), expr, fmt::join(xs, ", "));
   };
   const std::string type = tile_type(f_.type(op.result).dtype, L);
+  // The failing arm only on tiles the mask cuts (its ops, an exp2 per element, would otherwise
+  // run on every tile): it is read only there, by this op's select and the next pushed-through
+  // op's failing arm, under the same `whole`.
   line(fmt::format("const {} {}_a = {};   // through the mask: its arm where it holds", type, n, mapped(a)), &op.loc);
-  line(fmt::format("const {} {}_b = {};   // and where it fails", type, n, mapped(b)), &op.loc);
-  line(fmt::format("[[maybe_unused]] {} {};", type, n), &op.loc);
+  line(fmt::format("[[maybe_unused]] {} {}_b, {};", type, n, n), &op.loc);
   line(fmt::format("if ({}) {} = {}_a;", m.whole, n, n), &op.loc);
-  line(fmt::format("else {} = tj::dev::map<{}>([](bool c, {} a, {} b) {{ return c ? a : b; }}, {}, {}_a, {}_b);", n, alias(L), T, T,
+  line(fmt::format("else {{   // and where it fails", m.whole), &op.loc);
+  line(fmt::format("  {}_b = {};", n, mapped(b)), &op.loc);
+  line(fmt::format("  {} = tj::dev::map<{}>([](bool c, {} a, {} b) {{ return c ? a : b; }}, {}, {}_a, {}_b);", n, alias(L), T, T,
                    m.mask, n, n),
        &op.loc);
+  line("}", &op.loc);
   names_[op.result] = n;
   masked_[op.result] = MaskedValue{m.whole, m.mask, n + "_a", n + "_b", n};
   return true;
