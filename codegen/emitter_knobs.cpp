@@ -36,6 +36,10 @@ const KnobSpec fp8_key_order{
     "producer warpgroup, the copy orders K as P's registers hold it, so that P's fragments need no shuffles across a quad "
     "(the copy's addressing costs more; measured slower than 0 on an H200, bench/RESULTS.md); 0: P's fragments are exchanged "
     "within each quad"};
+const KnobSpec copy_stages{
+    "copy_stages", 2, "2",
+    "slots of the K-major ring that an fp8 operand's transposed copy fills (the producer warpgroup's copy runs that many "
+    "fills ahead of the dots that read it), 1 to num_stages"};
 const KnobSpec issue_early{
     "issue_early", 1, "1",
     "1 (with the tensor cores): in each inner loop's body, the loads of input tensors that the threads read and the dots whose "
@@ -55,7 +59,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fp8_key_order, &issue_early, &pin_waits, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fp8_key_order, &copy_stages, &issue_early, &pin_waits, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

@@ -15,6 +15,7 @@ extern const KnobSpec longest_first;
 extern const KnobSpec overlap;           // a loop's chained dot one iteration late
 extern const KnobSpec wg_turns;          // the consumer warpgroups take turns issuing wgmmas
 extern const KnobSpec stage_stores;      // accumulator-layout stores through shared memory
+extern const KnobSpec copy_stages;       // fp8 operands copied K-major: slots of the copy's ring
 extern const KnobSpec fp8_key_order;     // fp8 P.V: V's transposed copy in P's fragment order
 extern const KnobSpec issue_early;       // loop bodies' input loads and leaf dots first (codegen/issue_early.h)
 extern const KnobSpec pin_waits;         // work before a wgmma wait kept above it in the SASS

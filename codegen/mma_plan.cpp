@@ -407,8 +407,13 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
       s.prefetch = prefetchable(*s.op, s.home);
       s.stages = s.prefetch ? std::max(1, cfg.num_stages) : 1;
     }
-    // Two K-major slots: the dots read one while the next is copied; the TMA ring runs ahead.
-    if (s.transposed_copy) s.read_stages = std::min(2, s.stages);
+    // K-major slots (knob copy_stages, default 2: the dots read one while the next is copied);
+    // the TMA ring runs ahead of the copy.
+    if (s.transposed_copy) {
+      const int64_t want = knobs::copy_stages.of(cfg);
+      if (want < 1) throw Error(fmt::format("kernel '{}': knob copy_stages must be at least 1, got {}", f.name, want));
+      s.read_stages = static_cast<int>(std::min<int64_t>(want, s.stages));
+    }
     if (s.copy) {   // the tiles' threads copy it: no producer, no tensor map
       s.producer = false;
       continue;
