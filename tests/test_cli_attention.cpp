@@ -19,6 +19,7 @@
 #include "gpu.h"
 #include "core/error.h"
 #include "tools/attention.h"
+#include "tools/attention_grads.h"
 
 using namespace tj;
 using namespace tj::tools;
@@ -434,6 +435,37 @@ TEST_CASE("cli bench attention: without a GPU it says so") {
   o.out.clear();
   o.peers_script = "/nonexistent/peers.py";
   CHECK_THROWS_WITH_AS(bench_attention(o), "--peers-script /nonexistent/peers.py: no such file", Error);
+  o.peers_script.clear();
+  o.backward = true;   // the backward's benchmark: the same checks first
+  try {
+    bench_attention(o);
+    FAIL("bench_attention --backward ran without a GPU");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("tilejit bench attention --backward times kernels on a CUDA GPU; none here (") == 0);
+  }
+  o.seq = 3000;
+  CHECK_THROWS_WITH_AS(bench_attention(o), doctest::Contains("--seq 3000 is not in the benchmark's grid"), Error);
+}
+
+TEST_CASE("cli attention: the float64 gradients' dq alone (long sequences) equals dq of the whole computation") {
+  const int64_t B = 1, H = 2, S = 96, D = 32;
+  const HostTensor q = random_normal(DType::bf16, {B, H, S, D}, 11), k = random_normal(DType::bf16, {B, H, S, D}, 12),
+                   v = random_normal(DType::bf16, {B, H, S, D}, 13), dout = random_normal(DType::bf16, {B, H, S, D}, 14);
+  const std::vector<int64_t> heads = {1}, rows = {0, 17, 95};
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const tj::tools::SampledGrads all = tj::tools::attention_grads_f64(q, k, v, dout, S, D, causal, heads, rows);
+    const tj::tools::SampledGrads dq = tj::tools::attention_grads_f64(q, k, v, dout, S, D, causal, heads, rows, true);
+    REQUIRE(all.dq.size() == rows.size() * D);
+    CHECK(all.dk.size() == rows.size() * D);
+    CHECK(dq.dk.empty());
+    CHECK(dq.dv.empty());
+    CHECK(dq.dq == all.dq);
+    // dq of row 0 under the causal mask: only key 0 is seen, so the softmax is 1 and dS = 0.
+    if (causal)
+      for (int64_t x = 0; x < D; ++x) CHECK(all.dq[x] == 0.0);
+    CHECK(tj::tools::grad_rel_rmse(tj::tools::gather_rows(q, S, D, heads, rows), all.dq) > 0.5);   // not trivially equal
+  }
 }
 
 TEST_CASE("cli: the tilejit program wires `run attention`, `tune attention`, `bench attention` and `bench variants` (subprocess)") {
@@ -450,6 +482,10 @@ TEST_CASE("cli: the tilejit program wires `run attention`, `tune attention`, `be
   r = run_cli("bench memory --causal");
   CHECK(r->status == 1);
   CHECK(r->output.find("tilejit: `tilejit bench memory` takes --rows, --cols, --reps") != std::string::npos);
+  r = run_cli("bench memory --backward");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("tilejit: --backward applies to `tilejit bench attention` (the attention backward), not to `tilejit bench "
+                       "memory`") != std::string::npos);
   r = run_cli("bench attention --rows 1024");
   CHECK(r->output.find("tilejit: --rows and --cols apply to `tilejit bench memory`") != std::string::npos);
   // `bench inputs` (tools/bench_inputs.cpp) checks its options before it looks for a GPU.

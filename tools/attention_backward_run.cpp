@@ -19,6 +19,7 @@
 #include "runtime/jit.h"
 #include "runtime/reference.h"
 #include "tools/attention.h"
+#include "tools/attention_grads.h"
 #include "tools/problem.h"
 
 namespace tj::tools {
@@ -35,106 +36,14 @@ constexpr double kMaxRelRmse = 3e-2;
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// dq, dk and dv at rows `rows` of heads `heads` (head-major, then row), each row D values.
-struct SampledGrads {
-  std::vector<double> dq, dk, dv;
-};
-
-// float64 gradients of attention (softmax scale 1/sqrt(D), causal top-left or not) for dL/do =
-// dout, at the sampled rows of the sampled heads (a query row for dq, a key row for dk / dv). Each
-// head costs about 2 S^2 D multiply-adds: its whole score matrix is formed.
-SampledGrads attention_grads_f64(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, bool causal,
-                                 const std::vector<int64_t>& heads, const std::vector<int64_t>& rows) {
-  const int64_t S = q.shape()[2], D = q.shape()[3];
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  SampledGrads g;
-  std::vector<double> Q(S * D), K(S * D), V(S * D), dO(S * D), P(S * S), delta(S);
-  for (int64_t bh : heads) {
-    const int64_t base = bh * S * D;
-    for (int64_t i = 0; i < S * D; ++i) {
-      Q[i] = q.at(base + i);
-      K[i] = k.at(base + i);
-      V[i] = v.at(base + i);
-      dO[i] = dout.at(base + i);
-    }
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t keys = causal ? i + 1 : S;
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < keys; ++j) {
-        double d = 0;
-        for (int64_t x = 0; x < D; ++x) d += Q[i * D + x] * K[j * D + x];
-        P[i * S + j] = d * scale;
-        mx = std::max(mx, P[i * S + j]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j < keys; ++j) sum += (P[i * S + j] = std::exp(P[i * S + j] - mx));
-      for (int64_t j = 0; j < S; ++j) P[i * S + j] = j < keys ? P[i * S + j] / sum : 0.0;
-      // delta_i = do_i . o_i, o_i = sum_j P_ij v_j
-      delta[i] = 0;
-      for (int64_t x = 0; x < D; ++x) {
-        double o = 0;
-        for (int64_t j = 0; j < keys; ++j) o += P[i * S + j] * V[j * D + x];
-        delta[i] += dO[i * D + x] * o;
-      }
-    }
-    auto dp = [&](int64_t i, int64_t j) {
-      double d = 0;
-      for (int64_t x = 0; x < D; ++x) d += dO[i * D + x] * V[j * D + x];
-      return d;
-    };
-    for (int64_t i : rows) {   // dq_i = scale sum_j dS_ij k_j
-      std::vector<double> acc(D, 0.0);
-      for (int64_t j = 0; j < S; ++j)
-        if (P[i * S + j] != 0.0) {
-          const double ds = P[i * S + j] * (dp(i, j) - delta[i]);
-          for (int64_t x = 0; x < D; ++x) acc[x] += ds * K[j * D + x] * scale;
-        }
-      g.dq.insert(g.dq.end(), acc.begin(), acc.end());
-    }
-    for (int64_t j : rows) {   // dv_j = sum_i P_ij do_i, dk_j = scale sum_i dS_ij q_i
-      std::vector<double> dk(D, 0.0), dv(D, 0.0);
-      for (int64_t i = 0; i < S; ++i)
-        if (P[i * S + j] != 0.0) {
-          const double ds = P[i * S + j] * (dp(i, j) - delta[i]);
-          for (int64_t x = 0; x < D; ++x) {
-            dv[x] += P[i * S + j] * dO[i * D + x];
-            dk[x] += ds * Q[i * D + x] * scale;
-          }
-        }
-      g.dk.insert(g.dk.end(), dk.begin(), dk.end());
-      g.dv.insert(g.dv.end(), dv.begin(), dv.end());
-    }
-  }
-  return g;
-}
-
-// The same rows of a gradient [B, H, S, D] (a contiguous host tensor).
-std::vector<double> gather(const HostTensor& t, const std::vector<int64_t>& heads, const std::vector<int64_t>& rows) {
-  const int64_t S = t.shape()[2], D = t.shape()[3];
-  std::vector<double> out;
-  for (int64_t bh : heads)
-    for (int64_t i : rows)
-      for (int64_t x = 0; x < D; ++x) out.push_back(t.at((bh * S + i) * D + x));
-  return out;
-}
-
-double rel_rmse(const std::vector<double>& got, const std::vector<double>& want) {
-  double e = 0, r = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    e += (got[i] - want[i]) * (got[i] - want[i]);
-    r += want[i] * want[i];
-  }
-  return std::sqrt(e / std::max(r, 1e-300));
-}
-
 // Prints the check's line; returns whether it passed.
 bool report(const SampledGrads& want, const HostTensor& dq, const HostTensor& dk, const HostTensor& dv, const std::vector<int64_t>& heads,
             const std::vector<int64_t>& rows, int64_t heads_total) {
-  const double eq = rel_rmse(gather(dq, heads, rows), want.dq), ek = rel_rmse(gather(dk, heads, rows), want.dk),
-               ev = rel_rmse(gather(dv, heads, rows), want.dv);
+  const int64_t S = dq.shape()[2], D = dq.shape()[3];
+  const double eq = grad_rel_rmse(gather_rows(dq, S, D, heads, rows), want.dq),
+               ek = grad_rel_rmse(gather_rows(dk, S, D, heads, rows), want.dk),
+               ev = grad_rel_rmse(gather_rows(dv, S, D, heads, rows), want.dv);
   const bool ok = std::max({eq, ek, ev}) <= kMaxRelRmse;
-  const int64_t S = dq.shape()[2];
   fmt::print("check vs float64 gradients ({}): rel RMSE dq {:.2e}, dk {:.2e}, dv {:.2e} (<= {:.0e}): {}\n",
              static_cast<int64_t>(heads.size()) == heads_total && static_cast<int64_t>(rows.size()) == S
                  ? fmt::format("every row of every head")
@@ -188,7 +97,7 @@ int backward_on_cpu_executor(const AttentionProblem& p, const HostTensor& q, con
     return 0;
   }
   const auto [heads, sampled] = sample(p, /*all=*/true);
-  return report(attention_grads_f64(q, k, v, dout, p.causal, heads, sampled), dq, dk, dv, heads, sampled, p.B * p.H) ? 0 : 1;
+  return report(attention_grads_f64(q, k, v, dout, p.S, p.D, p.causal, heads, sampled), dq, dk, dv, heads, sampled, p.B * p.H) ? 0 : 1;
 }
 
 }  // namespace
@@ -209,7 +118,7 @@ int run_attention_backward(const AttentionProblem& p, CheckMode check, int repea
   const auto [heads, rows] = sample(p, check == CheckMode::always);
   std::future<SampledGrads> reference;
   if (check != CheckMode::never)
-    reference = std::async(std::launch::async, [&, h = heads, r = rows] { return attention_grads_f64(q, k, v, dout, p.causal, h, r); });
+    reference = std::async(std::launch::async, [&, h = heads, r = rows] { return attention_grads_f64(q, k, v, dout, p.S, p.D, p.causal, h, r); });
 
   const CUstream stream = nullptr;   // the legacy stream, as `run attention` (synchronous poisoning)
   const DeviceTensor dq_in = DeviceTensor::from_host(q), dk_in = DeviceTensor::from_host(k), dv_in = DeviceTensor::from_host(v),

@@ -128,6 +128,7 @@ bool bench_shape(const BenchShape& s, Inputs& in, CUstream stream, L2Flusher& l2
 }  // namespace
 
 int bench_attention(const BenchAttentionOptions& o) {
+  if (o.backward) return bench_attention_backward(o);
   const std::vector<BenchShape> shapes = bench_shapes(o);
   check_out_path(o.out);
   if (!o.peers_script.empty()) find_peers_script(o.peers_script);   // a wrong path fails now, not after the timing

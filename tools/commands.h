@@ -61,8 +61,13 @@ struct BenchAttentionOptions {
   std::string python = "python3";
   std::string peers_script;       // empty: bench/attention/peers.py (from here or the source tree)
   uint64_t seed = 20261122;
+  bool backward = false;          // the attention backward (bf16) against SDPA's backward instead of the forward
 };
 int bench_attention(const BenchAttentionOptions& o);
+// `tilejit bench attention --backward` (bench_attention sends it there): kernels::attention_backward
+// after the forward's LSE, gradients checked against float64, then SDPA's backward (flash, cuDNN)
+// through peers.py --backward; one markdown table.
+int bench_attention_backward(const BenchAttentionOptions& o);
 
 // `tilejit bench variants` (issue #7): the attention variants of kernels/attention_variants.h
 // (and GQA) in bf16 and fp8, with and without block skipping, against PyTorch's compiled

@@ -45,6 +45,14 @@ float32 attention with the variant's meaning on 2 heads (ok: rRMSE <= 1e-2).
       [--doc-eighths 1,3,2,2] [--doc-shifts 37,-90,70,-17] [--block-cell 128]
       [--dilated 2048:1,4096:2,8192:4] [--csv FILE]
 CSV columns: variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note.
+
+--backward mode (tilejit bench attention --backward runs it): the backward alone of SDPA, bf16,
+over the same grid: torch.autograd.grad through one saved forward per backend (its own graph,
+retained), random N(0, 1) dO; TFLOP/s = 2.5 * the forward's FLOPs / time:
+  sdpa_flash_bf16_bwd   FLASH_ATTENTION backend
+  sdpa_cudnn_bf16_bwd   CUDNN_ATTENTION backend
+rrmse: the largest of dq's, dk's and dv's relative RMS error on 2 heads against float32
+autograd through float32 SDPA of the same bf16 inputs (ok: <= 3e-2). Same CSV columns as the forward.
 """
 import argparse
 import math
@@ -60,6 +68,8 @@ FP8_MAX = 448.0     # largest finite e4m3 (float8_e4m3fn)
 P_OFFSET = 8.0      # P = exp2(s - m + 8) lies in [0, 256]: e4m3's range at full relative precision
 LOG2E = 1.4426950408889634
 PEERS = ("sdpa_flash_bf16", "sdpa_cudnn_bf16", "triton_fp8")
+BACKWARD_PEERS = ("sdpa_flash_bf16_bwd", "sdpa_cudnn_bf16_bwd")
+BACKWARD_TOL = 3e-2
 # Triton kernel vs float32 SDPA of its own dequantized inputs: P's e4m3 rounding alone costs
 # ~2.6e-2 relative RMSE on N(0, 1) (bench/attention/README.md), so anything past this is a bug.
 TRITON_OWN_ERROR_TOL = 5e-2
@@ -445,6 +455,74 @@ def run(args):
     return res
 
 
+def reference_grads_f32(torch, F, q, k, v, do, causal, heads):
+    """float32 gradients (dq, dk, dv) of SDPA on the given (b, h), through float32 autograd."""
+    idx_b = [b for b, _ in heads]
+    idx_h = [h for _, h in heads]
+    xs = [t[idx_b, idx_h].detach().float().unsqueeze(0).requires_grad_() for t in (q, k, v)]
+    o = F.scaled_dot_product_attention(*xs, is_causal=causal)
+    return [g[0] for g in torch.autograd.grad(o, xs, do[idx_b, idx_h].float().unsqueeze(0))]
+
+
+def run_backward(args):
+    res = Results(args.csv)
+    only = set(args.only.split(",")) if args.only else set(BACKWARD_PEERS)
+    shapes = parse_shapes(args)
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except Exception as e:  # noqa: BLE001
+        res.note("peers: torch (with torch.nn.attention) not available (%s): no peer rows" % one_line(e))
+        return res
+    if not torch.cuda.is_available():
+        res.note("peers: torch %s sees no CUDA device: no peer rows" % torch.__version__)
+        return res
+    res.note("peers: torch %s, %s, cuDNN %s (backward)" % (
+        torch.__version__, torch.cuda.get_device_name(0), torch.backends.cudnn.version()))
+    timer = Timer(torch, args.reps, args.warmup)
+    attempts = Attempts(torch, res, only, args.verbose)
+    gen = torch.Generator(device="cuda")
+    for shape in shapes:
+        B, H, S, D, causal = shape
+        torch.cuda.empty_cache()
+        gen.manual_seed(args.seed + S * 7 + D)
+        q, k, v, do = (torch.randn((B, H, S, D), device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+        for t in (q, k, v):
+            t.requires_grad_()
+        heads = check_heads(B, H)
+        ref = reference_grads_f32(torch, F, q, k, v, do, causal, heads)
+        fl = 2.5 * flops(B, H, S, D, causal)
+        line = ["S=%5d D=%3d causal=%d" % (S, D, causal)]
+        for peer, backend in (("sdpa_flash_bf16_bwd", "FLASH_ATTENTION"), ("sdpa_cudnn_bf16_bwd", "CUDNN_ATTENTION")):
+            def sdpa_bwd(peer=peer, backend=backend):
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    fn = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+                    grads = fn()
+                    torch.cuda.synchronize()
+                    rr = max(rel_rmse(torch, take_heads(g, heads), r) for g, r in zip(grads, ref))
+                    del grads
+                    ms = timer.median_ms(fn)
+                res.add(shape, peer, ms, fl / (ms * 1e-3) / 1e12, rr, rr <= BACKWARD_TOL)
+                line.append("%s %.1f (rRMSE %.1e)" % (peer, fl / (ms * 1e-3) / 1e12, rr))
+            attempts(peer, (peer, D, causal), "S=%d D=%d causal=%d" % (S, D, causal), "this D and mask", sdpa_bwd)
+        print("  " + "  ".join(line))
+        sys.stdout.flush()
+        del q, k, v, do
+    return res
+
+
+def print_backward_table(res):
+    print("\n| D | S | B×H | causal | peer | TFLOP/s | rRMSE |")
+    print("| ---: | ---: | ---: | --- | --- | ---: | ---: |")
+    for (B, H, S, D, causal), peer, ms, tf, rr, ok, note in res.rows:
+        print("| %d | %d | %d×%d | %s | %s | %.1f%s | %.1e |" % (D, S, B, H, "yes" if causal else "no", peer, tf,
+                                                            "" if ok else " (FAIL)", rr))
+    for n in res.notes:
+        print("- " + n)
+
+
 def print_table(res):
     by_shape = {}
     for shape, peer, ms, tf, rr, ok, note in res.rows:
@@ -817,6 +895,7 @@ def main(argv=None):
     ap.add_argument("--csv", help="write the rows here (tilejit bench attention reads it)")
     ap.add_argument("--only", help="comma-separated peers: " + ",".join(PEERS))
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
+    ap.add_argument("--backward", action="store_true", help="SDPA's backward alone (peers: " + ",".join(BACKWARD_PEERS) + ")")
     var = ap.add_argument_group("--variants mode (tilejit bench variants): issue #7's attention variants")
     var.add_argument("--variants", help="comma-separated: " + ",".join(VARIANTS) + " (runs this mode; --only: "
                      + ",".join(VARIANT_PEERS) + ")")
@@ -842,13 +921,13 @@ def main(argv=None):
     if len(eighths) != len(shifts) or len(eighths) < 1 or sum(eighths) != 8 or sum(shifts) != 0:
         ap.error("--doc-eighths (summing to 8) and --doc-shifts (summing to 0) need one entry per document")
     try:
-        res = run_variants(args) if args.variants else run(args)
+        res = run_variants(args) if args.variants else run_backward(args) if args.backward else run(args)
     except Exception as e:  # noqa: BLE001  (the CSV keeps what finished; say why it stopped)
         traceback.print_exc()
         print("peers: stopped: %s" % one_line(e))
         return 1
     if not args.csv:
-        (print_variant_table if args.variants else print_table)(res)
+        (print_variant_table if args.variants else print_backward_table if args.backward else print_table)(res)
     return 0
 
 
