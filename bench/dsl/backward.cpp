@@ -175,8 +175,10 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
   for (const auto& [path, spec] : paths) try {
     // "@fused[+json]": dK / dV and dQ in one kernel (dQ by atomic adds into dq_acc, zeroed first,
     // then converted); else the dK / dV and dQ kernels. json: knobs over the untuned configs.
-    const bool fused = spec.rfind("@fused", 0) == 0;
-    const std::string json = fused ? spec.substr(6) : spec;
+    // "@kv+json": the json over the dK / dV kernel's untuned config only (the dQ kernel's blocks
+    // have other meanings: m its rows).
+    const bool fused = spec.rfind("@fused", 0) == 0, kv_only = spec.rfind("@kv", 0) == 0;
+    const std::string json = fused ? spec.substr(6) : kv_only ? spec.substr(3) : spec;
     const Ready rd = prepare(kernels::attention_bwd_delta(), {o.view(), in[3].view(), delta.view()}, "", ctx.dev);
     const Ready rkv =
         fused ? prepare(kernels::attention_bwd_fused(),
@@ -191,7 +193,7 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
                            : prepare(kernels::attention_bwd_dq(),
                                      {in[0].view(), in[1].view(), in[2].view(), in[3].view(), lse.view(), delta.view(),
                                       dq.view(), scale, causal},
-                                     json, ctx.dev);
+                                     kv_only ? std::string() : json, ctx.dev);
     for (DeviceTensor* t : {&delta, &dq, &dk, &dv}) t->fill_bytes(0xFF);
     auto all = [&](int, CUstream s) {
       rd.launch(s);
@@ -251,6 +253,9 @@ void bench_backward(BenchContext& ctx, bool quick, const std::string& name_has,
   std::vector<std::pair<std::string, std::string>> paths = {{"generic", ""}, {"generic fused", "@fused"}};
   paths.insert(paths.end(), also.begin(), also.end());
   for (const auto& [label, json] : also) paths.push_back({label + " fused", "@fused" + json});
+  // A label starting "kv": its knobs over the dK / dV kernel alone (three-kernel form).
+  for (auto& [label, json] : paths)
+    if (label.rfind("generic kv", 0) == 0 && json.rfind("@", 0) != 0) json = "@kv" + json;
   const std::vector<int64_t> seqs = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 4096, 16384};
   uint64_t seed = 500;
   for (int64_t S : seqs)
