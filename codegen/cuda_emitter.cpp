@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -32,6 +33,8 @@ void Emitter::analyze() {
   def_.assign(f_.values.size(), nullptr);
   uses_.assign(f_.values.size(), 0);
   range_.assign(f_.values.size(), Range{});
+  divisor_.assign(f_.values.size(), 1);
+  loop_end_.assign(f_.values.size(), -1);
   names_.assign(f_.values.size(), "");
   ir::walk(f_.body, [&](const Op& op, int) {
     if (op.result >= 0) def_[op.result] = &op;
@@ -112,7 +115,17 @@ bool Emitter::store_folds_transpose(const Op& op, size_t i) const {
   return tile_dims == 2;
 }
 
+namespace {
+// A divisor of every value of a constant: itself (0: any, as a large power of two).
+int64_t divisor_of_constant(int64_t c) { return c == 0 ? int64_t(1) << 62 : c < 0 ? (c == kMin ? 1 : -c) : c; }
+int64_t mul_divisors(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) || r > (int64_t(1) << 62) ? int64_t(1) << 62 : r;
+}
+}  // namespace
+
 void Emitter::compute_range(const Op& op) {
+  compute_divisor(op);
   auto set = [&](int v, Range r) { range_[v] = r; };
   if (op.kind == OpKind::loop) {
     Range b = range(op.operands[0]), e = range(op.operands[1]);
@@ -309,9 +322,44 @@ std::string Emitter::convert(const std::string& expr, const Layout& have, const 
   return n;
 }
 
+void Emitter::compute_divisor(const Op& op) {
+  if (op.kind == OpKind::loop) {
+    const int64_t step = op.loop_kind == ir::LoopKind::tile ? cfg_.block(f_, op.block_id) : 1;
+    divisor_[op.body_index] = std::gcd(divisor(op.operands[0]), step);
+    loop_end_[op.body_index] = op.operands[1];
+    return;
+  }
+  if (op.result < 0) return;
+  const TileType& t = f_.type(op.result);
+  if (!t.is_scalar() || !is_int(t.dtype)) return;
+  int64_t d = 1;
+  switch (op.kind) {
+    case OpKind::const_value: d = divisor_of_constant(op.ival); break;
+    case OpKind::block_size: d = divisor_of_constant(cfg_.block(f_, op.block_id)); break;
+    case OpKind::cast: d = is_int(f_.type(op.operands[0]).dtype) ? divisor(op.operands[0]) : 1; break;
+    case OpKind::binary: {
+      const int64_t a = divisor(op.operands[0]), b = divisor(op.operands[1]);
+      switch (op.binary) {
+        case BinaryFn::add:
+        case BinaryFn::sub:
+        case BinaryFn::maximum:
+        case BinaryFn::minimum: d = std::gcd(a, b); break;
+        case BinaryFn::mul: d = mul_divisors(a, b); break;
+        default: break;
+      }
+      break;
+    }
+    default: break;
+  }
+  divisor_[op.result] = d;
+}
+
 bool Emitter::provably_full(int vb, int ve, int64_t extent) const {
   Range b = range(vb), e = range(ve);
-  return b.known_hi() && e.known_lo() && b.hi <= e.lo - extent;
+  if (b.known_hi() && e.known_lo() && b.hi <= e.lo - extent) return true;
+  // A tile loop's index below its end, both multiples of the extent: index + extent <= end.
+  return extent > 0 && vb >= 0 && vb < (int)loop_end_.size() && loop_end_[vb] == ve && divisor(vb) % extent == 0 &&
+         divisor(ve) % extent == 0;
 }
 
 // ---- expressions ---------------------------------------------------------------------------------

@@ -493,7 +493,7 @@ int64_t Emitter::a_frag_regs(const MmaDot& d) const { return row_blocks(d) * (d.
 void Emitter::emit_a_frags(const Op& op, const MmaDot& d, const std::string& frags) {
   std::string value = ref(d.a.value);
   const size_t kpos = op.ival == 1 ? 3 : 2;
-  if (d.k_masked && op.operands.size() >= kpos + 2) {
+  if (d.k_masked && op.operands.size() >= kpos + 2 && !provably_full(op.operands[kpos], op.operands[kpos + 1], d.k)) {
     // Where the tile runs past the dot's k range, its columns there contribute nothing.
     const std::string masked = fresh(d.a.value, "k"), kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
     line(fmt::format("{} {} = {};", tile_type(DType::f32, plan_.of(d.a.value)), masked, value), &op.loc);
@@ -561,7 +561,9 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
     const int k_dim = which == 0 ? (o.transposed ? 0 : 1) : (o.transposed ? 1 : 0);
     if (o.source == MmaOperand::Source::staged) {
       addr[which] = ref(o.value);
-      if (d.k_masked && !wg) {
+      // (No tail where every tile of the k range is whole: the loop's index and end multiples of it.)
+      const bool k_tail = d.k_masked && !provably_full(op.operands[kpos], op.operands[kpos + 1], d.k);
+      if (k_tail && !wg) {
         const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
         line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
         line("  tj::dev::sync_threads();   // no warp still reads the buffer for an earlier dot");
@@ -569,7 +571,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
                          ke, kb));
         line("  tj::dev::sync_threads();");
         line("}");
-      } else if (d.k_masked) {
+      } else if (k_tail) {
         // Past k_end the rows of K contribute nothing: zero them where the tile runs past it.
         const std::string kb = ref(op.operands[kpos]), ke = ref(op.operands[kpos + 1]);
         line(fmt::format("if ({} + {} > {}) {{   // the tile runs past the dot's k range: zero its tail", kb, d.k, ke), &op.loc);
@@ -585,7 +587,7 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
     }
     const OperandBuffer& b = mma_.buffers.at(o.buffer);
     const int rows_dim = 1 - k_dim;
-    const bool kmask = d.k_masked && has_krange;
+    const bool kmask = d.k_masked && has_krange && !provably_full(op.operands[kpos], op.operands[kpos + 1], d.k);
     if (!staging) line("tj::dev::sync_threads();   // every warp is done with the buffers' last contents", &op.loc);
     staging = true;
     line(fmt::format("tj::dev::stage_operand<{}, {}, {}, {}>({}, tj_tc + {}, {}, {});", dtag(which == 0 ? d.ta : d.tb),

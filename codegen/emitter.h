@@ -150,6 +150,11 @@ class Emitter {
   std::vector<int> uses_;                // effective uses per value
   std::set<int> folded_;                 // transpose results folded into the dots that use them
   std::vector<Range> range_;             // integer scalars
+  // Integer scalars: a divisor every value of it has (1: none known), and where it is a loop's
+  // index, the loop's end (-1 otherwise): a tile loop's index below an end that both are
+  // multiples of the block is a whole tile's start (causal attention's keys up to m.end()).
+  std::vector<int64_t> divisor_;
+  std::vector<int> loop_end_;
   std::vector<std::string> names_;       // C++ expression per value
   std::vector<std::string> names_param_; // C++ name per parameter
   std::set<const Op*> hoisted_;          // launch-bound ops emitted before the program decode
@@ -179,7 +184,9 @@ class Emitter {
   // -- analysis
   void analyze();
   void compute_range(const Op& op);
+  void compute_divisor(const Op& op);
   Range range(int v) const { return v >= 0 && v < (int)range_.size() ? range_[v] : Range{}; }
+  int64_t divisor(int v) const { return v >= 0 && v < (int)divisor_.size() ? divisor_[v] : 1; }
   std::vector<int64_t> shape(int v) const { return bind_shape(f_, cfg_, f_.type(v)); }
 
   // -- output helpers

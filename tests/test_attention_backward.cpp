@@ -120,8 +120,10 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
       CHECK(std::regex_search(r.ptx, std::regex(wg ? R"(wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16)"
                                                    : R"(mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32)")));
       INFO(r.log);
-      // The fused kernel holds dK, dV and dQ^T's accumulators at once: a few words spill.
-      CHECK(tj_test::ptxas_info(r.log).spill_stores <= (fused ? 32 : 0));
+      // The fused kernel holds dK, dV and dQ^T's accumulators at once: a few words spill (causal,
+      // whose query tiles are all whole since the emitter's divisor analysis: 48 bytes on sm_90a,
+      // 96 on sm_80).
+      CHECK(tj_test::ptxas_info(r.log).spill_stores <= (fused ? (wg ? 64 : 96) : 0));
       CHECK(r.log.find("serialized") == std::string::npos);   // ptxas kept the wgmmas asynchronous (no C751x)
     }
   }

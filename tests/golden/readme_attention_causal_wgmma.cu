@@ -122,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     [[maybe_unused]] tj::dev::Tile<float, M128x128> v38;  // @ user_kernels.cpp:94
     if (v38_whole) v38 = v29;  // @ user_kernels.cpp:94
     else v38 = tj::dev::map<M128x128>([](bool a, float b, float c) { return a ? b : c; }, v36, v29, (-tj::dev::inf()));  // @ user_kernels.cpp:94
-    const tj::dev::Tile<float, M128x1> v39 = ((v24 + 128 <= v22 && v38_whole) ? (tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v28, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(tj::dev::map<M128x128>([](bool c, float v) { return c ? v : -tj::dev::inf(); }, v36, tj::dev::times(v28, scale)), v24, v22, tj_smem));  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v39 = ((v38_whole) ? (tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v28, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::map<M128x128>([](bool c, float v) { return c ? v : -tj::dev::inf(); }, v36, tj::dev::times(v28, scale)), 0, 0, tj_smem));  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v40 = var13;  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v41 = tj::dev::map<M128x1>([](float a, float b) { return fmaxf(a, b); }, v40, v39);  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v42 = v41;  // @ user_kernels.cpp:96
@@ -144,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<float, M128x1> v46 = var13;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x1> v47 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v46, v41);  // @ user_kernels.cpp:97
     const tj::dev::Tile<float, M128x1> v48 = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v47);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M128x1> v49 = ((v24 + 128 <= v22) ? tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v45, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, true>(v45, v24, v22, tj_smem));  // @ user_kernels.cpp:98
+    const tj::dev::Tile<float, M128x1> v49 = tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v45, 0, 0, tj_smem);  // @ user_kernels.cpp:98
     const tj::dev::Tile<float, M128x1> v50 = var15;  // @ user_kernels.cpp:98
     const tj::dev::Tile<float, M128x1> v51 = tj::dev::map<M128x1>([](float a, float b) { return a * b; }, v50, v48);  // @ user_kernels.cpp:98
     const tj::dev::Tile<float, M128x1> v52 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v51, v49);  // @ user_kernels.cpp:98
@@ -159,15 +159,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
     var17 = v56;  // @ user_kernels.cpp:99
     unsigned tj_a60[32];   // a as register fragments  // @ user_kernels.cpp:99
-    tj::dev::Tile<float, M128x128> v45_k0 = v45;  // @ user_kernels.cpp:99
-    if (v24 + 128 > v22) v45_k0 = tj::dev::mask_k_cols(v45, v24, v22);  // @ user_kernels.cpp:99
-    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 128>(v45_k0, tj_a60);  // @ user_kernels.cpp:99
-    if (v24 + 128 > v22) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
-      tj::dev::sync_threads();   // no warpgroup still reads the buffer for an earlier dot
-      tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v58, (int)(v22 - v24));
-      tj::dev::fence_proxy_async_shared();
-      tj::dev::sync_threads();
-    }
+    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 128>(v45, tj_a60);  // @ user_kernels.cpp:99
     tj::dev::wgmma_fence();
     tj::dev::wgmma_rs<1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, true, 2>>(var17.v, tj_a60, v58, 1);  // @ user_kernels.cpp:99
     tj::dev::wgmma_commit();
