@@ -289,6 +289,9 @@ using BenchTable = std::map<BenchShape, BenchRow>;
 // notes, collected into `notes`) into `table`. Malformed lines become notes, never errors.
 void read_peer_csv(std::istream& in, BenchTable& table, std::vector<std::string>& notes);
 
+// The result of implementation `impl` at shape `s`, or null where it has none (or no time).
+const BenchResult* bench_result(const BenchTable& table, const BenchShape& s, const std::string& impl);
+
 // The merged markdown table (with a header line per entry of `header`), as RESULTS.md takes it.
 std::string bench_markdown(const std::vector<BenchShape>& shapes, const BenchTable& table,
                            const std::vector<std::string>& header, const std::vector<std::string>& notes);

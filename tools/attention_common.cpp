@@ -538,14 +538,16 @@ std::string ratio_cell(const BenchResult* a, const BenchResult* b) {
 
 std::string rmse_cell(const BenchResult* r) { return r && r->rel_rmse >= 0 ? fmt::format("{:.1e}", r->rel_rmse) : "n/a"; }
 
+const BenchResult* bench_result(const BenchTable& table, const BenchShape& s, const std::string& impl) {
+  auto it = table.find(s);
+  if (it == table.end()) return nullptr;
+  auto jt = it->second.find(impl);
+  return jt == it->second.end() || jt->second.tflops <= 0 ? nullptr : &jt->second;
+}
+
 std::string bench_markdown(const std::vector<BenchShape>& shapes, const BenchTable& table, const std::vector<std::string>& header,
                            const std::vector<std::string>& notes) {
-  auto find = [&](const BenchShape& s, const char* impl) -> const BenchResult* {
-    auto it = table.find(s);
-    if (it == table.end()) return nullptr;
-    auto jt = it->second.find(impl);
-    return jt == it->second.end() || jt->second.tflops <= 0 ? nullptr : &jt->second;
-  };
+  auto find = [&](const BenchShape& s, const char* impl) { return bench_result(table, s, impl); };
   auto num = tflops_cell;
   auto ratio = ratio_cell;
   auto err = rmse_cell;

@@ -94,12 +94,7 @@ bool bench_shape(const BenchShape& s, Inputs& in, CUstream stream, L2Flusher& l2
 
 std::string backward_markdown(const std::vector<BenchShape>& shapes, const BenchTable& table, const std::vector<std::string>& header,
                               const std::vector<std::string>& notes) {
-  auto find = [&](const BenchShape& s, const char* impl) -> const BenchResult* {
-    auto it = table.find(s);
-    if (it == table.end()) return nullptr;
-    auto jt = it->second.find(impl);
-    return jt == it->second.end() || jt->second.tflops <= 0 ? nullptr : &jt->second;
-  };
+  auto find = [&](const BenchShape& s, const char* impl) { return bench_result(table, s, impl); };
   std::string md;
   for (const auto& h : header) md += h + "\n";
   if (!header.empty()) md += "\n";
