@@ -355,19 +355,28 @@ class Attempts:
                 pass
 
 
-def run(args):
-    res = Results(args.csv)
-    only = set(args.only.split(",")) if args.only else set(PEERS)
-    shapes = parse_shapes(args)
+def cuda_torch(res):
+    """(torch, torch.nn.functional) where torch imports and sees a CUDA device; else None, noted."""
     try:
         import torch
         import torch.nn.functional as F
     except Exception as e:  # noqa: BLE001
         res.note("peers: torch not available (%s): no peer rows" % one_line(e))
-        return res
+        return None
     if not torch.cuda.is_available():
         res.note("peers: torch %s sees no CUDA device: no peer rows" % torch.__version__)
+        return None
+    return torch, F
+
+
+def run(args):
+    res = Results(args.csv)
+    only = set(args.only.split(",")) if args.only else set(PEERS)
+    shapes = parse_shapes(args)
+    loaded = cuda_torch(res)
+    if loaded is None:
         return res
+    torch, F = loaded
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except Exception as e:  # noqa: BLE001
@@ -468,15 +477,14 @@ def run_backward(args):
     res = Results(args.csv)
     only = set(args.only.split(",")) if args.only else set(BACKWARD_PEERS)
     shapes = parse_shapes(args)
+    loaded = cuda_torch(res)
+    if loaded is None:
+        return res
+    torch, F = loaded
     try:
-        import torch
-        import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except Exception as e:  # noqa: BLE001
-        res.note("peers: torch (with torch.nn.attention) not available (%s): no peer rows" % one_line(e))
-        return res
-    if not torch.cuda.is_available():
-        res.note("peers: torch %s sees no CUDA device: no peer rows" % torch.__version__)
+        res.note("peers: torch.nn.attention.sdpa_kernel unavailable (%s): no SDPA rows" % one_line(e))
         return res
     res.note("peers: torch %s, %s, cuDNN %s (backward)" % (
         torch.__version__, torch.cuda.get_device_name(0), torch.backends.cudnn.version()))
