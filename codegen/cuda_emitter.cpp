@@ -1018,7 +1018,7 @@ bool Emitter::push_through_mask(const Op& op, const Layout& L, const std::vector
   line(fmt::format("const {} {}_a = {};   // through the mask: its arm where it holds", type, n, mapped(a)), &op.loc);
   line(fmt::format("[[maybe_unused]] {} {}_b, {};", type, n, n), &op.loc);
   line(fmt::format("if ({}) {} = {}_a;", m.whole, n, n), &op.loc);
-  line(fmt::format("else {{   // and where it fails", m.whole), &op.loc);
+  line("else {   // and where it fails", &op.loc);
   line(fmt::format("  {}_b = {};", n, mapped(b)), &op.loc);
   line(fmt::format("  {} = tj::dev::map<{}>([](bool c, {} a, {} b) {{ return c ? a : b; }}, {}, {}_a, {}_b);", n, alias(L), T, T,
                    m.mask, n, n),
