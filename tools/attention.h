@@ -261,6 +261,9 @@ void run_peers_script(const std::string& python, const std::string& script_optio
 
 // --out FILE.md: throws tj::Error now (before any timing) when its directory does not exist.
 void check_out_path(const std::string& out);
+// A benchmark's markdown: each header line, a blank line, the table, then the notes as a list.
+std::string markdown_document(const std::vector<std::string>& header, const std::string& table,
+                              const std::vector<std::string>& notes);
 // Prints the markdown and writes it to `out` (when not empty).
 void emit_markdown(const std::string& md, const std::string& out);
 

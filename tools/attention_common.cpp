@@ -538,6 +538,19 @@ std::string ratio_cell(const BenchResult* a, const BenchResult* b) {
 
 std::string rmse_cell(const BenchResult* r) { return r && r->rel_rmse >= 0 ? fmt::format("{:.1e}", r->rel_rmse) : "n/a"; }
 
+std::string markdown_document(const std::vector<std::string>& header, const std::string& table,
+                              const std::vector<std::string>& notes) {
+  std::string md;
+  for (const auto& h : header) md += h + "\n";
+  if (!header.empty()) md += "\n";
+  md += table;
+  if (!notes.empty()) {
+    md += "\n";
+    for (const auto& n : notes) md += "- " + n + "\n";
+  }
+  return md;
+}
+
 const BenchResult* bench_result(const BenchTable& table, const BenchShape& s, const std::string& impl) {
   auto it = table.find(s);
   if (it == table.end()) return nullptr;
@@ -552,8 +565,6 @@ std::string bench_markdown(const std::vector<BenchShape>& shapes, const BenchTab
   auto ratio = ratio_cell;
   auto err = rmse_cell;
   std::string md;
-  for (const auto& h : header) md += h + "\n";
-  if (!header.empty()) md += "\n";
   md += "| D | S | B×H | causal | tilejit fp8 | tilejit fp8 + quantize | tilejit bf16 | SDPA flash bf16 | SDPA cuDNN bf16 | "
         "Triton fp8 | fp8 / cuDNN bf16 | fp8 / Triton fp8 | bf16 / cuDNN bf16 | rRMSE tilejit fp8 | rRMSE Triton fp8 |\n";
   md += "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
@@ -564,11 +575,7 @@ std::string bench_markdown(const std::vector<BenchShape>& shapes, const BenchTab
                       s.causal ? "yes" : "no", num(fp8), num(pipe), num(bf), num(fl), num(cu), num(tr), ratio(fp8, cu),
                       ratio(fp8, tr), ratio(bf, cu), err(pipe ? pipe : fp8), err(tr));
   }
-  if (!notes.empty()) {
-    md += "\n";
-    for (const auto& n : notes) md += "- " + n + "\n";
-  }
-  return md;
+  return markdown_document(header, md, notes);
 }
 
 }  // namespace tj::tools

@@ -96,8 +96,6 @@ std::string backward_markdown(const std::vector<BenchShape>& shapes, const Bench
                               const std::vector<std::string>& notes) {
   auto find = [&](const BenchShape& s, const char* impl) { return bench_result(table, s, impl); };
   std::string md;
-  for (const auto& h : header) md += h + "\n";
-  if (!header.empty()) md += "\n";
   md += "| D | S | B×H | causal | tilejit bf16 backward | SDPA flash bf16 backward | SDPA cuDNN bf16 backward | tilejit / cuDNN | "
         "tilejit / flash | rRMSE tilejit (vs float64) | rRMSE cuDNN (vs float32) |\n";
   md += "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n";
@@ -107,11 +105,7 @@ std::string backward_markdown(const std::vector<BenchShape>& shapes, const Bench
                       tflops_cell(ours), tflops_cell(fl), tflops_cell(cu), ratio_cell(ours, cu), ratio_cell(ours, fl),
                       ours ? ours->note : "n/a", rmse_cell(cu));
   }
-  if (!notes.empty()) {
-    md += "\n";
-    for (const auto& n : notes) md += "- " + n + "\n";
-  }
-  return md;
+  return markdown_document(header, md, notes);
 }
 
 }  // namespace

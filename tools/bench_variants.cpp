@@ -400,8 +400,6 @@ std::vector<std::string> variant_targets(const std::vector<VariantCase>& cases, 
 std::string variants_markdown(const std::vector<VariantCase>& cases, const VariantTable& table,
                               const std::vector<std::string>& header, const std::vector<std::string>& notes) {
   std::string md;
-  for (const auto& h : header) md += h + "\n";
-  if (!header.empty()) md += "\n";
   md += "| variant | S | B×H (Hkv) | visible | tilejit bf16 | tilejit fp8 | no-skip bf16 | no-skip fp8 | flex bf16 | SDPA mask "
         "bf16 | bf16 / flex | fp8 / bf16 | skip speedup bf16 | skip speedup fp8 | rRMSE bf16 | rRMSE fp8 |\n";
   md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
@@ -421,11 +419,7 @@ std::string variants_markdown(const std::vector<VariantCase>& cases, const Varia
   }
   md += "\nTargets (issue #7):\n";
   for (const auto& t : variant_targets(cases, table)) md += "- " + t + "\n";
-  if (!notes.empty()) {
-    md += "\n";
-    for (const auto& n : notes) md += "- " + n + "\n";
-  }
-  return md;
+  return markdown_document(header, md, notes);
 }
 
 // ---- running tilejit's rows -------------------------------------------------------------
