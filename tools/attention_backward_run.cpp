@@ -40,9 +40,9 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 bool report(const SampledGrads& want, const HostTensor& dq, const HostTensor& dk, const HostTensor& dv, const std::vector<int64_t>& heads,
             const std::vector<int64_t>& rows, int64_t heads_total) {
   const int64_t S = dq.shape()[2], D = dq.shape()[3];
-  const double eq = grad_rel_rmse(gather_rows(dq, S, D, heads, rows), want.dq),
-               ek = grad_rel_rmse(gather_rows(dk, S, D, heads, rows), want.dk),
-               ev = grad_rel_rmse(gather_rows(dv, S, D, heads, rows), want.dv);
+  const double eq = relative_rmse(gather_rows(dq, S, D, heads, rows), want.dq),
+               ek = relative_rmse(gather_rows(dk, S, D, heads, rows), want.dk),
+               ev = relative_rmse(gather_rows(dv, S, D, heads, rows), want.dv);
   const bool ok = std::max({eq, ek, ev}) <= kMaxRelRmse;
   fmt::print("check vs float64 gradients ({}): rel RMSE dq {:.2e}, dk {:.2e}, dv {:.2e} (<= {:.0e}): {}\n",
              static_cast<int64_t>(heads.size()) == heads_total && static_cast<int64_t>(rows.size()) == S

@@ -110,7 +110,7 @@ std::vector<double> gather_rows(const HostTensor& t, int64_t S, int64_t D, const
   return out;
 }
 
-double grad_rel_rmse(const std::vector<double>& got, const std::vector<double>& want) {
+double relative_rmse(const std::vector<double>& got, const std::vector<double>& want) {
   double e = 0, r = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!std::isfinite(got[i])) return INFINITY;

@@ -1,6 +1,7 @@
 #pragma once
 // float64 gradients of attention at sampled rows: the reference that `tilejit run attention
-// --backward` and `tilejit bench attention --backward` check the GPU's against.
+// --backward` and `tilejit bench attention --backward` check the GPU's against; and the relative
+// RMS error those and `tilejit bench ring` report.
 #include <cstdint>
 #include <vector>
 
@@ -29,6 +30,6 @@ std::vector<double> gather_rows(const HostTensor& t, int64_t S, int64_t D, const
                                 const std::vector<int64_t>& rows);
 
 // sqrt(sum (got - want)^2 / sum want^2); infinite when `got` holds a NaN or an infinity.
-double grad_rel_rmse(const std::vector<double>& got, const std::vector<double>& want);
+double relative_rmse(const std::vector<double>& got, const std::vector<double>& want);
 
 }  // namespace tj::tools

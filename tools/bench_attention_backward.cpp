@@ -77,9 +77,9 @@ bool bench_shape(const BenchShape& s, Inputs& in, CUstream stream, L2Flusher& l2
   const Timing t = time_launches(backward, stream, o.reps, o.warmup, l2);
 
   const SampledGrads want = reference.get();
-  const double eq = grad_rel_rmse(gather_rows(hq, s.S, s.D, heads, rows), want.dq);
-  const double ek = full ? grad_rel_rmse(gather_rows(hk, s.S, s.D, heads, rows), want.dk) : -1;
-  const double ev = full ? grad_rel_rmse(gather_rows(hv, s.S, s.D, heads, rows), want.dv) : -1;
+  const double eq = relative_rmse(gather_rows(hq, s.S, s.D, heads, rows), want.dq);
+  const double ek = full ? relative_rmse(gather_rows(hk, s.S, s.D, heads, rows), want.dk) : -1;
+  const double ev = full ? relative_rmse(gather_rows(hv, s.S, s.D, heads, rows), want.dv) : -1;
   BenchResult r;
   r.ms = t.median_ms;
   r.tflops = tflops(flops, t.median_ms);

@@ -26,6 +26,7 @@
 #include "runtime/device.h"
 #include "runtime/driver.h"
 #include "tools/attention.h"
+#include "tools/attention_grads.h"
 
 extern char** environ;
 
@@ -192,16 +193,6 @@ Shards make_shards(int64_t B, int64_t H, int64_t Hkv, int64_t n, int64_t D) {
           DeviceTensor(DType::bf16, {B, Hkv, n, D}), DeviceTensor(DType::bf16, {B, H, n, D})};
 }
 
-double rel_rmse(const std::vector<double>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 // Random N(0, 1) bf16 values: with the same seed, the same tensors on every rank.
 HostTensor random_bf16(std::vector<int64_t> shape, std::mt19937& rng) {
   std::normal_distribution<double> nd;
@@ -315,7 +306,8 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
           single_s.push_back(hfo.at(((b * H + h) * S + row) * D + x));
         }
       }
-  const double vs_single = rel_rmse(ring_all, single_all), ring_err = rel_rmse(ring_s, want), single_err = rel_rmse(single_s, want);
+  const double vs_single = relative_rmse(ring_all, single_all), ring_err = relative_rmse(ring_s, want),
+               single_err = relative_rmse(single_s, want);
   // bf16: the bound against float64; fp8: within the single-GPU FP8 error (each rank's
   // shards have descales of their own, so the two differ a little).
   const bool ok = c.fp8 ? ring_err <= 1.2 * single_err + 2e-3 : ring_err <= 3e-3;
@@ -382,7 +374,7 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
     std::vector<double> a, b;
     paired_rows(got[i].to_host(), want[i].to_host(), B * (i == 0 ? H : Hkv), n, S, D, [&](int64_t r) { return plan.global_row(rank, r); },
                 a, b);
-    errs.push_back(rel_rmse(a, b));
+    errs.push_back(relative_rmse(a, b));
   }
   // Both sum dQ in f32 in another order (the ring by atomic adds) and round each gradient to bf16.
   const bool ok = *std::max_element(errs.begin(), errs.end()) <= 1e-2;
@@ -486,7 +478,7 @@ bool check_dilated(ncclComm_t comm, int rank, int ranks, const RingBenchOptions&
   const HostTensor ho = o.to_host(), hfo = fo.to_host();
   std::vector<double> got, want;
   paired_rows(ho, hfo, B * H, n, S, D, [&](int64_t i) { return rank * n + i; }, got, want);
-  const double err = rel_rmse(got, want);
+  const double err = relative_rmse(got, want);
   // bf16: the two round differently (merges, the ring's f16 running O); fp8: each quantizes its
   // own views (the local pairs per shard, the ring per rank's sparse rows).
   const bool ok = err <= (fp8 ? 1.2e-1 : 6e-3);
