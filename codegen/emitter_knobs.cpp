@@ -31,11 +31,11 @@ const KnobSpec stage_stores{
     "leaves in 16-byte row chunks, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
     "block's shared memory has room; 0: each thread stores its fragments (4 or 8 bytes each)"};
 const KnobSpec fp8_key_order{
-    "fp8_key_order", 0, "0",
+    "fp8_key_order", 1, "1 where the copied tile is whole pieces of 16 rows x 32 bytes, else 0",
     "1: where an fp8 dot's a operand goes in from the accumulator layout (P of P.V) and its b is copied K-major by the "
     "producer warpgroup, the copy orders K as P's registers hold it, so that P's fragments need no shuffles across a quad "
-    "(the copy's addressing costs more; measured slower than 0 on an H200, bench/RESULTS.md); 0: P's fragments are exchanged "
-    "within each quad"};
+    "(and the copy moves 16 x 32-byte pieces by ldmatrix.trans / stmatrix: H200, README attention e4m3, +7-11%); 0: P's "
+    "fragments are exchanged within each quad"};
 const KnobSpec copy_stages{
     "copy_stages", 2, "2",
     "slots of the K-major ring that an fp8 operand's transposed copy fills (the producer warpgroup's copy runs that many "

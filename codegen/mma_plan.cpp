@@ -461,7 +461,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
     }
   }
   plan.warpgroups = wg ? cfg.num_warps / 4 : 0;
-  plan.fp8_key_order = knobs::fp8_key_order.on(cfg);
+  plan.fp8_key_order = static_cast<int>(knobs::fp8_key_order.of(cfg, -1));
   plan.producer_warp = wg && knobs::warp_specialize.on(cfg) &&
                        std::any_of(plan.staged.begin(), plan.staged.end(), [](const StagedLoad& s) { return s.producer; });
   if (!plan.producer_warp)
@@ -489,9 +489,12 @@ void finish_mma_plan(MmaPlan& plan, const std::function<bool(int value)>& in_acc
       for (size_t i = 0; i < plan.buffers.size(); ++i)
         if (plan.buffers[i].dot == d.op && plan.buffers[i].operand == which) o->buffer = static_cast<int>(i);
     }
-  // fp8 P.V: the transposed copy of V puts K in the order P's fragments come in.
+  // fp8 P.V: the transposed copy of V puts K in the order P's fragments come in. By default where
+  // the copy moves whole pieces of 16 keys x 32 bytes (transpose_8bit's ldmatrix.trans / stmatrix
+  // form; the 4 x 4-byte blocks in key order cost more than P's shuffles save).
   for (StagedLoad& s : plan.staged) {
-    if (!s.transposed_copy || !plan.fp8_key_order) continue;
+    const bool pieces = s.tile.rows % 16 == 0 && s.tile.row_bytes % 32 == 0;
+    if (!s.transposed_copy || plan.fp8_key_order == 0 || (plan.fp8_key_order < 0 && !pieces)) continue;
     s.permute_k = !s.readers.empty() && std::all_of(s.readers.begin(), s.readers.end(), [&](const Op* r) {
       const MmaDot* d = plan.dot_of(r);
       return d && d->a.source == MmaOperand::Source::fragment && d->b.source == MmaOperand::Source::staged &&

@@ -133,7 +133,7 @@ struct MmaPlan {
   // warps by as many slots as the rings hold; it gives its registers to them (setmaxnreg). 0: a
   // thread of the tiles' warps issues the fills between its own work.
   bool producer_warp = false;
-  bool fp8_key_order = false;   // knob fp8_key_order: transposed copies may take K in key order
+  int fp8_key_order = -1;   // knob fp8_key_order: transposed copies in P's key order (1), not (0), or where whole pieces allow (-1)
   std::vector<MmaDot> dots;
   std::vector<StagedLoad> staged;
   std::vector<OperandBuffer> buffers;

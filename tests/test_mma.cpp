@@ -134,14 +134,16 @@ TEST_CASE("mma plan: fp8 P.V reads V through TMA and a transposed copy (knob fp8
   for (bool causal : {false, true}) {
     CAPTURE(causal);
     const ir::Function f = attention(DType::e4m3, {2, 4, 512, 128}, causal);
-    const Config plain = cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4})");
+    // Knob fp8_key_order = 0: keys in their order, P's fragments exchanged within each quad.
+    const Config plain = cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"fp8_key_order":0}})");
     {
       const auto g = codegen::generate_cuda(f, plain, Target{});
       CHECK(contains(g.source, "the transposer warps: K-major copies of fp8 fills"));
       CHECK(std::regex_search(g.source, std::regex(R"(transpose_8bit<[^>]*>, tj::dev::SmemOperand<128, 128, 128, false, 1>>)")));
       CHECK(std::regex_search(g.source, std::regex(R"(tile_to_a_frag<tj::dev::WG_E4M3, 1, 128>)")));
     }
-    const Config c = cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"fp8_key_order":1}})");
+    // The default: V's tile is whole pieces of 16 keys x 32 bytes, so the copy takes P's key order.
+    const Config c = cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4})");
     const MmaPlan p = codegen::plan_mma(f, c, Target{});
     REQUIRE(p.dots.size() == 2);
     const codegen::MmaDot& pv = p.dots[1];

@@ -9,6 +9,7 @@
 //                 wgmma_fence / wgmma_commit / wgmma_wait<N>, mma_async_ss / mma_async_rs
 //                 (hopper_wgmma.cuh), fence_acc
 //   registers     setmaxnreg_inc<R> / setmaxnreg_dec<R>
+//   matrices      ldmatrix_x4_trans / stmatrix_x4 (8 x 8 16-bit matrices, shared memory)
 //   fragments     acc_row / acc_col, acc_row_max / acc_row_sum, quad_allreduce_*, acc_scale_rows,
 //                 acc_to_a_fp8_keys_by_parity (frag.cuh: acc_to_a_bf16 / acc_to_a_f16 /
 //                 acc_to_a_fp8 / acc_to_a_fp8_kperm; swizzle.cuh: SmemSwizzle, swizzle_offset)
@@ -339,6 +340,23 @@ __device__ __forceinline__ void tma_store_wait() {
 template <int N>
 __device__ __forceinline__ void tma_store_wait_all() {
   asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8 x 8 matrices of 16-bit elements between shared memory and registers (sm_90 for
+// stmatrix). Lanes 8i .. 8i + 7 give the shared addresses of matrix i's eight 16-byte rows; lane l
+// holds register i of matrix i: row l / 4, elements 2 (l % 4), +1 (bytes 4 (l % 4) .. +3);
+// ldmatrix_x4_trans: elements (2 (l % 4), l / 4) in the low half and (2 (l % 4) + 1, l / 4) in
+// the high half, the matrix transposed as 16-bit elements.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 #endif  // TJ_SM90_ENABLED
 

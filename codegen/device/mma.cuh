@@ -102,7 +102,10 @@ struct Ring {
 // a bank, and its addresses cost a few integer ops per block (ncu, H200: the general form's
 // address arithmetic was most of the copy's ~66 instructions a block).
 // KeyOrder: Dst's K position p holds Src row 32 (p / 32) + fp8_kperm_col(p % 32) (frag.cuh), for
-// A fragments packed without shuffles (acc_to_a_fp8_kperm).
+// A fragments packed without shuffles (acc_to_a_fp8_kperm). On sm_90 with whole 16-row x 32-byte
+// pieces that order lets ldmatrix.trans / stmatrix move 512 bytes a warp instruction pair (the
+// producer warps' issue slots are the consumers' too: the 4 x 4 blocks took ~2.5x the
+// instructions).
 template <class Src, class Dst, bool KeyOrder = false>
 TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid, int nthreads) {
   static_assert(Src::elem_bytes == 1 && Dst::elem_bytes == 1, "8-bit elements");
@@ -124,6 +127,33 @@ TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid
     asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(o[2]) : "r"(t2), "r"(t3));
     asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(o[3]) : "r"(t2), "r"(t3));
   };
+#if TJ_SM90_ENABLED
+  if constexpr (KeyOrder && Src::rows % 16 == 0 && Src::row_bytes % 32 == 0) {
+    // 16 keys x 32 bytes a warp instruction pair (FlashAttention-3's V transpose): ldmatrix.trans
+    // gives lane l (g = l / 4, q = l % 4) keys {2q, 2q + 1} (matrices 0, 2) and {8 + 2q, 9 + 2q}
+    // (1, 3) at bytes {2g, 2g + 1} of each 16-byte chunk; those four keys are exactly Dst's K
+    // positions 4q .. 4q + 3 in fp8_kperm_col's order, so one prmt a row makes the stmatrix rows
+    // 2g and 2g + 1. Matrix rows alternate between the two (row g of matrices 0 / 2 is Dst row 2g
+    // for g < 4, 2g + 1 after; 1 / 3 the other), so that each matrix's eight rows take eight
+    // distinct swizzle chunks: neither instruction shares a bank within a matrix.
+    constexpr int KB = Src::rows / 16, jobs = KB * (Src::row_bytes / 32);
+    const int lane = tid & 31, i = lane >> 3, r = lane & 7;
+    const unsigned sel0 = lane < 16 ? 0x6420u : 0x7531u, sel1 = sel0 ^ (0x6420u ^ 0x7531u);
+    const unsigned s = smem_u32(src), d = smem_u32(dst);
+    const int drow = 16 * (i >> 1) + 2 * r + (((r >> 2) ^ i) & 1);   // Dst row of this lane's stmatrix address
+    for (int j = tid >> 5; j < jobs; j += nthreads >> 5) {
+      const int kb = j % KB, db = j / KB;   // 16 keys, 32 bytes
+      unsigned x[4], y[4];
+      ldmatrix_x4_trans(x, s + Src::offset(16 * kb + 8 * (i & 1) + r, 32 * db + 16 * (i >> 1)));
+      y[0] = byte_perm(x[0], x[1], sel0);
+      y[1] = byte_perm(x[0], x[1], sel1);
+      y[2] = byte_perm(x[2], x[3], sel0);
+      y[3] = byte_perm(x[2], x[3], sel1);
+      stmatrix_x4(d + Dst::offset(32 * db + drow, 16 * kb), y);
+    }
+    return;
+  }
+#endif
   if constexpr (NB == 32 && NR == 32 && Src::swizzle == 128 && Dst::swizzle == 128) {
     // 128 x 128 bytes, one 128-byte swizzle atom wide both ways: byte b of row r is at r * 128 +
     // (b ^ ((r & 7) << 4)). Lane l keeps source bytes 4 l (Dst rows 4 l .. 4 l + 3, whose offsets it
