@@ -1456,7 +1456,9 @@ GeneratedKernel Emitter::run() {
   k.dynamic_smem_bytes = static_cast<size_t>(tc_bytes + (smem_ + 15) / 16 * 16);
   k.starts_early = starts_early_;
   k.persistent = persistent_;
-  k.blocks_per_sm = 1;
+  // A persistent SIMT kernel runs as many blocks an SM as fit (the driver's occupancy calculator,
+  // at load); the tensor cores' kernels one (their shared memory takes the SM).
+  k.blocks_per_sm = persistent_ && !mma_.on_tensor_cores() ? 0 : 1;
   // Knob persistent_blocks caps the persistent grid (tests make every block loop over programs).
   k.max_blocks = persistent_ ? knobs::persistent_blocks.of(cfg_) : 0;
   smem_ = static_cast<int64_t>(k.dynamic_smem_bytes);

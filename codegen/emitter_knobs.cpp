@@ -9,8 +9,9 @@ const KnobSpec warp_specialize{
     "1: a producer warpgroup issues the TMA fills of the staged operands it can compute, ahead of use, and gives its registers "
     "to the tiles' warpgroups; 0: a thread of the tiles' warps issues them between its own work"};
 const KnobSpec persistent{"persistent", 0, "0 (the untuned config: 1 where every program does the same work)",
-                          "1: the launch's blocks (one per SM) loop over the programs"};
-const KnobSpec persistent_blocks{"persistent_blocks", 0, "0", "with persistent: at most this many blocks (0: one per SM)"};
+                          "1: the launch's blocks loop over the programs (the tensor cores' kernels: one block an SM; SIMT "
+                          "kernels: as many as fit an SM)"};
+const KnobSpec persistent_blocks{"persistent_blocks", 0, "0", "with persistent: at most this many blocks (0: as many as run at once)"};
 const KnobSpec raster_group{"raster_group", 1, "1 (the untuned config: 8 with persistent)",
                             "G in [1, 64]: the last two tile launch loops in groups of G outer tiles (L2 reuse)"};
 const KnobSpec longest_first{"longest_first", 0, "0 (the untuned config: 1 where a loop's bounds depend on the program)",

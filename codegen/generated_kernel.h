@@ -31,7 +31,9 @@ struct GeneratedKernel {
   std::vector<TmaOperand> tma;             // extra descriptor parameters, in order
   int cluster_x = 1;                       // thread-block cluster size along x
   // Persistent kernels: at most sm_count * blocks_per_sm blocks, each looping over programs;
-  // the program count is passed after the descriptors as `long long tj_programs`.
+  // the program count is passed after the descriptors as `long long tj_programs`. blocks_per_sm
+  // 0: as many as the occupancy calculator fits on an SM (cuOccupancyMaxActiveBlocksPerMultiprocessor
+  // with `threads` and the dynamic shared memory), asked where the kernel is loaded.
   bool persistent = false;
   int blocks_per_sm = 1;
   int64_t max_blocks = 0;                  // persistent: at most this many blocks (0: no cap)

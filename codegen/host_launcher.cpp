@@ -275,6 +275,7 @@ class Emitter {
         {"cuModuleLoadData", {'p', 'p'}},
         {"cuModuleGetFunction", {'p', 'p', 'p'}},
         {"cuFuncSetAttribute", {'p', 'i', 'i'}},
+        {"cuOccupancyMaxActiveBlocksPerMultiprocessor", {'p', 'p', 'i', 'l'}},
         {"cuLaunchKernel", {'p', 'i', 'i', 'i', 'i', 'i', 'i', 'i', 'p', 'p', 'p'}},
         {"cuLaunchKernelEx", {'p', 'p', 'p', 'p'}},
         {"cuTensorMapEncodeTiled", {'p', 'i', 'i', 'p', 'p', 'p', 'p', 'p', 'i', 'i', 'i', 'i'}},
@@ -1206,7 +1207,16 @@ class Emitter {
     // SMs * blocks_per_sm blocks (and max_blocks); rounded up to a multiple of the cluster size.
     llvm::Value* grid = programs;
     if (g.persistent) {
-      llvm::Value* cap = B_.CreateMul(B_.CreateSExt(sms, i64_), c64(std::max(1, g.blocks_per_sm)));
+      llvm::Value* per_sm = c64(std::max(1, g.blocks_per_sm));
+      if (g.blocks_per_sm == 0) {   // as many as fit (GeneratedKernel::blocks_per_sm)
+        auto* fit = alloca_of(i32_, "resident_blocks");
+        check_cuda(B_.CreateCall(cu("cuOccupancyMaxActiveBlocksPerMultiprocessor"),
+                                 {fit, fn, c32(g.threads), c64(static_cast<int64_t>(g.dynamic_smem_bytes))}),
+                   "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+        per_sm = B_.CreateSExt(B_.CreateLoad(i32_, fit), i64_);
+        per_sm = B_.CreateSelect(B_.CreateICmpSLT(per_sm, c64(1)), c64(1), per_sm);   // none fit: still one
+      }
+      llvm::Value* cap = B_.CreateMul(B_.CreateSExt(sms, i64_), per_sm);
       cap = B_.CreateSelect(B_.CreateICmpSLT(cap, c64(1)), c64(1), cap);
       grid = B_.CreateSelect(B_.CreateICmpSLT(cap, grid), cap, grid);
       if (g.max_blocks > 0) grid = B_.CreateSelect(B_.CreateICmpSLT(c64(g.max_blocks), grid), c64(g.max_blocks), grid);

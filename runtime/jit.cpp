@@ -220,6 +220,7 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
                                 ck.generated.dynamic_smem_bytes, config.to_json(), dev.name, dev.max_smem_per_block_optin));
     }
     runtime::Module::opt_in_shared_bytes(fn, ck.generated.dynamic_smem_bytes);
+    ck.resident_blocks = runtime::max_active_blocks_per_sm(fn, ck.generated.threads, ck.generated.dynamic_smem_bytes);
     ck.function = fn;
     ck.module = std::move(module);
   }
@@ -392,7 +393,8 @@ LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int s
   g.programs = std::max<int64_t>(programs, 0);
   g.persistent = gk.persistent;
   int64_t blocks = g.programs;
-  if (gk.persistent) blocks = std::min<int64_t>(blocks, static_cast<int64_t>(std::max(sm_count, 1)) * std::max(gk.blocks_per_sm, 1));
+  const int per_sm = gk.blocks_per_sm > 0 ? gk.blocks_per_sm : ck.resident_blocks;
+  if (gk.persistent) blocks = std::min<int64_t>(blocks, static_cast<int64_t>(std::max(sm_count, 1)) * std::max(per_sm, 1));
   if (gk.persistent && gk.max_blocks > 0) blocks = std::min<int64_t>(blocks, gk.max_blocks);
   const int64_t cluster = std::max(gk.cluster_x, 1);
   blocks = (blocks + cluster - 1) / cluster * cluster;   // blocks past the last program return at once

@@ -65,6 +65,7 @@ struct CompiledKernel {
   // Loaded state (only with a GPU).
   std::unique_ptr<runtime::Module> module;
   CUfunction function = nullptr;
+  int resident_blocks = 0;          // blocks an SM runs at once (the occupancy calculator, at load)
 };
 
 struct CompileRequest {

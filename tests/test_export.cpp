@@ -60,6 +60,8 @@ struct State {
   std::mutex m;
   int cc = 90;
   int sms = 132;
+  int resident_blocks = 3;   // cuOccupancyMaxActiveBlocksPerMultiprocessor's answer
+  std::vector<std::pair<int, size_t>> occupancy_asks;   // (block threads, dynamic shared memory)
   CUresult launch_result = CUDA_SUCCESS;
   CUresult load_result = CUDA_SUCCESS;
   int load_delay_ms = 0;
@@ -74,6 +76,8 @@ struct State {
     std::lock_guard lock(m);
     cc = 90;
     sms = 132;
+    resident_blocks = 3;
+    occupancy_asks.clear();
     launch_result = load_result = CUDA_SUCCESS;
     load_delay_ms = 0;
     module_loads = 0;
@@ -124,6 +128,13 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
   std::lock_guard lock(s.m);
   s.functions.push_back(name);
   *f = reinterpret_cast<CUfunction>(reinterpret_cast<uintptr_t>(m) + 0x10);
+  return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction, int threads, size_t smem) {
+  auto& s = mock::st();
+  std::lock_guard lock(s.m);
+  s.occupancy_asks.emplace_back(threads, smem);
+  *blocks = s.resident_blocks;
   return CUDA_SUCCESS;
 }
 CUresult cuFuncSetAttribute(CUfunction, CUfunction_attribute a, int v) {
@@ -750,6 +761,30 @@ TEST_CASE("export: TMA descriptors, persistent grids, clusters and the shared-me
   TjTensor strided = tj_tensor(0x10000, DType::f32, shape, stride2);
   CHECK(launch(nullptr, &strided, &y, &out) == kAlignment);
   CHECK(std::string(e->last_error()).find("last dim must be contiguous") != std::string::npos);
+}
+
+TEST_CASE("export: a persistent SIMT grid takes as many blocks an SM as the occupancy calculator fits") {
+  mock::st().reset();
+  auto e = export_kernel(kernels::vector_add(), {{vector_add_specs(-1)}}, "persistent_simt", [](codegen::GeneratedKernel& g) {
+    g.persistent = true;
+    g.blocks_per_sm = 0;   // the CUDA emitter's persistent SIMT kernels
+  });
+  auto launch = e->fn<VectorAddLaunch>("vector_add_launch");
+  mock::st().param_sizes = {24, 24, 24, 8};
+  for (int resident : {3, 0}) {   // 0 (a failed fit) still launches one block an SM
+    CAPTURE(resident);
+    mock::st().launches.clear();
+    mock::st().occupancy_asks.clear();
+    mock::st().resident_blocks = resident;
+    std::vector<int64_t> shape{10000000};
+    TjTensor x = tj_tensor(0x10000, DType::f32, shape), y = tj_tensor(0x20000, DType::f32, shape),
+             out = tj_tensor(0x30000, DType::f32, shape);
+    REQUIRE_MESSAGE(launch(nullptr, &x, &y, &out) == kSuccess, e->last_error());
+    REQUIRE(mock::st().launches.size() == 1);
+    REQUIRE(mock::st().occupancy_asks.size() == 1);
+    CHECK(mock::st().occupancy_asks[0].first == static_cast<int>(mock::st().launches[0].block[0]));
+    CHECK(static_cast<int>(mock::st().launches[0].grid[0]) == 132 * std::max(resident, 1));
+  }
 }
 
 // The SIMT attention exported with one extra TMA operand `op` and launched on the mock driver with

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -11,6 +12,8 @@
 #include "gpu.h"
 #include "gpu_run.h"
 #include "kernels/library.h"
+#include "runtime/device.h"
+#include "runtime/jit.h"
 #include "runtime/reference.h"
 
 using namespace tj;
@@ -115,20 +118,35 @@ TEST_CASE("norms: rmsnorm and layernorm on the CPU reference executor match floa
   }
 }
 
-TEST_CASE("gpu: rmsnorm and layernorm match float64 with the untuned streaming config and with small blocks") {
+TEST_CASE("gpu: rmsnorm and layernorm match float64 with the untuned streaming config, with small blocks and persistent") {
   TJ_REQUIRE_GPU();
   std::mt19937 rng(43);
   for (const NormCase& c : kCases) {
-    for (bool untuned : {true, false}) {
+    // untuned, blocks of 64, untuned with knob persistent (two blocks looping over the rows too)
+    for (int mode : {0, 1, 2, 3}) {
+      const bool untuned = mode != 1;
       CAPTURE(fmt::format("{} {} [{}, {}] offset {} {}", c.layer ? "layernorm" : "rmsnorm", name(c.dt), c.rows, c.cols, c.offset,
-                          untuned ? "untuned" : "blocks of 64"));
+                          mode == 0 ? "untuned" : mode == 1 ? "blocks of 64" : mode == 2 ? "persistent" : "2 persistent blocks"));
       std::vector<HostTensor> t = norm_inputs(c, rng);
       const Kernel& k = c.layer ? kernels::layernorm() : kernels::rmsnorm();
       std::vector<ArgSpec> specs;
       for (const HostTensor& h : t) specs.push_back(contiguous_spec(h.dtype(), h.shape()));
       specs.push_back(RuntimeScalar{1e-5f});
       const ir::Function f = k.trace(specs);
-      const Config cfg = untuned ? codegen::untuned_config(f, "sm_90a") : Config::from_json(R"({"blocks":{"c":64,"c2":64},"num_warps":4})");
+      Config cfg = untuned ? codegen::untuned_config(f, "sm_90a") : Config::from_json(R"({"blocks":{"c":64,"c2":64},"num_warps":4})");
+      if (mode == 3) {
+        cfg.knobs["persistent"] = 1;
+        cfg.knobs["persistent_blocks"] = 2;
+      }
+      if (mode == 2) {
+        // A persistent SIMT grid: as many blocks an SM as the occupancy calculator fits (not one).
+        cfg.knobs["persistent"] = 1;
+        const CompiledKernel& ck = compile(k, specs, cfg, CompileRequest{});
+        CHECK(ck.generated.blocks_per_sm == 0);
+        CHECK(ck.resident_blocks > 1);
+        const int sms = runtime::current_device().sm_count;
+        CHECK(launch_geometry(ck, c.rows, sms).grid.x == std::min<int64_t>(c.rows, int64_t{sms} * ck.resident_blocks));
+      }
       const tj_test::BothRuns r = tj_test::run_reference_and_gpu(k, t, {Arg(1e-5)}, t.size() - 1, cfg);
       CHECK(r.lowering == "simt");
       const std::vector<double> want = norm_f64(t[0], t[1], c.layer ? &t[2] : nullptr, c.rows, c.cols, 1e-5);
