@@ -951,7 +951,7 @@ void Emitter::emit_elementwise(const Op& op) {
                        fmt::join(args, ", ")),
            &op.loc);
       names_[op.result] = n;
-      masked_[op.result] = MaskedValue{w, args[0], args[1], args[2], n};
+      masked_[op.result] = MaskedValue{w, args[0], args[1], args[2], n, plan_.of(op.operands[2]).is_scalar(), ""};
       return;
     }
   }
@@ -996,12 +996,13 @@ bool Emitter::push_through_mask(const Op& op, const Layout& L, const std::vector
                                 const std::vector<std::string>& args) {
   const MaskedValue* mv = nullptr;
   std::vector<std::string> a = args, b = args;
+  std::vector<const MaskedValue*> from(op.operands.size(), nullptr);   // the masked operands
   for (size_t i = 0; i < op.operands.size(); ++i) {
     const int v = op.operands[i];
     auto it = masked_.find(v);
     if (it == masked_.end() || it->second.name != ref(v) || args[i] != ref(v)) continue;
     if (mv && (mv->whole != it->second.whole || mv->mask != it->second.mask)) return false;
-    mv = &it->second;
+    mv = from[i] = &it->second;
     a[i] = mv->a;
     b[i] = mv->b;
   }
@@ -1012,20 +1013,65 @@ bool Emitter::push_through_mask(const Op& op, const Layout& L, const std::vector
     return fmt::format("tj::dev::map<{}>([]({}) {{ return {}; }}, {})", alias(L), fmt::join(params, ", "), expr, fmt::join(xs, ", "));
   };
   const std::string type = tile_type(f_.type(op.result).dtype, L);
+  // The failing arm from scalars and vectors that the tile broadcasts alone (attention's
+  // exp2(-inf - m.col()): m a row's value) is computed once per vector element, not per tile
+  // element (2 exp2s a thread instead of 64), and broadcast where the select reads it.
+  std::string vec;          // the vector layout's alias ("" while every operand is a scalar)
+  bool small = true;
+  std::vector<std::string> bv = b;
+  for (size_t i = 0; i < op.operands.size() && small; ++i) {
+    const int v = op.operands[i];
+    if (const MaskedValue* f = from[i]) {
+      if (f->b_scalar) continue;
+      if (f->b_vector.empty() || (!vec.empty() && vec != f->b_vector)) small = false;
+      else vec = f->b_vector;
+      continue;
+    }
+    if (plan_.of(v).is_scalar()) continue;
+    const Op* d = def_[v];
+    if (d && d->kind == OpKind::broadcast && !plan_.of(d->operands[0]).is_scalar()) {
+      const std::string a = alias(plan_.of(d->operands[0]));
+      if (vec.empty() || vec == a) {
+        vec = a;
+        bv[i] = ref(d->operands[0]);
+        continue;
+      }
+    }
+    small = false;
+  }
+  if (!small) {   // a tile in the value's layout: vector arms broadcast to it
+    vec.clear();
+    for (size_t i = 0; i < op.operands.size(); ++i)
+      if (from[i] && !from[i]->b_vector.empty()) b[i] = fmt::format("tj::dev::broadcast<{}>({})", alias(L), b[i]);
+  }
+  const bool b_scalar = small && vec.empty();
+  std::string b_decl, b_value, b_read = n + "_b";
+  if (b_scalar) {
+    b_decl = fmt::format("{} {}_b = {{}};", T, n);
+    b_value = fmt::format("[]({}) {{ return {}; }}({})", fmt::join(params, ", "), expr, fmt::join(bv, ", "));
+  } else if (small) {
+    b_decl = fmt::format("tj::dev::Tile<{}, {}> {}_b;", T, vec, n);
+    b_value = fmt::format("tj::dev::map<{}>([]({}) {{ return {}; }}, {})", vec, fmt::join(params, ", "), expr, fmt::join(bv, ", "));
+    b_read = fmt::format("tj::dev::broadcast<{}>({}_b)", alias(L), n);
+  } else {
+    b_decl = fmt::format("{} {}_b;", type, n);
+    b_value = mapped(b);
+  }
   // The failing arm only on tiles the mask cuts (its ops, an exp2 per element, would otherwise
   // run on every tile): it is read only there, by this op's select and the next pushed-through
   // op's failing arm, under the same `whole`.
   line(fmt::format("const {} {}_a = {};   // through the mask: its arm where it holds", type, n, mapped(a)), &op.loc);
-  line(fmt::format("[[maybe_unused]] {} {}_b, {};", type, n, n), &op.loc);
+  line(fmt::format("[[maybe_unused]] {}", b_decl), &op.loc);
+  line(fmt::format("[[maybe_unused]] {} {};", type, n), &op.loc);
   line(fmt::format("if ({}) {} = {}_a;", m.whole, n, n), &op.loc);
   line("else {   // and where it fails", &op.loc);
-  line(fmt::format("  {}_b = {};", n, mapped(b)), &op.loc);
-  line(fmt::format("  {} = tj::dev::map<{}>([](bool c, {} a, {} b) {{ return c ? a : b; }}, {}, {}_a, {}_b);", n, alias(L), T, T,
-                   m.mask, n, n),
+  line(fmt::format("  {}_b = {};", n, b_value), &op.loc);
+  line(fmt::format("  {} = tj::dev::map<{}>([](bool c, {} a, {} b) {{ return c ? a : b; }}, {}, {}_a, {});", n, alias(L), T, T,
+                   m.mask, n, b_read),
        &op.loc);
   line("}", &op.loc);
   names_[op.result] = n;
-  masked_[op.result] = MaskedValue{m.whole, m.mask, n + "_a", n + "_b", n};
+  masked_[op.result] = MaskedValue{m.whole, m.mask, n + "_a", n + "_b", n, b_scalar, small ? vec : ""};
   return true;
 }
 

@@ -141,6 +141,10 @@ class Emitter {
     std::string mask;    // the boolean tile, in the value's layout
     std::string a, b;    // the arms (tiles in the value's layout, or scalars)
     std::string name;    // the value's own tile
+    // The failing arm's shape: a scalar, a vector of layout `b_vector` (an alias) that the
+    // value's layout broadcasts, or (neither) a tile in the value's layout.
+    bool b_scalar = false;
+    std::string b_vector;
   };
   std::map<int, MaskedValue> masked_;
   // Emits an elementwise op with a masked operand as the where of its two arms; false where no

@@ -128,18 +128,20 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     const tj::dev::Tile<float, M128x1> v42 = v41;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x128> v43 = tj::dev::broadcast<M128x128>(v42);  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x128> v44_a = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v29, v43);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M128x128> v44_b, v44;  // @ user_kernels.cpp:96
+    [[maybe_unused]] tj::dev::Tile<float, M128x1> v44_b;  // @ user_kernels.cpp:96
+    [[maybe_unused]] tj::dev::Tile<float, M128x128> v44;  // @ user_kernels.cpp:96
     if (v38_whole) v44 = v44_a;  // @ user_kernels.cpp:96
     else {   // and where it fails  // @ user_kernels.cpp:96
-      v44_b = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, (-tj::dev::inf()), v43);  // @ user_kernels.cpp:96
-      v44 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v44_a, v44_b);  // @ user_kernels.cpp:96
+      v44_b = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, (-tj::dev::inf()), v42);  // @ user_kernels.cpp:96
+      v44 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v44_a, tj::dev::broadcast<M128x128>(v44_b));  // @ user_kernels.cpp:96
     }  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x128> v45_a = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v44_a);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M128x128> v45_b, v45;  // @ user_kernels.cpp:96
+    [[maybe_unused]] tj::dev::Tile<float, M128x1> v45_b;  // @ user_kernels.cpp:96
+    [[maybe_unused]] tj::dev::Tile<float, M128x128> v45;  // @ user_kernels.cpp:96
     if (v38_whole) v45 = v45_a;  // @ user_kernels.cpp:96
     else {   // and where it fails  // @ user_kernels.cpp:96
-      v45_b = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v44_b);  // @ user_kernels.cpp:96
-      v45 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v45_a, v45_b);  // @ user_kernels.cpp:96
+      v45_b = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v44_b);  // @ user_kernels.cpp:96
+      v45 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v45_a, tj::dev::broadcast<M128x128>(v45_b));  // @ user_kernels.cpp:96
     }  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x1> v46 = var13;  // @ user_kernels.cpp:96
     const tj::dev::Tile<float, M128x1> v47 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v46, v41);  // @ user_kernels.cpp:97
