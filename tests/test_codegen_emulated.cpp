@@ -242,21 +242,26 @@ class EmulatedKernel {
       else if (prm.kind == ir::ParamKind::scalar_f32) call += fmt::format("*static_cast<float*>(params[{}])", p);
       else call += fmt::format("*static_cast<long long*>(params[{}])", p);
     }
+    if (g.persistent) call += fmt::format("{}programs", f.params.empty() ? "" : ", ");   // tj_programs
     call += ")";
+    // A persistent kernel's grid: knob persistent_blocks' blocks (else one per program).
+    const std::string blocks = g.persistent && g.max_blocks > 0 ? fmt::format("std::min(programs, {}LL)", g.max_blocks) : "programs";
     std::ofstream(dir_ / "launch.cpp") << fmt::format(R"(#include "tj_emu_shim.h"
 #include "kernel.cu"
-// One std::thread per CUDA thread; they run the programs one block after another.
+#include <algorithm>
+// One std::thread per CUDA thread; they run the blocks one after another.
 extern "C" void tj_emu_launch(void** params, long long programs) {{
   const int threads = {threads};
+  const long long blocks = {blocks};
   std::barrier<> bar(threads);
   tj_emu_barrier = &bar;
-  gridDim.x = (unsigned)programs;
+  gridDim.x = (unsigned)blocks;
   blockDim.x = threads;
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {{
       threadIdx.x = t;
-      for (long long b = 0; b < programs; ++b) {{
+      for (long long b = 0; b < blocks; ++b) {{
         blockIdx.x = (unsigned)b;
         {call};
         bar.arrive_and_wait();
@@ -265,7 +270,7 @@ extern "C" void tj_emu_launch(void** params, long long programs) {{
   for (auto& th : pool) th.join();
 }}
 )",
-                                                      fmt::arg("threads", g.threads), fmt::arg("call", call));
+                                                      fmt::arg("threads", g.threads), fmt::arg("call", call), fmt::arg("blocks", blocks));
     const fs::path lib = dir_ / "kernel.so";
     std::string cmd = fmt::format("cd {} && {} -std=c++20 -O1 -w -fPIC -shared -pthread -I. launch.cpp -o {} > build.log 2>&1",
                                   dir_.string(), host_compiler(), lib.string());
@@ -711,7 +716,10 @@ TEST_CASE("codegen (emulated): knob longest_first runs every program once, the l
   // group short) and head by head; each must cover every (head, tile) once to match.
   const DType bf16 = DType::bf16;
   const std::vector<int64_t> s{1, 3, 70, 32};
-  for (const char* group : {"", ",\"raster_group\":2", ",\"raster_group\":1"}) {
+  // Persistent: 2, 4 and 5 blocks looping over the programs in that order (5: a last round that
+  // only some blocks take).
+  for (const char* group : {"", ",\"raster_group\":2", ",\"raster_group\":1", ",\"persistent\":1,\"persistent_blocks\":2",
+                            ",\"persistent\":1,\"persistent_blocks\":4", ",\"persistent\":1,\"persistent_blocks\":5"}) {
     CAPTURE(group);
     const EmuCase c{"README attention bf16 causal", &readme_attention,
                     {T(bf16, s), T(bf16, s), T(bf16, s), T(bf16, s), RuntimeScalar{0.125f}, true},
@@ -720,6 +728,7 @@ TEST_CASE("codegen (emulated): knob longest_first runs every program once, the l
     const codegen::GeneratedKernel g =
         codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
     CHECK(g.source.find("tj::dev::attn_tile_longest_first((unsigned)tj_pid") != std::string::npos);
+    CHECK(g.persistent == (std::string(group).find("persistent") != std::string::npos));
     run_case(c);
   }
 }

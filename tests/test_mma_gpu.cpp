@@ -164,6 +164,14 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
        6e-2},
       {DType::e4m3, {1, 2, 190, 64}, true, R"({"blocks":{"m":64,"n":64},"num_warps":4,"num_stages":2,"knobs":{"fp8_key_order":1}})",
        6e-2},
+      // Longest first on a persistent grid: the producer warpgroup, the transposer warps and the
+      // tiles' warps walk the same order of programs.
+      {DType::bf16, {2, 3, 300, 128}, true,
+       R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1,"persistent_blocks":5,"longest_first":1,"overlap":2}})",
+       1e-2},
+      {DType::e4m3, {2, 3, 300, 128}, true,
+       R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"persistent":1,"persistent_blocks":5,"longest_first":1,"overlap":2}})",
+       6e-2},
       // Three K-major slots of V's copy (knob copy_stages), over several programs per block.
       {DType::e4m3, {2, 3, 300, 128}, true,
        R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"persistent":1,"persistent_blocks":5,"copy_stages":3,"overlap":2}})",
