@@ -985,7 +985,7 @@ TEST_CASE("codegen: unit strides a spec compiles in are literals, so ptxas keeps
   CHECK(pu.spill_stores == 0);
 }
 
-TEST_CASE("codegen: every knob a lowering reads is in its table, and a config that sets another one is an error") {
+TEST_CASE("codegen: every knob a lowering reads is in its table and in docs/knobs.md, and a config that sets another one is an error") {
   for (const char* lowering : {"emitter", "sm90_gemm", "sm80_gemm", "sm90_attention", "tuner"}) {
     CAPTURE(std::string(lowering));
     const auto table = codegen::knob_table(lowering);
@@ -1008,6 +1008,16 @@ TEST_CASE("codegen: every knob a lowering reads is in its table, and a config th
     CHECK(std::find(emitter.begin(), emitter.end(), k) != emitter.end());
   const auto attention = names("sm90_attention");
   CHECK(std::find(attention.begin(), attention.end(), "attn_self_load") != attention.end());
+  // docs/knobs.md documents every knob (but the tuner's test hooks, named __*).
+  const std::vector<std::string> doc = read_lines(std::string(TJ_TESTS_DIR) + "/../docs/knobs.md");
+  REQUIRE_FALSE(doc.empty());
+  for (const auto& t : codegen::knob_tables())
+    for (const codegen::KnobSpec* k : t.knobs) {
+      const std::string quoted = fmt::format("`{}`", k->name);
+      if (std::string(k->name).rfind("__", 0) == 0) continue;
+      CAPTURE(quoted);
+      CHECK(std::any_of(doc.begin(), doc.end(), [&](const std::string& l) { return contains(l, quoted); }));
+    }
   // Declared knobs pass; a misspelt one names the closest, an unrelated one only that it is unknown.
   CHECK_NOTHROW(codegen::check_knob_names("k", config(R"({"knobs":{"persistent":1,"attn_overlap":0,"promote":0}})")));
   CHECK_THROWS_WITH_AS(codegen::check_knob_names("k", config(R"({"knobs":{"attn_overlapp":1}})")),
