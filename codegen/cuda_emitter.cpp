@@ -549,6 +549,10 @@ void Emitter::emit_launch() {
   }
   if (starts_early_) line("tj::dev::griddep_launch_dependents();  // the next kernel on the stream may start");
   if (chain.empty()) {
+    if (slots_ > 1)
+      throw Error(fmt::format("kernel '{}': knob wg_programs = {} needs launch loops (programs to run side by side); this kernel "
+                              "is one program",
+                              f_.name, slots_));
     line("// One program: no launch loops.");
     if (mma_.producer_warp) emit_producer(regions, chain, [] {}, [] {});
     emit_region(f_.body);
@@ -591,6 +595,10 @@ void Emitter::emit_launch() {
   line(fmt::format("const long long tj_total = {};   // programs", total));
   if (persistent_) {
     line("(void)tj_programs;   // persistent: the launch's blocks loop over the programs");
+  } else if (slots_ > 1) {
+    line(fmt::format("// This block runs programs {0} * its index .. (knob wg_programs: one a slot of {1} threads).", slots_,
+                     plan_.threads));
+    line("const long long tj_block = (long long)blockIdx.x + (long long)blockIdx.y * (long long)gridDim.x;");
   } else {
     line("// This block runs one program of the launch nest (innermost launch loop fastest).");
     line("const long long tj_pid = (long long)blockIdx.x + (long long)blockIdx.y * (long long)gridDim.x;");
@@ -731,14 +739,51 @@ void Emitter::emit_launch() {
     }
   };
   auto program_begin = [&] {
-    if (persistent_) {
+    if (slots_ > 1 && emitting_producer_) {
+      // Knob wg_programs: the producer fills the slots' rings program by program, in the order
+      // the slots run them (slot s of block b: programs S * b + s, then S * (b + grid) + s, ..).
+      const std::string first = persistent_ ? "(long long)blockIdx.x" : "tj_block";
+      line(persistent_ ? fmt::format("for (long long tj_q = {}; tj_q * {} < tj_total; tj_q += gridDim.x) {{", first, slots_)
+                       : fmt::format("for (long long tj_q = {0}; tj_q == {0}; ++tj_q) {{", first));
+      ++indent_;
+      line(fmt::format("for (int tj_ps = 0; tj_ps < {}; ++tj_ps) {{   // slot tj_ps's program", slots_));
+      ++indent_;
+      line(fmt::format("const long long tj_pid = tj_q * {} + tj_ps;", slots_));
+      line("if (tj_pid >= tj_total) break;");
+    } else if (slots_ > 1) {
+      line(persistent_ ? fmt::format("for (long long tj_pid = (long long)blockIdx.x * {0} + tj_slot; tj_pid < tj_total; tj_pid "
+                                     "+= (long long)gridDim.x * {0}) {{   // this slot's programs",
+                                     slots_)
+                       : fmt::format("for (long long tj_pid = tj_block * {} + tj_slot; tj_pid < tj_total; tj_pid = tj_total) {{   "
+                                     "// this slot's program",
+                                     slots_));
+      ++indent_;
+      // The rings hold the fills in the producer's order: the other slot's program that it filled
+      // just before this one (slot 1: the same round's; slot 0: the last round's) is skipped by
+      // counting its fills (its loops' trip counts, from scalar arithmetic as the producer has them).
+      line(persistent_ ? "const long long tj_prev = tj_slot == 1 ? tj_pid - 1 : tj_pid - 2LL * gridDim.x + 1;"
+                       : "const long long tj_prev = tj_slot == 1 ? tj_pid - 1 : -1;");
+      line("if (tj_prev >= 0) {   // skip the fills of the other slot's program just before this one");
+      ++indent_;
+      line("const long long tj_pid = tj_prev;");
+      decode();
+      emit_producer_nest(regions, chain, ProducerRole::count);
+      --indent_;
+      line("}");
+      line("if (tj_prev >= 0) tj::dev::slot_take(tj_slot);   // that program's last ring wait is done");
+    } else if (persistent_) {
       line("for (long long tj_pid = blockIdx.x; tj_pid < tj_total; tj_pid += gridDim.x) {   // this block's programs");
       ++indent_;
     }
     decode();
   };
   auto program_end = [&] {
-    if (persistent_) {
+    if (slots_ > 1 && emitting_producer_) {
+      for (int k = 0; k < 2; ++k) {
+        --indent_;
+        line("}");
+      }
+    } else if (persistent_ || slots_ > 1) {
       --indent_;
       line("}");
     }
@@ -748,7 +793,31 @@ void Emitter::emit_launch() {
   for (size_t k = 0; k < n; ++k)
     for (const Op& op : regions[k]->ops)
       if (&op != chain[k] && !hoisted_.count(&op)) emit_op(op);
-  emit_region(*regions[n]);
+  // Knob wg_programs: the slot passes the rings' turn once the program's last op that waits on
+  // them is done (its epilogue then overlaps the other slot's main loop).
+  const Op* last_ring_op = nullptr;
+  for (const Op& op : regions[n]->ops) {
+    bool rings = false;
+    auto visit = [&](const Op& o) {
+      const StagedLoad* st = mma_.staged_of(&o);
+      rings |= st && st->producer;
+    };
+    visit(op);
+    if (op.body) ir::walk(*op.body, [&](const Op& o, int) { visit(o); });
+    if (rings) last_ring_op = &op;
+  }
+  if (slots_ > 1 && !last_ring_op)
+    throw Error(fmt::format("kernel '{}': knob wg_programs = {} needs the operands the producer stages to be loaded inside the "
+                            "innermost launch loop",
+                            f_.name, slots_));
+  for (const Op& op : regions[n]->ops) {
+    emit_op(op);
+    if (slots_ > 1 && &op == last_ring_op) {
+      line(persistent_ ? "const long long tj_next = tj_slot == 0 ? tj_pid + 1 : tj_pid + 2LL * gridDim.x - 1;"
+                       : "const long long tj_next = tj_slot == 0 ? tj_pid + 1 : tj_total;");
+      line("if (tj_next < tj_total) tj::dev::slot_pass(1 - tj_slot);   // the other slot's next program may wait on the rings");
+    }
+  }
   program_end();
 }
 
@@ -868,20 +937,29 @@ void Emitter::emit_memory(const Op& op) {
     // Only where the block still fits, and (knob value 1) as many blocks per SM fit as without it,
     // on the target's SMs and on Hopper's, the largest that run sm_80 / sm_89 code (mma.sync's
     // attention runs two blocks per SM there).
-    const int64_t without = 1024 + mma_.smem_bytes + (smem_ + 15) / 16 * 16 + stage_bytes_;
-    const int64_t with = without - stage_bytes_ + std::max(stage_bytes_, stage);
-    const int64_t block_threads = plan_.threads + (mma_.producer_warp ? 128 : 0);
+    // (Knob wg_programs: each slot has its own scratch and staging.)
+    auto block_bytes = [&](int64_t stage) {
+      const int64_t per_slot = (smem_ + 15) / 16 * 16 + std::max(stage_bytes_, stage);
+      return 1024 + mma_.smem_bytes + slots_ * per_slot;
+    };
+    const int64_t without = block_bytes(0);
+    const int64_t block_threads = tile_threads() + (mma_.producer_warp ? 128 : 0);
+    // (A block with a producer warpgroup takes every register of its SM: setmaxnreg shares them out.)
     auto blocks = [&](int64_t per_sm, int64_t bytes) {
-      return std::min(per_sm / (bytes + 1024), target_.max_threads_per_sm() / std::max<int64_t>(1, block_threads));
+      return std::min({per_sm / (bytes + 1024), target_.max_threads_per_sm() / std::max<int64_t>(1, block_threads),
+                       mma_.producer_warp ? int64_t{1} : kMax});
     };
     const int64_t hopper_sm = codegen::Target::parse("sm_90a").smem_per_sm();
     const int64_t mode = knobs::stage_stores.of(cfg_);
-    const bool room = with <= target_.max_smem_per_block() &&
-                      (mode == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
-                                     blocks(hopper_sm, with) == blocks(hopper_sm, without)));
+    auto room = [&](int64_t stage) {
+      const int64_t with = block_bytes(stage);
+      return with <= target_.max_smem_per_block() &&
+             (mode == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
+                            blocks(hopper_sm, with) == blocks(hopper_sm, without)));
+    };
     const bool staged = mode != 0 && !swapped && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
                         L.extent_c > 1 && L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1 &&
-                        16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 && room;
+                        16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 && room(stage);
     if (staged) {
       stage_bytes_ = std::max(stage_bytes_, stage);
       line(fmt::format("tj::dev::store_staged<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, tj_smem + tj_stage_at);   // through "
@@ -1359,13 +1437,16 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
                          ? fmt::format(", {} dot(s) on the tensor cores ({})", mma_.dots.size(), mma_.wgmma() ? "wgmma" : "mma.sync")
                          : "");
   out += fmt::format("// config: {}\n", cfg_.to_json());
-  out += fmt::format("// {} threads per block, {} bytes of dynamic shared memory{}.\n", plan_.threads + (mma_.producer_warp ? 128 : 0), smem_,
+  out += fmt::format("// {} threads per block, {} bytes of dynamic shared memory{}.\n", tile_threads() + (mma_.producer_warp ? 128 : 0), smem_,
                      fast_math_ ? ", fast math" : "");
   out += "// Register tiles are tj::dev::Tile<type, layout> (codegen/device/tile.cuh); each statement ends with\n"
          "// `// @ file:line`, the DSL line of the IR op it implements.\n";
   for (const std::string& why : mma_.simt_dots) out += fmt::format("// SIMT: {}\n", why);
   if (mma_.producer_warp)
-    out += fmt::format("#define TJ_TILE_THREADS {}   // the warps before the producer warpgroup hold the tiles\n", plan_.threads);
+    out += fmt::format("#define TJ_TILE_THREADS {}   // the warps before the producer warpgroup hold the tiles\n", tile_threads());
+  if (slots_ > 1)
+    out += fmt::format("#define TJ_PROGRAM_THREADS {}   // knob wg_programs: {} programs at once, one a slot of this many threads\n",
+                       plan_.threads, slots_);
   out += mma_.wgmma() ? "#include \"mma.cuh\"\n" : mma_.on_tensor_cores() ? "#include \"mma_sync.cuh\"\n" : "#include \"tile.cuh\"\n";
   if (program_order_) out += "#include \"attn_tile_order.cuh\"\n";   // knob longest_first's order
   if (stage_bytes_ > 0)
@@ -1405,7 +1486,7 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
                             f_.name, sm_threads / plan_.threads, plan_.threads, sm_threads, target_.arch, min_blocks));
   // Tensor-core kernels hold large accumulators: one block per SM may take every register.
   const int64_t blocks = min_blocks > 0 ? min_blocks : mma_.on_tensor_cores() ? 1 : 0;
-  const int threads = plan_.threads + (mma_.producer_warp ? 128 : 0);
+  const int threads = static_cast<int>(tile_threads()) + (mma_.producer_warp ? 128 : 0);
   const std::string bounds = blocks > 0 ? fmt::format("{}, {}", threads, blocks) : fmt::format("{}", threads);
   out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", bounds, entry,
                      fmt::join(params, ", "));
@@ -1414,7 +1495,15 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
     // swizzle's period; the SIMT scratch after it.
     out += "  extern __shared__ __align__(1024) unsigned char tj_smem_base[];\n";
     out += "  unsigned char* const tj_tc = tj_smem_base + ((1024u - (tj::dev::smem_u32(tj_smem_base) & 1023u)) & 1023u);\n";
-    out += fmt::format("  unsigned char* const tj_smem = tj_tc + {};\n", mma_.smem_bytes);
+    if (slots_ > 1) {
+      out += fmt::format("  // knob wg_programs: slot s (threads {} s ..) runs programs of its own, with a scratch of its own\n",
+                         plan_.threads);
+      out += fmt::format("  const int tj_slot = (int)threadIdx.x < {} ? (int)threadIdx.x / {} : 0;\n", tile_threads(),
+                         plan_.threads);
+      out += fmt::format("  unsigned char* const tj_smem = tj_tc + {} + tj_slot * {};\n", mma_.smem_bytes, scratch_stride_);
+    } else {
+      out += fmt::format("  unsigned char* const tj_smem = tj_tc + {};\n", mma_.smem_bytes);
+    }
   } else if (mma_.on_tensor_cores()) {
     out += "  extern __shared__ __align__(1024) unsigned char tj_smem_base[];\n";
     out += "  unsigned char* const tj_tc = tj::dev::align_smem<1024>(tj_smem_base);   // the operand buffers\n";
@@ -1457,6 +1546,25 @@ GeneratedKernel Emitter::run() {
     throw Error(fmt::format("kernel '{}': knob overlap is 0, 1 or 2, got {}", f_.name, knobs::overlap.of(cfg_)));
   if (raster_group_ < 1 || raster_group_ > 64)
     throw Error(fmt::format("kernel '{}': knob raster_group must be in [1, 64] (1: off), got {}", f_.name, raster_group_));
+  slots_ = static_cast<int>(knobs::wg_programs.of(cfg_));
+  if (slots_ < 1 || slots_ > 2)
+    throw Error(fmt::format("kernel '{}': knob wg_programs is 1 or 2 (programs a block runs at once), got {}", f_.name, slots_));
+  if (slots_ > 1) {
+    std::string why;
+    if (!mma_.wgmma()) why = fmt::format("its dots are not on wgmma (target {})", target_.arch);
+    else if (!mma_.producer_warp) why = "it has no producer warpgroup (knob warp_specialize 0, or no operand TMA can fill)";
+    else if (wg_turns_) why = "knob wg_turns is set (the warpgroups of one program take turns)";
+    else if (pin_waits_) why = "knob pin_waits is set";
+    else if (std::any_of(mma_.staged.begin(), mma_.staged.end(), [](const StagedLoad& st) { return st.transposed_copy; }))
+      why = "an fp8 operand is copied K-major by the producer warpgroup";
+    else if (!mma_.buffers.empty())
+      why = "an operand goes from registers through shared memory (a buffer each program would need)";
+    else if (std::any_of(mma_.staged.begin(), mma_.staged.end(), [](const StagedLoad& st) { return !st.producer; }))
+      why = "an operand is staged by the tiles' threads, not by the producer";
+    if (!why.empty())
+      throw Error(fmt::format("kernel '{}': knob wg_programs = {} needs wgmma dots fed by a producer warpgroup; here {}", f_.name,
+                              slots_, why));
+  }
   plan_ = assign_layouts(f_, cfg_, target_, &mma_);
   finish_mma_plan(mma_, [&](int v) { return plan_.of(v).is_mma(); });
   async_ = plan_async(f_, mma_);
@@ -1475,7 +1583,8 @@ GeneratedKernel Emitter::run() {
   emit_launch();
   if (starts_early_ && !waited_) line("tj::dev::griddep_wait();");
 
-  const int64_t tc_bytes = mma_.on_tensor_cores() ? 1024 + mma_.smem_bytes : 0;   // with the alignment slack
+  // With the alignment slack.
+  const int64_t tc_bytes = mma_.on_tensor_cores() ? 1024 + mma_.smem_bytes : 0;
   // The staged stores' region follows the scratch (tj_stage_at, in the header).
   stage_at_ = (smem_ + 15) / 16 * 16;
   if (stage_bytes_ > 0) {
@@ -1486,6 +1595,8 @@ GeneratedKernel Emitter::run() {
     pin_at_ = (smem_ + 15) / 16 * 16;
     smem_ = pin_at_ + 4 * (plan_.threads / 32);
   }
+  scratch_stride_ = (smem_ + 15) / 16 * 16;   // one slot's scratch
+  if (slots_ > 1) smem_ = slots_ * scratch_stride_;
   if (tc_bytes + smem_ > target_.max_smem_per_block())
     throw Error(fmt::format("kernel '{}' with config {} needs {} bytes of shared memory ({} for {}{}), more than the {} bytes "
                             "({} KB) a block can use on {}: use smaller block sizes{}",
@@ -1498,7 +1609,8 @@ GeneratedKernel Emitter::run() {
   k.name = f_.name;
   k.entry = identifier(f_.name);
   if (reserved_name(k.entry)) k.entry = "tj_kernel_" + k.entry;
-  k.threads = plan_.threads + (mma_.producer_warp ? 128 : 0);
+  k.threads = static_cast<int>(tile_threads()) + (mma_.producer_warp ? 128 : 0);
+  k.programs_per_block = slots_;
   k.dynamic_smem_bytes = static_cast<size_t>(tc_bytes + (smem_ + 15) / 16 * 16);
   k.starts_early = starts_early_;
   k.persistent = persistent_;

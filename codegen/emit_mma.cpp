@@ -399,22 +399,21 @@ void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const
   }
   // Registers: a warp scheduler holds 512 per lane, shared by one warp of each warpgroup; the
   // producer's warpgroup gives up all but a few to the tiles' warpgroups (setmaxnreg).
-  const int G = mma_.warpgroups;
+  const int G = mma_.warpgroups * slots_;   // the warpgroups that hold tiles, of every slot
   const int producer_regs = G >= 3 ? 24 : 40;
   const int tile_regs = std::min(256, (512 - producer_regs) / G / 8 * 8);
   line(fmt::format("if (threadIdx.x >= {}) {{   // the producer warpgroup: TMA fills of the staged operands, ahead of use",
-                   plan_.threads));
+                   tile_threads()));
   ++indent_;
   if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_dec<{}>();", producer_regs));
-  line(fmt::format("if (threadIdx.x == {}) {{", plan_.threads));
+  line(fmt::format("if (threadIdx.x == {}) {{", tile_threads()));
   ++indent_;
   auto nest = [&](ProducerRole role) {
+    emitting_producer_ = true;
     program_begin();
-    for (size_t k = 0; k < chain.size(); ++k)
-      for (const Op& op : regions[k]->ops)
-        if (&op != chain[k] && !hoisted_.count(&op)) emit_producer_op(op, role);
-    for (const Op& op : regions[chain.size()]->ops) emit_producer_op(op, role);
+    emit_producer_nest(regions, chain, role);
     program_end();
+    emitting_producer_ = false;
   };
   nest(ProducerRole::fill);
   --indent_;
@@ -433,6 +432,14 @@ void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const
   --indent_;
   line("}");
   if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_inc<{}>();   // the tiles' warpgroups take the producer's registers", tile_regs));
+}
+
+void Emitter::emit_producer_nest(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain,
+                                 ProducerRole role) {
+  for (size_t k = 0; k < chain.size(); ++k)
+    for (const Op& op : regions[k]->ops)
+      if (&op != chain[k] && !hoisted_.count(&op)) emit_producer_op(op, role);
+  for (const Op& op : regions[chain.size()]->ops) emit_producer_op(op, role);
 }
 
 void Emitter::emit_producer_op(const Op& op, ProducerRole role) {
@@ -471,6 +478,10 @@ void Emitter::emit_producer_op(const Op& op, ProducerRole role) {
       line(fmt::format("tj_r{}.release(tj_f);   // TMA may refill the slot", i));
       --indent_;
       line("}");
+      return;
+    }
+    if (role == ProducerRole::count) {
+      line(fmt::format("++tj_use{};", i), &op.loc);
       return;
     }
     line("{");

@@ -99,6 +99,13 @@ class Emitter {
   int64_t stage_bytes_ = 0;              // staged stores' region (knob stage_stores), after the scratch
   int64_t stage_at_ = 0;
   bool wg_turns_ = false;                // knob wg_turns (wgmma, two or more warpgroups)
+  // Knob wg_programs: programs the block runs at once, each on plan_.threads threads of its own
+  // (slot s: threads s * plan_.threads ..) with a scratch of its own; the producer fills the
+  // rings program by program, and each slot skips the other's fills.
+  int slots_ = 1;
+  bool emitting_producer_ = false;       // the producer warpgroup's nest is being emitted
+  int64_t scratch_stride_ = 0;           // one slot's scratch bytes (tj_smem), set once the body is emitted
+  int64_t tile_threads() const { return slots_ * plan_.threads; }   // the threads before the producer's
   bool overlap_ = false;                 // knob overlap (codegen/overlap_plan.h)
   bool rescale_at_end_ = false;          // knob overlap 2: the late dot's accumulator prepared at the iteration's end
   // Knob pin_waits: the f32 tiles computed since the last wgmma wait, with the indent they were
@@ -321,9 +328,12 @@ class Emitter {
   // and the launch-loop decode).
   void emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain,
                      const std::function<void()>& program_begin, const std::function<void()>& program_end);
-  // fill: the TMA thread's fills; transpose: the transposer warps' copies (StagedLoad::transposed_copy).
-  enum class ProducerRole : uint8_t { fill, transpose };
+  // fill: the TMA thread's fills; transpose: the transposer warps' copies (StagedLoad::transposed_copy);
+  // count: the fills' use counters advanced, nothing issued (knob wg_programs: the other slot's).
+  enum class ProducerRole : uint8_t { fill, transpose, count };
   void emit_producer_op(const Op& op, ProducerRole role);
+  // One program's ops of the producer's nest in `role` (the launch decode emitted before).
+  void emit_producer_nest(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain, ProducerRole role);
   // The ring the dots read a staged load from: tj_r<i>, or tj_rt<i> for a transposed copy.
   std::string read_ring(const StagedLoad& s) const;
   std::set<int> producer_needs_;

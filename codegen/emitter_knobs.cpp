@@ -20,6 +20,11 @@ const KnobSpec wg_turns{
     "wg_turns", 0, "0",
     "1: in each loop inside a program, the warpgroups that hold the tiles take turns issuing its wgmma dots (named "
     "barriers), so that one warpgroup's elementwise work (a softmax) runs while the tensor cores take another's dots"};
+const KnobSpec wg_programs{
+    "wg_programs", 1, "1",
+    "P in {1, 2} (wgmma with a producer warpgroup): the block holds P sets of the program's warps (num_warps each), each "
+    "running programs of its own, in turn on the producer's fills (a ring set each), so that one set's epilogue runs while "
+    "the tensor cores take the other's dots (CUTLASS's ping-pong schedule)"};
 const KnobSpec overlap{
     "overlap", 0, "0 (the untuned config: 2 for nests of two or more wgmma dots that no launch loop's tiles widen)",
     "1: in a loop whose body issues a first wgmma dot and ends with a chained one into a loop-carried accumulator "
@@ -60,7 +65,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &overlap, &stage_stores, &fp8_key_order, &copy_stages, &issue_early, &pin_waits, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &copy_stages, &issue_early, &pin_waits, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

@@ -14,6 +14,7 @@ extern const KnobSpec raster_group;
 extern const KnobSpec longest_first;
 extern const KnobSpec overlap;           // a loop's chained dot one iteration late
 extern const KnobSpec wg_turns;          // the consumer warpgroups take turns issuing wgmmas
+extern const KnobSpec wg_programs;       // programs a block runs at once, each on warps of its own
 extern const KnobSpec stage_stores;      // accumulator-layout stores through shared memory
 extern const KnobSpec copy_stages;       // fp8 operands copied K-major: slots of the copy's ring
 extern const KnobSpec fp8_key_order;     // fp8 P.V: V's transposed copy in P's fragment order

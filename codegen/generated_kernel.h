@@ -37,6 +37,9 @@ struct GeneratedKernel {
   bool persistent = false;
   int blocks_per_sm = 1;
   int64_t max_blocks = 0;                  // persistent: at most this many blocks (0: no cap)
+  // Programs a block runs at once, each on threads of its own (knob wg_programs): the grid has
+  // ceil(programs / programs_per_block) blocks before the persistent cap.
+  int programs_per_block = 1;
   // Tensor parameters the kernel reads in 16-byte pieces (cp.async): each needs a 16-byte
   // aligned base address, a contiguous last dim and every other stride a multiple of 16 bytes;
   // the launcher checks (tj::check_aligned16) and names the tensor otherwise.

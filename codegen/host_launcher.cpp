@@ -1203,9 +1203,11 @@ class Emitter {
     B_.CreateRet(c32(0));
     B_.SetInsertPoint(some);
 
-    // Grid (as launch_geometry): one block per program; persistent kernels at most
+    // Grid (as launch_geometry): one block per program (or per programs_per_block); persistent kernels at most
     // SMs * blocks_per_sm blocks (and max_blocks); rounded up to a multiple of the cluster size.
     llvm::Value* grid = programs;
+    if (g.programs_per_block > 1)   // several programs a block (GeneratedKernel::programs_per_block)
+      grid = B_.CreateUDiv(B_.CreateAdd(grid, c64(g.programs_per_block - 1)), c64(g.programs_per_block));
     if (g.persistent) {
       llvm::Value* per_sm = c64(std::max(1, g.blocks_per_sm));
       if (g.blocks_per_sm == 0) {   // as many as fit (GeneratedKernel::blocks_per_sm)

@@ -47,7 +47,8 @@
 //     {data, shape[R], stride[R]} (strides in elements; NULL strides mean row-major), each
 //     Scalar as float, then the TMA descriptors (cuTensorMapEncodeTiled) and, for persistent
 //     kernels, `long long tj_programs`.
-//  8. Launches: grid = programs (persistent: min(programs, SMs * blocks_per_sm)), rounded up
+//  8. Launches: grid = ceil(programs / programs_per_block) (persistent: at most SMs *
+//     blocks_per_sm), rounded up
 //     to a multiple of the cluster size; cuLaunchKernelEx with the cluster attribute when
 //     cluster_x > 1, else cuLaunchKernel.
 // Errors are returned as tj_status codes, never by exiting; the calling thread's

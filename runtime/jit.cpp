@@ -392,7 +392,8 @@ LaunchGeometry launch_geometry(const CompiledKernel& ck, int64_t programs, int s
   LaunchGeometry g;
   g.programs = std::max<int64_t>(programs, 0);
   g.persistent = gk.persistent;
-  int64_t blocks = g.programs;
+  const int64_t per_block = std::max(gk.programs_per_block, 1);
+  int64_t blocks = (g.programs + per_block - 1) / per_block;
   const int per_sm = gk.blocks_per_sm > 0 ? gk.blocks_per_sm : ck.resident_blocks;
   if (gk.persistent) blocks = std::min<int64_t>(blocks, static_cast<int64_t>(std::max(sm_count, 1)) * std::max(per_sm, 1));
   if (gk.persistent && gk.max_blocks > 0) blocks = std::min<int64_t>(blocks, gk.max_blocks);

@@ -88,7 +88,8 @@ const CompiledKernel& compile(const Kernel& k, const std::vector<ArgSpec>& specs
 uint64_t nvrtc_compile_count();
 
 // How a compiled kernel is launched (the one place tj::launch, the tuner's benchmarks and the
-// exported launchers agree on): one block per program on gridDim.x (persistent kernels: at most
+// exported launchers agree on): one block per program (per programs_per_block programs: knob
+// wg_programs) on gridDim.x (persistent kernels: at most
 // sm_count * blocks_per_sm blocks, and the program count is passed as a last `long long`
 // argument), rounded up to a multiple of the cluster size; the generated kernel's threads,
 // dynamic shared memory and cluster shape.

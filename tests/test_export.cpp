@@ -763,6 +763,32 @@ TEST_CASE("export: TMA descriptors, persistent grids, clusters and the shared-me
   CHECK(std::string(e->last_error()).find("last dim must be contiguous") != std::string::npos);
 }
 
+TEST_CASE("export: two programs a block (knob wg_programs) launch half as many blocks, rounded up, then the persistent cap") {
+  mock::st().reset();
+  for (bool persistent : {false, true}) {
+    CAPTURE(persistent);
+    auto e = export_kernel(kernels::vector_add(), {{vector_add_specs(-1)}}, persistent ? "pairs_persistent" : "pairs",
+                           [&](codegen::GeneratedKernel& g) {
+                             g.programs_per_block = 2;
+                             g.persistent = persistent;
+                           });
+    auto launch = e->fn<VectorAddLaunch>("vector_add_launch");
+    mock::st().param_sizes = persistent ? std::vector<size_t>{24, 24, 24, 8} : std::vector<size_t>{24, 24, 24};
+    mock::st().sms = 4;
+    for (int64_t n : {100000, 640, 65}) {
+      CAPTURE(n);
+      mock::st().launches.clear();
+      std::vector<int64_t> shape{n};
+      TjTensor x = tj_tensor(0x10000, DType::f32, shape), y = tj_tensor(0x20000, DType::f32, shape),
+               out = tj_tensor(0x30000, DType::f32, shape);
+      REQUIRE_MESSAGE(launch(nullptr, &x, &y, &out) == kSuccess, e->last_error());
+      REQUIRE(mock::st().launches.size() == 1);
+      const int64_t programs = (n + 63) / 64, blocks = (programs + 1) / 2;
+      CHECK(mock::st().launches[0].grid[0] == (persistent ? std::min<int64_t>(blocks, 4) : blocks));
+    }
+  }
+}
+
 TEST_CASE("export: a persistent SIMT grid takes as many blocks an SM as the occupancy calculator fits") {
   mock::st().reset();
   auto e = export_kernel(kernels::vector_add(), {{vector_add_specs(-1)}}, "persistent_simt", [](codegen::GeneratedKernel& g) {

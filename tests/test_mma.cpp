@@ -22,6 +22,7 @@
 #include "examples/kernels/user_kernels.h"
 #include "kernels/library.h"
 #include "nvrtc_testing.h"
+#include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
 #include "runtime/reference.h"
 
@@ -343,6 +344,75 @@ TEST_CASE("mma codegen: the user kernels of examples/kernels compile for sm_90a 
     CHECK(info.spill_stores == 0);
     CHECK_FALSE(contains(r.log, "serialized"));   // ptxas did not serialize the wgmmas
   }
+}
+
+TEST_CASE("mma codegen: knob wg_programs 2 runs two programs a block, each warpgroup on a ring set of its own filled in turn") {
+  // Contiguous tensors (unit strides compiled in, as tj::launch specs them): staged stores.
+  auto C = [](DType t, std::vector<int64_t> shape) { return contiguous_spec(t, std::move(shape)); };
+  const ir::Function f = examples::gemm_bias_gelu(false).trace(
+      {C(DType::bf16, {640, 1024}), C(DType::bf16, {384, 1024}), C(DType::f32, {384}), C(DType::bf16, {640, 384})});
+  const char* json =
+      R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0,"persistent":1,"wg_programs":2}})";
+  const auto g = codegen::generate_cuda(f, cfg(json), Target{});
+  INFO(g.source);
+  CHECK(g.lowering == "tensor cores (wgmma)");
+  CHECK(g.threads == 384);   // two warpgroups of tiles and the producer's
+  CHECK(g.programs_per_block == 2);
+  CHECK(contains(g.source, "#define TJ_PROGRAM_THREADS 128"));
+  CHECK(contains(g.source, "tj_pid += (long long)gridDim.x * 2"));
+  // One ring set filled in program order; each slot skips the other's program before its own,
+  // by counting that program's fills: here its 16 K steps (constant bounds, folded by the compiler).
+  CHECK(contains(g.source, "const long long tj_prev = tj_slot == 1 ? tj_pid - 1 : tj_pid - 2LL * gridDim.x + 1;"));
+  CHECK(contains(g.source, "++tj_use0;"));
+  // The slots take the rings in turn: a slot waits for the other's last ring wait of the program
+  // before it (named barriers 3 and 4), and passes the turn after its K loop, before the epilogue.
+  CHECK(contains(g.source, "if (tj_prev >= 0) tj::dev::slot_take(tj_slot);"));
+  CHECK(contains(g.source, "if (tj_next < tj_total) tj::dev::slot_pass(1 - tj_slot);"));
+  CHECK(g.source.find("slot_pass(1 - tj_slot)") < g.source.find("tanhf"));
+  // A scratch each: 3 stages of 16 + 16 KB and the barriers, then a staging region a slot (4 warps
+  // of 32 rows x (128 + 8) bf16: the whole of each warp's columns at once).
+  CHECK(contains(g.source, "unsigned char* const tj_smem = tj_tc + 98400 + tj_slot * 34816;"));
+  CHECK(contains(g.source, "tj::dev::store_staged<tj::dev::bf16, M128x128, false, false>("));
+  const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+  CHECK(contains(r.ptx, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
+  const tj_test::PtxasInfo info = tj_test::ptxas_info(r.log);
+  INFO(r.log);
+  CHECK(info.spill_stores == 0);
+  // 5 x 3 tiles = 15 programs: 8 blocks without the persistent cap, 6 with 6 SMs.
+  CompiledKernel ck;
+  ck.generated = g;
+  CHECK(launch_geometry(ck, 15, 132).grid.x == 8);
+  CHECK(launch_geometry(ck, 15, 6).grid.x == 6);
+  ck.generated.persistent = false;
+  CHECK(launch_geometry(ck, 15, 6).grid.x == 8);
+
+  auto error_of = [&](const char* config) {
+    try {
+      codegen::generate_cuda(f, cfg(config), Target{});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error_of(R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"knobs":{"lowering":0,"wg_programs":3}})") ==
+        "kernel 'gemm_bias_gelu_nk': knob wg_programs is 1 or 2 (programs a block runs at once), got 3");
+  CHECK(error_of(R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"knobs":{"lowering":0,"wg_programs":2,"warp_specialize":0}})") ==
+        "kernel 'gemm_bias_gelu_nk': knob wg_programs = 2 needs wgmma dots fed by a producer warpgroup; here it has no producer "
+        "warpgroup (knob warp_specialize 0, or no operand TMA can fill)");
+  CHECK(error_of(R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"knobs":{"lowering":0,"wg_programs":2,"wg_turns":1}})") ==
+        "kernel 'gemm_bias_gelu_nk': knob wg_programs = 2 needs wgmma dots fed by a producer warpgroup; here knob wg_turns is "
+        "set (the warpgroups of one program take turns)");
+  const auto sm80 = [&] {
+    try {
+      codegen::generate_cuda(f, cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"knobs":{"lowering":0,"wg_programs":2}})"),
+                             Target::parse("sm_80"));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  CHECK(sm80 == "kernel 'gemm_bias_gelu_nk': knob wg_programs = 2 needs wgmma dots fed by a producer warpgroup; here its dots are "
+                "not on wgmma (target sm_80)");
 }
 
 TEST_CASE("mma codegen: on sm_80 and sm_89 the user kernels' dots run on mma.sync (ldmatrix from swizzled buffers), without spills") {

@@ -75,7 +75,11 @@ TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, Sw
       R"({"blocks":{"m":64,"n":64,"k":32},"num_warps":4,"num_stages":2,"knobs":{"lowering":0}})",
       R"({"blocks":{"m":128,"n":64,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0}})",
       R"({"blocks":{"m":64,"n":64,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0,"persistent":1,"persistent_blocks":3,"raster_group":3}})",
-      R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"warp_specialize":0,"persistent":1,"persistent_blocks":2}})"};
+      R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"warp_specialize":0,"persistent":1,"persistent_blocks":2}})",
+      // Two programs a block (knob wg_programs), one a warpgroup: a block's pair of programs, and
+      // persistent over 3 blocks (slots that run two programs, one, or none past the last).
+      R"({"blocks":{"m":64,"n":128,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0,"wg_programs":2}})",
+      R"({"blocks":{"m":64,"n":64,"k":64},"num_warps":4,"num_stages":2,"knobs":{"lowering":0,"persistent":1,"persistent_blocks":3,"raster_group":3,"wg_programs":2}})"};
   for (const char* json : configs) {
     const Config c = Config::from_json(json);
     for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{256, 256, 512}, {200, 136, 328}}) {
@@ -100,6 +104,27 @@ TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, Sw
       std::vector<HostTensor> s = {random_tensor(DType::bf16, {m, k}, rng, 0.3), random_tensor(DType::bf16, {n, k}, rng, 0.3),
                                    random_tensor(DType::bf16, {n, k}, rng, 0.3), HostTensor(DType::bf16, {m, n})};
       o = run_both(examples::swiglu(), s, {}, 3, c);
+      CHECK(o.lowering == "tensor cores (wgmma)");
+      CHECK(o.nan_count == 0);
+      CHECK(o.rel_rmse < 1e-2);
+    }
+  }
+}
+
+TEST_CASE("gpu: a user GEMM with two programs a block (knob wg_programs), 128 x 128 tiles a warpgroup, matches the reference") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(8);
+  // The benchmark's shape of the schedule: 128 rows (two wgmma row blocks) a warpgroup, chunked
+  // staged stores, persistent; ragged edges.
+  const Config c = Config::from_json(
+      R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0,"persistent":1,"persistent_blocks":2,"wg_programs":2}})");
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{640, 384, 512}, {300, 264, 328}}) {
+    for (bool kn : {false, true}) {
+      CAPTURE(fmt::format("gemm_bias_gelu {} x {} x {}, b {}", m, n, k, kn ? "[K, N]" : "[N, K]"));
+      std::vector<HostTensor> t = {random_tensor(DType::bf16, {m, k}, rng, 0.5),
+                                   random_tensor(DType::bf16, kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k}, rng, 0.5),
+                                   random_tensor(DType::f32, {n}, rng), HostTensor(DType::bf16, {m, n})};
+      const Outcome o = run_both(examples::gemm_bias_gelu(kn), t, {}, 3, c);
       CHECK(o.lowering == "tensor cores (wgmma)");
       CHECK(o.nan_count == 0);
       CHECK(o.rel_rmse < 1e-2);

@@ -190,6 +190,9 @@ TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid
 
 #if TJ_SM90A_ENABLED
 // ---------------------------------------------------------------- wgmma
+// Warp-uniform index of this thread's warpgroup among its program's (tile.cuh: program_tid).
+TJ_DEV int program_warpgroup() { return __shfl_sync(0xffffffffu, program_tid() / 128, 0); }
+
 // The calling warpgroup's share of acc += A [M x K] . B [K x N], where acc holds the registers
 // of an Mma<MmaArr<4 * G, 1>, M, N> tile (RB = M / (64 * G) row blocks per warpgroup; warpgroup
 // g's block b is rows 64 * (g + G * b) ..) and both operands are SmemOperands in shared memory
@@ -198,7 +201,7 @@ TJ_DEV void transpose_8bit(const unsigned char* src, unsigned char* dst, int tid
 // wait after are the caller's.
 template <int G, int RB, int N, int NC, int KS, int TA, int TB, class OA, class OB>
 TJ_DEV void wgmma_ss(float* acc, unsigned a_base, unsigned b_base, int accumulate) {
-  const int g = warpgroup_idx();
+  const int g = program_warpgroup();
   // Two descriptors, then constant steps (make_smem_desc per instruction cost ~9 uniform ops each).
   const unsigned long long da = smem_desc<OA>(a_base, 64 * g, 0), db = smem_desc<OB>(b_base, 0, 0);
 #pragma unroll
@@ -291,7 +294,7 @@ TJ_DEV void zero_k_tail(unsigned tile, int from) {
   constexpr int nthreads = NTHREADS;
   if (from < 0) from = 0;
   const int first = MN ? from * KB : from * O::elem_bytes;   // MN: first byte of row `from`
-  for (int b = (int)threadIdx.x; b < R * KB; b += nthreads) {
+  for (int b = program_tid(); b < R * KB; b += nthreads) {
     const int r = b / KB, c = b % KB;
     const bool zero = MN ? r * KB + c >= first : (KeyOrder ? (c & ~31) + fp8_kperm_col(c & 31) : c) >= first;
     if (zero) asm volatile("st.shared.u8 [%0], %1;" ::"r"(tile + O::offset(r, c)), "r"(0u) : "memory");

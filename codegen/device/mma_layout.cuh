@@ -35,7 +35,7 @@ struct MmaArr {
   static constexpr int lanes_r = 8, lanes_c = 4, warps_r = WR, warps_c = WC;
   static constexpr int threads = 32 * WR * WC;
   static TJ_DEV int lane() { return (int)threadIdx.x & 31; }
-  static TJ_DEV int warp() { return (int)threadIdx.x >> 5; }
+  static TJ_DEV int warp() { return program_tid() >> 5; }
   static TJ_DEV int wr() { return warp() / WC; }
   static TJ_DEV int wc() { return warp() % WC; }
 };

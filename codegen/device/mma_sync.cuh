@@ -102,7 +102,7 @@ TJ_DEV void copy_operand(unsigned char* dst, const void* data, long long offset,
   constexpr int ES = (int)sizeof(M), PER = 16 / ES, CHUNKS = O::row_bytes / 16;
   static_assert(O::row_bytes % 16 == 0, "rows of whole 16-byte chunks");
   const M* base = static_cast<const M*>(data) + offset;
-  for (int q = (int)threadIdx.x; q < O::rows * CHUNKS; q += NT) {
+  for (int q = program_tid(); q < O::rows * CHUNKS; q += NT) {
     const int row = q / CHUNKS, cb = (q % CHUNKS) * 16;
     const long long pr = r.start + row, pc = c.start + cb / ES;
     unsigned char* d = dst + O::offset(row, cb);
@@ -129,7 +129,7 @@ TJ_DEV void zero_k_tail(unsigned char* tile, int from) {
   constexpr int R = O::rows, KB = O::row_bytes;
   if (from < 0) from = 0;
   const int first = O::mn_major ? from * KB : from * O::elem_bytes;
-  for (int b = (int)threadIdx.x; b < R * KB; b += NT) {
+  for (int b = program_tid(); b < R * KB; b += NT) {
     const int r = b / KB, c = b % KB;
     if (O::mn_major ? r * KB + c >= first : c >= first) tile[O::offset(r, c)] = 0;
   }
@@ -230,7 +230,7 @@ TJ_DEV void mma_sync_ss(float* acc, const unsigned char* a, const unsigned char*
 #pragma unroll
     for (int i = 0; i < RB * NW / 2; ++i) acc[i] = 0.0f;
   }
-  const int w = (int)threadIdx.x >> 5, wr = w / WC, wc = w % WC;
+  const int w = program_tid() >> 5, wr = w / WC, wc = w % WC;
 #pragma unroll
   for (int s = 0; s < KS; ++s) {
     unsigned af[RB][4];

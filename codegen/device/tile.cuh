@@ -62,11 +62,55 @@ TJ_DEV void griddep_launch_dependents() {
 #endif
 }
 
+// ---------------------------------------------------------------- a program's threads
+// The threads that run one program: the whole block, or, in a kernel whose block runs several
+// programs at once (knob wg_programs: TJ_PROGRAM_THREADS threads each, one after the other),
+// those of this thread's program slot. Layouts, barriers and scalar stores count threads from
+// the first of the program's.
+TJ_DEV int program_tid() {
+#if defined(TJ_PROGRAM_THREADS)
+  return (int)threadIdx.x % TJ_PROGRAM_THREADS;
+#else
+  return (int)threadIdx.x;
+#endif
+}
+TJ_DEV int program_slot() {
+#if defined(TJ_PROGRAM_THREADS)
+  return (int)threadIdx.x / TJ_PROGRAM_THREADS;
+#else
+  return 0;
+#endif
+}
+
+// Knob wg_programs (two slots): the slots' programs take the operand rings in turn, in the
+// producer's fill order. A slot takes its turn (named barrier 3 + its slot) before its program's
+// first ring wait and passes it (the other's barrier) after its last, so that no slot waits for a
+// fill more than one ring round ahead of the last one waited for (a ring slot's mbarrier phase
+// parity tells only one round from the next). Each pass pairs with one take.
+TJ_DEV void slot_take(int slot) {
+#if defined(TJ_PROGRAM_THREADS) && defined(__CUDA_ARCH__)
+  asm volatile("bar.sync %0, %1;" ::"r"(3 + slot), "n"(2 * TJ_PROGRAM_THREADS) : "memory");
+#else
+  (void)slot;
+#endif
+}
+TJ_DEV void slot_pass(int to_slot) {
+#if defined(TJ_PROGRAM_THREADS) && defined(__CUDA_ARCH__)
+  asm volatile("bar.arrive %0, %1;" ::"r"(3 + to_slot), "n"(2 * TJ_PROGRAM_THREADS) : "memory");
+#else
+  (void)to_slot;
+#endif
+}
+
 // ---------------------------------------------------------------- block barrier
-// The barrier of the threads that hold tiles: the whole block, or, in a kernel with a producer
-// warpgroup (which never holds tiles), the TJ_TILE_THREADS threads before it (named barrier 1).
+// The barrier of the threads that hold one program's tiles: the whole block, or, in a kernel
+// with a producer warpgroup (which never holds tiles), the TJ_TILE_THREADS threads before it
+// (named barrier 1), or, with several programs a block, the TJ_PROGRAM_THREADS of this thread's
+// (named barrier 1 + its slot).
 TJ_DEV void sync_threads() {
-#if defined(TJ_TILE_THREADS) && defined(__CUDA_ARCH__)
+#if defined(TJ_PROGRAM_THREADS) && defined(__CUDA_ARCH__)
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + program_slot()), "n"(TJ_PROGRAM_THREADS) : "memory");
+#elif defined(TJ_TILE_THREADS) && defined(__CUDA_ARCH__)
   asm volatile("bar.sync 1, %0;" ::"n"(TJ_TILE_THREADS) : "memory");
 #else
   __syncthreads();
@@ -239,7 +283,7 @@ struct Arr {
   static constexpr int lanes_r = LR, lanes_c = LC, warps_r = WR, warps_c = WC, vec = V;
   static constexpr int rows = LR * WR, cols = LC * WC * V, threads = 32 * WR * WC;
   static TJ_DEV int lane() { return (int)threadIdx.x & 31; }
-  static TJ_DEV int warp() { return (int)threadIdx.x >> 5; }
+  static TJ_DEV int warp() { return program_tid() >> 5; }
   static TJ_DEV int row() { return lane() / LC + LR * (warp() / WC); }
   static TJ_DEV int col() { return (lane() % LC + LC * (warp() % WC)) * V; }   // the first of its V
 };
@@ -553,11 +597,11 @@ TJ_DEV typename E::reg load_scalar(const void* data, long long offset, bool ok) 
 }
 template <class E>
 TJ_DEV void store_scalar(void* data, long long offset, bool ok, typename E::reg x) {
-  if (ok && threadIdx.x == 0) E::st(static_cast<typename E::mem*>(data) + offset, x);
+  if (ok && program_tid() == 0) E::st(static_cast<typename E::mem*>(data) + offset, x);
 }
 template <class E>
 TJ_DEV void store_add_scalar(void* data, long long offset, bool ok, typename E::reg x) {
-  if (ok && threadIdx.x == 0) E::add(static_cast<typename E::mem*>(data) + offset, x);
+  if (ok && program_tid() == 0) E::add(static_cast<typename E::mem*>(data) + offset, x);
 }
 
 // One element at computed indices (gathers): 0 when any index is outside its dimension.
