@@ -410,6 +410,13 @@ void Emitter::emit_op(const Op& op) {
     emit_simt_op(op);
   }
   note_computed(op);
+  if (&op == pass_after_) {
+    // Knob wg_programs: the program's last ring wait is done (its last dots may still run): the
+    // other slot may start its main loop while this one finishes its dots and its epilogue.
+    line(persistent_ ? "const long long tj_next = tj_slot == 0 ? tj_pid + 1 : tj_pid + 2LL * gridDim.x - 1;"
+                     : "const long long tj_next = tj_slot == 0 ? tj_pid + 1 : tj_total;");
+    line("if (tj_next < tj_total) tj::dev::slot_pass(1 - tj_slot);   // the other slot's next program may wait on the rings");
+  }
   if (auto w = async_.after.find(&op); w != async_.after.end() && !suppress_async_)
     emit_wait(w->second, &op.loc, op.kind == OpKind::loop ? &op : nullptr);
 }
@@ -794,7 +801,8 @@ void Emitter::emit_launch() {
     for (const Op& op : regions[k]->ops)
       if (&op != chain[k] && !hoisted_.count(&op)) emit_op(op);
   // Knob wg_programs: the slot passes the rings' turn once the program's last op that waits on
-  // them is done (its epilogue then overlaps the other slot's main loop).
+  // them has made its last wait (emit_op, before that op's closing wgmma wait): its last dots and
+  // its epilogue then overlap the other slot's main loop.
   const Op* last_ring_op = nullptr;
   for (const Op& op : regions[n]->ops) {
     bool rings = false;
@@ -810,14 +818,9 @@ void Emitter::emit_launch() {
     throw Error(fmt::format("kernel '{}': knob wg_programs = {} needs the operands the producer stages to be loaded inside the "
                             "innermost launch loop",
                             f_.name, slots_));
-  for (const Op& op : regions[n]->ops) {
-    emit_op(op);
-    if (slots_ > 1 && &op == last_ring_op) {
-      line(persistent_ ? "const long long tj_next = tj_slot == 0 ? tj_pid + 1 : tj_pid + 2LL * gridDim.x - 1;"
-                       : "const long long tj_next = tj_slot == 0 ? tj_pid + 1 : tj_total;");
-      line("if (tj_next < tj_total) tj::dev::slot_pass(1 - tj_slot);   // the other slot's next program may wait on the rings");
-    }
-  }
+  if (slots_ > 1) pass_after_ = last_ring_op;
+  emit_region(*regions[n]);
+  pass_after_ = nullptr;
   program_end();
 }
 

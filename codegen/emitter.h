@@ -105,6 +105,7 @@ class Emitter {
   int slots_ = 1;
   bool emitting_producer_ = false;       // the producer warpgroup's nest is being emitted
   int64_t scratch_stride_ = 0;           // one slot's scratch bytes (tj_smem), set once the body is emitted
+  const Op* pass_after_ = nullptr;       // the op after whose last ring wait the slot passes its turn
   int64_t tile_threads() const { return slots_ * plan_.threads; }   // the threads before the producer's
   bool overlap_ = false;                 // knob overlap (codegen/overlap_plan.h)
   bool rescale_at_end_ = false;          // knob overlap 2: the late dot's accumulator prepared at the iteration's end

@@ -368,7 +368,7 @@ TEST_CASE("mma codegen: knob wg_programs 2 runs two programs a block, each warpg
   // before it (named barriers 3 and 4), and passes the turn after its K loop, before the epilogue.
   CHECK(contains(g.source, "if (tj_prev >= 0) tj::dev::slot_take(tj_slot);"));
   CHECK(contains(g.source, "if (tj_next < tj_total) tj::dev::slot_pass(1 - tj_slot);"));
-  CHECK(g.source.find("slot_pass(1 - tj_slot)") < g.source.find("tanhf"));
+  CHECK(g.source.find("slot_pass(1 - tj_slot)") < g.source.find("tj::dev::wgmma_wait<0>();  // @"));   // before its last dots are done
   // A scratch each: 3 stages of 16 + 16 KB and the barriers, then a staging region a slot (4 warps
   // of 32 rows x (128 + 8) bf16: the whole of each warp's columns at once).
   CHECK(contains(g.source, "unsigned char* const tj_smem = tj_tc + 98400 + tj_slot * 34816;"));
