@@ -64,6 +64,21 @@ Config untuned_for(const Kernel& k, const std::vector<HostTensor>& t, const std:
   return codegen::untuned_config(k.trace(specs_for(k, args, false)), arch);
 }
 
+// gemm_bias_gelu with b [N, K] and [K, N] at m x n x k under config `c`, on the wgmma path, against
+// the reference.
+void check_gemm_bias_gelu(int64_t m, int64_t n, int64_t k, const Config& c, std::mt19937& rng) {
+  for (bool kn : {false, true}) {
+    CAPTURE(fmt::format("gemm_bias_gelu {} x {} x {}, b {}", m, n, k, kn ? "[K, N]" : "[N, K]"));
+    std::vector<HostTensor> t = {random_tensor(DType::bf16, {m, k}, rng, 0.5),
+                                 random_tensor(DType::bf16, kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k}, rng, 0.5),
+                                 random_tensor(DType::f32, {n}, rng), HostTensor(DType::bf16, {m, n})};
+    const Outcome o = run_both(examples::gemm_bias_gelu(kn), t, {}, 3, c);
+    CHECK(o.lowering == "tensor cores (wgmma)");
+    CHECK(o.nan_count == 0);
+    CHECK(o.rel_rmse < 1e-2);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, SwiGLU) match the reference") {
@@ -83,17 +98,8 @@ TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, Sw
   for (const char* json : configs) {
     const Config c = Config::from_json(json);
     for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{256, 256, 512}, {200, 136, 328}}) {
-      for (bool kn : {false, true}) {
-        CAPTURE(json);
-        CAPTURE(fmt::format("gemm_bias_gelu {} x {} x {}, b {}", m, n, k, kn ? "[K, N]" : "[N, K]"));
-        std::vector<HostTensor> t = {random_tensor(DType::bf16, {m, k}, rng, 0.5),
-                                     random_tensor(DType::bf16, kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k}, rng, 0.5),
-                                     random_tensor(DType::f32, {n}, rng), HostTensor(DType::bf16, {m, n})};
-        const Outcome o = run_both(examples::gemm_bias_gelu(kn), t, {}, 3, c);
-        CHECK(o.lowering == "tensor cores (wgmma)");
-        CHECK(o.nan_count == 0);
-        CHECK(o.rel_rmse < 1e-2);
-      }
+      CAPTURE(json);
+      check_gemm_bias_gelu(m, n, k, c, rng);
       CAPTURE(fmt::format("batched / swiglu {} x {} x {}", m, n, k));
       std::vector<HostTensor> b = {random_tensor(DType::f16, {3, m, k}, rng), random_tensor(DType::f16, {3, n, k}, rng),
                                    HostTensor(DType::f16, {3, m, n})};
@@ -114,22 +120,11 @@ TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, Sw
 TEST_CASE("gpu: a user GEMM with two programs a block (knob wg_programs), 128 x 128 tiles a warpgroup, matches the reference") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(8);
-  // The benchmark's shape of the schedule: 128 rows (two wgmma row blocks) a warpgroup, chunked
-  // staged stores, persistent; ragged edges.
+  // The benchmark's shape of the schedule: 128 rows (two wgmma row blocks) a warpgroup, staged
+  // stores, persistent; ragged edges.
   const Config c = Config::from_json(
       R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0,"persistent":1,"persistent_blocks":2,"wg_programs":2}})");
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{640, 384, 512}, {300, 264, 328}}) {
-    for (bool kn : {false, true}) {
-      CAPTURE(fmt::format("gemm_bias_gelu {} x {} x {}, b {}", m, n, k, kn ? "[K, N]" : "[N, K]"));
-      std::vector<HostTensor> t = {random_tensor(DType::bf16, {m, k}, rng, 0.5),
-                                   random_tensor(DType::bf16, kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k}, rng, 0.5),
-                                   random_tensor(DType::f32, {n}, rng), HostTensor(DType::bf16, {m, n})};
-      const Outcome o = run_both(examples::gemm_bias_gelu(kn), t, {}, 3, c);
-      CHECK(o.lowering == "tensor cores (wgmma)");
-      CHECK(o.nan_count == 0);
-      CHECK(o.rel_rmse < 1e-2);
-    }
-  }
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{640, 384, 512}, {300, 264, 328}}) check_gemm_bias_gelu(m, n, k, c, rng);
 }
 
 TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal and not, ragged) matches the reference") {
