@@ -960,9 +960,19 @@ void Emitter::emit_memory(const Op& op) {
              (mode == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
                             blocks(hopper_sm, with) == blocks(hopper_sm, without)));
     };
-    const bool staged = mode != 0 && !swapped && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 &&
-                        L.extent_c > 1 && L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1 &&
-                        16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 && room(stage);
+    const bool rows_contiguous = !swapped && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 && L.extent_c > 1 &&
+                                 L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1;
+    const bool staged = mode != 0 && mode != 3 && rows_contiguous && 16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 &&
+                        room(stage);
+    // Not staged (no room, or knob value 3): 16-bit tiles whose warps hold whole groups of 4
+    // octets leave in 16-byte row pieces after a transpose across each quad (no shared memory).
+    if (!staged && mode != 0 && rows_contiguous && elem == 2 && (L.extent_c / warps_c) % 32 == 0) {
+      line(fmt::format("tj::dev::store_quads<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {});   // 16-byte row pieces, transposed "
+                       "across quads",
+                       E, alias(L), checks[0], checks[1], T, offset, ok, spans[0], spans[1], value),
+           &op.loc);
+      return;
+    }
     if (staged) {
       stage_bytes_ = std::max(stage_bytes_, stage);
       line(fmt::format("tj::dev::store_staged<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, tj_smem + tj_stage_at);   // through "

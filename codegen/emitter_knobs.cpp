@@ -35,7 +35,8 @@ const KnobSpec stage_stores{
     "stage_stores", 1, "1",
     "1: a store of a tile in the tensor cores' accumulator layout (rows contiguous in memory) goes through shared memory and "
     "leaves in 16-byte row chunks, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
-    "block's shared memory has room; 0: each thread stores its fragments (4 or 8 bytes each)"};
+    "block's shared memory has room; where neither, 16-bit tiles leave in 16-byte row pieces transposed across each quad "
+    "of lanes (no shared memory); 3: always that; 0: each thread stores its fragments (4 or 8 bytes each)"};
 const KnobSpec fp8_key_order{
     "fp8_key_order", 1, "1 where the copied tile is whole pieces of 16 rows x 32 bytes, else 0",
     "1: where an fp8 dot's a operand goes in from the accumulator layout (P of P.V) and its b is copied K-major by the "

@@ -146,17 +146,20 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // As many stages as fit the shared memory, from 4 down; mma.sync's attention-like pairs from 2,
   // so that two blocks of 4 warps share an SM where its shared memory allows (H200 running sm_80
   // code, README attention S 4096 D 128: 3 stages 152 TFLOP/s, 2 stages 209).
-  // GEMM-like nests on wgmma take one stage less where that makes room to stage their result's
-  // stores (the emitter's knob stage_stores; H200, bias + GELU 4096^3 / 8192^3 and bmm 16 x 2048^3,
-  // 128 x 256 tiles: 3 stages staged 662 / 728 / 703 TFLOP/s, 4 stages from the fragments 630 /
-  // 716 / 644), but not below 3.
+  // GEMM-like nests on wgmma whose results are not 16-bit take one stage less where that makes
+  // room to stage their stores (the emitter's knob stage_stores), but not below 3; 16-bit results
+  // leave without shared memory, transposed across quads (H200, bias + GELU 4096^3 / 8192^3 and bmm
+  // 16 x 2048^3, 128 x 256 tiles: 4 stages through quads 702 / 767 / 746 TFLOP/s, 3 stages staged
+  // 672 / 740 / 714, 4 stages from the fragments 636 / 714 / 643).
   auto staging_bytes = [&](const LayoutPlan& layouts) {
     int64_t bytes = 0;
     ir::walk(f.body, [&](const ir::Op& op, int) {
       if (op.kind != ir::OpKind::store || op.ival == 1) return;
       const Layout& L = layouts.of(op.operands.at(op.indices.size()));
       const ir::Param& out = f.params.at(op.param);
-      if (!L.is_mma() || L.extent_r <= 1 || L.extent_c <= 1 || out.static_stride(out.rank() - 1) != 1) return;
+      if (!L.is_mma() || L.extent_r <= 1 || L.extent_c <= 1 || out.static_stride(out.rank() - 1) != 1 ||
+          size_bytes(out.dtype) == 2)
+        return;
       const int elem = size_bytes(out.dtype), chunk = 16 / std::max(1, elem);
       bytes = std::max(bytes, L.extent_r * (L.extent_c + L.arr.warps_c * chunk) * elem);
     });

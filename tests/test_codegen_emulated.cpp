@@ -651,6 +651,23 @@ TEST_CASE("codegen (emulated): accumulator tiles stored through shared memory (k
     CHECK(off.source.find("tj::dev::store_staged<") == std::string::npos);
     run_case(c);
   }
+  // Knob value 3: 16-bit tiles transposed across each quad and stored in 16-byte row pieces (no
+  // shared memory); a whole tile takes the shuffles, a ragged one falls back to the fragments.
+  const EmuCase quads[] = {
+      {"matmul bf16 out, whole tiles, quad-transposed", &k_matmul,
+       {C(bf16, {64, 96}), C(bf16, {128, 96}), C(bf16, {96, 64}), C(f32, {64, 128}), C(bf16, {64, 128})},
+       R"({"blocks":{"m":32,"n":64,"k":32},"num_warps":2,"knobs":{"stage_stores":3}})", {}, false, "sm_80", mma},
+      {"matmul bf16 out, ragged, quad-transposed where whole", &k_matmul,
+       {C(bf16, {40, 70}), C(bf16, {100, 70}), C(bf16, {70, 40}), C(f32, {40, 100}), C(bf16, {40, 100})},
+       R"({"blocks":{"m":32,"n":64,"k":32},"num_warps":2,"knobs":{"stage_stores":3}})", {}, false, "sm_80", mma}};
+  for (const EmuCase& c : quads) {
+    CAPTURE(c.name);
+    const codegen::GeneratedKernel g =
+        codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
+    CHECK(g.source.find("tj::dev::store_quads<") != std::string::npos);
+    CHECK(g.source.find("tj::dev::store_staged<") == std::string::npos);
+    run_case(c);
+  }
 }
 
 TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the reference executor") {

@@ -117,7 +117,7 @@ TEST_CASE("gpu: user GEMMs on the tensor cores (b [N, K] and [K, N], batched, Sw
   }
 }
 
-TEST_CASE("gpu: a user GEMM with two programs a block (knob wg_programs), 128 x 128 tiles a warpgroup, matches the reference") {
+TEST_CASE("gpu: a user GEMM with two programs a block (knob wg_programs), and with its stores transposed across quads, matches the reference") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(8);
   // The benchmark's shape of the schedule: 128 rows (two wgmma row blocks) a warpgroup, staged
@@ -125,6 +125,11 @@ TEST_CASE("gpu: a user GEMM with two programs a block (knob wg_programs), 128 x 
   const Config c = Config::from_json(
       R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"num_stages":3,"knobs":{"lowering":0,"persistent":1,"persistent_blocks":2,"wg_programs":2}})");
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{640, 384, 512}, {300, 264, 328}}) check_gemm_bias_gelu(m, n, k, c, rng);
+  // The untuned GEMM config (128 x 256, 4 stages): no room to stage the result, which leaves
+  // transposed across quads (whole tiles) or from the fragments (ragged ones).
+  const Config q = Config::from_json(
+      R"({"blocks":{"m":128,"n":256,"k":64},"num_warps":8,"num_stages":4,"knobs":{"lowering":0,"persistent":1,"persistent_blocks":3,"raster_group":8}})");
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{640, 768, 512}, {300, 264, 328}}) check_gemm_bias_gelu(m, n, k, q, rng);
 }
 
 TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal and not, ragged) matches the reference") {

@@ -17,7 +17,7 @@ has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 LOGS=/tmp/dsl_logs
 source bench/common/steps.sh
 say "tilejit user kernels, phases: $PHASES"
-TESTS='gpu: user GEMMs on the tensor cores*,gpu: f32 tile division*,gpu: README attention on the tensor cores*,gpu: attention variants written as user code*,gpu: a launch whose dots stay*,gpu: user kernels on mma.sync*,gpu: a grouped GEMM*,gpu: attention backward as user code*'
+TESTS='gpu: user GEMMs on the tensor cores*,gpu: a user GEMM with two programs*,gpu: f32 tile division*,gpu: README attention on the tensor cores*,gpu: attention variants written as user code*,gpu: a launch whose dots stay*,gpu: user kernels on mma.sync*,gpu: a grouped GEMM*,gpu: attention backward as user code*'
 if has check; then
   step tests 300 $B/tilejit_tests -tc="$TESTS"
 fi

@@ -125,6 +125,69 @@ TJ_DEV void store_staged(void* data, long long offset, bool ok, Span r, Span c, 
   __syncwarp();   // the region's reads are done before the warp's next staged store writes it
 }
 
+// ---------------------------------------------------------------- quad-transposed stores
+// Stores a 16-bit accumulator-layout tile as store() does, without shared memory: in each 8-row
+// group a quad's 4 lanes hold 2 adjacent columns of each octet; a 4 x 4 transpose across the quad
+// (two shfl_xor rounds) gives each lane 8 adjacent columns of one row, which it writes as one
+// 16-byte store, so that a warp instruction writes 64 contiguous bytes of each of 8 rows (the
+// fragment's own stores write 16 bytes of each of 8 rows: half-sector writes). Where the tile is
+// not whole, aligned and unit-stride (one test, the same in every thread: the shuffles need the
+// whole warp), store() takes it.
+template <class E, class L, bool CR, bool CC>
+TJ_DEV void store_quads(void* data, long long offset, bool ok, Span r, Span c, const Tile<typename E::reg, L>& x) {
+  using M = typename E::mem;
+  using A = typename L::arr;
+  static_assert(sizeof(M) == 2 && L::er > 1 && L::ec > 1 && L::warp_cols % 32 == 0,
+                "store_quads: 16-bit elements, whole groups of 4 octets per warp");
+  M* base = static_cast<M*>(data) + offset;
+  const bool whole = ok && c.stride == 1 && (r.stride * (long long)sizeof(M)) % 16 == 0 &&
+                     (!CR || (r.start >= 0 && r.start + L::er <= r.limit)) &&
+                     (!CC || (c.start >= 0 && c.start + L::ec <= c.limit)) &&
+                     ((unsigned long long)(base + r.start * r.stride + c.start) & 15ull) == 0;
+  if (!whole) {
+    store<E, L, CR, CC>(data, offset, ok, r, c, x);
+    return;
+  }
+  const int q = A::lane() & 3;
+  const bool b0 = (q & 1) != 0, b1 = (q & 2) != 0;
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i) {
+    const long long pr = r.start + L::coord_r(i);
+#pragma unroll
+    for (int g = 0; g < L::warp_cols / 32; ++g) {
+      unsigned w[4];   // w[o]: this lane's 2 columns of octet 4 g + o
+#pragma unroll
+      for (int o = 0; o < 4; ++o) {
+        alignas(4) M pair[2];
+        E::st(&pair[0], x.v[L::idx(i, 2 * (4 * g + o))]);
+        E::st(&pair[1], x.v[L::idx(i, 2 * (4 * g + o) + 1)]);
+        w[o] = *reinterpret_cast<const unsigned*>(pair);
+      }
+      // Transpose across the quad: exchange the words whose octet differs from the lane in bit 1,
+      // then in bit 0; w[o] ends as lane o's 2 columns of octet 4 g + q.
+#pragma unroll
+      for (int o = 0; o < 2; ++o) {
+        const unsigned y = __shfl_xor_sync(0xffffffffu, b1 ? w[o] : w[o | 2], 2);
+        if (b1) w[o] = y;
+        else w[o | 2] = y;
+      }
+#pragma unroll
+      for (int o = 0; o < 4; o += 2) {
+        const unsigned y = __shfl_xor_sync(0xffffffffu, b0 ? w[o] : w[o | 1], 1);
+        if (b0) w[o] = y;
+        else w[o | 1] = y;
+      }
+      const long long pc = c.start + A::wc() * L::warp_cols + 8 * (4 * g + q);
+      uint4 v;
+      v.x = w[0];
+      v.y = w[1];
+      v.z = w[2];
+      v.w = w[3];
+      *reinterpret_cast<uint4*>(base + pr * r.stride + pc) = v;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- shared-memory operands
 // A dot operand tile in shared memory with swizzle SW bytes (128, 64 or 32), as a TMA box of SW
 // bytes along the contiguous dim writes it (hopper.cuh's conventions), its base 8 * SW aligned:
