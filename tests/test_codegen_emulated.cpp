@@ -624,7 +624,7 @@ TEST_CASE("codegen (emulated): kernels with their unit strides compiled in (as l
             R"({"blocks":{"m":16,"n":32,"k":16},"num_warps":2,"knobs":{"simt_vec":4}})"});
 }
 
-TEST_CASE("codegen (emulated): accumulator tiles stored through shared memory (knob stage_stores) match the reference executor") {
+TEST_CASE("codegen (emulated): accumulator tiles stored through shared memory or transposed across quads (knob stage_stores) match the reference executor") {
   TJ_REQUIRE_HOST_COMPILER();
   // Rows contiguous (unit strides compiled in, as launch() specs contiguous tensors): the dots'
   // results leave in 16-byte row chunks; ragged rows and columns (a chunk across the end goes
@@ -633,39 +633,40 @@ TEST_CASE("codegen (emulated): accumulator tiles stored through shared memory (k
   auto C = [](DType t, std::vector<int64_t> shape) { return contiguous_spec(t, std::move(shape)); };
   const char* mma = "tensor cores (mma.sync)";
   const std::vector<int64_t> s70{1, 2, 70, 64};
-  const EmuCase cases[] = {
-      {"README attention bf16 causal, ragged", &readme_attention,
-       {C(bf16, s70), C(bf16, s70), C(bf16, s70), C(bf16, s70), RuntimeScalar{0.125f}, true},
-       R"({"blocks":{"m":32,"n":32},"num_warps":2,"knobs":{"stage_stores":2}})", {}, false, "sm_80", mma},
-      {"matmul bf16, f32 and bf16 outputs, ragged", &k_matmul,
-       {C(bf16, {40, 70}), C(bf16, {28, 70}), C(bf16, {70, 40}), C(f32, {40, 28}), C(bf16, {40, 28})},
-       R"({"blocks":{"m":32,"n":16,"k":32},"num_warps":2,"knobs":{"stage_stores":2}})", {}, false, "sm_80", mma}};
-  for (const EmuCase& c : cases) {
-    CAPTURE(c.name);
-    const codegen::GeneratedKernel g =
-        codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
-    CHECK(g.source.find("tj::dev::store_staged<") != std::string::npos);
-    Config no_stage = Config::from_json(c.config);
-    no_stage.knobs["stage_stores"] = 0;
-    const codegen::GeneratedKernel off = codegen::generate_cuda(c.kernel().trace(c.specs), no_stage, codegen::Target::parse(c.arch));
-    CHECK(off.source.find("tj::dev::store_staged<") == std::string::npos);
-    run_case(c);
-  }
   // Knob value 3: 16-bit tiles transposed across each quad and stored in 16-byte row pieces (no
-  // shared memory); a whole tile takes the shuffles, a ragged one falls back to the fragments.
-  const EmuCase quads[] = {
-      {"matmul bf16 out, whole tiles, quad-transposed", &k_matmul,
-       {C(bf16, {64, 96}), C(bf16, {128, 96}), C(bf16, {96, 64}), C(f32, {64, 128}), C(bf16, {64, 128})},
-       R"({"blocks":{"m":32,"n":64,"k":32},"num_warps":2,"knobs":{"stage_stores":3}})", {}, false, "sm_80", mma},
-      {"matmul bf16 out, ragged, quad-transposed where whole", &k_matmul,
-       {C(bf16, {40, 70}), C(bf16, {100, 70}), C(bf16, {70, 40}), C(f32, {40, 100}), C(bf16, {40, 100})},
-       R"({"blocks":{"m":32,"n":64,"k":32},"num_warps":2,"knobs":{"stage_stores":3}})", {}, false, "sm_80", mma}};
-  for (const EmuCase& c : quads) {
+  // shared memory); whole, aligned tiles take the shuffles, the others the fragments' stores.
+  struct StoreCase {
+    EmuCase c;
+    const char* store;   // the store the generated code calls
+  };
+  const StoreCase cases[] = {
+      {{"README attention bf16 causal, ragged", &readme_attention,
+        {C(bf16, s70), C(bf16, s70), C(bf16, s70), C(bf16, s70), RuntimeScalar{0.125f}, true},
+        R"({"blocks":{"m":32,"n":32},"num_warps":2,"knobs":{"stage_stores":2}})", {}, false, "sm_80", mma},
+       "tj::dev::store_staged<"},
+      {{"matmul bf16, f32 and bf16 outputs, ragged", &k_matmul,
+        {C(bf16, {40, 70}), C(bf16, {28, 70}), C(bf16, {70, 40}), C(f32, {40, 28}), C(bf16, {40, 28})},
+        R"({"blocks":{"m":32,"n":16,"k":32},"num_warps":2,"knobs":{"stage_stores":2}})", {}, false, "sm_80", mma},
+       "tj::dev::store_staged<"},
+      {{"matmul bf16 out, whole tiles, quad-transposed", &k_matmul,
+        {C(bf16, {64, 96}), C(bf16, {128, 96}), C(bf16, {96, 64}), C(f32, {64, 128}), C(bf16, {64, 128})},
+        R"({"blocks":{"m":32,"n":64,"k":32},"num_warps":2,"knobs":{"stage_stores":3}})", {}, false, "sm_80", mma},
+       "tj::dev::store_quads<"},
+      {{"matmul bf16 out, ragged: quad-transposed where whole", &k_matmul,
+        {C(bf16, {40, 70}), C(bf16, {136, 70}), C(bf16, {70, 40}), C(f32, {40, 136}), C(bf16, {40, 136})},
+        R"({"blocks":{"m":32,"n":64,"k":32},"num_warps":2,"knobs":{"stage_stores":3}})", {}, false, "sm_80", mma},
+       "tj::dev::store_quads<"}};
+  for (const StoreCase& sc : cases) {
+    const EmuCase& c = sc.c;
     CAPTURE(c.name);
     const codegen::GeneratedKernel g =
         codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
-    CHECK(g.source.find("tj::dev::store_quads<") != std::string::npos);
-    CHECK(g.source.find("tj::dev::store_staged<") == std::string::npos);
+    CHECK(g.source.find(sc.store) != std::string::npos);
+    Config fragments = Config::from_json(c.config);
+    fragments.knobs["stage_stores"] = 0;
+    const codegen::GeneratedKernel off = codegen::generate_cuda(c.kernel().trace(c.specs), fragments, codegen::Target::parse(c.arch));
+    CHECK(off.source.find("tj::dev::store_staged<") == std::string::npos);
+    CHECK(off.source.find("tj::dev::store_quads<") == std::string::npos);
     run_case(c);
   }
 }
