@@ -1596,8 +1596,7 @@ GeneratedKernel Emitter::run() {
   emit_launch();
   if (starts_early_ && !waited_) line("tj::dev::griddep_wait();");
 
-  // With the alignment slack.
-  const int64_t tc_bytes = mma_.on_tensor_cores() ? 1024 + mma_.smem_bytes : 0;
+  const int64_t tc_bytes = mma_.on_tensor_cores() ? 1024 + mma_.smem_bytes : 0;   // with the alignment slack
   // The staged stores' region follows the scratch (tj_stage_at, in the header).
   stage_at_ = (smem_ + 15) / 16 * 16;
   if (stage_bytes_ > 0) {
