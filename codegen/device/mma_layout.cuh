@@ -18,6 +18,8 @@
 //                     rows) or EC = 1 (a column of rows, replicated over a quad's 4 lanes).
 //   SmemOperand<...>  a dot operand tile in shared memory, swizzled as TMA writes it.
 //   tile_to_a_frag    a register tile in the accumulator layout as A fragments.
+//   store_staged / store_quads   an accumulator tile stored in 16-byte row pieces, through
+//                     shared memory or by a transpose across each quad (16-bit elements).
 //   stage_operand<..> writes a register tile into a swizzled operand tile (operands that TMA
 //                     cannot load); mask_k_cols zeroes the columns past a dot's k range.
 //   align_smem<N>     a shared-memory pointer rounded up to N bytes.
