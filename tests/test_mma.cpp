@@ -632,6 +632,19 @@ TEST_CASE("mma codegen: generated kernels match their golden files (TILEJIT_UPDA
                codegen::generate_cuda(attention(DType::bf16, {2, 4, 300, 128}, false),
                                       cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"overlap":1,"wg_turns":1}})"),
                                       Target{}));
+  // The untuned GEMM config on contiguous tensors (128 x 256, 4 stages, persistent, raster
+  // groups): no room to stage the result, which leaves transposed across quads.
+  {
+    auto C = [](DType t, std::vector<int64_t> shape) { return contiguous_spec(t, std::move(shape)); };
+    const ir::Function g = examples::gemm_bias_gelu(true).trace(
+        {C(DType::bf16, {1024, 2048}), C(DType::bf16, {2048, 1024}), C(DType::bf16, {1024}), C(DType::bf16, {1024, 1024})});
+    check_golden("gemm_bias_gelu_kn_untuned_wgmma.cu", codegen::generate_cuda(g, codegen::untuned_config(g, "sm_90a"), Target{}));
+    // Knob wg_programs 2: two programs a block on one ring in program order, each slot skipping
+    // the other's fills and taking the rings in turn.
+    check_golden("gemm_bias_gelu_kn_wg_programs_wgmma.cu",
+                 codegen::generate_cuda(g, cfg(R"({"blocks":{"m":128,"n":128,"k":64},"num_warps":4,"num_stages":4,"knobs":{"lowering":0,"persistent":1,"raster_group":8,"wg_programs":2}})"),
+                                        Target{}));
+  }
   // The SIMT path: a row softmax with its reductions across lanes and warps.
   check_golden("softmax_simt.cu",
                codegen::generate_cuda(kernels::softmax().trace({T(DType::bf16, {64, 1000}), T(DType::f32, {64, 1000})}),
