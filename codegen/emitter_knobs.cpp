@@ -23,8 +23,8 @@ const KnobSpec wg_turns{
 const KnobSpec wg_programs{
     "wg_programs", 1, "1",
     "P in {1, 2} (wgmma with a producer warpgroup): the block holds P sets of the program's warps (num_warps each), each "
-    "running programs of its own, in turn on the producer's fills (a ring set each), so that one set's epilogue runs while "
-    "the tensor cores take the other's dots (CUTLASS's ping-pong schedule)"};
+    "running programs of its own and taking the operand rings in turn (one ring set, filled in program order), so that one "
+    "set's epilogue runs while the tensor cores take the other's dots (CUTLASS's ping-pong schedule)"};
 const KnobSpec overlap{
     "overlap", 0, "0 (the untuned config: 2 for nests of two or more wgmma dots that no launch loop's tiles widen)",
     "1: in a loop whose body issues a first wgmma dot and ends with a chained one into a loop-carried accumulator "
