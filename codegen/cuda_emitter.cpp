@@ -805,14 +805,8 @@ void Emitter::emit_launch() {
   // its epilogue then overlap the other slot's main loop.
   const Op* last_ring_op = nullptr;
   for (const Op& op : regions[n]->ops) {
-    bool rings = false;
-    auto visit = [&](const Op& o) {
-      const StagedLoad* st = mma_.staged_of(&o);
-      rings |= st && st->producer;
-    };
-    visit(op);
-    if (op.body) ir::walk(*op.body, [&](const Op& o, int) { visit(o); });
-    if (rings) last_ring_op = &op;
+    const StagedLoad* st = mma_.staged_of(&op);
+    if ((st && st->producer) || holds_producer_load(op, mma_)) last_ring_op = &op;
   }
   if (slots_ > 1 && !last_ring_op)
     throw Error(fmt::format("kernel '{}': knob wg_programs = {} needs the operands the producer stages to be loaded inside the "

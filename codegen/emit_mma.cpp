@@ -365,17 +365,15 @@ void Emitter::emit_wait(const AsyncPlan::Wait& w, const ir::SourceLoc* loc, cons
 
 // ---- the producer warpgroup ------------------------------------------------------------------------
 
-namespace {
-// transposed: only loads that the transposer warps copy.
-bool holds_producer_load(const Op& op, const MmaPlan& mma, bool transposed = false) {
+bool holds_producer_load(const Op& op, const MmaPlan& mma, bool transposed) {
   bool found = false;
+  if (!op.body) return false;
   ir::walk(*op.body, [&](const Op& o, int) {
     const StagedLoad* s = mma.staged_of(&o);
     found |= s && s->producer && (!transposed || s->transposed_copy);
   });
   return found;
 }
-}  // namespace
 
 void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain,
                             const std::function<void()>& program_begin, const std::function<void()>& program_end) {

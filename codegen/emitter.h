@@ -79,6 +79,10 @@ std::string operand_type(const SmemTile& t);
 // Dim d's stride in generated code: the spec's, compiled in, else the argument's.
 std::string stride_of(const ir::Param& p, const std::string& tensor, int d);
 
+// Whether `op`'s body holds a load that the producer warpgroup stages (transposed: only those
+// its transposer warps copy K-major).
+bool holds_producer_load(const Op& op, const MmaPlan& mma, bool transposed = false);
+
 class Emitter {
  public:
   Emitter(const ir::Function& f, const Config& cfg, const Target& t, bool start_early)
