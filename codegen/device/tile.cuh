@@ -62,6 +62,19 @@ TJ_DEV void griddep_launch_dependents() {
 #endif
 }
 
+// ---------------------------------------------------------------- warp-uniform values
+// v as lane 0 of the warp holds it. For a value the same in every lane that the compiler cannot
+// prove so (it depends on threadIdx.x): what is computed from it then stays on the uniform
+// datapath (wgmma descriptors, ring addresses and phases) instead of per-thread registers moved
+// into uniform ones before each use (R2UR). Every lane of the warp must call it together.
+TJ_DEV int warp_uniform(int v) {
+#if defined(__CUDA_ARCH__)
+  return __shfl_sync(0xffffffffu, v, 0);
+#else
+  return v;
+#endif
+}
+
 // ---------------------------------------------------------------- a program's threads
 // The threads that run one program: the whole block, or, in a kernel whose block runs several
 // programs at once (knob wg_programs: TJ_PROGRAM_THREADS threads each, one after the other),

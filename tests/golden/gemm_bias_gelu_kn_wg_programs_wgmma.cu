@@ -13,7 +13,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
   extern __shared__ __align__(1024) unsigned char tj_smem_base[];
   unsigned char* const tj_tc = tj_smem_base + ((1024u - (tj::dev::smem_u32(tj_smem_base) & 1023u)) & 1023u);
   // knob wg_programs: slot s (threads 128 s ..) runs programs of its own, with a scratch of its own
-  const int tj_slot = (int)threadIdx.x < 256 ? (int)threadIdx.x / 128 : 0;
+  const int tj_slot = tj::dev::warp_uniform((int)threadIdx.x < 256 ? (int)threadIdx.x / 128 : 0);
   unsigned char* const tj_smem = tj_tc + 131200 + tj_slot * 34816;
   using ArrMma = tj::dev::MmaArr<4, 1>;  // the tensor cores' accumulator warps
   using M128x128 = tj::dev::Mma<ArrMma, 128, 128>;  // accumulator layout, 128 per thread
