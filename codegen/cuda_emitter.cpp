@@ -1329,9 +1329,13 @@ std::optional<std::string> Emitter::scaled_extremum(const Op& op, bool range_mas
     };
     const char* same = is_max ? "op_max" : "op_min";
     const char* other = is_max ? "op_min" : "op_max";
-    const std::string fast = fmt::format("(tj::dev::finite_nonzero({0}) ? tj::dev::times({0} > 0.0f ? {1} : {2}, {0}) : {3})", sv,
-                                         red(same, ref(t), false), red(other, ref(t), false),
-                                         red(same, fmt::format("tj::dev::times({}, {})", ref(t), sv), false));
+    // Two float compares a side (NaN and the infinities fail both): a bool of finite_nonzero()
+    // was made in a byte register and tested again at every iteration of the loop (SASS).
+    const std::string fast =
+        fmt::format("(tj::dev::finite_positive({0}) ? tj::dev::times({1}, {0}) : tj::dev::finite_positive(-({0})) ? "
+                    "tj::dev::times({2}, {0}) : {3})",
+                    sv, red(same, ref(t), false), red(other, ref(t), false),
+                    red(same, fmt::format("tj::dev::times({}, {})", ref(t), sv), false));
     std::vector<std::string> conds;
     if (range_masked)
       conds.push_back(fmt::format("{} + {} <= {}", ref(op.operands[1]), shape(x).at(op.axis), ref(op.operands[2])));
@@ -1513,6 +1517,8 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
     } else {
       out += fmt::format("  unsigned char* const tj_smem = tj_tc + {};\n", mma_.smem_bytes);
     }
+    if (mma_.warpgroups > 1)   // once: the dots' A descriptors then stay loop-invariant where A is
+      out += "  const int tj_wg = tj::dev::program_warpgroup();   // this thread's warpgroup of its program's\n";
   } else if (mma_.on_tensor_cores()) {
     out += "  extern __shared__ __align__(1024) unsigned char tj_smem_base[];\n";
     out += "  unsigned char* const tj_tc = tj::dev::align_smem<1024>(tj_smem_base);   // the operand buffers\n";

@@ -630,9 +630,9 @@ void Emitter::emit_mma_dot(const Op& op, const MmaDot& d) {
                      wgmma_type(d.ta), wgmma_type(d.tb), operand_type(d.b.tile), dest, addr[0], addr[1], has_acc ? 1 : 0),
          &op.loc);
   else
-    line(fmt::format("tj::dev::wgmma_ss<{}, {}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {});", G, rb, d.n, d.n_per_instr, ks,
+    line(fmt::format("tj::dev::wgmma_ss<{}, {}, {}, {}, {}, {}, {}, {}, {}>({}.v, {}, {}, {}, {});", G, rb, d.n, d.n_per_instr, ks,
                      wgmma_type(d.ta), wgmma_type(d.tb), operand_type(d.a.tile), operand_type(d.b.tile), dest, addr[0], addr[1],
-                     has_acc ? 1 : 0),
+                     has_acc ? 1 : 0, G > 1 ? "tj_wg" : "0"),
          &op.loc);
   line("tj::dev::wgmma_commit();");
   if (turn != turns_.end()) {

@@ -770,8 +770,8 @@ TEST_CASE("codegen (emulated): the row max of scores times a scale, as the scale
                       R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", "tensor cores (mma.sync)"};
       const codegen::GeneratedKernel g =
           codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
-      CHECK(g.source.find("tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max") !=
-            std::string::npos);
+      CHECK(g.source.find("tj::dev::finite_positive(scale) ? tj::dev::times(tj::dev::reduce<tj::dev::op_max") != std::string::npos);
+      CHECK(g.source.find("tj::dev::finite_positive(-(scale)) ? tj::dev::times(tj::dev::reduce<tj::dev::op_min") != std::string::npos);
       // softmax's scores - max goes through the causal mask: one expression on whole tiles
       CHECK((g.source.find("through the mask: its arm where it holds") != std::string::npos) == causal);
       run_case(c);

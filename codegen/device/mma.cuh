@@ -69,7 +69,7 @@ struct Ring {
   }
   // Producer: wait until fill n - S has been released, then expect `bytes` on fill n.
   TJ_DEV void acquire(unsigned n, unsigned bytes) const {
-    if (n >= (unsigned)S) mbar_wait(empty(n), ((n / S) - 1) & 1);
+    if (n >= (unsigned)S) mbar_wait_sleep(empty(n), ((n / S) - 1) & 1);
     mbar_arrive_expect_tx(full(n), bytes);
   }
   // Filling warps (threads, not TMA): wait until fill n - S has been released ...
@@ -198,10 +198,10 @@ TJ_DEV int program_warpgroup() { return __shfl_sync(0xffffffffu, program_tid() /
 // g's block b is rows 64 * (g + G * b) ..) and both operands are SmemOperands in shared memory
 // (OA: rows M, OB: rows N) at a_base / b_base; KS k steps of 32 bytes; wgmma instructions of NC
 // columns. accumulate = 0 overwrites acc with A . B. Issues only: wgmma_fence before, commit and
-// wait after are the caller's.
+// wait after are the caller's. g: program_warpgroup(), taken once per kernel (a shuffle in the
+// loop is not hoisted, and the A descriptor then is remade from it at every dot).
 template <int G, int RB, int N, int NC, int KS, int TA, int TB, class OA, class OB>
-TJ_DEV void wgmma_ss(float* acc, unsigned a_base, unsigned b_base, int accumulate) {
-  const int g = program_warpgroup();
+TJ_DEV void wgmma_ss(float* acc, unsigned a_base, unsigned b_base, int accumulate, int g) {
   // Two descriptors, then constant steps (make_smem_desc per instruction cost ~9 uniform ops each).
   const unsigned long long da = smem_desc<OA>(a_base, 64 * g, 0), db = smem_desc<OB>(b_base, 0, 0);
 #pragma unroll

@@ -664,7 +664,8 @@ TJ_DEV Tile<T, L> times(const Tile<T, L>& t, float s) {
   }
   return r;
 }
-TJ_DEV bool finite_nonzero(float s) { return s != 0.0f && fabsf(s) <= 3.40282347e38f; }
+// s > 0 and finite: then max(x * s) == max(x) * s (and the min's likewise); NaN fails.
+TJ_DEV bool finite_positive(float s) { return s > 0.0f && s <= 3.40282347e38f; }
 
 // a / b elementwise, bit for bit the `/` of CUDA C (IEEE division, round to nearest even), with no
 // branch per element: CUDA's own fast sequence (the divisor's reciprocal refined by one FMA step,

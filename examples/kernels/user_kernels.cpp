@@ -93,6 +93,7 @@ const Kernel& readme_attention() {
           auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
           if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
           auto m_new = maximum(m_i, amax(s, 1));
+          m_new = where(m_new > m_i + 8, m_new, m_i);   // lazy: moves by more than 8 only
           auto p = exp2(s - m_new.col());
           auto alpha = exp2(m_i - m_new);
           l_i = l_i * alpha + sum(p, 1);
@@ -121,6 +122,7 @@ const Kernel& readme_attention_vt() {
           auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
           if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
           auto m_new = maximum(m_i, amax(s, 1));
+          m_new = where(m_new > m_i + 8, m_new, m_i);   // lazy: moves by more than 8 only
           auto p = exp2(s - m_new.col());
           auto alpha = exp2(m_i - m_new);
           l_i = l_i * alpha + sum(p, 1);
@@ -150,6 +152,7 @@ const Kernel& sink_attention() {
         for (auto n : tile(S, block("n"))) {
           auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
           auto m_new = maximum(m_i, amax(s, 1));
+          m_new = where(m_new > m_i + 8, m_new, m_i);   // lazy: moves by more than 8 only
           auto p = exp2(s - m_new.col());
           auto alpha = exp2(m_i - m_new);
           l_i = l_i * alpha + sum(p, 1);
@@ -177,6 +180,7 @@ const Kernel& mla_attention() {
         for (auto n : tile(S, block("n"))) {
           auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
           auto m_new = maximum(m_i, amax(s, 1));
+          m_new = where(m_new > m_i + 8, m_new, m_i);   // lazy: moves by more than 8 only
           auto p = exp2(s - m_new.col());
           auto alpha = exp2(m_i - m_new);
           l_i = l_i * alpha + sum(p, 1);
@@ -248,6 +252,7 @@ const Kernel& attention_varlen() {
           auto keep = n.index().row() < k1;                  // the last key tile reaches into the next sequence
           s = where(causal ? keep && keys <= rows : keep, s, -INFINITY);
           auto m_new = maximum(m_i, amax(s, 1));
+          m_new = where(m_new > m_i + 8, m_new, m_i);          // lazy: moves by more than 8 only
           auto m_use = where(m_new == -INFINITY, 0.0, m_new);   // rows that see no key yet
           auto p = exp2(s - m_use.col());
           auto alpha = exp2(m_i - m_use);

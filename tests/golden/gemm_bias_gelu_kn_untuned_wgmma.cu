@@ -10,6 +10,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
   extern __shared__ __align__(1024) unsigned char tj_smem_base[];
   unsigned char* const tj_tc = tj_smem_base + ((1024u - (tj::dev::smem_u32(tj_smem_base) & 1023u)) & 1023u);
   unsigned char* const tj_smem = tj_tc + 196736;
+  const int tj_wg = tj::dev::program_warpgroup();   // this thread's warpgroup of its program's
   using ArrMma = tj::dev::MmaArr<8, 1>;  // the tensor cores' accumulator warps
   using M128x256 = tj::dev::Mma<ArrMma, 128, 256>;  // accumulator layout, 128 per thread
   using M1x256 = tj::dev::Mma<ArrMma, 1, 256>;  // accumulator layout, 64 per thread
@@ -80,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
       const unsigned v12 = tj::dev::smem_u32(tj_tc + 0) + (tj_u0 % 4u) * 16384u;  // @ user_kernels.cpp:24
       // 128 x 256 += 128 x 64 . 64 x 256 on the tensor cores: wgmma m64n256k16 bf16 x bf16; a: 'a' by TMA (K-major, 4 stages); b: 'b' by TMA (MN-major, 4 stages)  // @ user_kernels.cpp:24
       tj::dev::wgmma_fence();
-      tj::dev::wgmma_ss<2, 1, 256, 256, 4, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 128, 128, false, 2>, tj::dev::SmemOperand<64, 512, 128, true, 2>>(var8.v, v12, v11, 1);  // @ user_kernels.cpp:24
+      tj::dev::wgmma_ss<2, 1, 256, 256, 4, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 128, 128, false, 2>, tj::dev::SmemOperand<64, 512, 128, true, 2>>(var8.v, v12, v11, 1, tj_wg);  // @ user_kernels.cpp:24
       tj::dev::wgmma_commit();
       tj::dev::fence_tile(var8);
       tj::dev::wgmma_wait<1>();

@@ -101,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
       const unsigned v12 = tj::dev::smem_u32(tj_tc + 0) + (tj_u0 % 4u) * 16384u;  // @ user_kernels.cpp:24
       // 128 x 128 += 128 x 64 . 64 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: 'a' by TMA (K-major, 4 stages); b: 'b' by TMA (MN-major, 4 stages)  // @ user_kernels.cpp:24
       tj::dev::wgmma_fence();
-      tj::dev::wgmma_ss<1, 2, 128, 128, 4, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 128, 128, false, 2>, tj::dev::SmemOperand<64, 256, 128, true, 2>>(var8.v, v12, v11, 1);  // @ user_kernels.cpp:24
+      tj::dev::wgmma_ss<1, 2, 128, 128, 4, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 128, 128, false, 2>, tj::dev::SmemOperand<64, 256, 128, true, 2>>(var8.v, v12, v11, 1, 0);  // @ user_kernels.cpp:24
       tj::dev::wgmma_commit();
       tj::dev::fence_tile(var8);
       tj::dev::wgmma_wait<1>();

@@ -45,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     for (unsigned tj_p = 0; tj_p < 1u; ++tj_p, tj_it += 64LL) {
       if (tj_it < v22) {
         tj::dev::copy_operand<tj::dev::bf16, tj::dev::SmemOperand<64, 256, 128, false, 2>, 128>(tj_tc + 16384 + ((tj_use1 + tj_p) % 2u) * 16384, k.data, v8 * k.stride[0] + v9 * k.stride[1], true, {tj_it, k.stride[2], 256LL}, {0LL, k.stride[3], 128LL});  // @ user_kernels.cpp:93
-        tj::dev::copy_operand<tj::dev::bf16, tj::dev::SmemOperand<64, 256, 128, true, 2>, 128>(tj_tc + 49152 + ((tj_use2 + tj_p) % 2u) * 16384, v.data, v8 * v.stride[0] + v9 * v.stride[1], true, {tj_it, v.stride[2], 256LL}, {0LL, v.stride[3], 128LL});  // @ user_kernels.cpp:99
+        tj::dev::copy_operand<tj::dev::bf16, tj::dev::SmemOperand<64, 256, 128, true, 2>, 128>(tj_tc + 49152 + ((tj_use2 + tj_p) % 2u) * 16384, v.data, v8 * v.stride[0] + v9 * v.stride[1], true, {tj_it, v.stride[2], 256LL}, {0LL, v.stride[3], 128LL});  // @ user_kernels.cpp:100
       }
       tj::dev::cp_async_commit();
     }
@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     tj::dev::sync_threads();
     if (const long long tj_next = v24 + 1 * 64LL; tj_next < v22) {
       tj::dev::copy_operand<tj::dev::bf16, tj::dev::SmemOperand<64, 256, 128, false, 2>, 128>(tj_tc + 16384 + ((tj_u1 + 1u) % 2u) * 16384, k.data, v8 * k.stride[0] + v9 * k.stride[1], true, {tj_next, k.stride[2], 256LL}, {0LL, k.stride[3], 128LL});  // @ user_kernels.cpp:93
-      tj::dev::copy_operand<tj::dev::bf16, tj::dev::SmemOperand<64, 256, 128, true, 2>, 128>(tj_tc + 49152 + ((tj_u2 + 1u) % 2u) * 16384, v.data, v8 * v.stride[0] + v9 * v.stride[1], true, {tj_next, v.stride[2], 256LL}, {0LL, v.stride[3], 128LL});  // @ user_kernels.cpp:99
+      tj::dev::copy_operand<tj::dev::bf16, tj::dev::SmemOperand<64, 256, 128, true, 2>, 128>(tj_tc + 49152 + ((tj_u2 + 1u) % 2u) * 16384, v.data, v8 * v.stride[0] + v9 * v.stride[1], true, {tj_next, v.stride[2], 256LL}, {0LL, v.stride[3], 128LL});  // @ user_kernels.cpp:100
     }
     tj::dev::cp_async_commit();
     unsigned char* const v26 = tj_tc + 16384 + (tj_u1 % 2u) * 16384;   // 'k' [64 x 256 bytes]  // @ user_kernels.cpp:93
@@ -76,53 +76,58 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
     [[maybe_unused]] tj::dev::Tile<float, M64x64> v38;  // @ user_kernels.cpp:94
     if (v38_whole) v38 = v29;  // @ user_kernels.cpp:94
     else v38 = tj::dev::map<M64x64>([](bool a, float b, float c) { return a ? b : c; }, v36, v29, (-tj::dev::inf()));  // @ user_kernels.cpp:94
-    const tj::dev::Tile<float, M64x1> v39 = ((v38_whole) ? (tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v28, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::map<M64x64>([](bool c, float v) { return c ? v : -tj::dev::inf(); }, v36, tj::dev::times(v28, scale)), 0, 0, tj_smem));  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M64x1> v39 = ((v38_whole) ? (tj::dev::finite_positive(scale) ? tj::dev::times(tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::finite_positive(-(scale)) ? tj::dev::times(tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v28, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::map<M64x64>([](bool c, float v) { return c ? v : -tj::dev::inf(); }, v36, tj::dev::times(v28, scale)), 0, 0, tj_smem));  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M64x1> v40 = var13;  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M64x1> v41 = tj::dev::map<M64x1>([](float a, float b) { return fmaxf(a, b); }, v40, v39);  // @ user_kernels.cpp:95
-    const tj::dev::Tile<float, M64x1> v42 = v41;  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M64x64> v43 = tj::dev::broadcast<M64x64>(v42);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M64x64> v44_a = tj::dev::map<M64x64>([](float a, float b) { return a - b; }, v29, v43);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M64x1> v44_b;  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M64x64> v44;  // @ user_kernels.cpp:96
-    if (v38_whole) v44 = v44_a;  // @ user_kernels.cpp:96
-    else {   // and where it fails  // @ user_kernels.cpp:96
-      v44_b = tj::dev::map<M64x1>([](float a, float b) { return a - b; }, (-tj::dev::inf()), v42);  // @ user_kernels.cpp:96
-      v44 = tj::dev::map<M64x64>([](bool c, float a, float b) { return c ? a : b; }, v36, v44_a, tj::dev::broadcast<M64x64>(v44_b));  // @ user_kernels.cpp:96
-    }  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M64x64> v45_a = tj::dev::map<M64x64>([](float a) { return tj::dev::exp2(a); }, v44_a);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M64x1> v45_b;  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M64x64> v45;  // @ user_kernels.cpp:96
-    if (v38_whole) v45 = v45_a;  // @ user_kernels.cpp:96
-    else {   // and where it fails  // @ user_kernels.cpp:96
-      v45_b = tj::dev::map<M64x1>([](float a) { return tj::dev::exp2(a); }, v44_b);  // @ user_kernels.cpp:96
-      v45 = tj::dev::map<M64x64>([](bool c, float a, float b) { return c ? a : b; }, v36, v45_a, tj::dev::broadcast<M64x64>(v45_b));  // @ user_kernels.cpp:96
-    }  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M64x1> v46 = var13;  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M64x1> v47 = tj::dev::map<M64x1>([](float a, float b) { return a - b; }, v46, v41);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M64x1> v48 = tj::dev::map<M64x1>([](float a) { return tj::dev::exp2(a); }, v47);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M64x1> v49 = tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v45, 0, 0, tj_smem);  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M64x1> v50 = var15;  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M64x1> v51 = tj::dev::map<M64x1>([](float a, float b) { return a * b; }, v50, v48);  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M64x1> v52 = tj::dev::map<M64x1>([](float a, float b) { return a + b; }, v51, v49);  // @ user_kernels.cpp:98
-    var15 = v52;  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M64x1> v53 = v48;  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M64x128> v54 = var17;  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M64x128> v55 = tj::dev::broadcast<M64x128>(v53);  // @ user_kernels.cpp:99
-    tj::dev::Tile<float, M64x128> v56 = v54;  // @ user_kernels.cpp:99
-    if (tj::dev::any_not_one(v53)) v56 = tj::dev::map<M64x128>([](float a, float b) { return a * b; }, v54, v55);   // x * 1 == x  // @ user_kernels.cpp:99
-    unsigned char* const v58 = tj_tc + 49152 + (tj_u2 % 2u) * 16384;   // 'v' [64 x 256 bytes]  // @ user_kernels.cpp:99
-    // 64 x 128 += 64 x 64 . 64 x 128 on the tensor cores: mma.sync m16n8k16 bf16 x bf16; a: registers (A fragments); b: 'v' copied by the threads (MN-major)  // @ user_kernels.cpp:99
-    var17 = v56;  // @ user_kernels.cpp:99
-    unsigned tj_a60[16];   // a as register fragments  // @ user_kernels.cpp:99
-    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 64>(v45, tj_a60);  // @ user_kernels.cpp:99
-    tj::dev::mma_sync_rs<1, 128, 4, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<64, 256, 128, true, 2>>(var17.v, tj_a60, v58, 1);  // @ user_kernels.cpp:99
-    var13 = v41;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M64x1> v42 = var13;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M64x1> v43 = var13;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M64x1> v45 = tj::dev::map<M64x1>([](float a, float b) { return a + b; }, v43, 8.0f);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<bool, M64x1> v46 = tj::dev::map<M64x1>([](float a, float b) { return a > b; }, v41, v45);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M64x1> v47 = tj::dev::map<M64x1>([](bool a, float b, float c) { return a ? b : c; }, v46, v41, v42);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M64x1> v48 = v47;  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M64x64> v49 = tj::dev::broadcast<M64x64>(v48);  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M64x64> v50_a = tj::dev::map<M64x64>([](float a, float b) { return a - b; }, v29, v49);   // through the mask: its arm where it holds  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M64x1> v50_b;  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M64x64> v50;  // @ user_kernels.cpp:97
+    if (v38_whole) v50 = v50_a;  // @ user_kernels.cpp:97
+    else {   // and where it fails  // @ user_kernels.cpp:97
+      v50_b = tj::dev::map<M64x1>([](float a, float b) { return a - b; }, (-tj::dev::inf()), v48);  // @ user_kernels.cpp:97
+      v50 = tj::dev::map<M64x64>([](bool c, float a, float b) { return c ? a : b; }, v36, v50_a, tj::dev::broadcast<M64x64>(v50_b));  // @ user_kernels.cpp:97
+    }  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M64x64> v51_a = tj::dev::map<M64x64>([](float a) { return tj::dev::exp2(a); }, v50_a);   // through the mask: its arm where it holds  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M64x1> v51_b;  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M64x64> v51;  // @ user_kernels.cpp:97
+    if (v38_whole) v51 = v51_a;  // @ user_kernels.cpp:97
+    else {   // and where it fails  // @ user_kernels.cpp:97
+      v51_b = tj::dev::map<M64x1>([](float a) { return tj::dev::exp2(a); }, v50_b);  // @ user_kernels.cpp:97
+      v51 = tj::dev::map<M64x64>([](bool c, float a, float b) { return c ? a : b; }, v36, v51_a, tj::dev::broadcast<M64x64>(v51_b));  // @ user_kernels.cpp:97
+    }  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M64x1> v52 = var13;  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M64x1> v53 = tj::dev::map<M64x1>([](float a, float b) { return a - b; }, v52, v47);  // @ user_kernels.cpp:98
+    const tj::dev::Tile<float, M64x1> v54 = tj::dev::map<M64x1>([](float a) { return tj::dev::exp2(a); }, v53);  // @ user_kernels.cpp:98
+    const tj::dev::Tile<float, M64x1> v55 = tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v51, 0, 0, tj_smem);  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M64x1> v56 = var15;  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M64x1> v57 = tj::dev::map<M64x1>([](float a, float b) { return a * b; }, v56, v54);  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M64x1> v58 = tj::dev::map<M64x1>([](float a, float b) { return a + b; }, v57, v55);  // @ user_kernels.cpp:99
+    var15 = v58;  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M64x1> v59 = v54;  // @ user_kernels.cpp:100
+    const tj::dev::Tile<float, M64x128> v60 = var17;  // @ user_kernels.cpp:100
+    const tj::dev::Tile<float, M64x128> v61 = tj::dev::broadcast<M64x128>(v59);  // @ user_kernels.cpp:100
+    tj::dev::Tile<float, M64x128> v62 = v60;  // @ user_kernels.cpp:100
+    if (tj::dev::any_not_one(v59)) v62 = tj::dev::map<M64x128>([](float a, float b) { return a * b; }, v60, v61);   // x * 1 == x  // @ user_kernels.cpp:100
+    unsigned char* const v64 = tj_tc + 49152 + (tj_u2 % 2u) * 16384;   // 'v' [64 x 256 bytes]  // @ user_kernels.cpp:100
+    // 64 x 128 += 64 x 64 . 64 x 128 on the tensor cores: mma.sync m16n8k16 bf16 x bf16; a: registers (A fragments); b: 'v' copied by the threads (MN-major)  // @ user_kernels.cpp:100
+    var17 = v62;  // @ user_kernels.cpp:100
+    unsigned tj_a66[16];   // a as register fragments  // @ user_kernels.cpp:100
+    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 64>(v51, tj_a66);  // @ user_kernels.cpp:100
+    tj::dev::mma_sync_rs<1, 128, 4, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<64, 256, 128, true, 2>>(var17.v, tj_a66, v64, 1);  // @ user_kernels.cpp:100
+    var13 = v47;  // @ user_kernels.cpp:96
   }
-  const tj::dev::Tile<float, M64x1> v61 = var15;  // @ user_kernels.cpp:95
-  const tj::dev::Tile<float, M64x1> v62 = v61;  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M64x128> v63 = var17;  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M64x128> v64 = tj::dev::broadcast<M64x128>(v62);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M64x128> v65 = tj::dev::divide(v63, v64);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M64x128> v66 = tj::dev::map<M64x128>([](float a) { return tj::dev::round_bf16(a); }, v65);  // @ user_kernels.cpp:102
-  tj::dev::store<tj::dev::bf16, M64x128, false, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 256LL}, {0LL, o.stride[3], 128LL}, v66);  // @ user_kernels.cpp:102
+  const tj::dev::Tile<float, M64x1> v67 = var15;  // @ user_kernels.cpp:96
+  const tj::dev::Tile<float, M64x1> v68 = v67;  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M64x128> v69 = var17;  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M64x128> v70 = tj::dev::broadcast<M64x128>(v68);  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M64x128> v71 = tj::dev::divide(v69, v70);  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M64x128> v72 = tj::dev::map<M64x128>([](float a) { return tj::dev::round_bf16(a); }, v71);  // @ user_kernels.cpp:103
+  tj::dev::store<tj::dev::bf16, M64x128, false, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 256LL}, {0LL, o.stride[3], 128LL}, v72);  // @ user_kernels.cpp:103
 }

@@ -10,6 +10,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   extern __shared__ __align__(1024) unsigned char tj_smem_base[];
   unsigned char* const tj_tc = tj_smem_base + ((1024u - (tj::dev::smem_u32(tj_smem_base) & 1023u)) & 1023u);
   unsigned char* const tj_smem = tj_tc + 163920;
+  const int tj_wg = tj::dev::program_warpgroup();   // this thread's warpgroup of its program's
   using ArrMma = tj::dev::MmaArr<8, 1>;  // the tensor cores' accumulator warps
   using M128x1 = tj::dev::Mma<ArrMma, 128, 1>;  // accumulator layout, 2 per thread
   using M128x128 = tj::dev::Mma<ArrMma, 128, 128>;  // accumulator layout, 64 per thread
@@ -19,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   unsigned tj_use0 = 0;   // uses of ring 0 so far (fill n goes to slot n % 1)
   const tj::dev::Ring<2> tj_r1{reinterpret_cast<unsigned long long*>(tj_tc + 163856)};  // @ user_kernels.cpp:93
   unsigned tj_use1 = 0;   // uses of ring 1 so far (fill n goes to slot n % 2)
-  const tj::dev::Ring<2> tj_r2{reinterpret_cast<unsigned long long*>(tj_tc + 163888)};  // @ user_kernels.cpp:99
+  const tj::dev::Ring<2> tj_r2{reinterpret_cast<unsigned long long*>(tj_tc + 163888)};  // @ user_kernels.cpp:100
   unsigned tj_use2 = 0;   // uses of ring 2 so far (fill n goes to slot n % 2)
   if (threadIdx.x == 0) {
     tj_r0.init(8);
@@ -65,8 +66,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
           const unsigned tj_f = tj_use2++;
           tj_r2.acquire(tj_f, 32768u);
           unsigned char* const tj_dst = tj_tc + 98304 + ((tj_f) % 2u) * 32768;
-          tj::dev::tma_load_4d(tj_dst + 0, &tj_tma2, tj_r2.full(tj_f), (int)(0), (int)(v24), (int)(v9), (int)(v8));  // @ user_kernels.cpp:99
-          tj::dev::tma_load_4d(tj_dst + 16384, &tj_tma2, tj_r2.full(tj_f), (int)(0 + 64), (int)(v24), (int)(v9), (int)(v8));  // @ user_kernels.cpp:99
+          tj::dev::tma_load_4d(tj_dst + 0, &tj_tma2, tj_r2.full(tj_f), (int)(0), (int)(v24), (int)(v9), (int)(v8));  // @ user_kernels.cpp:100
+          tj::dev::tma_load_4d(tj_dst + 16384, &tj_tma2, tj_r2.full(tj_f), (int)(0 + 64), (int)(v24), (int)(v9), (int)(v8));  // @ user_kernels.cpp:100
         }
       }
     }
@@ -98,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: 'q' by TMA (K-major, 1 stage); b: 'k' by TMA (K-major, 2 stages)  // @ user_kernels.cpp:93
     tj::dev::Tile<float, M128x128> v28;  // @ user_kernels.cpp:93
     tj::dev::wgmma_fence();
-    tj::dev::wgmma_ss<2, 1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, false, 2>, tj::dev::SmemOperand<128, 256, 128, false, 2>>(v28.v, v19, v26, 0);  // @ user_kernels.cpp:93
+    tj::dev::wgmma_ss<2, 1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, false, 2>, tj::dev::SmemOperand<128, 256, 128, false, 2>>(v28.v, v19, v26, 0, tj_wg);  // @ user_kernels.cpp:93
     tj::dev::wgmma_commit();
     tj::dev::fence_tile(v28);
     tj::dev::wgmma_wait<0>();  // @ user_kernels.cpp:93
@@ -122,61 +123,66 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     [[maybe_unused]] tj::dev::Tile<float, M128x128> v38;  // @ user_kernels.cpp:94
     if (v38_whole) v38 = v29;  // @ user_kernels.cpp:94
     else v38 = tj::dev::map<M128x128>([](bool a, float b, float c) { return a ? b : c; }, v36, v29, (-tj::dev::inf()));  // @ user_kernels.cpp:94
-    const tj::dev::Tile<float, M128x1> v39 = ((v38_whole) ? (tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v28, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::map<M128x128>([](bool c, float v) { return c ? v : -tj::dev::inf(); }, v36, tj::dev::times(v28, scale)), 0, 0, tj_smem));  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v39 = ((v38_whole) ? (tj::dev::finite_positive(scale) ? tj::dev::times(tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::finite_positive(-(scale)) ? tj::dev::times(tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v28, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v28, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::map<M128x128>([](bool c, float v) { return c ? v : -tj::dev::inf(); }, v36, tj::dev::times(v28, scale)), 0, 0, tj_smem));  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v40 = var13;  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v41 = tj::dev::map<M128x1>([](float a, float b) { return fmaxf(a, b); }, v40, v39);  // @ user_kernels.cpp:95
-    const tj::dev::Tile<float, M128x1> v42 = v41;  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v43 = tj::dev::broadcast<M128x128>(v42);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v44_a = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v29, v43);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M128x1> v44_b;  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M128x128> v44;  // @ user_kernels.cpp:96
-    if (v38_whole) v44 = v44_a;  // @ user_kernels.cpp:96
-    else {   // and where it fails  // @ user_kernels.cpp:96
-      v44_b = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, (-tj::dev::inf()), v42);  // @ user_kernels.cpp:96
-      v44 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v44_a, tj::dev::broadcast<M128x128>(v44_b));  // @ user_kernels.cpp:96
-    }  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v45_a = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v44_a);   // through the mask: its arm where it holds  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M128x1> v45_b;  // @ user_kernels.cpp:96
-    [[maybe_unused]] tj::dev::Tile<float, M128x128> v45;  // @ user_kernels.cpp:96
-    if (v38_whole) v45 = v45_a;  // @ user_kernels.cpp:96
-    else {   // and where it fails  // @ user_kernels.cpp:96
-      v45_b = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v44_b);  // @ user_kernels.cpp:96
-      v45 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v45_a, tj::dev::broadcast<M128x128>(v45_b));  // @ user_kernels.cpp:96
-    }  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x1> v46 = var13;  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x1> v47 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v46, v41);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M128x1> v48 = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v47);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M128x1> v49 = tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v45, 0, 0, tj_smem);  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M128x1> v50 = var15;  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M128x1> v51 = tj::dev::map<M128x1>([](float a, float b) { return a * b; }, v50, v48);  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M128x1> v52 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v51, v49);  // @ user_kernels.cpp:98
-    var15 = v52;  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M128x1> v53 = v48;  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M128x128> v54 = var17;  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M128x128> v55 = tj::dev::broadcast<M128x128>(v53);  // @ user_kernels.cpp:99
-    tj::dev::Tile<float, M128x128> v56 = v54;  // @ user_kernels.cpp:99
-    if (tj::dev::any_not_one(v53)) v56 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v54, v55);   // x * 1 == x  // @ user_kernels.cpp:99
-    tj_r2.wait(tj_u2);   // 'v' [128 x 256 bytes] has landed  // @ user_kernels.cpp:99
-    const unsigned v58 = tj::dev::smem_u32(tj_tc + 98304) + (tj_u2 % 2u) * 32768u;  // @ user_kernels.cpp:99
-    // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
-    var17 = v56;  // @ user_kernels.cpp:99
-    unsigned tj_a60[32];   // a as register fragments  // @ user_kernels.cpp:99
-    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 128>(v45, tj_a60);  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v42 = var13;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v43 = var13;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v45 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v43, 8.0f);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<bool, M128x1> v46 = tj::dev::map<M128x1>([](float a, float b) { return a > b; }, v41, v45);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x1> v47 = tj::dev::map<M128x1>([](bool a, float b, float c) { return a ? b : c; }, v46, v41, v42);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x1> v48 = v47;  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x128> v49 = tj::dev::broadcast<M128x128>(v48);  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x128> v50_a = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v29, v49);   // through the mask: its arm where it holds  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M128x1> v50_b;  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M128x128> v50;  // @ user_kernels.cpp:97
+    if (v38_whole) v50 = v50_a;  // @ user_kernels.cpp:97
+    else {   // and where it fails  // @ user_kernels.cpp:97
+      v50_b = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, (-tj::dev::inf()), v48);  // @ user_kernels.cpp:97
+      v50 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v50_a, tj::dev::broadcast<M128x128>(v50_b));  // @ user_kernels.cpp:97
+    }  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x128> v51_a = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v50_a);   // through the mask: its arm where it holds  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M128x1> v51_b;  // @ user_kernels.cpp:97
+    [[maybe_unused]] tj::dev::Tile<float, M128x128> v51;  // @ user_kernels.cpp:97
+    if (v38_whole) v51 = v51_a;  // @ user_kernels.cpp:97
+    else {   // and where it fails  // @ user_kernels.cpp:97
+      v51_b = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v50_b);  // @ user_kernels.cpp:97
+      v51 = tj::dev::map<M128x128>([](bool c, float a, float b) { return c ? a : b; }, v36, v51_a, tj::dev::broadcast<M128x128>(v51_b));  // @ user_kernels.cpp:97
+    }  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x1> v52 = var13;  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x1> v53 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v52, v47);  // @ user_kernels.cpp:98
+    const tj::dev::Tile<float, M128x1> v54 = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v53);  // @ user_kernels.cpp:98
+    const tj::dev::Tile<float, M128x1> v55 = tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v51, 0, 0, tj_smem);  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v56 = var15;  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v57 = tj::dev::map<M128x1>([](float a, float b) { return a * b; }, v56, v54);  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v58 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v57, v55);  // @ user_kernels.cpp:99
+    var15 = v58;  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v59 = v54;  // @ user_kernels.cpp:100
+    const tj::dev::Tile<float, M128x128> v60 = var17;  // @ user_kernels.cpp:100
+    const tj::dev::Tile<float, M128x128> v61 = tj::dev::broadcast<M128x128>(v59);  // @ user_kernels.cpp:100
+    tj::dev::Tile<float, M128x128> v62 = v60;  // @ user_kernels.cpp:100
+    if (tj::dev::any_not_one(v59)) v62 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v60, v61);   // x * 1 == x  // @ user_kernels.cpp:100
+    tj_r2.wait(tj_u2);   // 'v' [128 x 256 bytes] has landed  // @ user_kernels.cpp:100
+    const unsigned v64 = tj::dev::smem_u32(tj_tc + 98304) + (tj_u2 % 2u) * 32768u;  // @ user_kernels.cpp:100
+    // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:100
+    var17 = v62;  // @ user_kernels.cpp:100
+    unsigned tj_a66[32];   // a as register fragments  // @ user_kernels.cpp:100
+    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 128>(v51, tj_a66);  // @ user_kernels.cpp:100
     tj::dev::wgmma_fence();
-    tj::dev::wgmma_rs<1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, true, 2>>(var17.v, tj_a60, v58, 1);  // @ user_kernels.cpp:99
+    tj::dev::wgmma_rs<1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, true, 2>>(var17.v, tj_a66, v64, 1);  // @ user_kernels.cpp:100
     tj::dev::wgmma_commit();
     tj::dev::fence_tile(var17);
-    var13 = v41;  // @ user_kernels.cpp:95
+    var13 = v47;  // @ user_kernels.cpp:96
   }
   tj::dev::wgmma_wait<0>();  // @ user_kernels.cpp:92
   tj::dev::fence_tile(var17);
   if (tj_use2 != tj_first2) tj_r2.release(tj_use2 - 1u);   // ring 2: the last iteration's use
   tj_r0.release(tj_u0);   // ring 0: this program's use
-  const tj::dev::Tile<float, M128x1> v61 = var15;  // @ user_kernels.cpp:95
-  const tj::dev::Tile<float, M128x1> v62 = v61;  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v63 = var17;  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v64 = tj::dev::broadcast<M128x128>(v62);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v65 = tj::dev::divide(v63, v64);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v66 = tj::dev::map<M128x128>([](float a) { return tj::dev::round_bf16(a); }, v65);  // @ user_kernels.cpp:102
-  tj::dev::store<tj::dev::bf16, M128x128, false, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 256LL}, {0LL, o.stride[3], 128LL}, v66);  // @ user_kernels.cpp:102
+  const tj::dev::Tile<float, M128x1> v67 = var15;  // @ user_kernels.cpp:96
+  const tj::dev::Tile<float, M128x1> v68 = v67;  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v69 = var17;  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v70 = tj::dev::broadcast<M128x128>(v68);  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v71 = tj::dev::divide(v69, v70);  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v72 = tj::dev::map<M128x128>([](float a) { return tj::dev::round_bf16(a); }, v71);  // @ user_kernels.cpp:103
+  tj::dev::store<tj::dev::bf16, M128x128, false, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 256LL}, {0LL, o.stride[3], 128LL}, v72);  // @ user_kernels.cpp:103
 }

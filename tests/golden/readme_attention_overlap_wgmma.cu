@@ -10,6 +10,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   extern __shared__ __align__(1024) unsigned char tj_smem_base[];
   unsigned char* const tj_tc = tj_smem_base + ((1024u - (tj::dev::smem_u32(tj_smem_base) & 1023u)) & 1023u);
   unsigned char* const tj_smem = tj_tc + 163920;
+  const int tj_wg = tj::dev::program_warpgroup();   // this thread's warpgroup of its program's
   using ArrMma = tj::dev::MmaArr<8, 1>;  // the tensor cores' accumulator warps
   using M128x1 = tj::dev::Mma<ArrMma, 128, 1>;  // accumulator layout, 2 per thread
   using M128x128 = tj::dev::Mma<ArrMma, 128, 128>;  // accumulator layout, 64 per thread
@@ -18,7 +19,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   unsigned tj_use0 = 0;   // uses of ring 0 so far (fill n goes to slot n % 1)
   const tj::dev::Ring<2> tj_r1{reinterpret_cast<unsigned long long*>(tj_tc + 163856)};  // @ user_kernels.cpp:93
   unsigned tj_use1 = 0;   // uses of ring 1 so far (fill n goes to slot n % 2)
-  const tj::dev::Ring<2> tj_r2{reinterpret_cast<unsigned long long*>(tj_tc + 163888)};  // @ user_kernels.cpp:99
+  const tj::dev::Ring<2> tj_r2{reinterpret_cast<unsigned long long*>(tj_tc + 163888)};  // @ user_kernels.cpp:100
   unsigned tj_use2 = 0;   // uses of ring 2 so far (fill n goes to slot n % 2)
   if (threadIdx.x == 0) {
     tj_r0.init(8);
@@ -62,8 +63,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
           const unsigned tj_f = tj_use2++;
           tj_r2.acquire(tj_f, 32768u);
           unsigned char* const tj_dst = tj_tc + 98304 + ((tj_f) % 2u) * 32768;
-          tj::dev::tma_load_4d(tj_dst + 0, &tj_tma2, tj_r2.full(tj_f), (int)(0), (int)(v21), (int)(v9), (int)(v8));  // @ user_kernels.cpp:99
-          tj::dev::tma_load_4d(tj_dst + 16384, &tj_tma2, tj_r2.full(tj_f), (int)(0 + 64), (int)(v21), (int)(v9), (int)(v8));  // @ user_kernels.cpp:99
+          tj::dev::tma_load_4d(tj_dst + 0, &tj_tma2, tj_r2.full(tj_f), (int)(0), (int)(v21), (int)(v9), (int)(v8));  // @ user_kernels.cpp:100
+          tj::dev::tma_load_4d(tj_dst + 16384, &tj_tma2, tj_r2.full(tj_f), (int)(0 + 64), (int)(v21), (int)(v9), (int)(v8));  // @ user_kernels.cpp:100
         }
       }
     }
@@ -85,10 +86,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   const unsigned v19 = tj::dev::smem_u32(tj_tc + 0) + (tj_u0 % 1u) * 32768u;  // @ user_kernels.cpp:91
   const unsigned tj_first1 = tj_use1;   // ring 1: this run of the loop's first use
   const unsigned tj_first2 = tj_use2;   // ring 2: this run of the loop's first use
-  // knob overlap: the dot at line 99 and the 7 op(s) that only feed it run one iteration late, while the next iteration's work after its first dot (line 93) runs  // @ user_kernels.cpp:92
+  // knob overlap: the dot at line 100 and the 7 op(s) that only feed it run one iteration late, while the next iteration's work after its first dot (line 93) runs  // @ user_kernels.cpp:92
   long long tj_i21 = 0LL;   // the index of the iteration whose late ops run next
-  unsigned tj_pa48[32];   // the late dot's A fragments, carried
-  tj::dev::Tile<float, M128x1> tj_c36;   // carried to the late ops
+  unsigned tj_pa54[32];   // the late dot's A fragments, carried
+  tj::dev::Tile<float, M128x1> tj_c42;   // carried to the late ops
   if (0LL < 300LL) tj::dev::Turns<2>::start();   // warpgroup 0 issues first  // @ user_kernels.cpp:92
   for (long long v21 = 0LL; v21 < 300LL; v21 += 128LL) {  // @ user_kernels.cpp:92
     const unsigned tj_u1 = tj_use1++;   // this iteration's use of ring 1
@@ -99,28 +100,28 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
     tj::dev::Tile<float, M128x128> v25;  // @ user_kernels.cpp:93
     tj::dev::Turns<2>::take();
     tj::dev::wgmma_fence();
-    tj::dev::wgmma_ss<2, 1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, false, 2>, tj::dev::SmemOperand<128, 256, 128, false, 2>>(v25.v, v19, v23, 0);  // @ user_kernels.cpp:93
+    tj::dev::wgmma_ss<2, 1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, false, 2>, tj::dev::SmemOperand<128, 256, 128, false, 2>>(v25.v, v19, v23, 0, tj_wg);  // @ user_kernels.cpp:93
     tj::dev::wgmma_commit();
     tj::dev::Turns<2>::pass(v21 + 128LL >= 300LL);
     tj::dev::fence_tile(v25);
     if (v21 != 0LL) {   // the late ops of the previous iteration
-      const tj::dev::Tile<float, M128x1> v41 = tj_c36;  // @ user_kernels.cpp:99
-      const tj::dev::Tile<float, M128x128> v42 = var17;  // @ user_kernels.cpp:99
-      const tj::dev::Tile<float, M128x128> v43 = tj::dev::broadcast<M128x128>(v41);  // @ user_kernels.cpp:99
-      tj::dev::Tile<float, M128x128> v44 = v42;  // @ user_kernels.cpp:99
-      if (tj::dev::any_not_one(v41)) v44 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v42, v43);   // x * 1 == x  // @ user_kernels.cpp:99
-      tj_r2.wait((tj_u2 - 1u));   // 'v' [128 x 256 bytes] has landed  // @ user_kernels.cpp:99
-      const unsigned v46 = tj::dev::smem_u32(tj_tc + 98304) + ((tj_u2 - 1u) % 2u) * 32768u;  // @ user_kernels.cpp:99
-      // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
-      var17 = v44;  // @ user_kernels.cpp:99
-      if (tj_i21 + 128 > 300LL) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
+      const tj::dev::Tile<float, M128x1> v47 = tj_c42;  // @ user_kernels.cpp:100
+      const tj::dev::Tile<float, M128x128> v48 = var17;  // @ user_kernels.cpp:100
+      const tj::dev::Tile<float, M128x128> v49 = tj::dev::broadcast<M128x128>(v47);  // @ user_kernels.cpp:100
+      tj::dev::Tile<float, M128x128> v50 = v48;  // @ user_kernels.cpp:100
+      if (tj::dev::any_not_one(v47)) v50 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v48, v49);   // x * 1 == x  // @ user_kernels.cpp:100
+      tj_r2.wait((tj_u2 - 1u));   // 'v' [128 x 256 bytes] has landed  // @ user_kernels.cpp:100
+      const unsigned v52 = tj::dev::smem_u32(tj_tc + 98304) + ((tj_u2 - 1u) % 2u) * 32768u;  // @ user_kernels.cpp:100
+      // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:100
+      var17 = v50;  // @ user_kernels.cpp:100
+      if (tj_i21 + 128 > 300LL) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:100
         tj::dev::sync_threads();   // no warpgroup still reads the buffer for an earlier dot
-        tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v46, (int)(300LL - tj_i21));
+        tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v52, (int)(300LL - tj_i21));
         tj::dev::fence_proxy_async_shared();
         tj::dev::sync_threads();
       }
       tj::dev::wgmma_fence();
-      tj::dev::wgmma_rs<1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, true, 2>>(var17.v, tj_pa48, v46, 1);  // @ user_kernels.cpp:99
+      tj::dev::wgmma_rs<1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, true, 2>>(var17.v, tj_pa54, v52, 1);  // @ user_kernels.cpp:100
       tj::dev::wgmma_commit();
       tj::dev::fence_tile(var17);
     }
@@ -130,52 +131,57 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
       tj_r1.release(tj_u1);
     }
     const tj::dev::Tile<float, M128x128> v26 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v25, scale);  // @ user_kernels.cpp:93
-    const tj::dev::Tile<float, M128x1> v27 = ((v21 + 128 <= 300LL) ? (tj::dev::finite_nonzero(scale) ? tj::dev::times(scale > 0.0f ? tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v25, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v25, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v25, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(tj::dev::times(v25, scale), v21, 300LL, tj_smem));  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v27 = ((v21 + 128 <= 300LL) ? (tj::dev::finite_positive(scale) ? tj::dev::times(tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(v25, 0, 0, tj_smem), scale) : tj::dev::finite_positive(-(scale)) ? tj::dev::times(tj::dev::reduce<tj::dev::op_min, 1, tj::dev::f32, false>(v25, 0, 0, tj_smem), scale) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, false>(tj::dev::times(v25, scale), 0, 0, tj_smem)) : tj::dev::reduce<tj::dev::op_max, 1, tj::dev::f32, true>(tj::dev::times(v25, scale), v21, 300LL, tj_smem));  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v28 = var13;  // @ user_kernels.cpp:95
     const tj::dev::Tile<float, M128x1> v29 = tj::dev::map<M128x1>([](float a, float b) { return fmaxf(a, b); }, v28, v27);  // @ user_kernels.cpp:95
-    const tj::dev::Tile<float, M128x1> v30 = v29;  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v31 = tj::dev::broadcast<M128x128>(v30);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v32 = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v26, v31);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x128> v33 = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v32);  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x1> v34 = var13;  // @ user_kernels.cpp:96
-    const tj::dev::Tile<float, M128x1> v35 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v34, v29);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M128x1> v36 = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v35);  // @ user_kernels.cpp:97
-    const tj::dev::Tile<float, M128x1> v37 = ((v21 + 128 <= 300LL) ? tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v33, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, true>(v33, v21, 300LL, tj_smem));  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M128x1> v38 = var15;  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M128x1> v39 = tj::dev::map<M128x1>([](float a, float b) { return a * b; }, v38, v36);  // @ user_kernels.cpp:98
-    const tj::dev::Tile<float, M128x1> v40 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v39, v37);  // @ user_kernels.cpp:98
-    var15 = v40;  // @ user_kernels.cpp:98
-    var13 = v29;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v30 = var13;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v31 = var13;  // @ user_kernels.cpp:95
+    const tj::dev::Tile<float, M128x1> v33 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v31, 8.0f);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<bool, M128x1> v34 = tj::dev::map<M128x1>([](float a, float b) { return a > b; }, v29, v33);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x1> v35 = tj::dev::map<M128x1>([](bool a, float b, float c) { return a ? b : c; }, v34, v29, v30);  // @ user_kernels.cpp:96
+    const tj::dev::Tile<float, M128x1> v36 = v35;  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x128> v37 = tj::dev::broadcast<M128x128>(v36);  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x128> v38 = tj::dev::map<M128x128>([](float a, float b) { return a - b; }, v26, v37);  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x128> v39 = tj::dev::map<M128x128>([](float a) { return tj::dev::exp2(a); }, v38);  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x1> v40 = var13;  // @ user_kernels.cpp:97
+    const tj::dev::Tile<float, M128x1> v41 = tj::dev::map<M128x1>([](float a, float b) { return a - b; }, v40, v35);  // @ user_kernels.cpp:98
+    const tj::dev::Tile<float, M128x1> v42 = tj::dev::map<M128x1>([](float a) { return tj::dev::exp2(a); }, v41);  // @ user_kernels.cpp:98
+    const tj::dev::Tile<float, M128x1> v43 = ((v21 + 128 <= 300LL) ? tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, false>(v39, 0, 0, tj_smem) : tj::dev::reduce<tj::dev::op_sum, 1, tj::dev::f32, true>(v39, v21, 300LL, tj_smem));  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v44 = var15;  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v45 = tj::dev::map<M128x1>([](float a, float b) { return a * b; }, v44, v42);  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v46 = tj::dev::map<M128x1>([](float a, float b) { return a + b; }, v45, v43);  // @ user_kernels.cpp:99
+    var15 = v46;  // @ user_kernels.cpp:99
+    var13 = v35;  // @ user_kernels.cpp:96
     tj::dev::wgmma_wait<0>();   // the late dot is complete
     tj::dev::fence_tile(var17);
-    tj::dev::fence_frags(tj_pa48);
+    tj::dev::fence_frags(tj_pa54);
     if (v21 != 0LL) {   // ring 2: the previous iteration's use
       tj_r2.release(tj_u2 - 1u);
     }
-    tj::dev::Tile<float, M128x128> v33_k0 = v33;  // @ user_kernels.cpp:99
-    if (v21 + 128 > 300LL) v33_k0 = tj::dev::mask_k_cols(v33, v21, 300LL);  // @ user_kernels.cpp:99
-    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 128>(v33_k0, tj_pa48);  // @ user_kernels.cpp:99
-    tj_c36 = v36;
+    tj::dev::Tile<float, M128x128> v39_k0 = v39;  // @ user_kernels.cpp:100
+    if (v21 + 128 > 300LL) v39_k0 = tj::dev::mask_k_cols(v39, v21, 300LL);  // @ user_kernels.cpp:100
+    tj::dev::tile_to_a_frag<tj::dev::WG_BF16, 1, 128>(v39_k0, tj_pa54);  // @ user_kernels.cpp:100
+    tj_c42 = v42;
     tj_i21 = v21;
   }
   if (0LL < 300LL) {   // the last iteration's late ops
-    const tj::dev::Tile<float, M128x1> v41 = tj_c36;  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M128x128> v42 = var17;  // @ user_kernels.cpp:99
-    const tj::dev::Tile<float, M128x128> v43 = tj::dev::broadcast<M128x128>(v41);  // @ user_kernels.cpp:99
-    tj::dev::Tile<float, M128x128> v44 = v42;  // @ user_kernels.cpp:99
-    if (tj::dev::any_not_one(v41)) v44 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v42, v43);   // x * 1 == x  // @ user_kernels.cpp:99
-    tj_r2.wait((tj_use2 - 1u));   // 'v' [128 x 256 bytes] has landed  // @ user_kernels.cpp:99
-    const unsigned v46 = tj::dev::smem_u32(tj_tc + 98304) + ((tj_use2 - 1u) % 2u) * 32768u;  // @ user_kernels.cpp:99
-    // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:99
-    var17 = v44;  // @ user_kernels.cpp:99
-    if (tj_i21 + 128 > 300LL) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:99
+    const tj::dev::Tile<float, M128x1> v47 = tj_c42;  // @ user_kernels.cpp:100
+    const tj::dev::Tile<float, M128x128> v48 = var17;  // @ user_kernels.cpp:100
+    const tj::dev::Tile<float, M128x128> v49 = tj::dev::broadcast<M128x128>(v47);  // @ user_kernels.cpp:100
+    tj::dev::Tile<float, M128x128> v50 = v48;  // @ user_kernels.cpp:100
+    if (tj::dev::any_not_one(v47)) v50 = tj::dev::map<M128x128>([](float a, float b) { return a * b; }, v48, v49);   // x * 1 == x  // @ user_kernels.cpp:100
+    tj_r2.wait((tj_use2 - 1u));   // 'v' [128 x 256 bytes] has landed  // @ user_kernels.cpp:100
+    const unsigned v52 = tj::dev::smem_u32(tj_tc + 98304) + ((tj_use2 - 1u) % 2u) * 32768u;  // @ user_kernels.cpp:100
+    // 128 x 128 += 128 x 128 . 128 x 128 on the tensor cores: wgmma m64n128k16 bf16 x bf16; a: registers (wgmma's register A); b: 'v' by TMA (MN-major, 2 stages)  // @ user_kernels.cpp:100
+    var17 = v50;  // @ user_kernels.cpp:100
+    if (tj_i21 + 128 > 300LL) {   // the tile runs past the dot's k range: zero its tail  // @ user_kernels.cpp:100
       tj::dev::sync_threads();   // no warpgroup still reads the buffer for an earlier dot
-      tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v46, (int)(300LL - tj_i21));
+      tj::dev::zero_k_tail<tj::dev::SmemOperand<128, 256, 128, true, 2>, true, 256>(v52, (int)(300LL - tj_i21));
       tj::dev::fence_proxy_async_shared();
       tj::dev::sync_threads();
     }
     tj::dev::wgmma_fence();
-    tj::dev::wgmma_rs<1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, true, 2>>(var17.v, tj_pa48, v46, 1);  // @ user_kernels.cpp:99
+    tj::dev::wgmma_rs<1, 128, 128, 8, tj::dev::WG_BF16, tj::dev::WG_BF16, tj::dev::SmemOperand<128, 256, 128, true, 2>>(var17.v, tj_pa54, v52, 1);  // @ user_kernels.cpp:100
     tj::dev::wgmma_commit();
     tj::dev::fence_tile(var17);
     tj::dev::wgmma_wait<0>();
@@ -185,11 +191,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   tj::dev::fence_tile(var17);
   if (tj_use2 != tj_first2) tj_r2.release(tj_use2 - 1u);   // ring 2: the last iteration's use
   tj_r0.release(tj_u0);   // ring 0: this program's use
-  const tj::dev::Tile<float, M128x1> v49 = var15;  // @ user_kernels.cpp:95
-  const tj::dev::Tile<float, M128x1> v50 = v49;  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v51 = var17;  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v52 = tj::dev::broadcast<M128x128>(v50);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v53 = tj::dev::divide(v51, v52);  // @ user_kernels.cpp:102
-  const tj::dev::Tile<float, M128x128> v54 = tj::dev::map<M128x128>([](float a) { return tj::dev::round_bf16(a); }, v53);  // @ user_kernels.cpp:102
-  tj::dev::store<tj::dev::bf16, M128x128, true, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 300LL}, {0LL, o.stride[3], 128LL}, v54);  // @ user_kernels.cpp:102
+  const tj::dev::Tile<float, M128x1> v55 = var15;  // @ user_kernels.cpp:96
+  const tj::dev::Tile<float, M128x1> v56 = v55;  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v57 = var17;  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v58 = tj::dev::broadcast<M128x128>(v56);  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v59 = tj::dev::divide(v57, v58);  // @ user_kernels.cpp:103
+  const tj::dev::Tile<float, M128x128> v60 = tj::dev::map<M128x128>([](float a) { return tj::dev::round_bf16(a); }, v59);  // @ user_kernels.cpp:103
+  tj::dev::store<tj::dev::bf16, M128x128, true, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 300LL}, {0LL, o.stride[3], 128LL}, v60);  // @ user_kernels.cpp:103
 }
