@@ -77,6 +77,42 @@ void Emitter::analyze() {
       ++uses_[c->operands[0]];
       o->value = c->operands[0];
     }
+  // 1 + tanh(y) of f32 (GELU's), the tanh used only there: one tj::dev::one_plus_tanh(y), the same
+  // value in real arithmetic, cheaper and without the cancellation near tanh(y) = -1. Not with
+  // fast_math, whose tanh.approx is one instruction already.
+  if (!fast_math_)
+    ir::walk(f_.body, [&](const Op& op, int) {
+      if (op.kind != OpKind::binary || op.binary != BinaryFn::add || f_.type(op.result).dtype != DType::f32) return;
+      for (int side = 0; side < 2; ++side) {
+        const Op* one = def_[op.operands[1 - side]];
+        const Op* t = def_[op.operands[side]];
+        if (!one || one->kind != OpKind::const_value || one->fval != 1.0 || !t || t->kind != OpKind::unary ||
+            t->unary != UnaryFn::tanh || uses_[op.operands[side]] != 1 || f_.type(t->operands[0]).dtype != DType::f32)
+          continue;
+        one_plus_tanh_[op.result] = t->operands[0];
+        --uses_[op.operands[side]];
+        --uses_[op.operands[1 - side]];
+        ++uses_[t->operands[0]];
+        return;
+      }
+    });
+  // A store whose value is a cast from f32 to the tensor's float dtype, used only there: the
+  // store's own conversion rounds the same way (to nearest even), so it takes the f32 tile and
+  // the cast goes (a rounding, then a conversion again, per element: attention's and GEMMs'
+  // epilogues).
+  ir::walk(f_.body, [&](const Op& op, int) {
+    if (op.kind != OpKind::store) return;
+    const int v = op.operands.at(op.indices.size());
+    const Op* c = def_[v];
+    const DType to = f_.params[op.param].dtype;
+    if (!c || c->kind != OpKind::cast || uses_[v] != 1 || f_.type(v).dtype != to || f_.type(c->operands[0]).dtype != DType::f32 ||
+        !(to == DType::f16 || to == DType::bf16 || to == DType::e4m3 || to == DType::e5m2) ||
+        !plan_.of(c->operands[0]).same_registers(plan_.of(v)))
+      return;
+    store_cast_[&op] = c->operands[0];
+    --uses_[v];
+    ++uses_[c->operands[0]];
+  });
   // Scalar indices that can leave a static dim (every load and store, staged ones too).
   ir::walk(f_.body, [&](const Op& op, int) {
     if (op.kind != OpKind::load && !ir::is_store(op.kind)) return;
@@ -873,6 +909,7 @@ void Emitter::emit_memory(const Op& op) {
   if (tile_dims.empty()) {
     if (is_store) {
       int v = op.operands.at(op.indices.size());
+      if (auto it = store_cast_.find(&op); it != store_cast_.end()) v = it->second;
       if (op.ival == 1) ok = fmt::format("{} && {}", ok, ref(op.operands.at(op.indices.size() + 1)));   // the mask
       line(fmt::format("tj::dev::{}<{}>({}.data, {}, {}, {});", add ? "store_add_scalar" : "store_scalar", E, T, offset, ok, ref(v)),
            &op.loc);
@@ -888,6 +925,7 @@ void Emitter::emit_memory(const Op& op) {
   bool swapped = false;   // a folded transpose: tile dim t of the store is the source's dim 1 - t
   if (is_store) {
     int v = op.operands.at(op.indices.size());
+    if (auto it = store_cast_.find(&op); it != store_cast_.end()) v = it->second;
     if (store_folds_transpose(op, op.indices.size()) && folded_.count(v)) {
       v = def_[v]->operands[0];
       swapped = true;
@@ -1002,6 +1040,12 @@ void Emitter::emit_elementwise(const Op& op) {
   }
   if (op.kind == OpKind::arange) {
     define(op.result, fmt::format("tj::dev::arange<{}, {}>({})", alias(L), L.axis_of_dim(0), ref(op.operands[0])), op.loc);
+    return;
+  }
+  if (auto it = one_plus_tanh_.find(op.result); it != one_plus_tanh_.end()) {
+    const int y = it->second;
+    if (L.is_scalar()) define(op.result, fmt::format("tj::dev::one_plus_tanh({})", ref(y)), op.loc);
+    else define_mapped(op, L, "[]", {"float a"}, "tj::dev::one_plus_tanh(a)", {operand(y, L, op.loc)});
     return;
   }
   static const char* const kParam[] = {"a", "b", "c"};

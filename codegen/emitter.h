@@ -165,6 +165,8 @@ class Emitter {
                          const std::vector<std::string>& args);
   std::vector<int> uses_;                // effective uses per value
   std::set<int> folded_;                 // transpose results folded into the dots that use them
+  std::map<int, int> one_plus_tanh_;     // 1 + tanh(y) results -> y (tj::dev::one_plus_tanh)
+  std::map<const Op*, int> store_cast_;  // stores of a cast to their float dtype -> the f32 value
   std::vector<Range> range_;             // integer scalars
   // Integer scalars: a divisor every value of it has (1: none known), and where it is a loop's
   // index, the loop's end (-1 otherwise): a tile loop's index below an end that both are

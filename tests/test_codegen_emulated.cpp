@@ -510,6 +510,46 @@ TEST_CASE("codegen (emulated): elementwise ops, transposes and integer tiles mat
             R"({"blocks":{"n":64},"num_warps":1})", {{300}, {300}, {300}, {300}, {300}, {300}, {300}}, true});
 }
 
+// GELU's 1 + tanh(y) (rewritten into tj::dev::one_plus_tanh) beside a tanh used twice (kept), and
+// stores of a cast to the output's dtype (the store rounds: no cast left).
+const Kernel& k_gelu() {
+  static const Kernel k = kernel("gelu", {"x", "o", "o2"}, [](In x, Out o, Out o2) {
+    auto [R, C] = x.shape<2>();
+    for (auto r : tile(R, block("r")))
+      for (auto c : tile(C, block("c"))) {
+        auto f = x.load(r, c).to(DType::f32) * 4.0;   // both tails: tanh near -1 and 1
+        o.store(r, c, (f * 0.5 * (tanh((f + f * f * f * 0.044715) * 0.7978845608) + 1.0)).to(o.dtype()));
+        auto t = tanh(f);
+        o2.store(r, c, ((t + 1.0) * t).to(o2.dtype()));
+      }
+  });
+  return k;
+}
+
+TEST_CASE("codegen (emulated): 1 + tanh(y) as one_plus_tanh, and stores of a cast to their dtype without the cast, match the reference executor") {
+  TJ_REQUIRE_HOST_COMPILER();
+  const char* cfg = R"({"blocks":{"r":16,"c":32},"num_warps":2})";
+  for (DType out : {bf16, f32, f16}) {
+    CAPTURE(name(out));
+    const EmuCase c{"gelu", &k_gelu, {T(f32, {37, 45}), T(out, {37, 45}), T(bf16, {37, 45})}, cfg};
+    const ir::Function f = c.kernel().trace(c.specs);
+    const std::string src = codegen::generate_cuda(f, Config::from_json(cfg), codegen::Target{}).source;
+    auto count = [&](const std::string& s) {
+      int n = 0;
+      for (size_t at = src.find(s); at != std::string::npos; at = src.find(s, at + 1)) ++n;
+      return n;
+    };
+    CHECK(count("tj::dev::one_plus_tanh(a)") == 1);   // GELU's
+    CHECK(count("tanhf(") == 1);                      // the tanh used twice
+    CHECK(count("tj::dev::round_") == 0);             // both stores convert the f32 values themselves
+    Config fast = Config::from_json(cfg);
+    fast.knobs["fast_math"] = 1;
+    const std::string fm = codegen::generate_cuda(f, fast, codegen::Target{}).source;
+    CHECK(fm.find("one_plus_tanh") == std::string::npos);
+    run_case(c);
+  }
+}
+
 TEST_CASE("codegen (emulated): reductions, dots and mixed-rank layouts match the reference executor") {
   TJ_REQUIRE_HOST_COMPILER();
   run_case({"reductions, warps along the columns", &k_reductions, {T(bf16, {50, 70}), T(bf16, {50}), T(f32, {2, 70})},
@@ -524,6 +564,9 @@ TEST_CASE("codegen (emulated): reductions, dots and mixed-rank layouts match the
   run_case({"running columns (Vars over a named tile range)", &k_running_columns, {T(f32, {3, 70, 45}), T(f32, {3, 2, 45})},
             R"({"blocks":{"r":16},"num_warps":2})"});
   run_case({"mixed ranks", &k_mixed_ranks, {T(f16, {24}), T(f32, {24, 24}), T(f32, {24, 24}), T(f16, {24}), T(f32, {2})},
+            R"({"num_warps":4})"});
+  // bf16 outputs: stores (scalar ones too) of casts to bf16 convert the f32 values themselves
+  run_case({"mixed ranks, bf16 outputs", &k_mixed_ranks, {T(bf16, {24}), T(bf16, {24, 24}), T(bf16, {24, 24}), T(bf16, {24}), T(bf16, {2})},
             R"({"num_warps":4})"});
 }
 

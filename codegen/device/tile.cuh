@@ -187,6 +187,18 @@ TJ_DEV float exp2(float x) {
 #endif
 }
 
+// 1 + tanh(y) as 2 / (1 + e^(-2y)), the same value in real arithmetic (the emitter's rewrite of
+// a user's 1 + tanh(y), as in GELU): an ex2 and a fast division (two MUFU ops, relative error
+// about 1e-6) instead of tanhf's ~17 instructions, and without the cancellation of 1 + tanh(y)
+// where tanh(y) nears -1 (GELU's left tail). e^(-2y) past the f32 range gives 0, the limit.
+TJ_DEV float one_plus_tanh(float y) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(2.0f, 1.0f + exp2(-2.88539008f * y));
+#else
+  return 2.0f / (1.0f + exp2(-2.88539008f * y));
+#endif
+}
+
 // Fast approximations, used only with the "fast_math" config knob.
 TJ_DEV float fast_log2(float x) {
 #if defined(__CUDA_ARCH__)

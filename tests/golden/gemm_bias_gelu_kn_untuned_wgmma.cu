@@ -108,11 +108,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
     const tj::dev::Tile<float, M128x256> v24 = tj::dev::map<M128x256>([](float a, float b) { return a * b; }, v22, 0.044715f);  // @ user_kernels.cpp:12
     const tj::dev::Tile<float, M128x256> v25 = tj::dev::map<M128x256>([](float a, float b) { return a + b; }, v20, v24);  // @ user_kernels.cpp:12
     const tj::dev::Tile<float, M128x256> v27 = tj::dev::map<M128x256>([](float a, float b) { return a * b; }, v25, 0.7978846f);  // @ user_kernels.cpp:12
-    const tj::dev::Tile<float, M128x256> v28 = tj::dev::map<M128x256>([](float a) { return tanhf(a); }, v27);  // @ user_kernels.cpp:12
-    const tj::dev::Tile<float, M128x256> v30 = tj::dev::map<M128x256>([](float a, float b) { return a + b; }, v28, 1.0f);  // @ user_kernels.cpp:12
+    const tj::dev::Tile<float, M128x256> v30 = tj::dev::map<M128x256>([](float a) { return tj::dev::one_plus_tanh(a); }, v27);  // @ user_kernels.cpp:12
     const tj::dev::Tile<float, M128x256> v32 = tj::dev::map<M128x256>([](float a, float b) { return a * b; }, v20, 0.5f);  // @ user_kernels.cpp:12
     const tj::dev::Tile<float, M128x256> v33 = tj::dev::map<M128x256>([](float a, float b) { return a * b; }, v32, v30);  // @ user_kernels.cpp:12
-    const tj::dev::Tile<float, M128x256> v34 = tj::dev::map<M128x256>([](float a) { return tj::dev::round_bf16(a); }, v33);  // @ user_kernels.cpp:25
-    tj::dev::store_quads<tj::dev::bf16, M128x256, false, false>(p3_c.data, 0, true, {v4, p3_c.stride[0], 1024LL}, {v6, 1LL, 1024LL}, v34);   // 16-byte row pieces, transposed across quads  // @ user_kernels.cpp:25
+    tj::dev::store_quads<tj::dev::bf16, M128x256, false, false>(p3_c.data, 0, true, {v4, p3_c.stride[0], 1024LL}, {v6, 1LL, 1024LL}, v33);   // 16-byte row pieces, transposed across quads  // @ user_kernels.cpp:25
   }
 }

@@ -128,6 +128,5 @@ extern "C" __global__ void __launch_bounds__(128, 1) readme_attention(tj::dev::T
   const tj::dev::Tile<float, M64x128> v69 = var17;  // @ user_kernels.cpp:103
   const tj::dev::Tile<float, M64x128> v70 = tj::dev::broadcast<M64x128>(v68);  // @ user_kernels.cpp:103
   const tj::dev::Tile<float, M64x128> v71 = tj::dev::divide(v69, v70);  // @ user_kernels.cpp:103
-  const tj::dev::Tile<float, M64x128> v72 = tj::dev::map<M64x128>([](float a) { return tj::dev::round_bf16(a); }, v71);  // @ user_kernels.cpp:103
-  tj::dev::store<tj::dev::bf16, M64x128, false, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 256LL}, {0LL, o.stride[3], 128LL}, v72);  // @ user_kernels.cpp:103
+  tj::dev::store<tj::dev::bf16, M64x128, false, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 256LL}, {0LL, o.stride[3], 128LL}, v71);  // @ user_kernels.cpp:103
 }

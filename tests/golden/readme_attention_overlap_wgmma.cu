@@ -196,6 +196,5 @@ extern "C" __global__ void __launch_bounds__(384, 1) readme_attention(tj::dev::T
   const tj::dev::Tile<float, M128x128> v57 = var17;  // @ user_kernels.cpp:103
   const tj::dev::Tile<float, M128x128> v58 = tj::dev::broadcast<M128x128>(v56);  // @ user_kernels.cpp:103
   const tj::dev::Tile<float, M128x128> v59 = tj::dev::divide(v57, v58);  // @ user_kernels.cpp:103
-  const tj::dev::Tile<float, M128x128> v60 = tj::dev::map<M128x128>([](float a) { return tj::dev::round_bf16(a); }, v59);  // @ user_kernels.cpp:103
-  tj::dev::store<tj::dev::bf16, M128x128, true, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 300LL}, {0LL, o.stride[3], 128LL}, v60);  // @ user_kernels.cpp:103
+  tj::dev::store<tj::dev::bf16, M128x128, true, false>(o.data, v8 * o.stride[0] + v9 * o.stride[1], true, {v11, o.stride[2], 300LL}, {0LL, o.stride[3], 128LL}, v59);  // @ user_kernels.cpp:103
 }
