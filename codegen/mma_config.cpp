@@ -57,6 +57,51 @@ bool uniform_work(const ir::Function& f) {
   return uniform;
 }
 
+// The launch grid's programs under config c where every launch loop's bounds are static
+// (constants, static tensor dims and their sums, differences and products), else nothing.
+std::optional<int64_t> static_programs(const ir::Function& f, const Config& c) {
+  std::map<int, const ir::Op*> def;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.result >= 0) def[op.result] = &op;
+  });
+  std::function<std::optional<int64_t>(int, int)> value = [&](int v, int depth) -> std::optional<int64_t> {
+    auto it = def.find(v);
+    if (it == def.end() || depth > 16) return std::nullopt;
+    const ir::Op& d = *it->second;
+    switch (d.kind) {
+      case ir::OpKind::const_value:
+        if (is_int(f.type(v).dtype)) return d.ival;
+        return std::nullopt;
+      case ir::OpKind::tensor_dim: {
+        const int64_t s = f.params.at(d.param).static_shape.at(d.axis);
+        return s >= 0 ? std::optional<int64_t>(s) : std::nullopt;
+      }
+      case ir::OpKind::binary: {
+        const auto a = value(d.operands[0], depth + 1), b = value(d.operands[1], depth + 1);
+        if (!a || !b) return std::nullopt;
+        if (d.binary == ir::BinaryFn::add) return *a + *b;
+        if (d.binary == ir::BinaryFn::sub) return *a - *b;
+        if (d.binary == ir::BinaryFn::mul) return *a * *b;
+        return std::nullopt;
+      }
+      default: return std::nullopt;
+    }
+  };
+  int64_t programs = 1;
+  bool known = true;
+  ir::walk(f.body, [&](const ir::Op& op, int) {
+    if (op.kind != ir::OpKind::loop || !op.launch || !known) return;
+    const auto b = value(op.operands[0], 0), e = value(op.operands[1], 0);
+    if (!b || !e) {
+      known = false;
+      return;
+    }
+    const int64_t step = op.loop_kind == ir::LoopKind::tile ? c.block(f, op.block_id) : 1;
+    programs *= std::max<int64_t>(0, (*e - *b + step - 1) / step);
+  });
+  return known ? std::optional<int64_t>(programs) : std::nullopt;
+}
+
 }  // namespace
 
 std::optional<Config> mma_default_config(const ir::Function& f, const Target& t) {
@@ -75,10 +120,10 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // The accumulators of all its dots share the registers: at most `cap` of a thread's (160: of 232
   // with wgmma, the rest for the operands and the epilogue; FlashAttention-2's 192 of 255 for
   // mma.sync's attention-like pairs of dots, measured fastest at 128 x 64 on 4 warps for D 128).
-  auto attempt = [&](int64_t row_block, int warps, int64_t cap, int64_t& regs) {
+  auto attempt = [&](int64_t row_block, int warps, int64_t cap, int64_t& regs, int64_t wide_cols) {
     Config c = default_config(f);
     c.num_warps = warps;
-    const int64_t wide_cols = wg ? 256 : 128, loop_cols = wg ? 128 : 64, k_bytes = wg ? 128 : 64;
+    const int64_t loop_cols = wg ? 128 : 64, k_bytes = wg ? 128 : 64;
     // Rows first: a block that is any dot's rows takes row_block, whatever other dots do with it;
     // then the columns and the K steps that are nobody's rows.
     std::set<int64_t> chosen;   // blocks sized here
@@ -124,10 +169,18 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // warp where 32 do not fit the registers); K steps of 64 bytes.
   int64_t regs = 0;
   const bool pair = !wg && !gemm_like && dots.size() <= 2;
-  Config c = attempt(128, wg ? 8 : 4, pair ? 192 : 160, regs);
+  Config c = attempt(128, wg ? 8 : 4, pair ? 192 : 160, regs, wg ? 256 : 128);
   // (More than two dots, as in attention's backward, keep more tiles live than their accumulators:
   // 16 rows a warp there.)
-  if (!wg && !gemm_like && (regs > 192 || !pair)) c = attempt(64, 4, 160, regs);
+  if (!wg && !gemm_like && (regs > 192 || !pair)) c = attempt(64, 4, 160, regs, 128);
+  // A GEMM-like grid of fewer than 64 programs of 128 x 256 (Hoppers have 114-132 SMs: most would
+  // idle) takes 128 columns, twice the programs (H200, the library's bf16 gemm at 1024^3 through
+  // this lowering: 128 x 128 on 8 warps 192.8 TFLOP/s, 128 x 256 133.9; at 2048^3, 128 programs
+  // of 128 x 256, 639.1 against 593.2).
+  if (wg && gemm_like) {
+    const std::optional<int64_t> programs = static_programs(f, c);
+    if (programs && *programs < 64) c = attempt(128, 8, 160, regs, 128);
+  }
   // Programs that all do the same work loop in persistent blocks (the next program's operands load
   // during this one's epilogue), GEMM-like tile grids in L2-friendly groups. Where a loop's bounds
   // depend on the program (causal attention), the programs' work differs and the hardware's own

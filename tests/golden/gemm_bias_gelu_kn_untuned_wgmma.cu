@@ -27,8 +27,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
     tj::dev::fence_mbarrier_init();
   }
   __syncthreads();
-  const long long tj_n0 = 8LL;  // @ user_kernels.cpp:21
-  const long long tj_n1 = 4LL;  // @ user_kernels.cpp:22
+  const long long tj_n0 = 16LL;  // @ user_kernels.cpp:21
+  const long long tj_n1 = 8LL;  // @ user_kernels.cpp:22
   const long long tj_total = tj_n0 * tj_n1;   // programs
   (void)tj_programs;   // persistent: the launch's blocks loop over the programs
   if (threadIdx.x >= 256) {   // the producer warpgroup: TMA fills of the staged operands, ahead of use
@@ -40,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
         const long long tj_gh = tj::dev::imin<long long>(tj_n0 - tj_g0, 8LL);   // raster group 8
         const long long v4 = (tj_g0 + tj_pair % tj_gsize % tj_gh) * 128LL;  // @ user_kernels.cpp:21
         const long long v6 = (tj_pair % tj_gsize / tj_gh) * 256LL;  // @ user_kernels.cpp:22
-        for (long long v10 = 0LL; v10 < 2048LL; v10 += 64LL) {  // @ user_kernels.cpp:24
+        for (long long v10 = 0LL; v10 < 1024LL; v10 += 64LL) {  // @ user_kernels.cpp:24
           {
             const unsigned tj_f = tj_use1++;
             tj_r1.acquire(tj_f, 32768u);
@@ -72,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
     tj::dev::Tile<float, M128x256> var8 = v7;  // @ user_kernels.cpp:23
     const unsigned tj_first0 = tj_use0;   // ring 0: this run of the loop's first use
     const unsigned tj_first1 = tj_use1;   // ring 1: this run of the loop's first use
-    for (long long v10 = 0LL; v10 < 2048LL; v10 += 64LL) {  // @ user_kernels.cpp:24
+    for (long long v10 = 0LL; v10 < 1024LL; v10 += 64LL) {  // @ user_kernels.cpp:24
       const unsigned tj_u0 = tj_use0++;   // this iteration's use of ring 0
       const unsigned tj_u1 = tj_use1++;   // this iteration's use of ring 1
       tj_r1.wait(tj_u1);   // 'b' [64 x 512 bytes] has landed  // @ user_kernels.cpp:24
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
     tj::dev::fence_tile(var8);
     if (tj_use0 != tj_first0) tj_r0.release(tj_use0 - 1u);   // ring 0: the last iteration's use
     if (tj_use1 != tj_first1) tj_r1.release(tj_use1 - 1u);   // ring 1: the last iteration's use
-    const tj::dev::Tile<float, M1x256> v15 = tj::dev::load<tj::dev::bf16, M1x256, false, false>(bias.data, 0, true, {0, 0, 1}, {v6, 1LL, 1024LL});  // @ user_kernels.cpp:25
+    const tj::dev::Tile<float, M1x256> v15 = tj::dev::load<tj::dev::bf16, M1x256, false, false>(bias.data, 0, true, {0, 0, 1}, {v6, 1LL, 2048LL});  // @ user_kernels.cpp:25
     const tj::dev::Tile<float, M1x256> v16 = tj::dev::map<M1x256>([](float a) { return a; }, v15);  // @ user_kernels.cpp:25
     const tj::dev::Tile<float, M1x256> v17 = v16;  // @ user_kernels.cpp:25
     const tj::dev::Tile<float, M128x256> v18 = var8;  // @ user_kernels.cpp:25
@@ -111,6 +111,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_gelu_kn(tj::dev::
     const tj::dev::Tile<float, M128x256> v30 = tj::dev::map<M128x256>([](float a) { return tj::dev::one_plus_tanh(a); }, v27);  // @ user_kernels.cpp:12
     const tj::dev::Tile<float, M128x256> v32 = tj::dev::map<M128x256>([](float a, float b) { return a * b; }, v20, 0.5f);  // @ user_kernels.cpp:12
     const tj::dev::Tile<float, M128x256> v33 = tj::dev::map<M128x256>([](float a, float b) { return a * b; }, v32, v30);  // @ user_kernels.cpp:12
-    tj::dev::store_quads<tj::dev::bf16, M128x256, false, false>(p3_c.data, 0, true, {v4, p3_c.stride[0], 1024LL}, {v6, 1LL, 1024LL}, v33);   // 16-byte row pieces, transposed across quads  // @ user_kernels.cpp:25
+    tj::dev::store_quads<tj::dev::bf16, M128x256, false, false>(p3_c.data, 0, true, {v4, p3_c.stride[0], 2048LL}, {v6, 1LL, 2048LL}, v33);   // 16-byte row pieces, transposed across quads  // @ user_kernels.cpp:25
   }
 }
