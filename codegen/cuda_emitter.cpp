@@ -1553,8 +1553,8 @@ void Emitter::emit_header(std::string& out, const std::string& entry) {
     if (slots_ > 1) {
       out += fmt::format("  // knob wg_programs: slot s (threads {} s ..) runs programs of its own, with a scratch of its own\n",
                          plan_.threads);
-      // warp_uniform: the slot's ring uses and descriptors then stay on the uniform datapath (H200,
-      // ncu: without it 1.7x the warp instructions, the descriptors moved in by R2UR per wgmma)
+      // warp_uniform: the slot's ring uses and descriptors then stay on the uniform datapath (SASS:
+      // without it each wgmma's descriptors came through R2UR from per-thread registers)
       out += fmt::format("  const int tj_slot = tj::dev::warp_uniform((int)threadIdx.x < {} ? (int)threadIdx.x / {} : 0);\n",
                          tile_threads(), plan_.threads);
       out += fmt::format("  unsigned char* const tj_smem = tj_tc + {} + tj_slot * {};\n", mma_.smem_bytes, scratch_stride_);
