@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/numerics.h"
 #include "runtime/reference.h"
+#include "examples/kernels/user_kernels.h"
 
 using namespace tj;
 namespace num = tj::numerics;
@@ -435,6 +436,44 @@ TEST_CASE("reference: bf16 attention (P cast to bf16) stays close to float64") {
       const double got = o.raw(static_cast<int64_t>(i));
       REQUIRE(std::fabs(got - want[i]) < 1e-2);
       REQUIRE(got == num::round_double_to(DType::bf16, got));   // stored as bf16
+    }
+  }
+}
+
+TEST_CASE("reference: the README attention's lazy running max (moved only by more than 8) matches float64 where the scores climb across key blocks") {
+  // Keys whose scores grow along the sequence (about 5.6 log2 units per 32 keys against every
+  // query): the running max moves in some blocks and stays in others, so p reaches up to 2^8 and
+  // alpha is exactly 1 in the blocks where it stays.
+  const Kernel& k = examples::readme_attention();
+  const int64_t B = 1, H = 2, S = 192, D = 16;
+  std::mt19937 rng(11);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  RefTensor q(DType::f32, {B, H, S, D}), kk(DType::f32, {B, H, S, D}), v(DType::f32, {B, H, S, D}),
+      o(DType::f32, {B, H, S, D});
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t i = (bh * S + j) * D + d;
+        num::store_element(q.bytes.data(), DType::f32, i, d == 0 ? 1.0 + 0.1 * nd(rng) : 0.3 * nd(rng));
+        num::store_element(kk.bytes.data(), DType::f32, i, d == 0 ? 0.5 * double(j) : 0.3 * nd(rng));
+        num::store_element(v.bytes.data(), DType::f32, i, nd(rng));
+      }
+  const float qk_scale = static_cast<float>(kLog2e / std::sqrt(double(D)));
+  const TensorSpec spec{DType::f32, {B, H, S, D}};
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const ir::Function f = k.trace({spec, spec, spec, spec, RuntimeScalar{qk_scale}, causal});
+    const std::vector<double> want = attention_f64(q, kk, v, qk_scale, causal);
+    for (auto cfg : {blocks({{"m", 32}, {"n", 32}}), blocks({{"m", 64}, {"n", 64}})}) {
+      CAPTURE(cfg.to_json());
+      o.fill_storage(kNaN);
+      run_reference(f, cfg, {q.view(), kk.view(), v.view(), o.view(), qk_scale});
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double d = std::fabs(o.raw(static_cast<int64_t>(i)) - want[i]);
+        if (!(d <= worst)) worst = d;   // a NaN sticks
+      }
+      CHECK(worst < 1e-4);
     }
   }
 }
