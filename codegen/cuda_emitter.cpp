@@ -2,6 +2,7 @@
 // tensor-core ops).
 #include "codegen/cuda_emitter.h"
 #include "codegen/emitter_knobs.h"
+#include "codegen/key_parity.h"
 
 #include <fmt/format.h>
 
@@ -288,9 +289,10 @@ std::string Emitter::alias(const Layout& l) {
     std::string type = l.cuda_type("ArrMma");
     auto it = layout_alias_.find(type);
     if (it != layout_alias_.end()) return it->second;
-    std::string name = fmt::format("M{}x{}", l.extent_r, l.extent_c);
+    std::string name = fmt::format("M{}x{}{}", l.extent_r, l.extent_c, l.columns_by_parity() ? "p" : "");
     layout_alias_[type] = name;
-    alias_lines_.push_back(fmt::format("using {} = {};  // accumulator layout, {} per thread", name, type, l.slots()));
+    alias_lines_.push_back(fmt::format("using {} = {};  // accumulator layout, {} per thread{}", name, type, l.slots(),
+                                       l.columns_by_parity() ? ", columns by parity (even columns first)" : ""));
     return name;
   }
   const bool flat = !plan_.has_2d || !(l.arr == plan_.arr2);
@@ -992,7 +994,7 @@ void Emitter::emit_memory(const Op& op) {
              (mode == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
                             blocks(hopper_sm, with) == blocks(hopper_sm, without)));
     };
-    const bool rows_contiguous = !swapped && L.is_mma() && tile_dims.size() == 2 && L.extent_r > 1 && L.extent_c > 1 &&
+    const bool rows_contiguous = !swapped && L.is_mma() && !L.columns_by_parity() && tile_dims.size() == 2 && L.extent_r > 1 && L.extent_c > 1 &&
                                  L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1;
     const bool staged = mode != 0 && mode != 3 && rows_contiguous && 16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 &&
                         room(stage);
@@ -1626,6 +1628,7 @@ GeneratedKernel Emitter::run() {
   }
   plan_ = assign_layouts(f_, cfg_, target_, &mma_);
   finish_mma_plan(mma_, [&](int v) { return plan_.of(v).is_mma(); });
+  order_keys_by_parity(f_, cfg_, mma_, plan_);
   async_ = plan_async(f_, mma_);
   check_power_of_two_tiles();
   fast_math_ = knobs::fast_math.on(cfg_);
@@ -1687,7 +1690,7 @@ GeneratedKernel Emitter::run() {
   if (mma_.on_tensor_cores()) k.device_headers.insert(k.device_headers.end(), {"swizzle.cuh", "frag.cuh", "mma_layout.cuh"});
   if (mma_.wgmma()) {
     k.device_headers.insert(k.device_headers.end(), {"hopper.cuh", "hopper_wgmma.cuh", "mma.cuh"});
-    for (const MmaPlan::Tma& t : mma_.tmas) k.tma.push_back(TmaOperand{t.param, t.box, t.swizzle, {}});
+    for (const MmaPlan::Tma& t : mma_.tmas) k.tma.push_back(TmaOperand{t.param, t.box, t.swizzle, t.element_strides});
     k.lowering = "tensor cores (wgmma)";
   } else if (mma_.on_tensor_cores()) {
     k.device_headers.push_back("mma_sync.cuh");

@@ -17,12 +17,14 @@ std::string describe(const MmaOperand& o, const ir::Function& f, const MmaPlan& 
   const std::string major = o.tile.mn_major ? "MN-major" : "K-major";
   if (o.source == MmaOperand::Source::staged) {
     const StagedLoad& s = plan.staged[o.staged];
-    if (s.copy) return fmt::format("'{}' copied by the threads ({})", f.params.at(s.op->param).name, major);
+    if (s.copy)
+      return fmt::format("'{}' copied by the threads ({}{})", f.params.at(s.op->param).name, major,
+                         s.rows_by_parity ? ", even rows then odd" : "");
     if (s.transposed_copy)
       return fmt::format("'{}' by TMA ({} stage{}), copied K-major by the producer warpgroup ({} slots)",
                          f.params.at(s.op->param).name, s.stages, s.stages == 1 ? "" : "s", s.read_stages);
-    return fmt::format("'{}' by TMA ({}, {} stage{})", f.params.at(s.op->param).name, major, s.stages,
-                       s.stages == 1 ? "" : "s");
+    return fmt::format("'{}' by TMA ({}, {} stage{}{})", f.params.at(s.op->param).name, major, s.stages,
+                       s.stages == 1 ? "" : "s", s.rows_by_parity ? ", even rows then odd" : "");
   }
   if (o.source == MmaOperand::Source::fragment) return plan.wgmma() ? "registers (wgmma's register A)" : "registers (A fragments)";
   return fmt::format("registers through shared memory ({})", major);
@@ -121,8 +123,16 @@ void Emitter::emit_fill(const StagedLoad& s, const std::string& fill, const std:
       if (d == s.inner_dim && piece > 0) c = fmt::format("{} + {}", c, piece * piece_elems);
       coords.push_back(fmt::format("(int)({})", c));
     }
-    line(fmt::format("tj::dev::tma_load_{}d(tj_dst + {}, &tj_tma{}, tj_r{}.full({}), {});", rank,
-                     static_cast<int64_t>(piece) * s.tile.rows * s.tile.swizzle, s.tma, i, fill, fmt::join(coords, ", ")),
+    const int64_t at = static_cast<int64_t>(piece) * s.tile.rows * s.tile.swizzle;
+    line(fmt::format("tj::dev::tma_load_{}d(tj_dst + {}, &tj_tma{}, tj_r{}.full({}), {});{}", rank, at, s.tma, i, fill,
+                     fmt::join(coords, ", "), s.rows_by_parity ? "   // the even rows" : ""),
+         &s.op->loc);
+    if (!s.rows_by_parity) continue;
+    // The odd rows: the same box (a traversal stride of 2 rows) one row on, into the slot's second half.
+    std::string& row = coords.at(static_cast<size_t>(rank - 1 - s.row_dim));
+    row = fmt::format("{} + 1)", row.substr(0, row.size() - 1));
+    line(fmt::format("tj::dev::tma_load_{}d(tj_dst + {}, &tj_tma{}, tj_r{}.full({}), {});   // the odd rows", rank,
+                     at + s.tile.rows / 2 * s.tile.swizzle, s.tma, i, fill, fmt::join(coords, ", ")),
          &s.op->loc);
   }
 }
@@ -146,8 +156,9 @@ void Emitter::emit_copy(const StagedLoad& s, const std::string& slot, const std:
     const std::string start = op.indices[d].kind == ir::Index::Kind::all ? "0LL" : val(op.operands[d]);
     spans.push_back(fmt::format("{{{}, {}, {}}}", start, stride_of(p, T, static_cast<int>(d)), dim_limit(op.param, static_cast<int>(d))));
   }
-  line(fmt::format("tj::dev::copy_operand<{}, {}, {}>({}, {}.data, {}, {}, {}, {});", dtag(p.dtype), operand_type(s.tile),
-                   plan_.threads, slot, T, offset, ok, spans.at(0), spans.at(1)),
+  line(fmt::format("tj::dev::copy_operand<{}, {}, {}{}>({}, {}.data, {}, {}, {}, {});{}", dtag(p.dtype), operand_type(s.tile),
+                   plan_.threads, s.rows_by_parity ? ", true" : "", slot, T, offset, ok, spans.at(0), spans.at(1),
+                   s.rows_by_parity ? "   // its even rows, then its odd ones" : ""),
        &op.loc);
 }
 

@@ -43,6 +43,12 @@ const KnobSpec fp8_key_order{
     "producer warpgroup, the copy orders K as P's registers hold it, so that P's fragments need no shuffles across a quad "
     "(and the copy moves 16 x 32-byte pieces by ldmatrix.trans / stmatrix: H200, README attention e4m3, +7-11%); 0: P's "
     "fragments are exchanged within each quad"};
+const KnobSpec key_parity{
+    "key_parity", 1, "1",
+    "1: where an fp8 dot's a operand goes in from the accumulator layout (P of P.V) and comes from the result of a dot whose "
+    "b operand's rows are staged in order (S = Q.K^T, K by TMA or copied), K's rows are staged even rows first, then odd "
+    "ones, and S with the tiles computed from it holds its columns in that order, so that P's fragments need no shuffles "
+    "(codegen/key_parity.h); 0: in order"};
 const KnobSpec copy_stages{
     "copy_stages", 2, "2",
     "slots of the K-major ring that an fp8 operand's transposed copy fills (the producer warpgroup's copy runs that many "
@@ -66,7 +72,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &copy_stages, &issue_early, &pin_waits, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &key_parity, &copy_stages, &issue_early, &pin_waits, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

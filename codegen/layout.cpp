@@ -101,17 +101,18 @@ bool Layout::same_registers(const Layout& o) const {
   if (kind != o.kind) return false;
   if (is_scalar() || kind == LayoutKind::shared) return true;
   if (replicated() && o.replicated()) return true;
-  return arr == o.arr && extent_r == o.extent_r && extent_c == o.extent_c;
+  return arr == o.arr && extent_r == o.extent_r && extent_c == o.extent_c && columns_by_parity() == o.columns_by_parity();
 }
 
 std::string Layout::cuda_type(const std::string& arr_name) const {
+  if (columns_by_parity()) return fmt::format("tj::dev::Mma<{}, {}, {}, 1>", arr_name, extent_r, extent_c);
   return fmt::format("tj::dev::{}<{}, {}, {}>", is_mma() ? "Mma" : "Blocked", arr_name, extent_r, extent_c);
 }
 
 std::string Layout::str() const {
   if (is_mma())
-    return fmt::format("{}x{} accumulator tile on {}x{} warps, {} per thread", extent_r, extent_c, arr.warps_r, arr.warps_c,
-                       slots());
+    return fmt::format("{}x{} accumulator tile on {}x{} warps, {} per thread{}", extent_r, extent_c, arr.warps_r, arr.warps_c,
+                       slots(), columns_by_parity() ? ", columns by parity" : "");
   if (!is_distributed()) return std::string(name(kind));
   std::string what = rank == 2 ? fmt::format("{}x{} tile", extent_r, extent_c)
                      : rank == 1 ? fmt::format("{} elements along the thread {}", dim0_on_cols ? extent_c : extent_r,
@@ -162,7 +163,7 @@ Conversion plan_conversion(const Layout& from, const Layout& to, int elem_bytes)
   if (from.same_registers(to)) return c;
   if (from.replicated() ||
       (from.kind == to.kind && from.arr == to.arr && (from.extent_r == 1 || from.extent_r == to.extent_r) &&
-       (from.extent_c == 1 || from.extent_c == to.extent_c))) {
+       (from.extent_c == 1 || (from.extent_c == to.extent_c && from.columns_by_parity() == to.columns_by_parity())))) {
     c.kind = Conversion::Kind::broadcast;
     return c;
   }

@@ -19,6 +19,8 @@
 //                are its row slices ([R] as [R, 1]) or column slices ([C] as [1, C]). Extents:
 //                rows 1 or a multiple of 16 per warp row, columns 1 or a multiple of 8 per warp
 //                column; a value tied to the family that does not fit keeps the SIMT layout.
+//                `by_parity`: the same registers with the tile's columns by parity (even columns
+//                first; codegen/key_parity.h decides where).
 //   shared       a tile that TMA copies into shared memory for the tensor cores (MmaPlan's
 //                staged loads): it has no registers; its value is the slot's address.
 //
@@ -68,6 +70,9 @@ struct Layout {
   int64_t extent_r = 1;             // tile extent along the thread rows (1: none)
   int64_t extent_c = 1;             // tile extent along the thread columns (1: none)
   bool dim0_on_cols = false;        // rank 1: the tile's dim lies along the columns
+  // mma, extent_c > 1: the thread's column c holds the tile's column keys_by_parity_col(c,
+  // extent_c) (device Mma<A, R, C, 1>), set by order_keys_by_parity (codegen/key_parity.h).
+  bool by_parity = false;
 
   static Layout scalar();
   // A tile staged in shared memory (a wgmma operand): no thread holds it.
@@ -84,6 +89,7 @@ struct Layout {
   bool is_scalar() const { return kind == LayoutKind::scalar; }
   bool is_distributed() const { return kind == LayoutKind::distributed; }
   bool is_mma() const { return kind == LayoutKind::mma; }
+  bool columns_by_parity() const { return is_mma() && by_parity && extent_c > 1; }
   bool in_registers() const { return is_distributed() || is_mma(); }   // a register tile
   int slots_r() const;              // registers per thread along the rows
   int slots_c() const;

@@ -427,7 +427,7 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
       return m.param == s.op->param && m.box == s.box && m.swizzle == s.tile.swizzle;
     });
     if (it == plan.tmas.end()) {
-      plan.tmas.push_back(MmaPlan::Tma{s.op->param, s.box, s.tile.swizzle});
+      plan.tmas.push_back(MmaPlan::Tma{s.op->param, s.box, s.tile.swizzle, {}});
       it = plan.tmas.end() - 1;
     }
     s.tma = static_cast<int>(it - plan.tmas.begin());

@@ -104,6 +104,10 @@ struct StagedLoad {
   // accumulator's columns reach a thread, so that the A fragments are the thread's own bytes with no shuffle across its quad
   // (tj::dev::fp8_kperm_col, as the attention template orders V).
   bool permute_k = false;
+  // Its slot holds the tile's even rows, then its odd ones (K of S = Q.K^T for an fp8 P whose
+  // scores are by parity; codegen/key_parity.h): TMA with a traversal stride of 2 rows, two
+  // boxes of half the rows per fill, or the copy's row map (mma.sync).
+  bool rows_by_parity = false;
   SmemTile read_tile;
   int read_stages = 0;
   int64_t read_offset = 0, read_slot_stride = 0, read_barriers = 0;
@@ -142,6 +146,7 @@ struct MmaPlan {
     int param = -1;
     std::vector<int> box;
     int swizzle = 128;
+    std::vector<int> element_strides;   // traversal stride per tensor dim (empty: all 1)
   };
   std::vector<Tma> tmas;
   int64_t smem_bytes = 0;         // the tensor-core region (rings, buffers, barriers)

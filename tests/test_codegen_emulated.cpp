@@ -454,6 +454,7 @@ const Kernel& vector_add() { return kernels::vector_add(); }
 const Kernel& rmsnorm() { return kernels::rmsnorm(); }
 const Kernel& layernorm() { return kernels::layernorm(); }
 const Kernel& readme_attention() { return examples::readme_attention(); }
+const Kernel& readme_attention_vt() { return examples::readme_attention_vt(); }
 const Kernel& grouped_gemm() { return examples::grouped_gemm(); }
 const Kernel& attention_bwd_dkdv() { return kernels::attention_bwd_dkdv(); }
 const Kernel& attention_bwd_dq() { return kernels::attention_bwd_dq(); }
@@ -757,9 +758,20 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
                RuntimeScalar{0.1f}, causal},
               R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
   }
-  run_case({"README attention e4m3 on sm_89", &readme_attention,
-            {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, false},
-            R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});
+  // e4m3 P: S's columns by parity (K's rows copied even rows first, knob key_parity), the causal
+  // mask and the ragged tail on each register's true key; and in order with the bytes moved
+  // across each quad (key_parity 0).
+  for (bool causal : {false, true}) {
+    run_case({fmt::format("README attention e4m3 on sm_89, causal={}", causal), &readme_attention,
+              {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, causal},
+              R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_89", mma});
+    run_case({fmt::format("README attention e4m3 on sm_89, causal={}, key_parity 0", causal), &readme_attention,
+              {T(e4m3, s70), T(e4m3, s70), T(e4m3, s70), T(bf16, s70), RuntimeScalar{0.125f}, causal},
+              R"({"blocks":{"m":32,"n":32},"num_warps":2,"knobs":{"key_parity":0}})", {}, false, "sm_89", mma});
+  }
+  run_case({"README attention e4m3, V stored [D, S], on sm_89, causal, 64 keys a tile", &readme_attention_vt,
+            {T(e4m3, s70), T(e4m3, s70), T(e4m3, {1, 2, 64, 70}), T(bf16, s70), RuntimeScalar{0.125f}, true},
+            R"({"blocks":{"m":32,"n":64},"num_warps":2})", {}, false, "sm_89", mma});
   // Atomic adds from the accumulator fragments: a split-K GEMM's programs into one C tile (C starts
   // poisoned, -777: kept and added to), and the fused backward's dQ^T added transposed into dq_acc.
   run_case({"split-K GEMM, atomic adds of accumulator tiles", &splitk_gemm,

@@ -171,6 +171,101 @@ TEST_CASE("mma plan: fp8 P.V reads V through TMA and a transposed copy (knob fp8
   }
 }
 
+namespace {
+// fp8 attention that also stores its probabilities: a use of S's tiles that needs their columns
+// in order.
+const Kernel& attention_storing_p() {
+  static const Kernel k = kernel("attention_storing_p", {"q", "k", "vt", "o", "p_out"}, [](In q, In k, In vt, Out o, Out p_out) {
+    auto [S, D] = q.shape<2>();
+    for (auto m : tile(S, block("m"))) {
+      Var acc = zeros({m, D}, DType::f32);
+      auto qt = q.load(m, all);
+      for (auto n : tile(S, block("n"))) {
+        auto p = exp2(dot(qt, k.load(n, all).T()) * 0.125f);
+        p_out.store(m, n, p);
+        acc = dot(p.to(vt.dtype()), vt.load(all, n).T(), acc);
+      }
+      o.store(m, all, acc.to(o.dtype()));
+    }
+  });
+  return k;
+}
+
+int shuffles(const std::string& ptx) {
+  int n = 0;
+  for (size_t at = ptx.find("shfl.sync"); at != std::string::npos; at = ptx.find("shfl.sync", at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("key parity: an fp8 P computed from S = Q.K^T takes K's rows even first, so S's columns come by parity and P's "
+          "fragments need no shuffles (knob key_parity)") {
+  const std::vector<int64_t> shape = {2, 4, 304, 128}, vt_shape = {2, 4, 128, 304};
+  const char* config = R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"overlap":2}})";
+  auto vt_kernel = [&](DType t, bool causal) {
+    return examples::readme_attention_vt().trace(
+        {T(t, shape), T(t, shape), T(t, vt_shape), T(DType::bf16, shape), RuntimeScalar{0.125f}, causal});
+  };
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const ir::Function f = vt_kernel(DType::e4m3, causal);
+    const auto g = codegen::generate_cuda(f, cfg(config), Target{});
+    INFO(g.source);
+    // K's map steps 2 keys; each fill is two boxes of half the keys, the odd ones one key on.
+    REQUIRE(g.tma.size() == 3);
+    CHECK(g.tma[1].param == 1);
+    CHECK(g.tma[1].element_strides == std::vector<int>{1, 1, 2, 1});
+    CHECK(g.tma[0].element_strides.empty());
+    CHECK(g.tma[2].element_strides.empty());
+    CHECK(contains(g.source, "b: 'k' by TMA (K-major, 4 stages, even rows then odd)"));
+    CHECK(std::regex_search(g.source, std::regex(R"(tma_load_4d\(tj_dst \+ 8192, &tj_tma1, [^;]*\(int\)\(v\d+ \+ 1\)[^;]*;   // the odd rows)")));
+    // S, the mask's index tiles and P hold their columns by parity; the row vectors and O do not.
+    CHECK(contains(g.source, "using M128x128p = tj::dev::Mma<ArrMma, 128, 128, 1>;"));
+    CHECK(contains(g.source, "using M128x128 = tj::dev::Mma<ArrMma, 128, 128>;"));
+    CHECK(contains(g.source, "using M128x1 = tj::dev::Mma<ArrMma, 128, 1>;"));
+    if (causal) CHECK(std::regex_search(g.source, std::regex(R"(Tile<int, M1x128p> v\d+ = tj::dev::arange<M1x128p, 1>)")));
+    CHECK(contains(g.source, "store<tj::dev::bf16, M128x128, "));
+    const auto on = tj_test::nvrtc(g, "sm_90a", true, true);
+    INFO(on.log);
+    CHECK(tj_test::ptxas_info(on.log).spill_stores == 0);
+    // Knob key_parity 0: keys in order, P's bytes exchanged across each quad (16 more shuffles
+    // an iteration: 2 per 32 keys and row half).
+    const auto off = codegen::generate_cuda(
+        f, cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"overlap":2,"key_parity":0}})"), Target{});
+    CHECK_FALSE(contains(off.source, "M128x128p"));
+    CHECK(off.tma[1].element_strides.empty());
+    CHECK(shuffles(tj_test::nvrtc(off, "sm_90a", false).ptx) >= shuffles(on.ptx) + 16);
+  }
+  // 16-bit P: its fragments are the accumulator's pairs already.
+  CHECK_FALSE(contains(codegen::generate_cuda(vt_kernel(DType::bf16, true), cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})"),
+                                              Target{})
+                           .source,
+                       "M128x128p"));
+  // V stored [keys, D] and copied K-major in P's key order (knob fp8_key_order): in order already;
+  // copied in its own order (fp8_key_order 0), S's columns go by parity instead.
+  const ir::Function copied = attention(DType::e4m3, {2, 4, 512, 128}, true);
+  CHECK_FALSE(contains(codegen::generate_cuda(copied, cfg(config), Target{}).source, "M128x128p"));
+  CHECK(contains(codegen::generate_cuda(copied, cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"fp8_key_order":0}})"),
+                                        Target{})
+                     .source,
+                 "M128x128p"));
+  // A tile of S's family stored: its columns stay in order.
+  const ir::Function storing = attention_storing_p().trace(
+      {T(DType::e4m3, {256, 128}), T(DType::e4m3, {256, 128}), T(DType::e4m3, {128, 256}), T(DType::bf16, {256, 128}),
+       T(DType::f32, {256, 256})});
+  const auto st = codegen::generate_cuda(storing, cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})"), Target{});
+  CHECK(st.lowering == "tensor cores (wgmma)");
+  CHECK(contains(st.source, "wgmma_rs"));
+  CHECK_FALSE(contains(st.source, "M128x128p"));
+  // mma.sync (sm_89): the copy maps K's rows.
+  const auto s89 = codegen::generate_cuda(vt_kernel(DType::e4m3, true), cfg(R"({"blocks":{"m":64,"n":64},"num_warps":4})"),
+                                          Target::parse("sm_89"));
+  INFO(s89.source);
+  CHECK(contains(s89.source, "using M64x64p = tj::dev::Mma<ArrMma, 64, 64, 1>;"));
+  CHECK(std::regex_search(s89.source, std::regex(R"(copy_operand<tj::dev::e4m3, [^;]*, 128, true>\([^;]*;   // its even rows, then its odd ones)")));
+  CHECK(tj_test::ptxas_info(tj_test::nvrtc(s89, "sm_89", true, true).log).spill_stores == 0);
+}
+
 TEST_CASE("mma plan: dots that cannot run on the tensor cores stay on the SIMT path, and the plan says why at the dot's line") {
   const ir::Function f = gemm_nk(DType::bf16, 512, 256, 1024);
   auto reason = [&](const ir::Function& fn, const Config& c, const Target& t) {
@@ -656,6 +751,13 @@ TEST_CASE("mma codegen: generated kernels match their golden files (TILEJIT_UPDA
                codegen::generate_cuda(attention(DType::bf16, {2, 4, 300, 128}, false),
                                       cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"overlap":1,"wg_turns":1}})"),
                                       Target{}));
+  // e4m3 P.V with V stored [D, S]: K's rows even first (two TMA boxes a fill), S's columns by parity
+  // through the mask and the softmax, P's fragments without shuffles.
+  check_golden("readme_attention_vt_e4m3_causal_wgmma.cu",
+               codegen::generate_cuda(examples::readme_attention_vt().trace({T(DType::e4m3, {2, 4, 304, 128}), T(DType::e4m3, {2, 4, 304, 128}),
+                                                                             T(DType::e4m3, {2, 4, 128, 304}), T(DType::bf16, {2, 4, 304, 128}),
+                                                                             RuntimeScalar{0.125f}, true}),
+                                      cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"overlap":2}})"), Target{}));
   // The untuned GEMM config on contiguous tensors (128 x 256, 4 stages, persistent, raster
   // groups): no room to stage the result, which leaves transposed across quads.
   {

@@ -12,6 +12,9 @@
 //                               the same for fp8 without shuffles, for a B operand whose K comes
 //                               in that permuted order
 //   fp8_pairs                   a thread's fp8 pairs of one 32-column step and row half
+//   keys_by_parity_col / acc_to_a_fp8_keys_by_parity
+//                               the same without shuffles for a tile whose columns hold the
+//                               even keys, then the odd ones (K's rows loaded so)
 //
 // Plain arithmetic and shuffles: compiled for every architecture, and on the host by the
 // emulated tests (tests/test_codegen_emulated.cpp), which supply the shuffles.
@@ -131,6 +134,36 @@ __device__ __forceinline__ void acc_to_a_fp8(const float* d, unsigned* a) {
       const unsigned r2 = __shfl_sync(0xffffffffu, odd ? u : v, src2);
       a[4 * c + h] = byte_perm(r1, r2, sel_lo);
       a[4 * c + 2 + h] = byte_perm(r1, r2, sel_hi);
+    }
+  }
+}
+
+// Keys by parity: a tile whose N columns hold keys in the order even keys first, then odd
+// (S = Q.K^T with K's rows loaded so: TMA with a traversal stride of 2 keys, or a copy that maps
+// its rows so). Column n holds key keys_by_parity_col(n, N).
+TJ_HD constexpr int keys_by_parity_col(int n, int N) { return n < N / 2 ? 2 * n : 2 * (n - N / 2) + 1; }
+// Shuffle-free fp8 conversion of such a tile (P of P.V, V in its natural key order): accumulator
+// columns 8 j + 2 q + e of octets j and j + N / 16 hold keys 16 j + 4 q + {0, 1, 2, 3}, exactly
+// the k positions a thread's A fragment takes (lane quad position q; two F2FP and a merge per
+// word, as acc_to_a_fp8_kperm). The permutation lives in K's rows instead of V's bytes.
+// kF16Pairs: register i < kOdd with (i & 7) < kF16Pairs holds the f16x2 of keys i and i + kOdd
+// (the attention template's exp2_f16x2).
+template <int N, int T = WG_E4M3, int kF16Pairs = 0>
+__device__ __forceinline__ void acc_to_a_fp8_keys_by_parity(const float* d, unsigned* a) {
+  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
+  static_assert(kF16Pairs == 0 || T == WG_E4M3, "f16x2 pairs convert to e4m3");
+  constexpr int kOdd = 4 * (N / 16);   // register offset of the odd keys' column groups
+  // register i < kOdd with (i & 7) < kF16Pairs holds the f16x2 of keys i and i + kOdd (exp2_f16x2)
+  auto pack = [&](int i) -> unsigned {
+    if ((i & 7) < kF16Pairs) return (unsigned)f16x2_to_e4m3x2(f32_as_u32(d[i]));
+    return (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(d[i], d[kOdd + i]) : (unsigned)f32x2_to_e5m2x2(d[i], d[kOdd + i]);
+  };
+#pragma unroll
+  for (int g = 0; g < N / 16; ++g) {   // 16-key group: k step g / 2, its half g % 2
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {      // row g or g + 8 of the fragment
+      const unsigned lo = pack(4 * g + 2 * h), hi = pack(4 * g + 2 * h + 1);
+      a[4 * (g >> 1) + 2 * (g & 1) + h] = lo | (hi << 16);
     }
   }
 }

@@ -10,9 +10,9 @@
 //                 (hopper_wgmma.cuh), fence_acc
 //   registers     setmaxnreg_inc<R> / setmaxnreg_dec<R>
 //   matrices      ldmatrix_x4_trans / stmatrix_x4 (8 x 8 16-bit matrices, shared memory)
-//   fragments     acc_row / acc_col, acc_row_max / acc_row_sum, quad_allreduce_*, acc_scale_rows,
-//                 acc_to_a_fp8_keys_by_parity (frag.cuh: acc_to_a_bf16 / acc_to_a_f16 /
-//                 acc_to_a_fp8 / acc_to_a_fp8_kperm; swizzle.cuh: SmemSwizzle, swizzle_offset)
+//   fragments     acc_row / acc_col, acc_row_max / acc_row_sum, quad_allreduce_*, acc_scale_rows
+//                 (frag.cuh: acc_to_a_bf16 / acc_to_a_f16 / acc_to_a_fp8 / acc_to_a_fp8_kperm /
+//                 acc_to_a_fp8_keys_by_parity; swizzle.cuh: SmemSwizzle, swizzle_offset)
 //
 // Compiled by NVRTC with no CUDA toolkit header, and by nvcc -std=c++17. The sm_90 parts only
 // exist when compiling for __CUDA_ARCH__ >= 900 (wgmma and setmaxnreg: sm_90a only), and in
@@ -535,33 +535,6 @@ template <int N>
 __device__ __forceinline__ void acc_fill(float* d, float v) {
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = v;
-}
-
-
-// Shuffle-free fp8 conversion for S computed from K loaded even keys first: S column n of an N-wide
-// block is key 2n (n < N / 2) or key 2 (n - N / 2) + 1, so accumulator columns 8 j + 2 q + e of
-// groups j and j + N / 16 hold keys 16 j + 4 q + {0, 1, 2, 3}: exactly the k positions a thread's
-// A fragment takes for the natural key order of V (lane quad position q; two F2FP and a merge per
-// word, as acc_to_a_fp8_kperm). The key permutation is in the rows of K, which TMA applies as it
-// loads them (a traversal stride of 2 keys), instead of in V's bytes.
-template <int N, int T = WG_E4M3, int kF16Pairs = 0>
-__device__ __forceinline__ void acc_to_a_fp8_keys_by_parity(const float* d, unsigned* a) {
-  static_assert(N % 32 == 0, "fp8 A fragments need N % 32 == 0");
-  static_assert(kF16Pairs == 0 || T == WG_E4M3, "f16x2 pairs convert to e4m3");
-  constexpr int kOdd = 4 * (N / 16);   // register offset of the odd keys' column groups
-  // register i < kOdd with (i & 7) < kF16Pairs holds the f16x2 of keys i and i + kOdd (exp2_f16x2)
-  auto pack = [&](int i) -> unsigned {
-    if ((i & 7) < kF16Pairs) return (unsigned)f16x2_to_e4m3x2(__float_as_uint(d[i]));
-    return (T == WG_E4M3) ? (unsigned)f32x2_to_e4m3x2(d[i], d[kOdd + i]) : (unsigned)f32x2_to_e5m2x2(d[i], d[kOdd + i]);
-  };
-#pragma unroll
-  for (int g = 0; g < N / 16; ++g) {   // 16-key group: k step g / 2, its half g % 2
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {      // row g or g + 8 of the fragment
-      const unsigned lo = pack(4 * g + 2 * h), hi = pack(4 * g + 2 * h + 1);
-      a[4 * (g >> 1) + 2 * (g & 1) + h] = lo | (hi << 16);
-    }
-  }
 }
 
 }  // namespace dev

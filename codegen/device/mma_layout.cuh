@@ -16,6 +16,10 @@
 //                     m64nN (N = EC) of the warpgroup, and the same holds per warp for mma.sync
 //                     m16n8 tiles. Rank-1 slices: ER = 1 (a row of columns, replicated over the
 //                     rows) or EC = 1 (a column of rows, replicated over a quad's 4 lanes).
+//   Mma<A, ER, EC, 1> the same registers with the columns by parity: the thread's column c above
+//                     holds column keys_by_parity_col(c, EC) (frag.cuh) of the tile, the even
+//                     columns first (scores of keys whose rows were loaded so, for an fp8 P
+//                     whose A fragments then need no shuffles; codegen/key_parity.h).
 //   SmemOperand<...>  a dot operand tile in shared memory, swizzled as TMA writes it.
 //   tile_to_a_frag    a register tile in the accumulator layout as A fragments.
 //   store_staged / store_quads   an accumulator tile stored in 16-byte row pieces, through
@@ -42,10 +46,13 @@ struct MmaArr {
   static TJ_DEV int wc() { return warp() % WC; }
 };
 
-template <class A, long long ER, long long EC>
+template <class A, long long ER, long long EC, int P = 0>
 struct Mma {
   using arr = A;
   static constexpr long long er = ER, ec = EC;
+  static constexpr bool by_parity = P == 1 && EC > 1;
+  static_assert(P == 0 || P == 1, "Mma: columns in order (0) or by parity (1)");
+  static_assert(!by_parity || (A::warps_c == 1 && EC % 16 == 0), "Mma: columns by parity on warps along the rows, whole octets per half");
   static_assert(ER == 1 || ER % (16 * A::warps_r) == 0, "Mma: the rows must be 16 per warp row, or a multiple");
   static_assert(EC == 1 || EC % (8 * A::warps_c) == 0, "Mma: the columns must be 8 per warp column, or a multiple");
   static constexpr int row_blocks = ER == 1 ? 1 : (int)(ER / (16 * A::warps_r));
@@ -53,7 +60,7 @@ struct Mma {
   static constexpr int sr = ER == 1 ? 1 : 2 * row_blocks;
   static constexpr int sc = EC == 1 ? 1 : warp_cols / 4;
   static constexpr int slots = sr * sc;
-  static constexpr int vec = EC == 1 ? 1 : 2;   // a thread's columns come in adjacent pairs
+  static constexpr int vec = EC == 1 || by_parity ? 1 : 2;   // a thread's columns come in adjacent pairs (in order)
   // Raw coordinates are unique per (thread, slot) over the block; a slice (extent 1) keeps the
   // raw coordinate of its replicas, and only the replica at raw 0 is primary.
   static TJ_DEV int raw_r(int i) { return 16 * (A::wr() + A::warps_r * (i >> 1)) + 8 * (i & 1) + (A::lane() >> 2); }
@@ -61,13 +68,13 @@ struct Mma {
     return A::wc() * (EC == 1 ? 8 : warp_cols) + 8 * (j >> 1) + 2 * (A::lane() & 3) + (j & 1);
   }
   static TJ_DEV int coord_r(int i) { return ER == 1 ? 0 : raw_r(i); }
-  static TJ_DEV int coord_c(int j) { return EC == 1 ? 0 : raw_c(j); }
+  static TJ_DEV int coord_c(int j) { return EC == 1 ? 0 : by_parity ? keys_by_parity_col(raw_c(j), (int)EC) : raw_c(j); }
   static TJ_DEV bool primary_r(int i) { return ER != 1 || raw_r(i) == 0; }
   static TJ_DEV bool primary_c(int j) { return EC != 1 || raw_c(j) == 0; }
   static TJ_DEV constexpr int idx(int i, int j) {
     return ER == 1 ? j : EC == 1 ? i : (i >> 1) * (warp_cols / 2) + 4 * (j >> 1) + 2 * (i & 1) + (j & 1);
   }
-  template <long long R, long long C> using with_extents = Mma<A, R, C>;
+  template <long long R, long long C> using with_extents = Mma<A, R, C, C == 1 ? 0 : P>;
 };
 
 // ---------------------------------------------------------------- staged stores
@@ -93,6 +100,7 @@ TJ_DEV void store_staged(void* data, long long offset, bool ok, Span r, Span c, 
   using S = StoreStage<E, L>;
   using A = typename L::arr;
   static_assert(L::er > 1 && L::ec > 1 && L::warp_cols % S::chunk == 0, "store_staged: whole 16-byte chunks per warp row");
+  static_assert(!L::by_parity, "store_staged: columns in order");
   M* w = reinterpret_cast<M*>(stage + S::warp_bytes * A::warp());
   const int lane = A::lane();
 #pragma unroll
@@ -141,6 +149,7 @@ TJ_DEV void store_quads(void* data, long long offset, bool ok, Span r, Span c, c
   using A = typename L::arr;
   static_assert(sizeof(M) == 2 && L::er > 1 && L::ec > 1 && L::warp_cols % 32 == 0,
                 "store_quads: 16-bit elements, whole groups of 4 octets per warp");
+  static_assert(!L::by_parity, "store_quads: columns in order");
   M* base = static_cast<M*>(data) + offset;
   const bool whole = ok && c.stride == 1 && (r.stride * (long long)sizeof(M)) % 16 == 0 &&
                      (!CR || (r.start >= 0 && r.start + L::er <= r.limit)) &&
@@ -216,15 +225,18 @@ struct SmemOperand {
 // wgmmas or mma.syncs (per warp the same): a[RB][K * element bytes / 32][4] (16-bit: the pairs as they are; fp8: bytes moved
 // across each quad, exact).
 // InOrder (fp8): the other operand's K comes in fp8_kperm_col's order (frag.cuh), so the fragments
-// are the thread's own bytes.
+// are the thread's own bytes; so are they where x's columns are by parity (L::by_parity, the
+// other operand's K in order).
 template <int T, int RB, int K, class L, bool InOrder = false>
 TJ_DEV void tile_to_a_frag(const Tile<float, L>& x, unsigned* a) {
   constexpr int KS = (T == WG_BF16 || T == WG_F16) ? K / 16 : K / 32;
+  static_assert(!L::by_parity || ((T == WG_E4M3 || T == WG_E5M2) && K == L::ec), "columns by parity: fp8 fragments of the whole tile");
 #pragma unroll
   for (int b = 0; b < RB; ++b) {
     const float* d = x.v + b * (K / 2);
     if constexpr (T == WG_BF16) acc_to_a_bf16<K>(d, a + b * KS * 4);
     else if constexpr (T == WG_F16) acc_to_a_f16<K>(d, a + b * KS * 4);
+    else if constexpr (L::by_parity) acc_to_a_fp8_keys_by_parity<K, T>(d, a + b * KS * 4);
     else if constexpr (InOrder) acc_to_a_fp8_kperm<K, T>(d, a + b * KS * 4);
     else acc_to_a_fp8<K, T>(d, a + b * KS * 4);
   }

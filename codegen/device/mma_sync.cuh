@@ -9,7 +9,8 @@
 //                     (lane l: row l / 4, bytes 4 (l % 4) .. +3; T: transposed, 16-bit
 //                     elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)). For fp8 a row is
 //                     16 elements: the fragment layouts of m16n8k32 take the same bytes.
-//   copy_operand      a 2-D slice of a tensor into an operand tile (cp.async, 16-byte chunks);
+//   copy_operand      a 2-D slice of a tensor into an operand tile (cp.async, 16-byte chunks;
+//                     optionally its rows by parity);
 //                     cp_async_commit / cp_async_wait<N> / cp_async_wait_all; zero_k_tail
 //                     zeroes a tile's positions past a k range.
 //   mma_m16n8<TA, TB> d (the m16n8 C fragment, 4 f32) += a (m16 x 32 bytes of K) . b (32 bytes
@@ -96,7 +97,9 @@ TJ_DEV void cp_async_wait() {
 // [0, limit), and all of them when !ok, read 0. A 16-byte chunk whose source is contiguous
 // (c.stride 1) and 16-byte aligned moves by cp.async, any other element by element. The NT
 // threads of the block call it; cp_async_wait_all and a block barrier complete it.
-template <class E, class O, int NT>
+// RowsByParity: tile row t takes row keys_by_parity_col(t, rows) of the slice (its even rows
+// first, then its odd ones: K for a score tile whose columns are by parity, Mma<.., 1>).
+template <class E, class O, int NT, bool RowsByParity = false>
 TJ_DEV void copy_operand(unsigned char* dst, const void* data, long long offset, bool ok, Span r, Span c) {
   using M = typename E::mem;
   constexpr int ES = (int)sizeof(M), PER = 16 / ES, CHUNKS = O::row_bytes / 16;
@@ -104,7 +107,7 @@ TJ_DEV void copy_operand(unsigned char* dst, const void* data, long long offset,
   const M* base = static_cast<const M*>(data) + offset;
   for (int q = program_tid(); q < O::rows * CHUNKS; q += NT) {
     const int row = q / CHUNKS, cb = (q % CHUNKS) * 16;
-    const long long pr = r.start + row, pc = c.start + cb / ES;
+    const long long pr = r.start + (RowsByParity ? keys_by_parity_col(row, O::rows) : row), pc = c.start + cb / ES;
     unsigned char* d = dst + O::offset(row, cb);
     const bool row_ok = ok && pr >= 0 && pr < r.limit;
     const M* src = base + pr * r.stride + pc * c.stride;
