@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "codegen/emitter.h"
+#include "codegen/emitter_knobs.h"
 #include "core/error.h"
 
 namespace tj::codegen::emitter {
@@ -406,15 +407,18 @@ void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const
     if (!d || !producer_needs_.insert(v).second) continue;
     work.insert(work.end(), d->operands.begin(), d->operands.end());
   }
-  // Registers: a warp scheduler holds 512 per lane, shared by one warp of each warpgroup; the
-  // producer's warpgroup gives up all but a few to the tiles' warpgroups (setmaxnreg).
+  // Registers: a warp scheduler holds 512 per lane, shared by one warp of each warpgroup of the
+  // blocks on the SM (knob simt_min_blocks, default 1); the producer's warpgroup gives up all but
+  // a few to the tiles' warpgroups (setmaxnreg).
   const int G = mma_.warpgroups * slots_;   // the warpgroups that hold tiles, of every slot
-  const int producer_regs = G >= 3 ? 24 : 40;
-  const int tile_regs = std::min(256, (512 - producer_regs) / G / 8 * 8);
+  const int B = static_cast<int>(std::max<int64_t>(1, knobs::simt_min_blocks.of(cfg_)));
+  const int producer_regs = G * B >= 3 ? 24 : 40;
+  const int tile_regs = std::min(256, (512 / B / 8 * 8 - producer_regs) / G / 8 * 8);
+  const bool share = G >= 2 || B >= 2;   // one block of one tile warpgroup: every thread has its 255
   line(fmt::format("if (threadIdx.x >= {}) {{   // the producer warpgroup: TMA fills of the staged operands, ahead of use",
                    tile_threads()));
   ++indent_;
-  if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_dec<{}>();", producer_regs));
+  if (share) line(fmt::format("tj::dev::setmaxnreg_dec<{}>();", producer_regs));
   line(fmt::format("if (threadIdx.x == {}) {{", tile_threads()));
   ++indent_;
   auto nest = [&](ProducerRole role) {
@@ -440,7 +444,7 @@ void Emitter::emit_producer(const std::vector<const ir::Region*>& regions, const
   line("return;");
   --indent_;
   line("}");
-  if (G >= 2) line(fmt::format("tj::dev::setmaxnreg_inc<{}>();   // the tiles' warpgroups take the producer's registers", tile_regs));
+  if (share) line(fmt::format("tj::dev::setmaxnreg_inc<{}>();   // the tiles' warpgroups take the producer's registers", tile_regs));
 }
 
 void Emitter::emit_producer_nest(const std::vector<const ir::Region*>& regions, const std::vector<const Op*>& chain,

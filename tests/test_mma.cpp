@@ -266,6 +266,37 @@ TEST_CASE("key parity: an fp8 P computed from S = Q.K^T takes K's rows even firs
   CHECK(tj_test::ptxas_info(tj_test::nvrtc(s89, "sm_89", true, true).log).spill_stores == 0);
 }
 
+TEST_CASE("mma codegen: knob simt_min_blocks shares the SM's registers among that many blocks' warpgroups (setmaxnreg)") {
+  const ir::Function f = examples::readme_attention_vt().trace({T(DType::e4m3, {2, 4, 512, 128}), T(DType::e4m3, {2, 4, 512, 128}),
+                                                                  T(DType::e4m3, {2, 4, 128, 512}), T(DType::bf16, {2, 4, 512, 128}),
+                                                                  RuntimeScalar{0.125f}, true});
+  struct Case {
+    const char* config;
+    const char* bounds;
+    int producer, tiles;   // setmaxnreg of the producer and of the tiles' warpgroups (0: none)
+  };
+  for (const Case& c : std::vector<Case>{
+           // One block of two tile warpgroups: 512 registers a lane per scheduler, 40 to the producer.
+           {R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})", "__launch_bounds__(384, 1)", 40, 232},
+           // One block of one tile warpgroup: every thread keeps the launch's 255.
+           {R"({"blocks":{"m":64,"n":128},"num_warps":4,"num_stages":2})", "__launch_bounds__(256, 1)", 0, 0},
+           // Two blocks an SM: half the registers each.
+           {R"({"blocks":{"m":64,"n":128},"num_warps":4,"num_stages":2,"knobs":{"simt_min_blocks":2}})", "__launch_bounds__(256, 2)", 40,
+            216},
+       }) {
+    CAPTURE(std::string(c.config));
+    const auto g = codegen::generate_cuda(f, cfg(c.config), Target{});
+    CHECK(contains(g.source, c.bounds));
+    CHECK(contains(g.source, c.producer ? fmt::format("setmaxnreg_dec<{}>()", c.producer) : std::string("no setmaxnreg")) ==
+          (c.producer != 0));
+    CHECK(contains(g.source, fmt::format("setmaxnreg_inc<{}>()", c.tiles)) == (c.tiles != 0));
+    CHECK(contains(g.source, "setmaxnreg") == (c.producer != 0));
+    const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+    INFO(r.log);
+    if (c.tiles) CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
+  }
+}
+
 TEST_CASE("mma plan: dots that cannot run on the tensor cores stay on the SIMT path, and the plan says why at the dot's line") {
   const ir::Function f = gemm_nk(DType::bf16, 512, 256, 1024);
   auto reason = [&](const ir::Function& fn, const Config& c, const Target& t) {

@@ -197,6 +197,12 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
       {DType::e4m3, {2, 3, 300, 128}, true,
        R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"persistent":1,"persistent_blocks":5,"longest_first":1,"overlap":2}})",
        6e-2},
+      // Two blocks an SM of one tile warpgroup each (knob simt_min_blocks: setmaxnreg shares the
+      // SM's registers out among both blocks' warpgroups).
+      {DType::e4m3, {2, 3, 300, 128}, true,
+       R"({"blocks":{"m":64,"n":128},"num_warps":4,"num_stages":2,"knobs":{"simt_min_blocks":2}})", 6e-2},
+      {DType::bf16, {2, 3, 300, 128}, false,
+       R"({"blocks":{"m":64,"n":64},"num_warps":4,"num_stages":2,"knobs":{"simt_min_blocks":2,"overlap":2}})", 1e-2},
       // Three K-major slots of V's copy (knob copy_stages), over several programs per block.
       {DType::e4m3, {2, 3, 300, 128}, true,
        R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":4,"knobs":{"persistent":1,"persistent_blocks":5,"copy_stages":3,"overlap":2}})",
@@ -214,11 +220,19 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
   }
   // V stored transposed (readme_attention_vt): fp8's P.V operand K-major as stored, no copy; the
   // load and its transpose one iteration late with the dot (knob overlap 1 and 2).
+  // Schedules 0-2: knob overlap 0-2 on persistent blocks; 3: one tile warpgroup a block, two blocks
+  // an SM (knob simt_min_blocks).
   for (DType t : {DType::e4m3, DType::bf16})
-    for (int overlap : {0, 1, 2})
+    for (int schedule = 0; schedule < 4; ++schedule)
       for (bool causal : {false, true}) {
         const int64_t B = 2, H = 3, S = 304, D = 128;
-        CAPTURE(fmt::format("readme_attention_vt {} overlap {} causal={}", name(t), overlap, causal));
+        const std::string config =
+            schedule == 3
+                ? std::string(R"({"blocks":{"m":64,"n":128},"num_warps":4,"num_stages":2,"knobs":{"overlap":2,"simt_min_blocks":2}})")
+                : fmt::format(
+                      R"({{"blocks":{{"m":128,"n":128}},"num_warps":8,"num_stages":{},"knobs":{{"overlap":{},"persistent":1,"persistent_blocks":5}}}})",
+                      t == DType::e4m3 ? 4 : 2, schedule);
+        CAPTURE(fmt::format("readme_attention_vt {} {} causal={}", name(t), config, causal));
         const HostTensor v = random_tensor(t, {B, H, S, D}, rng);
         HostTensor vt(t, {B, H, D, S});
         for (int64_t bh = 0; bh < B * H; ++bh)
@@ -226,9 +240,7 @@ TEST_CASE("gpu: README attention on the tensor cores (bf16, f16, e4m3, causal an
             for (int64_t d = 0; d < D; ++d) vt.set((bh * D + d) * S + j, v.at((bh * S + j) * D + d));
         std::vector<HostTensor> tv = {random_tensor(t, {B, H, S, D}, rng), random_tensor(t, {B, H, S, D}, rng), vt,
                                       HostTensor(DType::bf16, {B, H, S, D})};
-        const Config cfg = Config::from_json(fmt::format(
-            R"({{"blocks":{{"m":128,"n":128}},"num_warps":8,"num_stages":{},"knobs":{{"overlap":{},"persistent":1,"persistent_blocks":5}}}})",
-            t == DType::e4m3 ? 4 : 2, overlap));
+        const Config cfg = Config::from_json(config);
         const Outcome o = run_both(examples::readme_attention_vt(), tv, {1.4426950408889634 / std::sqrt(double(D)), causal}, 3, cfg);
         CHECK(o.lowering == "tensor cores (wgmma)");
         CHECK(o.nan_count == 0);
