@@ -49,6 +49,11 @@ const KnobSpec key_parity{
     "b operand's rows are staged in order (S = Q.K^T, K by TMA or copied), K's rows are staged even rows first, then odd "
     "ones, and S with the tiles computed from it holds its columns in that order, so that P's fragments need no shuffles "
     "(codegen/key_parity.h); 0: in order"};
+const KnobSpec prefetch_program{
+    "prefetch_program", 1, "1",
+    "1 (persistent blocks, a producer warpgroup): tiles loaded outside the program's loops (attention's Q) take two ring "
+    "slots, so that the producer fills the next program's while this one runs; 0: one slot, filled once this program is "
+    "done with it"};
 const KnobSpec copy_stages{
     "copy_stages", 2, "2",
     "slots of the K-major ring that an fp8 operand's transposed copy fills (the producer warpgroup's copy runs that many "
@@ -72,7 +77,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &key_parity, &copy_stages, &issue_early, &pin_waits, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &key_parity, &prefetch_program, &copy_stages, &issue_early, &pin_waits, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

@@ -18,6 +18,7 @@ extern const KnobSpec wg_programs;       // programs a block runs at once, each 
 extern const KnobSpec stage_stores;      // accumulator-layout stores through shared memory
 extern const KnobSpec copy_stages;       // fp8 operands copied K-major: slots of the copy's ring
 extern const KnobSpec fp8_key_order;     // fp8 P.V: V's transposed copy in P's fragment order
+extern const KnobSpec prefetch_program;  // persistent: program-level loads in two slots, the next program's ahead
 extern const KnobSpec key_parity;        // fp8 P.V: K's rows (S's columns) by parity, P's fragments shuffle-free
 extern const KnobSpec issue_early;       // loop bodies' input loads and leaf dots first (codegen/issue_early.h)
 extern const KnobSpec pin_waits;         // work before a wgmma wait kept above it in the SASS

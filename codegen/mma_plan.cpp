@@ -419,6 +419,10 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
       continue;
     }
     s.producer = producer_computable(*s.op);
+    // A load outside the program's loops (attention's Q) in persistent blocks: a second slot, so
+    // that the producer fills the next program's tile while this program runs, instead of after
+    // its last use (its latency otherwise opens every program).
+    if (!s.home && s.producer && wg && knobs::persistent.on(cfg) && knobs::prefetch_program.on(cfg)) s.stages = 2;
     const ir::Param& p = f.params.at(s.op->param);
     s.box.assign(p.rank(), 1);
     s.box[s.row_dim] = static_cast<int>(s.tile.rows);
@@ -465,7 +469,10 @@ MmaPlan plan_mma(const ir::Function& f, const Config& cfg, const Target& t) {
   plan.producer_warp = wg && knobs::warp_specialize.on(cfg) &&
                        std::any_of(plan.staged.begin(), plan.staged.end(), [](const StagedLoad& s) { return s.producer; });
   if (!plan.producer_warp)
-    for (StagedLoad& s : plan.staged) s.producer = false;
+    for (StagedLoad& s : plan.staged) {
+      s.producer = false;
+      if (!s.home) s.stages = 1;
+    }
   return plan;
 }
 

@@ -266,6 +266,26 @@ TEST_CASE("key parity: an fp8 P computed from S = Q.K^T takes K's rows even firs
   CHECK(tj_test::ptxas_info(tj_test::nvrtc(s89, "sm_89", true, true).log).spill_stores == 0);
 }
 
+TEST_CASE("mma plan: on persistent blocks a tile loaded outside the program's loops takes two slots (knob prefetch_program)") {
+  const ir::Function f = attention(DType::bf16, {2, 4, 512, 128}, false);
+  auto q_stages = [&](const char* json) {
+    const MmaPlan p = codegen::plan_mma(f, cfg(json), Target{});
+    REQUIRE(p.dots.size() == 2);
+    const codegen::StagedLoad& q = p.staged.at(p.dots[0].a.staged);
+    CHECK(q.home == nullptr);
+    return q.stages;
+  };
+  CHECK(q_stages(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1}})") == 2);
+  CHECK(q_stages(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1,"prefetch_program":0}})") == 1);
+  CHECK(q_stages(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2})") == 1);   // a block a program
+  // Without a producer warpgroup the tiles' threads fill it where it stands: one slot.
+  CHECK(q_stages(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1,"warp_specialize":0}})") == 1);
+  const auto g = codegen::generate_cuda(f, cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1}})"),
+                                        Target{});
+  CHECK(contains(g.source, "const tj::dev::Ring<2> tj_r0{"));
+  CHECK(contains(g.source, "(fill n goes to slot n % 2)"));
+}
+
 TEST_CASE("mma codegen: knob simt_min_blocks shares the SM's registers among that many blocks' warpgroups (setmaxnreg)") {
   const ir::Function f = examples::readme_attention_vt().trace({T(DType::e4m3, {2, 4, 512, 128}), T(DType::e4m3, {2, 4, 512, 128}),
                                                                   T(DType::e4m3, {2, 4, 128, 512}), T(DType::bf16, {2, 4, 512, 128}),
