@@ -31,10 +31,25 @@ Graph graph_of(const ir::Function& f) {
   return g;
 }
 
+// Ops whose result holds its operands' columns where they have any (elementwise ops, broadcasts,
+// variables).
+bool keeps_columns(OpKind k) {
+  switch (k) {
+    case OpKind::unary:
+    case OpKind::binary:
+    case OpKind::where:
+    case OpKind::cast:
+    case OpKind::broadcast:
+    case OpKind::expand_dims:
+    case OpKind::var_decl:
+    case OpKind::var_read: return true;
+    default: return false;
+  }
+}
+
 // The values tied column for column to dot d1's result, or empty where one of them rules the
 // order out (key_parity.h lists what may touch them).
-std::set<int> tied_columns(const ir::Function& f, const Graph& g, const LayoutPlan& layouts, const MmaDot& d1,
-                           const MmaDot& d2, int64_t n) {
+std::set<int> tied_columns(const Graph& g, const LayoutPlan& layouts, const MmaDot& d1, const MmaDot& d2, int64_t n) {
   // A value with columns: a rank-2 tile wider than 1, or a column slice.
   auto has_columns = [&](int v) {
     const Layout& l = layouts.of(v);
@@ -42,28 +57,19 @@ std::set<int> tied_columns(const ir::Function& f, const Graph& g, const LayoutPl
   };
   std::set<int> in;
   std::vector<int> work{d1.op->result};
-  bool ok = true;
   auto tie = [&](int v) {
     if (v >= 0 && has_columns(v) && in.insert(v).second) work.push_back(v);
   };
-  while (ok && !work.empty()) {
+  while (!work.empty()) {
     const int v = work.back();
     work.pop_back();
     const Layout& l = layouts.of(v);
     if (!l.is_mma() || l.extent_c != n) return {};
     // What made it.
     if (const Op* d = g.def[v]) {
-      switch (d->kind) {
-        case OpKind::unary:
-        case OpKind::binary:
-        case OpKind::where:
-        case OpKind::cast:
-        case OpKind::broadcast:
-        case OpKind::expand_dims:
-        case OpKind::var_decl:
-        case OpKind::var_read:
-          for (int o : d->operands) tie(o);
-          break;
+      if (keeps_columns(d->kind)) {
+        for (int o : d->operands) tie(o);
+      } else switch (d->kind) {
         case OpKind::reduce:   // over the rows: a column slice
           if (d->axis != 0) return {};
           tie(d->operands[0]);
@@ -81,22 +87,16 @@ std::set<int> tied_columns(const ir::Function& f, const Graph& g, const LayoutPl
     }
     // What reads it.
     for (const Op* u : g.uses[v]) {
+      if (keeps_columns(u->kind)) {
+        tie(u->result);
+        continue;
+      }
       switch (u->kind) {
-        case OpKind::unary:
-        case OpKind::binary:
-        case OpKind::where:
-        case OpKind::cast:
-        case OpKind::broadcast:
-        case OpKind::expand_dims:
-        case OpKind::var_decl:
-        case OpKind::var_read:
-          tie(u->result);
-          break;
         case OpKind::var_write:   // the variable and its new value
           tie(u->operands[0]);
           tie(u->operands[1]);
           break;
-        case OpKind::reduce:   // over the columns: a row slice, whatever its order
+        case OpKind::reduce:   // over the rows: a column slice; over the columns: a row, whatever their order
           if (u->operands[0] != v) break;
           if (u->axis == 0) tie(u->result);
           break;
@@ -127,7 +127,7 @@ int order_keys_by_parity(const ir::Function& f, const Config& cfg, MmaPlan& mma,
       if (s.transposed_copy || s.tile.mn_major || s.tile.rows != d1.n || s.rows_by_parity ||
           s.readers != std::vector<const Op*>{d1.op})
         continue;
-      const std::set<int> tied = tied_columns(f, g, layouts, d1, d2, d2.k);
+      const std::set<int> tied = tied_columns(g, layouts, d1, d2, d2.k);
       if (!tied.count(d2.a.value)) continue;
       for (int v : tied) layouts.values[v].by_parity = true;
       s.rows_by_parity = true;
