@@ -218,20 +218,38 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
     });
     return bytes;
   };
-  std::optional<Config> fits;   // the most stages that fit without staging
-  for (int stages = pair ? 2 : 4; stages >= 1; --stages) {
-    c.num_stages = stages;
-    MmaPlan p = plan_mma(f, c, t);
-    if (p.dots.empty()) return std::nullopt;   // the dots do not fit the tensor cores even so: not ours
-    const LayoutPlan layouts = assign_layouts(f, c, t, &p);
-    finish_mma_plan(p, [&](int v) { return layouts.of(v).is_mma(); });
-    if (p.smem_bytes + 1024 + 8192 > t.max_smem_per_block()) continue;
-    if (!(wg && gemm_like)) return c;
-    if (!fits) fits = c;
-    if (p.smem_bytes + 1024 + std::max<int64_t>(8192, staging_bytes(layouts)) <= t.max_smem_per_block()) return c;
-    if (stages <= 3) return fits;
+  bool tensor_cores = true;
+  auto most_stages = [&](Config c) -> std::optional<Config> {
+    std::optional<Config> fits;   // the most stages that fit without staging
+    for (int stages = pair ? 2 : 4; stages >= 1; --stages) {
+      c.num_stages = stages;
+      MmaPlan p = plan_mma(f, c, t);
+      if (p.dots.empty()) {   // the dots do not fit the tensor cores even so: not ours
+        tensor_cores = false;
+        return std::nullopt;
+      }
+      const LayoutPlan layouts = assign_layouts(f, c, t, &p);
+      finish_mma_plan(p, [&](int v) { return layouts.of(v).is_mma(); });
+      if (p.smem_bytes + 1024 + 8192 > t.max_smem_per_block()) continue;
+      if (!(wg && gemm_like)) return c;
+      if (!fits) fits = c;
+      if (p.smem_bytes + 1024 + std::max<int64_t>(8192, staging_bytes(layouts)) <= t.max_smem_per_block()) return c;
+      if (stages <= 3) return fits;
+    }
+    return fits;
+  };
+  std::optional<Config> best = most_stages(c);
+  if (!tensor_cores) return std::nullopt;
+  // On persistent blocks the program's own tiles (attention's Q) take a second slot (knob
+  // prefetch_program), but not at the price of a stage of the loops' rings (bf16 attention at
+  // D 256: one stage of K and V with Q's two, two with one).
+  if (best && wg && knobs::persistent.on(c)) {
+    Config one = c;
+    one.knobs[knobs::prefetch_program.name] = 0;
+    const std::optional<Config> alt = most_stages(one);
+    if (alt && alt->num_stages > best->num_stages) best = alt;
   }
-  return fits;
+  return best;
 }
 
 namespace {

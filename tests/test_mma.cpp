@@ -284,6 +284,19 @@ TEST_CASE("mma plan: on persistent blocks a tile loaded outside the program's lo
                                         Target{});
   CHECK(contains(g.source, "const tj::dev::Ring<2> tj_r0{"));
   CHECK(contains(g.source, "(fill n goes to slot n % 2)"));
+  // The untuned config keeps the second slot unless it costs the loop's rings a stage: bf16 at D 128
+  // has two stages either way; at D 256 (64 keys a tile) Q's two slots would leave K and V one.
+  auto C = [](DType t, std::vector<int64_t> shape) { return contiguous_spec(t, std::move(shape)); };
+  for (int64_t d : {int64_t{128}, int64_t{256}}) {
+    CAPTURE(d);
+    const std::vector<int64_t> shape = {4, 16, 4096, d};
+    const ir::Function a = examples::readme_attention().trace(
+        {C(DType::bf16, shape), C(DType::bf16, shape), C(DType::bf16, shape), C(DType::bf16, shape), RuntimeScalar{0.125f}, false});
+    const Config u = codegen::untuned_config(a, "sm_90a");
+    CHECK(u.num_stages == 2);
+    CHECK(u.knob("persistent", 0) == 1);
+    CHECK(u.knob("prefetch_program", 1) == (d == 128 ? 1 : 0));
+  }
 }
 
 TEST_CASE("mma codegen: knob simt_min_blocks shares the SM's registers among that many blocks' warpgroups (setmaxnreg)") {
