@@ -182,8 +182,8 @@ int main(int argc, char** argv) {
       cases.push_back(std::move(c));
     }
     // The README attention on [B, H, S, D] inputs of type `in` (bf16 out), D 128, H 16, B S = 16k.
-    auto readme_case = [&](DType in, int64_t S, bool causal) {
-      const int64_t D = 128, H = 16, B = 16384 / S;
+    auto readme_case = [&](DType in, int64_t S, bool causal, int64_t D = 128) {
+      const int64_t H = 16, B = 16384 / S;
       const bool fp8 = in == DType::e4m3;
       Case c;
       c.name = fmt::format("readme_attention {} {}x{}x{}x{}{}", name(in), B, H, S, D, causal ? " causal" : "");
@@ -208,6 +208,14 @@ int main(int argc, char** argv) {
                      {"template", ""}};
           cases.push_back(std::move(c));
         }
+      // Head dims 64 and 256 (the bar covers D 64 / 128 / 256).
+      if (!quick)
+        for (int64_t D : {int64_t{64}, int64_t{256}})
+          for (bool causal : {false, true}) {
+            Case c = readme_case(DType::bf16, 4096, causal, D);
+            c.paths = {{"generic", ""}, {"template", ""}};
+            cases.push_back(std::move(c));
+          }
     }
 
     if (want("fp8")) {
