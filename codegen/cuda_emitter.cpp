@@ -711,23 +711,30 @@ void Emitter::emit_launch() {
                                                kGroupL2Bytes, outer, fmt::join(bytes, " + "));
     }
   }
+  // The flat outer and growing indices by the attention template's order (attn_tile_order.cuh:
+  // .bh the outer index, .m_tile the growing one), each decoded innermost fastest.
+  std::vector<size_t> outer, grow;
+  for (size_t k = 0; k < n; ++k) (growing.count(k) ? grow : outer).push_back(k);
+  auto group_counts = [&] {
+    auto product = [](const std::vector<size_t>& ks) {
+      std::string r = "1u";
+      for (size_t k : ks) r += fmt::format(" * (unsigned)tj_n{}", k);
+      return r;
+    };
+    line("// knob longest_first: the longest programs first, over groups of outer programs (not innermost fastest)");
+    line(fmt::format("const unsigned tj_on = {}, tj_gn = {};   // outer programs, growing ones per outer index", product(outer),
+                     product(grow)));
+    line(fmt::format("const unsigned tj_group = {};   // outer programs a group", group_size));
+  };
+  // Persistent blocks over the longest-first order (one program set a block): rounds of programs
+  // that follow the order's period, every other one backwards (attn_tile_order.cuh: attn_rounds).
+  const bool rounds = grouped && persistent_ && slots_ == 1;
   auto decode = [&] {
     std::vector<std::string> idx(n);
     if (grouped) {
-      // The flat outer and growing indices by the attention template's order (attn_tile_order.cuh:
-      // .bh the outer index, .m_tile the growing one), each decoded innermost fastest.
-      std::vector<size_t> outer, grow;
-      for (size_t k = 0; k < n; ++k) (growing.count(k) ? grow : outer).push_back(k);
-      auto product = [](const std::vector<size_t>& ks) {
-        std::string r = "1u";
-        for (size_t k : ks) r += fmt::format(" * (unsigned)tj_n{}", k);
-        return r;
-      };
-      line("// knob longest_first: the longest programs first, over groups of outer programs (not innermost fastest)");
-      line(fmt::format("const unsigned tj_on = {}, tj_gn = {};   // outer programs, growing ones per outer index", product(outer),
-                       product(grow)));
-      line(fmt::format("const tj::dev::AttnTile tj_lf = tj::dev::attn_tile_longest_first((unsigned)tj_pid, tj_gn, tj_on, {});",
-                       group_size));
+      if (!rounds) group_counts();
+      line(fmt::format("const tj::dev::AttnTile tj_lf = tj::dev::attn_tile_longest_first((unsigned){}, tj_gn, tj_on, tj_group);",
+                       rounds ? "tj::dev::attn_round_pid(tj_pid, blockIdx.x, tj_rounds, tj_total)" : "tj_pid"));
       for (const auto* ks : {&outer, &grow}) {
         const std::string flat = ks == &outer ? "(unsigned)tj_lf.bh" : "(unsigned)tj_lf.m_tile";
         std::string stride;
@@ -816,6 +823,12 @@ void Emitter::emit_launch() {
       --indent_;
       line("}");
       line("if (tj_prev >= 0) tj::dev::slot_take(tj_slot);   // that program's last ring wait is done");
+    } else if (rounds) {
+      group_counts();
+      line("const unsigned tj_rounds = tj::dev::attn_rounds(tj::dev::imin(tj_group, tj_on) * tj_gn, gridDim.x);   // blocks past it idle");
+      line("for (long long tj_pid = blockIdx.x; tj_pid < (blockIdx.x < tj_rounds ? tj_total : 0LL); tj_pid += tj_rounds) {   // this "
+           "block's programs, a round of tj_rounds apart");
+      ++indent_;
     } else if (persistent_) {
       line("for (long long tj_pid = blockIdx.x; tj_pid < tj_total; tj_pid += gridDim.x) {   // this block's programs");
       ++indent_;

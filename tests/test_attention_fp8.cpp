@@ -442,6 +442,51 @@ TEST_CASE("attention_fp8: knob attn_rescale_vote = 0 drops the warp vote that sk
   }
 }
 
+TEST_CASE("attention tile order: persistent blocks take the longest-first order in rounds that pair long programs with short") {
+  // attn_rounds: a multiple or a divisor of a group's programs, up to the blocks, keeping 3/4 busy.
+  CHECK(tj::dev::attn_rounds(128, 132) == 128);
+  CHECK(tj::dev::attn_rounds(64, 132) == 128);
+  CHECK(tj::dev::attn_rounds(256, 132) == 128);
+  CHECK(tj::dev::attn_rounds(160, 132) == 132);   // its largest divisor up to 132 is 80: all blocks instead
+  CHECK(tj::dev::attn_rounds(0, 132) == 132);
+  CHECK(tj::dev::attn_rounds(9, 4) == 3);
+  // Every program once; and on causal attention's shapes (key tiles of m_tile + 1 iterations, 16
+  // heads of 32 or 128 query tiles, groups of 4 or 1 heads), the blocks' sums of iterations within
+  // one program of each other, where a plain round-robin leaves them far apart.
+  struct Case {
+    unsigned m_tiles, bh_count, group, blocks;
+  };
+  for (const Case& c : {Case{32, 64, 4, 132}, Case{128, 16, 1, 132}, Case{8, 256, 16, 132}, Case{7, 5, 2, 4}}) {
+    INFO(fmt::format("m_tiles {} bh {} group {} blocks {}", c.m_tiles, c.bh_count, c.group, c.blocks));
+    const long long total = (long long)c.m_tiles * c.bh_count;
+    const unsigned rounds = tj::dev::attn_rounds(std::min(c.group, c.bh_count) * c.m_tiles, c.blocks);
+    std::vector<int> seen(total, 0);
+    std::vector<long long> work(rounds, 0), plain(c.blocks, 0);
+    for (unsigned b = 0; b < rounds; ++b)
+      for (long long pid = b; pid < total; pid += rounds) {
+        const long long p = tj::dev::attn_round_pid(pid, b, rounds, total);
+        REQUIRE((p >= 0 && p < total));
+        const tj::dev::AttnTile t = tj::dev::attn_tile_longest_first(unsigned(p), c.m_tiles, c.bh_count, c.group);
+        ++seen[(long long)t.bh * c.m_tiles + t.m_tile];
+        work[b] += t.m_tile + 1;
+      }
+    for (unsigned b = 0; b < c.blocks; ++b)
+      for (long long pid = b; pid < total; pid += c.blocks)
+        plain[b] += tj::dev::attn_tile_longest_first(unsigned(pid), c.m_tiles, c.bh_count, c.group).m_tile + 1;
+    CHECK(std::count(seen.begin(), seen.end(), 1) == total);
+    const auto [lo, hi] = std::minmax_element(work.begin(), work.end());
+    const auto [plo, phi] = std::minmax_element(plain.begin(), plain.end());
+    CAPTURE(*lo);
+    CAPTURE(*hi);
+    CAPTURE(*plo);
+    CAPTURE(*phi);
+    if (c.blocks == 132) {
+      CHECK(*hi - *lo <= (long long)c.m_tiles);
+      CHECK(*phi - *plo > 4 * (*hi - *lo));
+    }
+  }
+}
+
 TEST_CASE("attention tile order: every program gets one tile, causal-like tiles longest first across a group of heads") {
   struct Case {
     int m_tiles, bh_count, group;

@@ -789,8 +789,9 @@ TEST_CASE("codegen (emulated): knob longest_first runs every program once, the l
   // group short) and head by head; each must cover every (head, tile) once to match.
   const DType bf16 = DType::bf16;
   const std::vector<int64_t> s{1, 3, 70, 32};
-  // Persistent: 2, 4 and 5 blocks looping over the programs in that order (5: a last round that
-  // only some blocks take).
+  // Persistent: 2, 4 and 5 blocks looping over the programs in that order, in rounds of 2, 3 (the
+  // group's 9 programs: the fourth block idles) and 5 programs, every other round backwards (5: a
+  // last round that only some blocks take).
   for (const char* group : {"", ",\"raster_group\":2", ",\"raster_group\":1", ",\"persistent\":1,\"persistent_blocks\":2",
                             ",\"persistent\":1,\"persistent_blocks\":4", ",\"persistent\":1,\"persistent_blocks\":5"}) {
     CAPTURE(group);
@@ -800,8 +801,11 @@ TEST_CASE("codegen (emulated): knob longest_first runs every program once, the l
                     {}, false, "sm_80", "tensor cores (mma.sync)"};
     const codegen::GeneratedKernel g =
         codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
-    CHECK(g.source.find("tj::dev::attn_tile_longest_first((unsigned)tj_pid") != std::string::npos);
-    CHECK(g.persistent == (std::string(group).find("persistent") != std::string::npos));
+    const bool persistent = std::string(group).find("persistent") != std::string::npos;
+    CHECK(g.source.find(persistent ? "attn_tile_longest_first((unsigned)tj::dev::attn_round_pid(tj_pid, blockIdx.x, tj_rounds, "
+                                     "tj_total)"
+                                   : "attn_tile_longest_first((unsigned)tj_pid") != std::string::npos);
+    CHECK(g.persistent == persistent);
     run_case(c);
   }
 }

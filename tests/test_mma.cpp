@@ -299,6 +299,27 @@ TEST_CASE("mma plan: on persistent blocks a tile loaded outside the program's lo
   }
 }
 
+TEST_CASE("mma codegen: persistent blocks over the longest-first order take rounds that follow the head groups (producer and tiles alike)") {
+  for (DType t : {DType::bf16, DType::e4m3}) {
+    CAPTURE(name(t));
+    const auto g = codegen::generate_cuda(
+        attention(t, {2, 4, 512, 128}, true),
+        cfg(R"({"blocks":{"m":128,"n":128},"num_warps":8,"num_stages":2,"knobs":{"persistent":1,"longest_first":1,"overlap":2}})"),
+        Target{});
+    INFO(g.source);
+    CHECK(g.persistent);
+    // The producer's walk, the transposer warps' (e4m3: V copied K-major) and the tiles' walk.
+    const size_t walks = t == DType::e4m3 ? 3 : 2;
+    size_t n = 0;
+    for (size_t at = g.source.find("tj::dev::attn_rounds("); at != std::string::npos; at = g.source.find("tj::dev::attn_rounds(", at + 1)) ++n;
+    CHECK(n == walks);
+    CHECK(contains(g.source, "tj_pid < (blockIdx.x < tj_rounds ? tj_total : 0LL); tj_pid += tj_rounds)"));
+    const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+    INFO(r.log);
+    CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
+  }
+}
+
 TEST_CASE("mma codegen: knob simt_min_blocks shares the SM's registers among that many blocks' warpgroups (setmaxnreg)") {
   const ir::Function f = examples::readme_attention_vt().trace({T(DType::e4m3, {2, 4, 512, 128}), T(DType::e4m3, {2, 4, 512, 128}),
                                                                   T(DType::e4m3, {2, 4, 128, 512}), T(DType::bf16, {2, 4, 512, 128}),

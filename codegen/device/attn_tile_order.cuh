@@ -41,6 +41,35 @@ TJ_HD AttnTile attn_tile_longest_first(unsigned pid, unsigned m_tiles, unsigned 
   return AttnTile{(int)(first_bh + (in_group - rank * size)), (int)(m_tiles - 1u - rank)};
 }
 
+// Persistent blocks over the longest-first order: blocks 0 .. R-1 take the programs in rounds of R
+// (pid = round * R + block), every other round backwards (attn_round_pid), so that a block that
+// took a round's longest program takes the next round's shortest. That pairs long with short only
+// where the rounds follow the order's period, the programs of a group of heads (group_programs):
+// R is a multiple of it or a divisor of it, the largest such R up to the blocks launched, where
+// that keeps at least 3/4 of them busy; else all of them (unpaired).
+TJ_HD unsigned attn_rounds(unsigned group_programs, unsigned blocks) {
+  if (group_programs == 0u || blocks == 0u) return blocks;
+  unsigned r = 0u;
+  if (group_programs <= blocks) {
+    r = blocks / group_programs * group_programs;
+  } else {
+    for (unsigned d = blocks; d >= 1u; --d)
+      if (group_programs % d == 0u) {
+        r = d;
+        break;
+      }
+  }
+  return 4u * r >= 3u * blocks ? r : blocks;
+}
+// Program `pid` of block `block` in rounds of `rounds` programs (of `total`), every odd round
+// reversed (the last one, short, within itself).
+TJ_HD long long attn_round_pid(long long pid, unsigned block, unsigned rounds, long long total) {
+  const long long first = pid - (long long)block;   // this round's first program
+  if ((pid / (long long)rounds) % 2 == 0) return pid;
+  const long long n = total - first < (long long)rounds ? total - first : (long long)rounds;
+  return first + n - 1 - (long long)block;
+}
+
 // The heads per group for an L2 budget (KB, at most 4096 MB; the K and V of one kv head in KB,
 // rounded up): query heads that share a kv head (GQA) share its K and V. heads_per_kv is capped
 // at 1023, so that the product stays within 32 bits.
