@@ -734,7 +734,7 @@ void Emitter::emit_launch() {
     if (grouped) {
       if (!rounds) group_counts();
       line(fmt::format("const tj::dev::AttnTile tj_lf = tj::dev::attn_tile_longest_first((unsigned){}, tj_gn, tj_on, tj_group);",
-                       rounds ? "tj::dev::attn_round_pid(tj_pid, blockIdx.x, tj_rounds, tj_total)" : "tj_pid"));
+                       rounds ? "tj::dev::attn_round_pid((unsigned)tj_pid, blockIdx.x, tj_rounds, (unsigned)tj_total)" : "tj_pid"));
       for (const auto* ks : {&outer, &grow}) {
         const std::string flat = ks == &outer ? "(unsigned)tj_lf.bh" : "(unsigned)tj_lf.m_tile";
         std::string stride;

@@ -458,21 +458,21 @@ TEST_CASE("attention tile order: persistent blocks take the longest-first order 
   };
   for (const Case& c : {Case{32, 64, 4, 132}, Case{128, 16, 1, 132}, Case{8, 256, 16, 132}, Case{7, 5, 2, 4}}) {
     INFO(fmt::format("m_tiles {} bh {} group {} blocks {}", c.m_tiles, c.bh_count, c.group, c.blocks));
-    const long long total = (long long)c.m_tiles * c.bh_count;
+    const unsigned total = c.m_tiles * c.bh_count;
     const unsigned rounds = tj::dev::attn_rounds(std::min(c.group, c.bh_count) * c.m_tiles, c.blocks);
     std::vector<int> seen(total, 0);
     std::vector<long long> work(rounds, 0), plain(c.blocks, 0);
     for (unsigned b = 0; b < rounds; ++b)
-      for (long long pid = b; pid < total; pid += rounds) {
-        const long long p = tj::dev::attn_round_pid(pid, b, rounds, total);
-        REQUIRE((p >= 0 && p < total));
-        const tj::dev::AttnTile t = tj::dev::attn_tile_longest_first(unsigned(p), c.m_tiles, c.bh_count, c.group);
-        ++seen[(long long)t.bh * c.m_tiles + t.m_tile];
+      for (unsigned pid = b; pid < total; pid += rounds) {
+        const unsigned p = tj::dev::attn_round_pid(pid, b, rounds, total);
+        REQUIRE(p < total);
+        const tj::dev::AttnTile t = tj::dev::attn_tile_longest_first(p, c.m_tiles, c.bh_count, c.group);
+        ++seen[(size_t)t.bh * c.m_tiles + t.m_tile];
         work[b] += t.m_tile + 1;
       }
     for (unsigned b = 0; b < c.blocks; ++b)
-      for (long long pid = b; pid < total; pid += c.blocks)
-        plain[b] += tj::dev::attn_tile_longest_first(unsigned(pid), c.m_tiles, c.bh_count, c.group).m_tile + 1;
+      for (unsigned pid = b; pid < total; pid += c.blocks)
+        plain[b] += tj::dev::attn_tile_longest_first(pid, c.m_tiles, c.bh_count, c.group).m_tile + 1;
     CHECK(std::count(seen.begin(), seen.end(), 1) == total);
     const auto [lo, hi] = std::minmax_element(work.begin(), work.end());
     const auto [plo, phi] = std::minmax_element(plain.begin(), plain.end());

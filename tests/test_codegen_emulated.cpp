@@ -802,8 +802,8 @@ TEST_CASE("codegen (emulated): knob longest_first runs every program once, the l
     const codegen::GeneratedKernel g =
         codegen::generate_cuda(c.kernel().trace(c.specs), Config::from_json(c.config), codegen::Target::parse(c.arch));
     const bool persistent = std::string(group).find("persistent") != std::string::npos;
-    CHECK(g.source.find(persistent ? "attn_tile_longest_first((unsigned)tj::dev::attn_round_pid(tj_pid, blockIdx.x, tj_rounds, "
-                                     "tj_total)"
+    CHECK(g.source.find(persistent ? "attn_tile_longest_first((unsigned)tj::dev::attn_round_pid((unsigned)tj_pid, blockIdx.x, "
+                                     "tj_rounds, (unsigned)tj_total)"
                                    : "attn_tile_longest_first((unsigned)tj_pid") != std::string::npos);
     CHECK(g.persistent == persistent);
     run_case(c);

@@ -63,11 +63,11 @@ TJ_HD unsigned attn_rounds(unsigned group_programs, unsigned blocks) {
 }
 // Program `pid` of block `block` in rounds of `rounds` programs (of `total`), every odd round
 // reversed (the last one, short, within itself).
-TJ_HD long long attn_round_pid(long long pid, unsigned block, unsigned rounds, long long total) {
-  const long long first = pid - (long long)block;   // this round's first program
-  if ((pid / (long long)rounds) % 2 == 0) return pid;
-  const long long n = total - first < (long long)rounds ? total - first : (long long)rounds;
-  return first + n - 1 - (long long)block;
+TJ_HD unsigned attn_round_pid(unsigned pid, unsigned block, unsigned rounds, unsigned total) {
+  const unsigned first = pid - block;   // this round's first program
+  if ((pid / rounds) % 2u == 0u) return pid;
+  const unsigned n = total - first < rounds ? total - first : rounds;
+  return first + n - 1u - block;
 }
 
 // The heads per group for an L2 budget (KB, at most 4096 MB; the K and V of one kv head in KB,
