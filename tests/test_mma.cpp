@@ -299,6 +299,26 @@ TEST_CASE("mma plan: on persistent blocks a tile loaded outside the program's lo
   }
 }
 
+TEST_CASE("mma config: causal attention loops in persistent blocks where its longest program is short") {
+  // Longest first always; persistent where the last program (the longest) runs at most 32 key
+  // tiles: S 1k and 4k at 128 keys a tile, not 16k; never on mma.sync (no producer to overlap).
+  auto C = [](DType t, std::vector<int64_t> shape) { return contiguous_spec(t, std::move(shape)); };
+  for (int64_t s : {int64_t{1024}, int64_t{4096}, int64_t{16384}}) {
+    CAPTURE(s);
+    const std::vector<int64_t> shape = {16384 / s, 16, s, 128};
+    for (bool causal : {false, true}) {
+      CAPTURE(causal);
+      const ir::Function a = examples::readme_attention().trace(
+          {C(DType::bf16, shape), C(DType::bf16, shape), C(DType::bf16, shape), C(DType::bf16, shape), RuntimeScalar{0.125f}, causal});
+      const Config u = codegen::untuned_config(a, "sm_90a");
+      REQUIRE(u.blocks.at("n") == 128);
+      CHECK(u.knob("longest_first", 0) == (causal ? 1 : 0));
+      CHECK(u.knob("persistent", 0) == (causal && s == 16384 ? 0 : 1));
+      CHECK(codegen::untuned_config(a, "sm_80").knob("persistent", 0) == 0);
+    }
+  }
+}
+
 TEST_CASE("mma codegen: persistent blocks over the longest-first order take rounds that follow the head groups (producer and tiles alike)") {
   for (DType t : {DType::bf16, DType::e4m3}) {
     CAPTURE(name(t));
