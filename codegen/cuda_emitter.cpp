@@ -16,6 +16,7 @@
 
 #include "codegen/emitter.h"
 #include "codegen/issue_early.h"
+#include "codegen/program_trips.h"
 #include "codegen/lowering.h"
 #include "core/numerics.h"
 #include "dsl/error.h"
@@ -654,23 +655,13 @@ void Emitter::emit_launch() {
   // G > 1, the last two tile loops in groups of G tiles of the outer one (neighbouring programs
   // then share operand tiles in L2).
   // Launch loops whose index a bound of a loop inside the program depends on (causal attention's
-  // query tiles): their programs run longer the larger the index.
-  std::set<size_t> growing;
-  {
-    std::function<bool(int, int, int)> depends = [&](int v, int target, int depth) {
-      if (v == target) return true;
-      const Op* d = v >= 0 ? def_[v] : nullptr;
-      if (!d || depth > 64) return false;
-      for (int o : d->operands)
-        if (depends(o, target, depth + 1)) return true;
-      return false;
-    };
-    ir::walk(f_.body, [&](const Op& op, int) {
-      if (op.kind != OpKind::loop || op.launch) return;
-      for (size_t k = 0; k < n; ++k)
-        for (int b : op.operands)
-          if (depends(b, chain[k]->body_index, 0)) growing.insert(k);
-    });
+  // query tiles; the backward's key tiles, whose query loop starts at the key tile): `growing`,
+  // and of those the ones whose programs run shorter the larger the index (program_trips.h).
+  std::set<size_t> growing, shrinking;
+  for (size_t k = 0; k < n; ++k) {
+    const int trend = trip_trend(f_, cfg_, *chain[k]);
+    if (trend != 0) growing.insert(k);
+    if (trend < 0) shrinking.insert(k);
   }
   const bool raster = !(longest_first_ && !growing.empty()) && raster_group_ > 1 && n >= 2 &&
                       chain[n - 2]->loop_kind == ir::LoopKind::tile && chain[n - 1]->loop_kind == ir::LoopKind::tile;
@@ -742,7 +733,9 @@ void Emitter::emit_launch() {
           const size_t k = (*ks)[p];
           std::string i = stride.empty() ? flat : fmt::format("{} / ({})", flat, stride);
           if (p > 0) i = fmt::format("({}) % (unsigned)tj_n{}", i, k);
-          idx[k] = fmt::format("(long long)({})", i);
+          // The order counts growing indices down; one whose programs shrink walks up instead.
+          idx[k] = shrinking.count(k) ? fmt::format("((long long)tj_n{} - 1 - (long long)({}))", k, i)
+                                      : fmt::format("(long long)({})", i);
           stride += (stride.empty() ? "" : " * ") + fmt::format("(unsigned)tj_n{}", k);
         }
       }

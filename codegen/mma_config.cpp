@@ -11,6 +11,7 @@
 #include "codegen/layout.h"
 #include "codegen/lowering.h"
 #include "codegen/mma_plan.h"
+#include "codegen/program_trips.h"
 #include "core/error.h"
 
 namespace tj::codegen {
@@ -55,96 +56,6 @@ bool uniform_work(const ir::Function& f) {
       for (int b : op.operands) uniform = uniform && !depends(b, 0);
   });
   return uniform;
-}
-
-// Integer scalars of static value under config c: constants, static tensor dims, block sizes,
-// + - * min max of those; with `last_program`, each launch loop's index at its last program's
-// (end - 1: a tile loop's `end()`, min(start + block, end), is then the loop's end).
-class StaticScalars {
- public:
-  StaticScalars(const ir::Function& f, const Config& c, bool last_program) : f_(f), c_(c), last_(last_program) {
-    ir::walk(f.body, [&](const ir::Op& op, int) {
-      if (op.result >= 0) def_[op.result] = &op;
-      if (op.kind == ir::OpKind::loop && op.launch) launch_[op.body_index] = &op;
-    });
-  }
-
-  std::optional<int64_t> value(int v, int depth = 0) const {
-    if (depth > 16) return std::nullopt;
-    if (auto l = launch_.find(v); l != launch_.end()) {
-      if (!last_) return std::nullopt;
-      const auto e = value(l->second->operands[1], depth + 1);
-      return e ? std::optional<int64_t>(*e - 1) : std::nullopt;
-    }
-    auto it = def_.find(v);
-    if (it == def_.end()) return std::nullopt;
-    const ir::Op& d = *it->second;
-    switch (d.kind) {
-      case ir::OpKind::const_value:
-        if (is_int(f_.type(v).dtype)) return d.ival;
-        return std::nullopt;
-      case ir::OpKind::tensor_dim: {
-        const int64_t s = f_.params.at(d.param).static_shape.at(d.axis);
-        return s >= 0 ? std::optional<int64_t>(s) : std::nullopt;
-      }
-      case ir::OpKind::block_size: return c_.block(f_, d.block_id);
-      case ir::OpKind::binary: {
-        const auto a = value(d.operands[0], depth + 1), b = value(d.operands[1], depth + 1);
-        if (!a || !b) return std::nullopt;
-        switch (d.binary) {
-          case ir::BinaryFn::add: return *a + *b;
-          case ir::BinaryFn::sub: return *a - *b;
-          case ir::BinaryFn::mul: return *a * *b;
-          case ir::BinaryFn::minimum: return std::min(*a, *b);
-          case ir::BinaryFn::maximum: return std::max(*a, *b);
-          default: return std::nullopt;
-        }
-      }
-      default: return std::nullopt;
-    }
-  }
-
-  // A loop's trip count under c, where its bounds are known.
-  std::optional<int64_t> trips(const ir::Op& loop) const {
-    const auto b = value(loop.operands[0]), e = value(loop.operands[1]);
-    if (!b || !e) return std::nullopt;
-    const int64_t step = loop.loop_kind == ir::LoopKind::tile ? c_.block(f_, loop.block_id) : 1;
-    return std::max<int64_t>(0, (*e - *b + step - 1) / step);
-  }
-
- private:
-  const ir::Function& f_;
-  const Config& c_;
-  bool last_;
-  std::map<int, const ir::Op*> def_;
-  std::map<int, const ir::Op*> launch_;   // by the index value they define
-};
-
-// The launch grid's programs under config c where every launch loop's bounds are static, else nothing.
-std::optional<int64_t> static_programs(const ir::Function& f, const Config& c) {
-  const StaticScalars s(f, c, false);
-  int64_t programs = 1;
-  bool known = true;
-  ir::walk(f.body, [&](const ir::Op& op, int) {
-    if (op.kind != ir::OpKind::loop || !op.launch || !known) return;
-    const auto n = s.trips(op);
-    if (!n) known = false;
-    else programs *= *n;
-  });
-  return known ? std::optional<int64_t>(programs) : std::nullopt;
-}
-
-// The most iterations of any loop inside the last program along every launch loop (causal
-// attention's longest program: its key loop ends where the queries do), where they are static.
-std::optional<int64_t> last_program_trips(const ir::Function& f, const Config& c) {
-  const StaticScalars s(f, c, true);
-  std::optional<int64_t> most = 0;
-  ir::walk(f.body, [&](const ir::Op& op, int) {
-    if (op.kind != ir::OpKind::loop || op.launch || !most) return;
-    const auto n = s.trips(op);
-    most = n ? std::optional<int64_t>(std::max(*most, *n)) : std::nullopt;
-  });
-  return most;
 }
 
 }  // namespace
@@ -229,7 +140,7 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // Programs that all do the same work loop in persistent blocks (the next program's operands load
   // during this one's epilogue), GEMM-like tile grids in L2-friendly groups. Where a loop's bounds
   // depend on the program (causal attention), the longest programs go first; short ones (at most
-  // 32 iterations in the last program) loop in persistent blocks too, in rounds that pair long with
+  // 32 iterations in the longest program) loop in persistent blocks too, in rounds that pair long with
   // short, and longer ones leave the balance to the hardware's block scheduling (H200, README
   // attention causal, same run, persistent against not: bf16 D 128 S 1k (8 iterations) 428.6 vs
   // 371.0 TFLOP/s, S 4k (32) 591.8 vs 594.6, S 16k (128) 647.5 vs 685.1; D 64 S 4k 379.8 vs 337.9;
@@ -244,7 +155,7 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
     c.knobs[knobs::raster_group.name] = 8;
   } else {
     c.knobs[knobs::longest_first.name] = 1;
-    const std::optional<int64_t> trips = last_program_trips(f, c);
+    const std::optional<int64_t> trips = longest_program_trips(f, c);
     if (wg && trips && *trips <= 32) c.knobs[knobs::persistent.name] = 1;
   }
   // As many stages as fit the shared memory, from 4 down; mma.sync's attention-like pairs from 2,

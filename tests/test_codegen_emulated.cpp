@@ -753,6 +753,12 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
               {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), T(bf16, s80),
                RuntimeScalar{0.1f}, causal},
               R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
+    // The longest programs first: key tiles from the first (their query loops shrink along them).
+    if (causal)
+      run_case({"attention backward dK / dV, causal, longest first", &attention_bwd_dkdv,
+                {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), T(bf16, s80),
+                 RuntimeScalar{0.1f}, causal},
+                R"({"blocks":{"m":32,"n":32},"num_warps":2,"knobs":{"longest_first":1}})", {}, false, "sm_80", mma});
     run_case({fmt::format("attention backward dQ, causal={}", causal), &attention_bwd_dq,
               {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80),
                RuntimeScalar{0.1f}, causal},
