@@ -16,6 +16,7 @@
 
 #include "codegen/emitter.h"
 #include "codegen/issue_early.h"
+#include "codegen/prefetch_loads.h"
 #include "codegen/program_trips.h"
 #include "codegen/lowering.h"
 #include "core/numerics.h"
@@ -1716,8 +1717,9 @@ GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Ta
   // kernels keep the user's order.
   bool dots = false;
   ir::walk(f.body, [&](const ir::Op& op, int) { dots |= op.kind == ir::OpKind::dot; });
-  if (dots && knobs::mma.on(cfg) && knobs::issue_early.on(cfg) && t.sm() >= 80) {
-    const ir::Function scheduled = issue_early(f);
+  if (dots && knobs::mma.on(cfg) && t.sm() >= 80 && (knobs::issue_early.on(cfg) || knobs::prefetch_loads.on(cfg))) {
+    const ir::Function ahead = knobs::prefetch_loads.on(cfg) ? prefetch_loads(f) : ir::clone(f);
+    const ir::Function scheduled = knobs::issue_early.on(cfg) ? issue_early(ahead) : ir::clone(ahead);
     return Emitter(scheduled, cfg, t, start_early).run();
   }
   return Emitter(f, cfg, t, start_early).run();

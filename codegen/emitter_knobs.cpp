@@ -63,6 +63,11 @@ const KnobSpec issue_early{
     "1 (with the tensor cores): in each inner loop's body, the loads of input tensors that the threads read and the dots whose "
     "operands come from loads alone are issued first, so that their latency overlaps the rest of the body "
     "(codegen/issue_early.h); 0: the order of the user's code"};
+const KnobSpec prefetch_loads{
+    "prefetch_loads", 1, "1",
+    "1 (with the tensor cores): a vector that a loop inside the program loads from an input tensor at its own tile, for the "
+    "threads (an attention backward's LSE and delta), is loaded for the next tile while this one runs, into a loop-carried "
+    "variable (codegen/prefetch_loads.h); 0: loaded where the user's code loads it"};
 const KnobSpec pin_waits{
     "pin_waits", 0, "0",
     "1 (wgmma): the tiles computed between two wgmma waits are pinned above the second (a shared-memory store of a word that "
@@ -77,7 +82,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &key_parity, &prefetch_program, &copy_stages, &issue_early, &pin_waits, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &key_parity, &prefetch_program, &copy_stages, &issue_early, &prefetch_loads, &pin_waits, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

@@ -21,6 +21,7 @@ extern const KnobSpec fp8_key_order;     // fp8 P.V: V's transposed copy in P's 
 extern const KnobSpec prefetch_program;  // persistent: program-level loads in two slots, the next program's ahead
 extern const KnobSpec key_parity;        // fp8 P.V: K's rows (S's columns) by parity, P's fragments shuffle-free
 extern const KnobSpec issue_early;       // loop bodies' input loads and leaf dots first (codegen/issue_early.h)
+extern const KnobSpec prefetch_loads;    // small input loads one iteration ahead (codegen/prefetch_loads.h)
 extern const KnobSpec pin_waits;         // work before a wgmma wait kept above it in the SASS
 extern const KnobSpec fast_math;
 extern const KnobSpec simt_vec;

@@ -11,6 +11,7 @@
 #include "codegen/layout.h"
 #include "codegen/lowering.h"
 #include "codegen/mma_plan.h"
+#include "codegen/prefetch_loads.h"
 #include "codegen/program_trips.h"
 #include "core/error.h"
 
@@ -150,6 +151,10 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // rescale after the wait for it (knob overlap 2; H100, README attention D 128, same run: S 1k-16k
   // +1-10% over overlap 1, which was +8-13% over none on an H200; turns on top of it lose 1-4%).
   if (wg && !gemm_like && dots.size() >= 2) c.knobs[knobs::overlap.name] = 2;
+  // Loads carried one iteration ahead (knob prefetch_loads) hold their registers across the
+  // iteration: not where the accumulators already take more than the cap (the fused attention
+  // backward's five dots: 176 a thread on sm_90a, whose spills doubled with them).
+  if (regs > 160) c.knobs[knobs::prefetch_loads.name] = 0;
   if (uniform_work(f)) {
     if (wg) c.knobs[knobs::persistent.name] = 1;
     c.knobs[knobs::raster_group.name] = 8;
@@ -239,6 +244,9 @@ const bool registered = [] {
     bool moves = false;
     issue_early(f, &moves);
     if (moves) out.push_back({knobs::issue_early.name, {0, 1}, knobs::issue_early.fallback});
+    bool carried = false;
+    prefetch_loads(f, &carried);
+    if (carried) out.push_back({knobs::prefetch_loads.name, {0, 1}, knobs::prefetch_loads.fallback});
     if (std::any_of(p.staged.begin(), p.staged.end(), [](const StagedLoad& s) { return s.transposed_copy; }))
       out.push_back({knobs::fp8_key_order.name, {0, 1}, knobs::fp8_key_order.fallback});
     return out;

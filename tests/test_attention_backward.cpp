@@ -122,8 +122,8 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
       INFO(r.log);
       // The fused kernel holds dK, dV and dQ^T's accumulators at once: a few words spill (causal,
       // whose query tiles are all whole since the emitter's divisor analysis: 48 bytes on sm_90a,
-      // 96 on sm_80).
-      CHECK(tj_test::ptxas_info(r.log).spill_stores <= (fused ? (wg ? 64 : 96) : 0));
+      // 96-116 on sm_80, whose key tiles walk from the first, the longest, since program_trips).
+      CHECK(tj_test::ptxas_info(r.log).spill_stores <= (fused ? (wg ? 64 : 128) : 0));
       CHECK(r.log.find("serialized") == std::string::npos);   // ptxas kept the wgmmas asynchronous (no C751x)
     }
   }
