@@ -146,14 +146,10 @@ class Planner {
           const MmaDot* md = mma_.dot_of(&op);
           if (md->a.source == MmaOperand::Source::registers || md->b.source == MmaOperand::Source::registers)
             want(&op);   // its register operands' buffers are rewritten: its last group must be done
-          // Its A fragments are converted by the threads right before it is issued. Where they
-          // come through a mask (a `where`: the emitter splits the tile's work between whole and
-          // cut tiles), ptxas serialized every wgmma of the kernel (C7513: "non wgmma instructions
-          // defining input registers of a wgmma between start and end of the pipeline stage", the
-          // causal attention backward's dK / dV kernel) when other groups were in flight: those
-          // complete first. Straight-line fragments leave them in flight (dV's dot runs on while
-          // the threads make dK's operand).
-          if (md->a.source == MmaOperand::Source::fragment && mma_.wgmma() && behind_mask(md->a.value))
+          // Its A fragments are converted by the threads right before it is issued: a wgmma whose
+          // register inputs the threads define while other groups are in flight makes ptxas
+          // serialize every wgmma of the kernel (C7513), so those groups complete first.
+          if (md->a.source == MmaOperand::Source::fragment && mma_.wgmma())
             for (const Group& g : s.pending) want(g.dot);
           auto ip = out_.in_place.find(&op);
           if (ip != out_.in_place.end() && op.ival == 1) {
@@ -166,21 +162,6 @@ class Planner {
       default: break;
     }
     return need;
-  }
-
-  // Whether value v is computed from a `where` (through any chain of ops).
-  bool behind_mask(int v) const {
-    std::set<int> seen;
-    std::function<bool(int)> walk = [&](int x) {
-      if (x < 0 || x >= static_cast<int>(def_.size()) || !seen.insert(x).second || seen.size() > 4096) return false;
-      const Op* d = def_[x];
-      if (!d) return false;
-      if (d->kind == OpKind::where) return true;
-      for (int o : d->operands)
-        if (walk(o)) return true;
-      return false;
-    };
-    return walk(v);
   }
 
   void clear_records(const ir::Region& r) {

@@ -10,10 +10,9 @@
 // come:
 //   - before an op that reads a pending result (the softmax of S; the epilogue of a GEMM; an
 //     operand written into a shared-memory buffer), for exactly the groups it needs;
-//   - before a dot with wgmma's register A operand made through a mask (a `where`), for every
-//     pending group: its fragments are made by the threads where it stands, and ptxas serialized
-//     all of a kernel's wgmmas (C7513) when such register inputs were defined while other groups
-//     were in flight (the causal attention backward); straight-line fragments leave them in flight;
+//   - before a dot with wgmma's register A operand, for every pending group: its fragments are
+//     made by the threads where it stands, and ptxas serializes all of a kernel's wgmmas (C7513)
+//     when one's register inputs are defined while other groups are in flight;
 //   - at the end of a loop body, for the previous iteration's groups (one iteration's dots stay
 //     in flight while the next iteration's are issued);
 //   - at the exit of a loop whose dots read staged slots, and before a loop when anything is

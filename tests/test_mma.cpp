@@ -15,11 +15,9 @@
 
 #include "codegen/async_plan.h"
 #include "codegen/cuda_emitter.h"
-#include "codegen/issue_early.h"
 #include "codegen/layout.h"
 #include "codegen/lowering.h"
 #include "codegen/mma_plan.h"
-#include "kernels/attention_backward.h"
 #include "dsl/config.h"
 #include "examples/kernels/user_kernels.h"
 #include "kernels/library.h"
@@ -456,42 +454,6 @@ TEST_CASE("async plan: a K loop's dot accumulates in place and keeps one iterati
   CHECK(a.after.at(loop).pending == 0);           // the loop's exit waits for everything
   CHECK(a.after.at(loop).releases.size() == 2);
   CHECK(a.before.empty());                        // nothing waits inside the loop
-}
-
-TEST_CASE("async plan: a dot with register A waits for the groups in flight only where its fragments come through a mask") {
-  // The attention backward's dK / dV kernel: dV += P^T.dO, then dK += dS^T.Q, both with register
-  // A. Non-causal, dK's dot issues with dV's still in flight (and both stay in flight into the
-  // next iteration); causal, P^T and dS^T come through the mask (whole and cut tiles take
-  // different code), where ptxas serialized every wgmma (C7513): the groups complete first.
-  const std::vector<int64_t> shape = {2, 4, 1024, 128};
-  const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {2, 4, 1024}};
-  for (bool causal : {false, true}) {
-    CAPTURE(causal);
-    const ir::Function traced =
-        kernels::attention_bwd_dkdv().trace({t16, t16, t16, t16, t32, t32, t16, t16, RuntimeScalar{0.1f}, causal});
-    const ir::Function f = codegen::issue_early(traced);   // the order the emitter plans (S^T and dP^T first)
-    const Config c = cfg(R"({"blocks":{"m":32,"n":128},"num_warps":8,"num_stages":4})");
-    MmaPlan p = codegen::plan_mma(f, c, Target{});
-    const codegen::LayoutPlan layouts = codegen::assign_layouts(f, c, Target{}, &p);
-    codegen::finish_mma_plan(p, [&](int v) { return layouts.of(v).is_mma(); });
-    const codegen::AsyncPlan a = codegen::plan_async(f, p);
-    std::vector<const ir::Op*> rs;   // the dots with register A, in order
-    for (const codegen::MmaDot& d : p.dots)
-      if (d.a.source == codegen::MmaOperand::Source::fragment) rs.push_back(d.op);
-    REQUIRE(rs.size() == 2);
-    // Before dK's dot: a wait for everything pending (causal) or none at all.
-    const auto w = a.before.find(rs[1]);
-    if (causal) {
-      REQUIRE(w != a.before.end());
-      CHECK(w->second.pending == 0);
-    } else {
-      CHECK((w == a.before.end() || w->second.pending < 0));
-    }
-    const auto g = codegen::generate_cuda(traced, c, Target{});
-    const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
-    INFO(r.log);
-    CHECK_FALSE(contains(r.log, "serialized"));
-  }
 }
 
 TEST_CASE("mma codegen: knob overlap 2 prepares the late dot's accumulator at the iteration's end, and ptxas injects no wgmma wait") {
