@@ -4,6 +4,7 @@
 // and a launch list (kernels/attention_backward.h) run on the CPU reference executor.
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "kernels/attention_backward.h"
@@ -88,6 +89,35 @@ inline void run_launches(const std::vector<tj::kernels::BackwardLaunch>& launche
     const tj::ir::Function f = l.kernel->trace(specs);
     tj::run_reference(f, tj::default_config(f), vals);
   }
+}
+
+// The dK / dV kernel (attention_bwd_dkdv) and its rewrites on the CPU reference executor, on the
+// same random inputs of `shape` [B, H, S, D] (LSEs raised by 6: P below 1): dk then dv of each
+// function given, as doubles (poisoned before each run).
+inline std::vector<std::vector<double>> dkdv_on_reference(const std::vector<const tj::ir::Function*>& fns, const tj::Config& cfg,
+                                                          const std::vector<int64_t>& shape, std::mt19937& rng) {
+  const std::vector<int64_t> rows = {shape[0], shape[1], shape[2]};
+  auto random = [&](tj::DType t, std::vector<int64_t> s) {
+    HostTensor h(t, std::move(s));
+    std::normal_distribution<double> n(0, 1);
+    for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
+    return h;
+  };
+  HostTensor q = random(tj::DType::bf16, shape), k = random(tj::DType::bf16, shape), v = random(tj::DType::bf16, shape),
+             dout = random(tj::DType::bf16, shape), lse = random(tj::DType::f32, rows), delta = random(tj::DType::f32, rows);
+  for (int64_t i = 0; i < lse.numel(); ++i) lse.set(i, lse.at(i) + 6.0);
+  std::vector<std::vector<double>> got;
+  for (const tj::ir::Function* fn : fns) {
+    HostTensor dk(tj::DType::bf16, shape), dv(tj::DType::bf16, shape);
+    dk.fill_bytes(0xFF);
+    dv.fill_bytes(0xFF);
+    tj::run_reference(*fn, cfg, {q.view(), k.view(), v.view(), dout.view(), lse.view(), delta.view(), dk.view(), dv.view(), 0.2f});
+    std::vector<double> out;
+    for (int64_t i = 0; i < dk.numel(); ++i) out.push_back(dk.at(i));
+    for (int64_t i = 0; i < dv.numel(); ++i) out.push_back(dv.at(i));
+    got.push_back(std::move(out));
+  }
+  return got;
 }
 
 }  // namespace tj_test

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention_backward.h"
+#include "backward_testing.h"
 #include "codegen/issue_early.h"
 #include "dsl/kernel.h"
 #include "examples/kernels/user_kernels.h"
@@ -127,33 +128,11 @@ TEST_CASE("issue_early: a dot into a variable does not move above an earlier rea
 
 TEST_CASE("issue_early: the reordered backward computes the same gradients, bit for bit, on the CPU reference executor") {
   std::mt19937 rng(11);
-  const std::vector<int64_t> shape = {1, 2, 80, 32};
-  const std::vector<int64_t> rows = {1, 2, 80};
-  auto random = [&](DType t, std::vector<int64_t> s) {
-    HostTensor h(t, std::move(s));
-    std::normal_distribution<double> n(0, 1);
-    for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
-    return h;
-  };
   for (bool causal : {false, true}) {
     CAPTURE(causal);
-    HostTensor q = random(DType::bf16, shape), k = random(DType::bf16, shape), v = random(DType::bf16, shape),
-               dout = random(DType::bf16, shape), lse = random(DType::f32, rows), delta = random(DType::f32, rows);
-    for (int64_t i = 0; i < lse.numel(); ++i) lse.set(i, lse.at(i) + 6.0);   // P below 1
-    const ir::Function f = dkdv(causal, shape);
-    const Config cfg = Config::from_json(R"({"blocks":{"m":16,"n":32}})");
-    const ir::Function g = codegen::issue_early(f);
-    std::vector<std::vector<double>> got;
-    for (const ir::Function* fn : {&f, &g}) {
-      HostTensor dk(DType::bf16, shape), dv(DType::bf16, shape);
-      dk.fill_bytes(0xFF);
-      dv.fill_bytes(0xFF);
-      run_reference(*fn, cfg, {q.view(), k.view(), v.view(), dout.view(), lse.view(), delta.view(), dk.view(), dv.view(), 0.2f});
-      std::vector<double> out;
-      for (int64_t i = 0; i < dk.numel(); ++i) out.push_back(dk.at(i));
-      for (int64_t i = 0; i < dv.numel(); ++i) out.push_back(dv.at(i));
-      got.push_back(std::move(out));
-    }
+    const std::vector<int64_t> shape = {1, 2, 80, 32};
+    const ir::Function f = dkdv(causal, shape), g = codegen::issue_early(f);
+    const auto got = tj_test::dkdv_on_reference({&f, &g}, Config::from_json(R"({"blocks":{"m":16,"n":32}})"), shape, rng);
     CHECK(std::none_of(got[0].begin(), got[0].end(), [](double x) { return std::isnan(x); }));
     CHECK(got[0] == got[1]);
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_testing.h"
 #include "codegen/cuda_emitter.h"
 #include "codegen/prefetch_loads.h"
 #include "dsl/kernel.h"
@@ -77,33 +78,12 @@ TEST_CASE("prefetch_loads: kernels without such loads are unchanged (README atte
 
 TEST_CASE("prefetch_loads: the carried backward computes the same gradients, bit for bit, on the CPU reference executor (ragged tail)") {
   std::mt19937 rng(13);
-  const std::vector<int64_t> shape = {1, 2, 80, 32};   // query tiles of 32: 0, 32, 64 (16 rows); the load ahead at 96 is past the end
-  const std::vector<int64_t> rows = {1, 2, 80};
-  auto random = [&](DType t, std::vector<int64_t> s) {
-    HostTensor h(t, std::move(s));
-    std::normal_distribution<double> n(0, 1);
-    for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
-    return h;
-  };
   for (bool causal : {false, true}) {
     CAPTURE(causal);
-    HostTensor q = random(DType::bf16, shape), k = random(DType::bf16, shape), v = random(DType::bf16, shape),
-               dout = random(DType::bf16, shape), lse = random(DType::f32, rows), delta = random(DType::f32, rows);
-    for (int64_t i = 0; i < lse.numel(); ++i) lse.set(i, lse.at(i) + 6.0);   // P below 1
-    const ir::Function f = dkdv(causal, shape);
-    const Config cfg = Config::from_json(R"({"blocks":{"m":32,"n":16}})");
-    const ir::Function g = codegen::prefetch_loads(f);
-    std::vector<std::vector<double>> got;
-    for (const ir::Function* fn : {&f, &g}) {
-      HostTensor dk(DType::bf16, shape), dv(DType::bf16, shape);
-      dk.fill_bytes(0xFF);
-      dv.fill_bytes(0xFF);
-      run_reference(*fn, cfg, {q.view(), k.view(), v.view(), dout.view(), lse.view(), delta.view(), dk.view(), dv.view(), 0.2f});
-      std::vector<double> out;
-      for (int64_t i = 0; i < dk.numel(); ++i) out.push_back(dk.at(i));
-      for (int64_t i = 0; i < dv.numel(); ++i) out.push_back(dv.at(i));
-      got.push_back(std::move(out));
-    }
+    // Query tiles of 32: 0, 32, 64 (16 rows); the load ahead at 96 is past the end.
+    const std::vector<int64_t> shape = {1, 2, 80, 32};
+    const ir::Function f = dkdv(causal, shape), g = codegen::prefetch_loads(f);
+    const auto got = tj_test::dkdv_on_reference({&f, &g}, Config::from_json(R"({"blocks":{"m":32,"n":16}})"), shape, rng);
     CHECK(std::none_of(got[0].begin(), got[0].end(), [](double x) { return std::isnan(x); }));
     CHECK(got[0] == got[1]);
   }
