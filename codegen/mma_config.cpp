@@ -36,25 +36,10 @@ void set_block(const ir::Function& f, Config& c, const Dim& d, int64_t size, std
 
 // Whether every program runs the same loop trip counts: no bound of a loop inside the program
 // depends on a launch loop's index.
-bool uniform_work(const ir::Function& f) {
-  std::map<int, const ir::Op*> def;
-  std::set<int> launch_indices;
-  ir::walk(f.body, [&](const ir::Op& op, int) {
-    if (op.result >= 0) def[op.result] = &op;
-    if (op.kind == ir::OpKind::loop && op.launch) launch_indices.insert(op.body_index);
-  });
-  std::function<bool(int, int)> depends = [&](int v, int depth) {
-    if (launch_indices.count(v)) return true;
-    auto it = def.find(v);
-    if (it == def.end() || depth > 64) return false;
-    for (int o : it->second->operands)
-      if (depends(o, depth + 1)) return true;
-    return false;
-  };
+bool uniform_work(const ir::Function& f, const Config& c) {
   bool uniform = true;
   ir::walk(f.body, [&](const ir::Op& op, int) {
-    if (op.kind == ir::OpKind::loop && !op.launch)
-      for (int b : op.operands) uniform = uniform && !depends(b, 0);
+    if (op.kind == ir::OpKind::loop && op.launch) uniform = uniform && trip_trend(f, c, op) == 0;
   });
   return uniform;
 }
@@ -155,7 +140,7 @@ std::optional<Config> mma_default_config(const ir::Function& f, const Target& t)
   // iteration: not where the accumulators already take more than the cap (the fused attention
   // backward's five dots: 176 a thread on sm_90a, whose spills doubled with them).
   if (regs > 160) c.knobs[knobs::prefetch_loads.name] = 0;
-  if (uniform_work(f)) {
+  if (uniform_work(f, c)) {
     if (wg) c.knobs[knobs::persistent.name] = 1;
     c.knobs[knobs::raster_group.name] = 8;
   } else {
