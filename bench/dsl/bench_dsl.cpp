@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
     else if (a == "--also") {
       const std::string v = next();
       const size_t eq = v.find('=');
-      if (eq == std::string::npos) {
-        std::fprintf(stderr, "--also takes LABEL=JSON (knobs over the untuned config), got '%s'\n", v.c_str());
+      if (eq == std::string::npos || v.compare(eq + 1, 1, "{") != 0) {
+        std::fprintf(stderr, "--also takes LABEL=JSON, the JSON an object merged over the untuned config (e.g. "
+                             "'m64={\"blocks\":{\"m\":64}}'), got '%s'\n", v.c_str());
         return 2;
       }
       also.push_back({"generic " + v.substr(0, eq), "+" + v.substr(eq + 1)});
