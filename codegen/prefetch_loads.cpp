@@ -32,20 +32,45 @@ class Prefetcher {
  private:
   // Carries the qualifying loads of the loop at r.ops[p]; returns how many ops went before it.
   size_t loop(ir::Region& r, size_t p) {
-    ir::Region& body = *r.ops[p].body;
     std::vector<size_t> picks;
-    for (size_t i = 0; i < body.ops.size(); ++i)
-      if (qualifies(r.ops[p], body, body.ops[i])) picks.push_back(i);
-    size_t before = 0;
+    for (size_t i = 0; i < r.ops[p].body->ops.size(); ++i)
+      if (qualifies(r.ops[p], *r.ops[p].body, r.ops[p].body->ops[i])) picks.push_back(i);
+    if (picks.empty()) return 0;
+    std::vector<Op> head;   // ops that go before the loop
+    const ir::SourceLoc loc = r.ops[p].loc;
+    const int outer = r.id, inner = r.ops[p].body->id, index = r.ops[p].body_index;
+    const TileType i64 = f_.type(index);
+    // The last tile's start, b + ((e - b - 1) floordiv block) * block: the next tile's index is
+    // clamped to it, so that the last iteration's load ahead (never read) stays inside the loop's
+    // range, where the emitter's range analysis can leave its bounds checks out.
+    auto scalar = [&](std::vector<Op>& into, int region, OpKind kind, std::vector<int> operands, auto&& set) {
+      Op op = make(kind, loc, std::move(operands));
+      set(op);
+      op.result = value(i64, region);
+      const int v = op.result;
+      into.push_back(std::move(op));
+      return v;
+    };
+    auto bin = [&](std::vector<Op>& into, int region, ir::BinaryFn fn, int x, int y) {
+      return scalar(into, region, OpKind::binary, {x, y}, [&](Op& op) { op.binary = fn; });
+    };
+    const int block_id = r.ops[p].block_id, b = r.ops[p].operands[0], e = r.ops[p].operands[1];
+    const int one = scalar(head, outer, OpKind::const_value, {}, [](Op& op) { op.ival = 1; });
+    const int size = scalar(head, outer, OpKind::block_size, {}, [&](Op& op) { op.block_id = block_id; });
+    const int span = bin(head, outer, ir::BinaryFn::sub, bin(head, outer, ir::BinaryFn::sub, e, b), one);
+    const int last = bin(head, outer, ir::BinaryFn::add, b,
+                         bin(head, outer, ir::BinaryFn::mul, bin(head, outer, ir::BinaryFn::floordiv, span, size), size));
+    std::vector<Op> tail;   // the body's new last ops
+    const int step = scalar(tail, inner, OpKind::block_size, {}, [&](Op& op) { op.block_id = block_id; });
+    const int next_index = bin(tail, inner, ir::BinaryFn::minimum, bin(tail, inner, ir::BinaryFn::add, index, step), last);
     for (size_t n = picks.size(); n-- > 0;) {   // from the back: earlier positions stay valid
-      Op& l = r.ops[p + before];
+      auto& ops = r.ops[p].body->ops;
       const size_t at = picks[n];
-      Op load = std::move(l.body->ops[at]);
-      l.body->ops.erase(l.body->ops.begin() + static_cast<long>(at));
+      Op load = std::move(ops[at]);
+      ops.erase(ops.begin() + static_cast<long>(at));
       const TileType type = f_.type(load.result);
-      const int outer = r.id, inner = l.body->id, index = l.body_index;
       // Before the loop: the first tile's load, the variable.
-      Op first = with_index(load, index, l.operands[0]);
+      Op first = with_index(load, index, b);
       first.result = value(type, outer);
       Op decl = make(OpKind::var_decl, load.loc, {first.result});
       decl.result = value(type, outer, true);
@@ -53,25 +78,18 @@ class Prefetcher {
       // In the body: this tile's value where the load was; the next tile's load, written last.
       Op read = make(OpKind::var_read, load.loc, {var});
       read.result = load.result;   // every use reads it as before
-      Op step = make(OpKind::block_size, load.loc, {});
-      step.block_id = l.block_id;
-      step.result = value(f_.type(index), inner);
-      Op next_index = make(OpKind::binary, load.loc, {index, step.result});
-      next_index.binary = ir::BinaryFn::add;
-      next_index.result = value(f_.type(index), inner);
-      Op next = with_index(load, index, next_index.result);
+      Op next = with_index(load, index, next_index);
       next.result = value(type, inner);
       Op write = make(OpKind::var_write, load.loc, {var, next.result});
-      auto& ops = l.body->ops;
       ops.insert(ops.begin() + static_cast<long>(at), std::move(read));
-      ops.push_back(std::move(step));
-      ops.push_back(std::move(next_index));
-      ops.push_back(std::move(next));
-      ops.push_back(std::move(write));
-      r.ops.insert(r.ops.begin() + static_cast<long>(p + before), std::move(decl));
-      r.ops.insert(r.ops.begin() + static_cast<long>(p + before), std::move(first));
-      before += 2;
+      tail.push_back(std::move(next));
+      tail.push_back(std::move(write));
+      head.push_back(std::move(first));
+      head.push_back(std::move(decl));
     }
+    for (Op& op : tail) r.ops[p].body->ops.push_back(std::move(op));
+    const size_t before = head.size();
+    r.ops.insert(r.ops.begin() + static_cast<long>(p), std::make_move_iterator(head.begin()), std::make_move_iterator(head.end()));
     return before;
   }
 

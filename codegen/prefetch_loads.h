@@ -5,12 +5,15 @@
 //
 //   var pre = load(x, begin)                 before the loop
 //   for i:  cur = pre                        where the load was
-//           pre = load(x, i + block)         (issue_early puts it at the body's start)
+//           pre = load(x, min(i + block, last))   (issue_early puts it at the body's start)
 //
 // so that its global-memory latency hides behind a whole iteration instead of the body's first
-// dots. The last iteration's extra load reads inside the tensor or is masked at its end like any
-// tile load. Only rank-0/1 tiles (a register or two a thread), indexed by the loop's own tile and
-// loop-invariant values, that something other than a dot reads.
+// dots. `last` is the last tile's start (begin + ((end - begin - 1) floordiv block) * block): the
+// last iteration's extra load, never read, reloads the last tile instead of running past the
+// loop, so that where the emitter's range analysis proves the loop's tiles whole the loads ahead
+// need no bounds checks either (elsewhere they are masked like any tile load). Only rank-0/1
+// tiles (a register or two a thread), indexed by the loop's own tile and loop-invariant values,
+// that something other than a dot reads.
 #include "dsl/ir.h"
 
 namespace tj::codegen {

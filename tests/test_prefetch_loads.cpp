@@ -97,4 +97,7 @@ TEST_CASE("prefetch_loads: the generated dK / dV kernel loads the next tile's ro
   INFO(on.source);
   CHECK(on.source.find(" + 32LL;") != std::string::npos);
   CHECK(off.source.find(" + 32LL;") == std::string::npos);
+  // The index ahead is clamped to the last tile's start: every tile of the loop is whole here, and
+  // so are the loads ahead (no bounds checks: the loads' template argument CC false).
+  CHECK(on.source.find("tj::dev::load<tj::dev::f32, M1x32, false, true>") == std::string::npos);
 }
