@@ -106,18 +106,11 @@ class Prefetcher {
       if (v == loop.body_index) {
         if (ix.kind != ir::Index::Kind::block || ix.block_id != loop.block_id) return false;
         at_tile = true;
-      } else if (f_.values.at(v).defining_region == body.id || defined_inside(body, v)) {
+      } else if (f_.values.at(v).defining_region == body.id) {   // (a nested region's values are out of its scope)
         return false;
       }
     }
     return at_tile && !only_dots(body, op.result);
-  }
-
-  // Whether value v is defined by an op in a region nested inside `body`.
-  static bool defined_inside(const ir::Region& body, int v) {
-    bool found = false;
-    ir::walk(body, [&](const Op& op, int) { found |= op.result == v || op.body_index == v; });
-    return found;
   }
 
   // Whether every use of v in `body` (nested regions included) is a dot's a or b operand.

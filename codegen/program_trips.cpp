@@ -4,12 +4,14 @@
 #include <functional>
 #include <map>
 
+#include "dsl/static_extents.h"
+
 namespace tj::codegen {
 
 namespace {
 
 // Integer scalars of static value under config c: constants, static tensor dims, block sizes, and
-// + - * min max of those; launch loop indices at the values `at` gives (begin or end - 1 of their
+// integer arithmetic on those (ir::fold_binary); launch loop indices at the values `at` gives (begin or end - 1 of their
 // loop: a tile loop's `end()`, min(start + block, end), is then its start + block or the loop's end).
 class StaticScalars {
  public:
@@ -47,14 +49,7 @@ class StaticScalars {
       case ir::OpKind::binary: {
         const auto a = value(d.operands[0], depth + 1), b = value(d.operands[1], depth + 1);
         if (!a || !b) return std::nullopt;
-        switch (d.binary) {
-          case ir::BinaryFn::add: return *a + *b;
-          case ir::BinaryFn::sub: return *a - *b;
-          case ir::BinaryFn::mul: return *a * *b;
-          case ir::BinaryFn::minimum: return std::min(*a, *b);
-          case ir::BinaryFn::maximum: return std::max(*a, *b);
-          default: return std::nullopt;
-        }
+        return ir::fold_binary(d.binary, *a, *b);
       }
       default: return std::nullopt;
     }

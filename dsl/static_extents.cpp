@@ -6,10 +6,6 @@
 
 namespace tj::ir {
 
-namespace {
-
-// Integer value of scalar ops whose operands are known (constants folded by tracing, dims of
-// static tensors, arithmetic on those).
 std::optional<int64_t> fold_binary(BinaryFn fn, int64_t a, int64_t b) {
   switch (fn) {
     case BinaryFn::add: return a + b;
@@ -33,8 +29,6 @@ std::optional<int64_t> fold_binary(BinaryFn fn, int64_t a, int64_t b) {
     default: return std::nullopt;
   }
 }
-
-}  // namespace
 
 std::vector<int64_t> constant_block_extents(const Function& f) {
   std::vector<int64_t> extents(f.blocks.size(), -1);
