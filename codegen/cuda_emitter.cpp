@@ -896,6 +896,28 @@ std::pair<std::string, std::string> Emitter::scalar_index_terms(const Op& op,
           oks.empty() ? "true" : fmt::format("{}", fmt::join(oks, " && "))};
 }
 
+bool Emitter::staging_fits(int64_t stage) const {
+  // Only where the block still fits, and (knob value 1) as many blocks per SM fit as without it,
+  // on the target's SMs and on Hopper's, the largest that run sm_80 / sm_89 code (mma.sync's
+  // attention runs two blocks per SM there). (Knob wg_programs: each slot has its own scratch and
+  // staging.)
+  auto block_bytes = [&](int64_t stage) {
+    const int64_t per_slot = (smem_ + 15) / 16 * 16 + std::max(stage_bytes_, stage);
+    return 1024 + mma_.smem_bytes + slots_ * per_slot;
+  };
+  const int64_t without = block_bytes(0), with = block_bytes(stage);
+  const int64_t block_threads = tile_threads() + (mma_.producer_warp ? 128 : 0);
+  // (A block with a producer warpgroup takes every register of its SM: setmaxnreg shares them out.)
+  auto blocks = [&](int64_t per_sm, int64_t bytes) {
+    return std::min({per_sm / (bytes + 1024), target_.max_threads_per_sm() / std::max<int64_t>(1, block_threads),
+                     mma_.producer_warp ? int64_t{1} : kMax});
+  };
+  const int64_t hopper_sm = codegen::Target::parse("sm_90a").smem_per_sm();
+  return with <= target_.max_smem_per_block() &&
+         (knobs::stage_stores.of(cfg_) == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
+                                                blocks(hopper_sm, with) == blocks(hopper_sm, without)));
+}
+
 void Emitter::emit_memory(const Op& op) {
   const ir::Param& p = f_.params.at(op.param);
   const std::string& T = names_param_.at(op.param);
@@ -968,6 +990,29 @@ void Emitter::emit_memory(const Op& op) {
                      alias(L), checks[0], checks[1], T, offset, ok, spans[0], spans[1], value, m),
          &op.loc);
   } else if (add) {
+    // An f32 accumulator tile whose rows or columns are the unit-stride dim (compiled in) is added
+    // in 16-byte vector reductions through shared memory on sm_90 on (knob stage_stores, as the
+    // stores), each warp staging its own part in a region past the scratch.
+    const int64_t mode = knobs::stage_stores.of(cfg_);
+    const bool two_dims = L.is_mma() && !L.columns_by_parity() && tile_dims.size() == 2 && L.extent_r > 1 && L.extent_c > 1;
+    auto unit_axis = [&](int axis) {   // the tile dim on layout axis `axis` has a compiled-in stride 1
+      for (size_t t = 0; t < tile_dims.size(); ++t)
+        if (L.axis_of_dim(static_cast<int>(swapped ? 1 - t : t)) == axis && p.static_stride(tile_dims[t].tensor_dim) == 1) return true;
+      return false;
+    };
+    const int64_t warps_r = two_dims ? L.arr.warps_r : 1, warps_c = two_dims ? L.arr.warps_c : 1;
+    const bool rows_unit = two_dims && unit_axis(0), cols_unit = two_dims && !rows_unit && unit_axis(1);
+    const int64_t line_len = rows_unit ? L.extent_r / warps_r : L.extent_c / warps_c;
+    const int64_t stage = rows_unit ? L.extent_c * (L.extent_r + warps_r * 4) * 4 : L.extent_r * (L.extent_c + warps_c * 4) * 4;
+    if (mode != 0 && mode != 3 && p.dtype == DType::f32 && target_.sm() >= 90 && (rows_unit || cols_unit) && line_len % 4 == 0 &&
+        staging_fits(stage)) {
+      stage_bytes_ = std::max(stage_bytes_, stage);
+      line(fmt::format("tj::dev::store_add_staged<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {}, tj_smem + tj_stage_at);   // atomic, "
+                       "16-byte vector reductions through shared memory",
+                       alias(L), checks[0], checks[1], rows_unit, T, offset, ok, spans[0], spans[1], value),
+           &op.loc);
+      return;
+    }
     line(fmt::format("tj::dev::store_add<{}, {}, {}, {}>({}.data, {}, {}, {}, {}, {});   // atomic, element by element", E,
                      alias(L), checks[0], checks[1], T, offset, ok, spans[0], spans[1], value),
          &op.loc);
@@ -978,33 +1023,11 @@ void Emitter::emit_memory(const Op& op) {
     const int elem = size_bytes(p.dtype), chunk = 16 / std::max(1, elem);
     const int64_t warps_c = L.is_mma() ? L.arr.warps_c : 1;
     const int64_t stage = L.extent_r * (L.extent_c + warps_c * chunk) * elem;
-    // Only where the block still fits, and (knob value 1) as many blocks per SM fit as without it,
-    // on the target's SMs and on Hopper's, the largest that run sm_80 / sm_89 code (mma.sync's
-    // attention runs two blocks per SM there).
-    // (Knob wg_programs: each slot has its own scratch and staging.)
-    auto block_bytes = [&](int64_t stage) {
-      const int64_t per_slot = (smem_ + 15) / 16 * 16 + std::max(stage_bytes_, stage);
-      return 1024 + mma_.smem_bytes + slots_ * per_slot;
-    };
-    const int64_t without = block_bytes(0);
-    const int64_t block_threads = tile_threads() + (mma_.producer_warp ? 128 : 0);
-    // (A block with a producer warpgroup takes every register of its SM: setmaxnreg shares them out.)
-    auto blocks = [&](int64_t per_sm, int64_t bytes) {
-      return std::min({per_sm / (bytes + 1024), target_.max_threads_per_sm() / std::max<int64_t>(1, block_threads),
-                       mma_.producer_warp ? int64_t{1} : kMax});
-    };
-    const int64_t hopper_sm = codegen::Target::parse("sm_90a").smem_per_sm();
     const int64_t mode = knobs::stage_stores.of(cfg_);
-    auto room = [&](int64_t stage) {
-      const int64_t with = block_bytes(stage);
-      return with <= target_.max_smem_per_block() &&
-             (mode == 2 || (blocks(target_.smem_per_sm(), with) == blocks(target_.smem_per_sm(), without) &&
-                            blocks(hopper_sm, with) == blocks(hopper_sm, without)));
-    };
     const bool rows_contiguous = !swapped && L.is_mma() && !L.columns_by_parity() && tile_dims.size() == 2 && L.extent_r > 1 && L.extent_c > 1 &&
                                  L.axis_of_dim(1) == 1 && p.static_stride(tile_dims[1].tensor_dim) == 1;
     const bool staged = mode != 0 && mode != 3 && rows_contiguous && 16 % elem == 0 && (L.extent_c / warps_c) % chunk == 0 &&
-                        room(stage);
+                        staging_fits(stage);
     // Not staged (no room, or knob value 3): 16-bit tiles whose warps hold whole groups of 4
     // octets leave in 16-byte row pieces after a transpose across each quad (no shared memory).
     if (!staged && mode != 0 && rows_contiguous && elem == 2 && (L.extent_c / warps_c) % 32 == 0) {

@@ -249,6 +249,9 @@ class Emitter {
   // The C++ type of value v's registers (a tile in its layout, or a scalar).
   std::string value_type(int v);
   void emit_memory(const Op& op);
+  // Whether `stage` bytes of staging past the scratch fit the block (knob stage_stores: and, at
+  // value 1, leave as many blocks an SM as without).
+  bool staging_fits(int64_t stage) const;
   void emit_gather(const Op& op);
   void emit_elementwise(const Op& op);
   // Defines op's result as `expr` (a scalar result) or as tj::dev::map of a lambda with `capture`

@@ -102,7 +102,7 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
       const bool dkdv = k != &kernels::attention_bwd_dq(), fused = k == &kernels::attention_bwd_fused();
       std::vector<ArgSpec> specs = {t16, t16, t16, t16, t32, t32, t16};
       if (dkdv) specs.push_back(t16);
-      if (fused) specs.push_back(TensorSpec{DType::f32, shape});
+      if (fused) specs.push_back(contiguous_spec(DType::f32, shape));   // as launch() specs it: rows of unit stride
       specs.push_back(RuntimeScalar{0.1f});
       specs.push_back(causal);
       const ir::Function f = k->trace(specs);
@@ -125,6 +125,16 @@ TEST_CASE("attention backward in the DSL: every dot on wgmma for sm_90a and on m
       // 96-116 on sm_80, whose key tiles walk from the first, the longest, since program_trips).
       CHECK(tj_test::ptxas_info(r.log).spill_stores <= (fused ? (wg ? 64 : 128) : 0));
       CHECK(r.log.find("serialized") == std::string::npos);   // ptxas kept the wgmmas asynchronous (no C751x)
+      // dQ^T's atomic adds: 16-byte vector reductions through shared memory where the target has
+      // them (sm_90 on), element by element otherwise or with knob stage_stores 3.
+      if (fused) {
+        CHECK((r.ptx.find("red.global.add.v4.f32") != std::string::npos) == wg);
+        Config element_adds = c;
+        element_adds.knobs["stage_stores"] = 3;
+        const std::string src = codegen::generate_cuda(f, element_adds, codegen::Target::parse(arch)).source;
+        CHECK(src.find("store_add_staged") == std::string::npos);
+        CHECK(src.find("store_add<") != std::string::npos);
+      }
     }
   }
 }

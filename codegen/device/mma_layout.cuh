@@ -24,6 +24,8 @@
 //   tile_to_a_frag    a register tile in the accumulator layout as A fragments.
 //   store_staged / store_quads   an accumulator tile stored in 16-byte row pieces, through
 //                     shared memory or by a transpose across each quad (16-bit elements).
+//   store_add_staged  an f32 accumulator tile's atomic adds as 16-byte vector reductions,
+//                     through shared memory.
 //   stage_operand<..> writes a register tile into a swizzled operand tile (operands that TMA
 //                     cannot load); mask_k_cols zeroes the columns past a dot's k range.
 //   align_smem<N>     a shared-memory pointer rounded up to N bytes.
@@ -133,6 +135,74 @@ TJ_DEV void store_staged(void* data, long long offset, bool ok, Span r, Span c, 
     }
   }
   __syncwarp();   // the region's reads are done before the warp's next staged store writes it
+}
+
+// ---------------------------------------------------------------- staged atomic adds
+// The DSL's atomic_add of an f32 accumulator-layout tile (same addressing and masking as
+// store_add) as 16-byte vector reductions (red.global.add.v4.f32, sm_90 on): each warp writes its
+// rows x columns into its region of `stage` in the memory's order, lines of contiguous elements
+// (T: the tile's rows are the unit-stride dim, so that a line holds a column's rows), then adds 4
+// contiguous elements per instruction, where a fragment's own adds are 4 bytes each (a quarter of
+// the instructions and of the L2's reduction operations). Only the warp itself synchronizes
+// (__syncwarp). A chunk across a limit, unaligned or off the unit stride goes element by element.
+template <class L, bool T>
+struct AddStage {
+  static constexpr int rows = 16 * L::row_blocks;                 // a warp's rows and columns
+  static constexpr int lines = T ? L::warp_cols : rows;           // lines of the memory's order
+  static constexpr int line_len = T ? rows : L::warp_cols;        // contiguous elements a line
+  static constexpr int pitch = line_len + 4;                      // 4 floats apart: distinct banks
+  static constexpr long long warp_bytes = (long long)lines * pitch * 4;
+  static constexpr long long bytes = warp_bytes * L::arr::threads / 32;
+};
+TJ_DEV void red_add_v4(float* p, const float* v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+               : "memory");
+#else
+  for (int e = 0; e < 4; ++e) f32::add(p + e, v[e]);
+#endif
+}
+template <class L, bool CR, bool CC, bool T>
+TJ_DEV void store_add_staged(void* data, long long offset, bool ok, Span r, Span c, const Tile<float, L>& x,
+                             unsigned char* stage) {
+  using S = AddStage<L, T>;
+  using A = typename L::arr;
+  static_assert(L::er > 1 && L::ec > 1 && S::line_len % 4 == 0, "store_add_staged: whole 16-byte chunks per warp line");
+  static_assert(!L::by_parity, "store_add_staged: columns in order");
+  float* w = reinterpret_cast<float*>(stage + S::warp_bytes * A::warp());
+  const int lane = A::lane();
+#pragma unroll
+  for (int i = 0; i < L::sr; ++i)
+#pragma unroll
+    for (int j = 0; j < L::sc; ++j) {
+      const int lr = 16 * (i >> 1) + 8 * (i & 1) + (lane >> 2), lc = 8 * (j >> 1) + 2 * (lane & 3) + (j & 1);
+      w[T ? lc * S::pitch + lr : lr * S::pitch + lc] = x.v[L::idx(i, j)];
+    }
+  __syncwarp();
+  if (ok) {
+    float* base = static_cast<float*>(data) + offset;
+    constexpr int per_line = S::line_len / 4;
+#pragma unroll 4
+    for (int k = lane; k < S::lines * per_line; k += 32) {
+      const int ln = k / per_line, e0 = (k - ln * per_line) * 4;
+      const int lr = T ? e0 : ln, lc = T ? ln : e0;   // the chunk's first element, in the warp's rows / columns
+      const long long pr = r.start + 16 * (A::wr() + A::warps_r * (lr >> 4)) + (lr & 15);
+      const long long pc = c.start + A::wc() * L::warp_cols + lc;
+      const float* src = w + ln * S::pitch + e0;
+      float* g = base + pr * r.stride + pc * c.stride;
+      const bool whole = T ? r.stride == 1 && (!CR || (pr >= 0 && pr + 4 <= r.limit)) && (!CC || in_range(pc, c.limit))
+                           : c.stride == 1 && (!CC || (pc >= 0 && pc + 4 <= c.limit)) && (!CR || in_range(pr, r.limit));
+      if (whole && ((unsigned long long)g & 15ull) == 0) {
+        red_add_v4(g, src);
+        continue;
+      }
+      for (int e = 0; e < 4; ++e) {
+        const long long er = pr + (T ? e : 0), ec = pc + (T ? 0 : e);
+        if ((!CR || in_range(er, r.limit)) && (!CC || in_range(ec, c.limit))) f32::add(base + er * r.stride + ec * c.stride, src[e]);
+      }
+    }
+  }
+  __syncwarp();   // the region's reads are done before the warp's next staged add or store writes it
 }
 
 // ---------------------------------------------------------------- quad-transposed stores
