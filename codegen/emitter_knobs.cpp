@@ -34,7 +34,8 @@ const KnobSpec overlap{
 const KnobSpec stage_stores{
     "stage_stores", 1, "1",
     "1: a store of a tile in the tensor cores' accumulator layout (rows contiguous in memory) goes through shared memory and "
-    "leaves in 16-byte row chunks, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
+    "leaves in 16-byte row chunks, and an atomic add of an f32 one (rows or columns contiguous; sm_90 on) in 16-byte vector "
+    "reductions, where that costs no block per SM (on the target's SMs and on Hopper's); 2: wherever the "
     "block's shared memory has room; where neither, 16-bit tiles leave in 16-byte row pieces transposed across each quad "
     "of lanes (no shared memory); 3: always that; 0: each thread stores its fragments (4 or 8 bytes each)"};
 const KnobSpec fp8_key_order{
