@@ -12,6 +12,7 @@
 
 #include "codegen/launch_status.h"
 #include "core/error.h"
+#include "kernels/attention_backward.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
 #include "kernels/attention_variants.h"
@@ -154,6 +155,32 @@ void attention_varlen_forward(CUstream stream, const tj_tensor* q, const tj_tens
   tj::kernels::attention_varlen_forward(c.q, c.k, c.v, cu, c.o, vo, workspace(stream));
 }
 
+tj::kernels::AttentionBackwardWorkspace& backward_workspace(CUstream stream) {
+  static std::mutex m;
+  static std::map<CUstream, tj::kernels::AttentionBackwardWorkspace> spaces;
+  std::lock_guard lock(m);
+  return spaces[stream];
+}
+
+void attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v, const tj_tensor* o,
+                        const tj_tensor* dout, const tj_tensor* lse, const tj_tensor* dq, const tj_tensor* dk,
+                        const tj_tensor* dv, const tj_attention_options* options) {
+  const tj_attention_options defaults{0, 0, 0.0, nullptr, 0.0};
+  const tj_attention_options& opt = options ? *options : defaults;
+  if (opt.fp8)
+    throw ApiError(TJ_ERROR_INVALID_ARGUMENT, "fp8 = 1: the FP8 attention has no backward yet (the 16-bit one has: fp8 = 0)");
+  if (opt.variant && *opt.variant)
+    throw ApiError(TJ_ERROR_INVALID_ARGUMENT,
+                   fmt::format("variant '{}': the backward takes none yet (plain and causal attention only)", opt.variant));
+  const Common c = common(stream, q, k, v, o, opt);
+  tj::kernels::AttentionBackwardOptions bo;
+  bo.causal = c.fo.causal;
+  bo.softmax_scale = c.fo.softmax_scale;
+  bo.stream = stream;
+  tj::kernels::attention_backward(c.q, c.k, c.v, c.o, view_of(dout, "dout"), view_of(lse, "lse"), view_of(dq, "dq"),
+                                  view_of(dk, "dk"), view_of(dv, "dv"), bo, backward_workspace(stream));
+}
+
 // A call's status and tj_last_error from what it threw.
 template <class Fn>
 tj_status guarded(const char* name, Fn fn) {
@@ -191,6 +218,12 @@ tj_status tj_attention_varlen_forward(CUstream stream, const tj_tensor* q, const
                                       const tj_attention_options* options) {
   return guarded("tj_attention_varlen_forward",
                  [&] { attention_varlen_forward(stream, q, k, v, cu_seqlens, o, lse, options); });
+}
+
+tj_status tj_attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
+                                const tj_tensor* o, const tj_tensor* dout, const tj_tensor* lse, const tj_tensor* dq,
+                                const tj_tensor* dk, const tj_tensor* dv, const tj_attention_options* options) {
+  return guarded("tj_attention_backward", [&] { attention_backward(stream, q, k, v, o, dout, lse, dq, dk, dv, options); });
 }
 
 const char* tj_last_error(void) { return g_last_error.c_str(); }

@@ -112,6 +112,18 @@ tj_status tj_attention_varlen_forward(CUstream stream, const tj_tensor* q, const
                                       const tj_tensor* cu_seqlens, const tj_tensor* o, const tj_tensor* lse,
                                       const tj_attention_options* options);
 
+/* The gradients of tj_attention_forward's 16-bit attention (options->fp8 0, no variant): dq, dk
+ * and dv of a loss L given dout = dL/do, from q, k, v and the forward's o and lse (f32 [B, H, Sq],
+ * natural log: what tj_attention_forward wrote). q, o, dout, dq [B, H, Sq, D]; k, v, dk, dv [B, Hkv,
+ * Skv, D] (grouped-query heads: dk and dv summed over each group of H / Hkv query heads in a fixed
+ * order); q, k, v, o and dout of one type, bf16 or f16, with the strides tj_attention_forward takes;
+ * the gradients bf16, f16 or f32. options->causal and softmax_scale as in the forward. The same
+ * bits on every call (dQ in a kernel of its own, no atomics). Scratch is kept per stream;
+ * asynchronous on `stream`. On failure the message is in tj_last_error(). */
+tj_status tj_attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
+                                const tj_tensor* o, const tj_tensor* dout, const tj_tensor* lse, const tj_tensor* dq,
+                                const tj_tensor* dk, const tj_tensor* dv, const tj_attention_options* options);
+
 /* What the last failed call on this thread said (empty when none failed). */
 const char* tj_last_error(void);
 

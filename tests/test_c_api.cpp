@@ -9,7 +9,9 @@
 
 #include "api/tilejit_c.h"
 #include "attention_accuracy.h"
+#include "backward_testing.h"
 #include "gpu.h"
+#include "kernels/attention_backward.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
 #include "kernels/attention_variants.h"
@@ -67,6 +69,17 @@ TEST_CASE("C API: bad arguments are statuses with a message naming the argument"
   tj_attention_options alibi{0, 0, 0.0, "alibi", 0.0};
   CHECK(tj_attention_varlen_forward(nullptr, &pq.t, &pkv.t, &pkv.t, &cu.t, &pq.t, nullptr, &alibi) == TJ_ERROR_INVALID_ARGUMENT);
   CHECK(last_error().find("variant 'alibi': varlen attention takes none") != std::string::npos);
+  // Backward: the 16-bit attention's, without a variant.
+  CTensor lse(fake, TJ_F32, {1, 2, 64});
+  tj_attention_options fp8{0, 1, 0.0, nullptr, 0.0}, window{1, 0, 0.0, "sliding_window", 8.0};
+  CHECK(tj_attention_backward(nullptr, &q.t, &q.t, &q.t, &q.t, &q.t, &lse.t, &q.t, &q.t, &q.t, &fp8) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error() == "tj_attention_backward: fp8 = 1: the FP8 attention has no backward yet (the 16-bit one has: fp8 = 0)");
+  CHECK(tj_attention_backward(nullptr, &q.t, &q.t, &q.t, &q.t, &q.t, &lse.t, &q.t, &q.t, &q.t, &window) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("variant 'sliding_window': the backward takes none yet") != std::string::npos);
+  CHECK(tj_attention_backward(nullptr, &q.t, &q.t, &q.t, &q.t, nullptr, &lse.t, &q.t, &q.t, &q.t, nullptr) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error() == "tj_attention_backward: dout is NULL");
+  CHECK(tj_attention_backward(nullptr, &f32.t, &q.t, &q.t, &q.t, &q.t, &lse.t, &q.t, &q.t, &q.t, nullptr) == TJ_ERROR_DTYPE);
+  CHECK(last_error().find("q, k and v must be bf16 or f16") != std::string::npos);
   CHECK(std::string(tj_status_message(TJ_ERROR_ALIGNMENT)).find("not aligned") != std::string::npos);
   CHECK(tj_device_ordinal() >= 0);
 }
@@ -141,4 +154,57 @@ TEST_CASE("gpu: C API varlen attention writes what attention_varlen_forward writ
   runtime::synchronize();
   HostTensor a = o1.to_host(), b = o2.to_host();
   CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+TEST_CASE("gpu: C API backward on [B, S, H, D] views (grouped-query heads, causal and not) matches float64 and attention_backward") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(11);
+  const int64_t B = 1, S = 320, H = 4, Hkv = 2, D = 128;
+  const std::vector<int64_t> qs{S * H * D, D, H * D, 1}, ks{S * Hkv * D, D, Hkv * D, 1};
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    // [B, S, H, D] storage seen as [B, H, S, D], gradients in the same layouts.
+    const HostTensor q = tj_test::randn(DType::bf16, {B, S, H, D}, rng), k = tj_test::randn(DType::bf16, {B, S, Hkv, D}, rng),
+                     v = tj_test::randn(DType::bf16, {B, S, Hkv, D}, rng), dout = tj_test::randn(DType::bf16, {B, S, H, D}, rng);
+    const DeviceTensor gq = DeviceTensor::from_host(q), gk = DeviceTensor::from_host(k), gv = DeviceTensor::from_host(v),
+                       gdo = DeviceTensor::from_host(dout);
+    DeviceTensor o(DType::bf16, {B, S, H, D}), lse(DType::f32, {B, H, S});
+    DeviceTensor dq(DType::bf16, {B, S, H, D}), dk(DType::bf16, {B, S, Hkv, D}), dv(DType::bf16, {B, S, Hkv, D});
+    DeviceTensor dq2(DType::bf16, {B, S, H, D}), dk2(DType::bf16, {B, S, Hkv, D}), dv2(DType::bf16, {B, S, Hkv, D});
+    for (DeviceTensor* t : {&dq, &dk, &dv}) t->fill_bytes(0xFF);
+    auto c = [](const DeviceTensor& t, const std::vector<int64_t>& strides) {
+      const auto& s = t.view().shape;
+      return CTensor(t.view().data, TJ_BF16, {s[0], s[2], s[1], s[3]}, strides);
+    };
+    CTensor cq = c(gq, qs), ck = c(gk, ks), cv = c(gv, ks), co = c(o, qs), cdo = c(gdo, qs), cdq = c(dq, qs), cdk = c(dk, ks),
+            cdv = c(dv, ks), clse(lse.view().data, TJ_F32, {B, H, S});
+    const tj_attention_options opt{causal ? 1 : 0, 0, 0.0, nullptr, 0.0};
+    REQUIRE_MESSAGE(tj_attention_forward(nullptr, &cq.t, &ck.t, &cv.t, &co.t, &clse.t, &opt) == TJ_SUCCESS, last_error());
+    REQUIRE_MESSAGE(tj_attention_backward(nullptr, &cq.t, &ck.t, &cv.t, &co.t, &cdo.t, &clse.t, &cdq.t, &cdk.t, &cdv.t, &opt) ==
+                        TJ_SUCCESS,
+                    last_error());
+    kernels::AttentionBackwardOptions bo;
+    bo.causal = causal;
+    kernels::AttentionBackwardWorkspace ws;
+    using tj_test::bshd_view;
+    kernels::attention_backward(bshd_view(gq), bshd_view(gk), bshd_view(gv), bshd_view(o), bshd_view(gdo), lse.view(), bshd_view(dq2),
+                                bshd_view(dk2), bshd_view(dv2), bo, ws);
+    runtime::synchronize();
+    std::vector<double> o64, lse64;
+    tj_test::Grads want;
+    using tj_test::swap_dims_1_2;
+    tj_test::reference_attention(swap_dims_1_2(q), swap_dims_1_2(k), swap_dims_1_2(v), swap_dims_1_2(dout), causal,
+                                 1.0 / std::sqrt(static_cast<double>(D)), o64, lse64, want);
+    const std::pair<const DeviceTensor*, const DeviceTensor*> pairs[] = {{&dq, &dq2}, {&dk, &dk2}, {&dv, &dv2}};
+    const std::vector<double>* refs[] = {&want.dq, &want.dk, &want.dv};
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+      const HostTensor a = pairs[i].first->to_host(), b = pairs[i].second->to_host();
+      const auto m = tj_test::compare(swap_dims_1_2(a).values(), *refs[i]);
+      MESSAGE("C API backward, bf16 [B, S, H, D] GQA, " << std::string(names[i]) << " vs float64: " << tj_test::str(m));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse <= 3e-2);
+      CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);   // the library's call on the same views
+    }
+  }
 }

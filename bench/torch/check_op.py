@@ -104,6 +104,30 @@ def main():
                 ok &= good
                 lines.append(f"| {layout} | {H} / {Hkv} | {causal} | {fp8} | {err:.2e} | {limit:.0e} | {'ok' if good else 'FAIL'} |")
 
+    # 1b. autograd: dq, dk, dv against float32 SDPA's (math backend) on the same bf16 values
+    lines += ["", "| layout | H / Hkv | causal | dout | rel RMSE dq / dk / dv vs float32 SDPA | limit | |",
+              "| --- | --- | --- | --- | --- | ---: | --- |"]
+    for layout, H, Hkv, causal, dout_kind in [("BHSD", 16, 16, False, "randn"), ("BHSD", 16, 16, True, "randn"),
+                                              ("BSHD", 16, 4, False, "randn"), ("BSHD", 16, 4, True, "randn"),
+                                              ("packed", 8, 8, True, "randn"), ("BHSD", 8, 2, True, "sum")]:
+        q, k, v = inputs(layout, 2, H, Hkv, 1000, 128, gen)
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))   # leaves with the views' strides
+        qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+        o = tilejit.attention(q, k, v, causal=causal)
+        ref = reference(qf, kf, vf, causal)
+        if dout_kind == "sum":   # an expanded gradient (stride 0), copied before the kernels read it
+            o.float().sum().backward()
+            ref.sum().backward()
+        else:
+            dout = torch.randn(o.shape, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+            o.backward(dout)
+            ref.backward(dout.float())
+        errs = [rel_rmse(a.grad, b.grad) for a, b in ((q, qf), (k, kf), (v, vf))]
+        good = all(e <= 1e-2 for e in errs) and all(torch.isfinite(t.grad).all().item() for t in (q, k, v))
+        ok &= good
+        lines.append(f"| {layout} | {H} / {Hkv} | {causal} | {dout_kind} | {' / '.join(f'{e:.2e}' for e in errs)} | 1e-02 | "
+                     f"{'ok' if good else 'FAIL'} |")
+
     # 2. inside a torch.compile'd module (fullgraph: the op traces, no graph break), against SDPA
     torch.manual_seed(0)
     block = Block(2048, 16, 4).cuda().to(torch.bfloat16)
@@ -118,6 +142,23 @@ def main():
     lines += ["", f"torch.compile(fullgraph=True) of an attention block (GQA 16 / 4, causal, [B, S, H, D] views) with "
               f"tilejit.scaled_dot_product_attention vs the same block with F.scaled_dot_product_attention: rel RMSE "
               f"{err:.2e} (limit 1e-2) {'ok' if good else 'FAIL'}"]
+    # ... and its backward: the gradient of the block's weights through the compiled graph
+    def weight_grads(sdpa, compile_it):
+        block.zero_grad(set_to_none=True)
+        fn = (lambda x: block(x, sdpa))
+        if compile_it:
+            fn = torch.compile(fn, fullgraph=True)
+        y = fn(x)
+        y.float().square().mean().backward()
+        return [p.grad.detach().clone() for p in (block.qkv.weight, block.out.weight)]
+    got_g = weight_grads(tilejit.scaled_dot_product_attention, True)
+    ref_g = weight_grads(F.scaled_dot_product_attention, False)
+    errs = [rel_rmse(a, b) for a, b in zip(got_g, ref_g)]
+    good = all(e <= 2e-2 for e in errs)
+    ok &= good
+    lines += [f"Its backward through the compiled graph (loss mean(y^2)): rel RMSE of the qkv / out weights' gradients "
+              f"{errs[0]:.2e} / {errs[1]:.2e} against the eager block with F.scaled_dot_product_attention (limit 2e-2) "
+              f"{'ok' if good else 'FAIL'}"]
 
     # 3. per-call cost: the op from Python vs the C API from C++, at a launch-bound shape
     q, k, v = inputs("BHSD", 1, 1, 1, 128, 64, gen)
@@ -162,6 +203,8 @@ def main():
         ("3 kv heads for 4", lambda: torch.ops.tilejit.attention(*inputs("BHSD", 1, 4, 3, 128, 64, gen)), "not a multiple"),
         ("attn_mask", lambda: tilejit.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(128, 128, device="cuda")),
          "attn_mask is not supported"),
+        ("a gradient of fp8=True", lambda: tilejit.attention(q.detach().requires_grad_(), k, v, fp8=True).float().sum().backward(),
+         "no backward for fp8=True yet"),
     ]:
         try:
             fn()

@@ -8,8 +8,10 @@
 q [B, H, Sq, D], k and v [B, Hkv, Skv, D] (Hkv divides H), any strides whose last one is 1 and
 the others multiples of 16 bytes: [B, S, H, D] storage passed as q.transpose(1, 2), a packed
 QKV's slices. No copies; on torch's current stream. The output has q's layout where q is dense.
-Registered with torch.library, with a fake kernel, so torch.compile traces through it. There is
-no backward yet (the training issue): inputs that require grad are an error at backward time.
+Registered with torch.library, with fake kernels, so torch.compile traces through it, backward
+included. Autograd: the 16-bit attention (fp8=False, no variant) has a backward (tilejit's
+attention backward: dq, dk, dv in q's, k's and v's layouts; grouped-query heads summed); fp8=True
+and the variants have none yet: asking a gradient of them is an error.
 """
 import glob
 import os
@@ -27,6 +29,16 @@ torch.ops.load_library(_libs[0])   # registers torch.ops.tilejit.* (TORCH_LIBRAR
 def _attention_fake(q, k, v, causal=False, fp8=False, scale=None, variant="", variant_arg=0.0):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: "tilejit.attention: q, k and v must be [B, H, S, D]")
     return torch.empty_like(q)
+
+
+@torch.library.register_fake("tilejit::_attention_forward")
+def _attention_forward_fake(q, k, v, causal, scale):
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+
+
+@torch.library.register_fake("tilejit::_attention_backward")
+def _attention_backward_fake(dout, q, k, v, o, lse, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def attention(q, k, v, *, causal=False, fp8=False, scale=None, variant="", variant_arg=0.0):
