@@ -61,9 +61,10 @@ AttentionVariant prefix_lm_variant() {
   return v;
 }
 
-AttentionVariant document_variant(int64_t documents, bool causal) {
-  AttentionVariant v{fmt::format("attention_documents_{}{}", documents, causal ? "_causal" : "")};
-  v.key_block = 64;   // short rows: small tiles, less waste in boundary blocks, two CTAs per SM
+AttentionVariant document_variant(int64_t documents, bool causal, int64_t key_block) {
+  AttentionVariant v{fmt::format("attention_documents_{}{}{}", documents, causal ? "_causal" : "",
+                                 key_block == 64 ? "" : fmt::format("_kb{}", key_block))};
+  v.key_block = key_block;   // 64: short rows, small tiles (less waste in boundary blocks, two CTAs per SM)
   v.inputs = {"cu_seqlens"};
   v.mask_mod = [documents, causal](const ScoreIndex& at) {
     // Non-causal: a condition interval arithmetic proves true on every key block (kv == kv is not:

@@ -26,8 +26,9 @@ AttentionVariant prefix_lm_variant();
 // ascending, from 0 to the packed length, as FlashAttention's varlen API takes it); a query sees
 // the keys of its own document (and only earlier ones with `causal`). The number of documents is
 // compiled in (one kernel per count), their lengths are not. Whole blocks between documents are
-// skipped: each boundary test is exact in interval arithmetic.
-AttentionVariant document_variant(int64_t documents, bool causal);
+// skipped: each boundary test is exact in interval arithmetic. key_block: the variant's key block
+// (AttentionVariant::key_block): 64 for short documents, 0 (the default configs' own) for long ones.
+AttentionVariant document_variant(int64_t documents, bool causal, int64_t key_block = 64);
 // Block-diagonal (segments of `segment` keys see only their own segment; `causal`: and only
 // earlier keys) -- the building block of dilated attention (kernels/dilated_attention.h) on a
 // strided view of the sequence. Without `causal` every query tile sees as many keys

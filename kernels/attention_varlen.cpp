@@ -22,13 +22,14 @@ TensorView as_bhsd(const TensorView& t) {
   return v;
 }
 
-// One document_variant kernel per (sequences, causal): the count is compiled in.
-const Kernel& document_kernel(int64_t sequences, bool causal) {
+// One document_variant kernel per (sequences, causal, key block): the count is compiled in.
+const Kernel& document_kernel(int64_t sequences, bool causal, int64_t key_block) {
   static std::mutex mu;
-  static std::map<std::pair<int64_t, bool>, Kernel> kernels;
+  static std::map<std::tuple<int64_t, bool, int64_t>, Kernel> kernels;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = kernels.find({sequences, causal});
-  if (it == kernels.end()) it = kernels.emplace(std::pair{sequences, causal}, attention_variant(document_variant(sequences, causal))).first;
+  const auto key = std::make_tuple(sequences, causal, key_block);
+  auto it = kernels.find(key);
+  if (it == kernels.end()) it = kernels.emplace(key, attention_variant(document_variant(sequences, causal, key_block))).first;
   return it->second;
 }
 
@@ -70,6 +71,19 @@ void check_cu_seqlens(const TensorView& cu, int64_t T, CUstream stream) {
 
 }  // namespace
 
+int64_t varlen_key_block(int64_t rows, int64_t sequences, bool quantize, int64_t requested) {
+  if (requested == 0 || requested == 64) return requested;
+  if (requested != -1)
+    throw Error(fmt::format("attention_varlen_forward: key_block is -1 (from the sequence lengths), 0 (the default "
+                            "configs') or 64; got {}",
+                            requested));
+  // 16-bit sequences of 1024 rows or more on average: the dense default's key blocks (H200, 16384
+  // tokens, H 16, D 128, bf16 TFLOP/s with them vs key blocks of 64: 4 x 4096 664.9 vs 571.5,
+  // causal 576.4 vs 509.3; 16 x 1024 490.6 vs 462.6, causal 345.3 vs 347.9). The FP8 pipeline keeps
+  // 64 (4 x 4096: 653.3 vs 520.5; 16 x 1024: 347.5 vs 138.7).
+  return !quantize && rows >= kLongSequence * sequences ? 0 : 64;
+}
+
 void attention_varlen_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens,
                               const TensorView& o, const AttentionVarlenOptions& opt, AttentionFp8Workspace& ws) {
   if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3 || o.rank() != 3)
@@ -96,7 +110,7 @@ void attention_varlen_forward(const TensorView& q, const TensorView& k, const Te
 
   const int64_t sequences = cu_seqlens.shape[0] - 1;
   AttentionFp8Options a = opt.attention;
-  a.kernel = &document_kernel(sequences, a.causal);
+  a.kernel = &document_kernel(sequences, a.causal, varlen_key_block(T, sequences, a.quantize, opt.key_block));
   a.inputs = {cu_seqlens};
   // The document mask holds causality itself; the kernel's own causal flag would mask by the
   // packed rows' positions too (the same keys: a key before a query's row is before it in its

@@ -19,7 +19,17 @@ struct AttentionVarlenOptions {
   // Read cu_seqlens back (one small copy and a wait for the stream) and check it: starts at 0,
   // never decreases, ends at T. Off: a wrong cu_seqlens gives wrong rows, not an error.
   bool check_cu_seqlens = true;
+  // The document mask's key block (document_variant): -1 picks it from the mean sequence length
+  // T / N (varlen_key_block: 16-bit sequences of kLongSequence rows or more take the dense
+  // default's, shorter ones and the FP8 pipeline 64); else 64, or 0 for none.
+  int64_t key_block = -1;
 };
+
+// The document mask's key block attention_varlen_forward takes for `rows` packed rows of
+// `sequences` sequences (AttentionVarlenOptions::key_block `requested`); throws tj::Error for a
+// requested value other than -1, 0 or 64.
+inline constexpr int64_t kLongSequence = 1024;   // 16-bit rows a sequence from which the dense key blocks win
+int64_t varlen_key_block(int64_t rows, int64_t sequences, bool quantize, int64_t requested);
 
 void attention_varlen_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens,
                               const TensorView& o, const AttentionVarlenOptions& opt, AttentionFp8Workspace& ws);

@@ -91,6 +91,55 @@ TEST_CASE("attention_varlen_forward: argument errors name what is wrong") {
   CHECK(error_of(q, kv, kv, cu, o, own).find("AttentionVarlenOptions::lse") != std::string::npos);
 }
 
+TEST_CASE("attention_varlen_forward's key block: the dense default's for 16-bit sequences of 1024 rows or more on average") {
+  using kernels::varlen_key_block;
+  CHECK(varlen_key_block(16384, 4, false, -1) == 0);
+  CHECK(varlen_key_block(16384, 16, false, -1) == 0);   // 1024 rows a sequence
+  CHECK(varlen_key_block(16383, 16, false, -1) == 64);
+  CHECK(varlen_key_block(16384, 4, true, -1) == 64);    // the FP8 pipeline
+  CHECK(varlen_key_block(577, 4, false, 0) == 0);       // as requested
+  CHECK(varlen_key_block(16384, 4, false, 64) == 64);
+  try {
+    varlen_key_block(16384, 4, false, 128);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("key_block is -1 (from the sequence lengths), 0 (the default configs') or 64; got 128") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("gpu: attention_varlen_forward on long sequences (the dense default's key blocks, and 64 as asked) matches float64") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(37);
+  const std::vector<int64_t> cu = {0, 1100, 2600};   // 1300 rows a sequence on average: key blocks of 0 (the default configs')
+  const int64_t T = cu.back(), H = 2, Hkv = 1, D = 128;
+  const HostTensor q = tj_test::random_tensor(DType::bf16, {T, H, D}, rng), k = tj_test::random_tensor(DType::bf16, {T, Hkv, D}, rng),
+                   v = tj_test::random_tensor(DType::bf16, {T, Hkv, D}, rng);
+  const DeviceTensor dq = DeviceTensor::from_host(q), dk = DeviceTensor::from_host(k), dv = DeviceTensor::from_host(v);
+  const DeviceTensor dcu = DeviceTensor::from_host(HostTensor::from_values(std::vector<double>(cu.begin(), cu.end()), DType::i64, {3}));
+  kernels::AttentionFp8Workspace ws;
+  for (bool causal : {false, true}) {
+    std::vector<double> want, want_lse;
+    reference(q, k, v, cu, causal, 1.0 / std::sqrt(static_cast<double>(D)), want, want_lse);
+    for (int64_t key_block : {int64_t{-1}, int64_t{64}}) {
+      CAPTURE(causal);
+      CAPTURE(key_block);
+      DeviceTensor o(DType::bf16, {T, H, D});
+      o.fill_bytes(0xFF);
+      kernels::AttentionVarlenOptions opt;
+      opt.attention.causal = causal;
+      opt.attention.quantize = false;
+      opt.key_block = key_block;
+      kernels::attention_varlen_forward(dq.view(), dk.view(), dv.view(), dcu.view(), o.view(), opt, ws);
+      runtime::synchronize();
+      const auto m = tj_test::compare(o.to_host().values(), want);
+      MESSAGE("varlen bf16 long sequences, key_block ", key_block, causal ? " causal" : "", ": ", tj_test::str(m));
+      CHECK(m.nan == 0);
+      CHECK(m.rel_rmse < 1e-2);
+    }
+  }
+}
+
 TEST_CASE("gpu: attention_varlen_forward matches float64 per sequence (bf16 and FP8, causal and not, GQA, ragged lengths)") {
   TJ_REQUIRE_HOPPER();
   std::mt19937 rng(31);
