@@ -485,6 +485,20 @@ TEST_CASE("codegen: a tile loop of one trip runs in its scope, and a row a secon
   CHECK(cw.blocks.at("c") == 4096);
   CHECK(cw.num_warps == 4);
   CHECK(count(codegen::generate_cuda(f, cw, codegen::Target::parse("sm_90a")).source, "tj::dev::load<") == 1);
+  // LayerNorm's and RMSNorm's normalizing pass brings w (and b) in: trips of 1024 there, on 4 warps.
+  for (const Kernel* k : {&kernels::layernorm(), &kernels::rmsnorm()}) {
+    const bool layer = k == &kernels::layernorm();
+    std::vector<ArgSpec> specs = {contiguous_spec(DType::bf16, {64, 4096}), contiguous_spec(DType::bf16, {4096})};
+    if (layer) specs.push_back(contiguous_spec(DType::bf16, {4096}));
+    specs.push_back(contiguous_spec(DType::bf16, {64, 4096}));
+    specs.push_back(RuntimeScalar{1e-5f});
+    const Config cn = codegen::untuned_config(k->trace(specs), "sm_90a");
+    CAPTURE(cn.to_json());
+    CHECK(cn.blocks.at("c") == 4096);
+    CHECK(cn.blocks.at("c2") == 1024);
+    CHECK(cn.num_warps == 4);
+  }
+  CHECK(cw.blocks.at("c2") == 4096);   // softmax's passes read x alone
   ir::Function wide = kernels::softmax().trace({contiguous_spec(DType::bf16, {4, 10000}), contiguous_spec(DType::bf16, {4, 10000})});
   const Config cl = codegen::untuned_config(wide, "sm_90a");
   CHECK(cl.blocks.at("c") == 4096);
