@@ -59,15 +59,6 @@ const Kernel& linear_bf16_dw() {   // dw = dyᵀ x
 
 namespace {
 
-// [rows, cols] as the quantizers' [1, 1, rows, cols].
-TensorView as4(const TensorView& t) {
-  TensorView v = t;
-  const std::vector<int64_t> s = t.effective_strides();
-  v.shape = {1, 1, t.shape[0], t.shape[1]};
-  v.strides = {t.shape[0] * s[0], t.shape[0] * s[0], s[0], s[1]};
-  return v;
-}
-
 void check_matrix(const TensorView& t, const char* what, bool input) {
   if (t.rank() != 2) throw Error(fmt::format("fp8_linear: {} must be a matrix [rows, cols], got {}", what, t.describe()));
   if (t.device != Device::cuda) throw Error(fmt::format("fp8_linear: {} must be on the GPU, got {}", what, t.describe()));
@@ -104,6 +95,13 @@ LaunchOptions fallback_options(int64_t M, int64_t N, int64_t K, CUstream stream)
   return lo;
 }
 
+// The state's chunk amaxes for `role`, turn `t`: the buffer (grown to `need` floats).
+DeviceTensor& amax_buffer(Fp8LinearState& st, int role, int t, int64_t need) {
+  std::optional<DeviceTensor>& a = st.amax[role][t];
+  if (!a || a->view().numel() < need) a.emplace(DType::f32, std::vector<int64_t>{need});
+  return *a;
+}
+
 // The state's copy for `role`, [rows, cols] of `dtype`, grown as needed; a view of that shape.
 TensorView copy_view(Fp8LinearState& st, int role, DType dtype, int64_t rows, int64_t cols) {
   std::optional<DeviceTensor>& c = st.copy[role];
@@ -113,33 +111,48 @@ TensorView copy_view(Fp8LinearState& st, int role, DType dtype, int64_t rows, in
   v.strides = {};
   return v;
 }
-// The descale of `role`: f32 [1, 1] for the quantizers, [1] for fp8_gemm.
-TensorView descale_view(Fp8LinearState& st, int role, bool for_gemm) {
-  if (!st.descales) st.descales.emplace(DType::f32, std::vector<int64_t>{Fp8LinearState::roles});
+// The descales of `role`: f32 [1, H] for the quantizers (all H equal), [1] for fp8_gemm.
+TensorView descale_view(Fp8LinearState& st, int role, int64_t heads, bool for_gemm) {
+  const int64_t need = Fp8LinearState::roles * kMaxQuantizerHeads;
+  if (!st.descales) st.descales.emplace(DType::f32, std::vector<int64_t>{need});
   TensorView v = st.descales->view();
-  v.data = static_cast<float*>(v.data) + role;
-  v.shape = for_gemm ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 1};
+  v.data = static_cast<float*>(v.data) + role * kMaxQuantizerHeads;
+  v.shape = for_gemm ? std::vector<int64_t>{1} : std::vector<int64_t>{1, heads};
   v.strides = {};
   return v;
 }
 
-// x [rows, cols] -> the role's fp8 copy (transpose: [cols, rows]) and descale, dynamic or delayed.
+// x [rows, cols] -> the role's fp8 copy (transpose: [cols, rows]) and its descale (one for the
+// whole tensor), dynamic or delayed.
 TensorView quantize(Fp8LinearState& st, int role, const TensorView& x, DType fp8, bool transpose, const Fp8LinearOptions& opt) {
-  const int64_t rows = x.shape[0], cols = x.shape[1];
+  const int64_t rows = x.shape[0], cols = x.shape[1], D = fp8_linear_quantizer_width(cols), H = cols / D;
+  if (H > kMaxQuantizerHeads)
+    throw Error(fmt::format("fp8_linear: {} columns are more than the quantizers take ({} x {})", cols, kMaxQuantizerHeads, D));
   const TensorView y = transpose ? copy_view(st, role, fp8, cols, rows) : copy_view(st, role, fp8, rows, cols);
-  const TensorView x4 = as4(x), y4 = as4(y), d = descale_view(st, role, false);
+  const TensorView x4 = fp8_linear_quantizer_view(x, D);
+  // yᵀ [cols, rows] row-major is the transposing quantizer's [1, H, D, rows].
+  TensorView y4 = y;
+  if (transpose) {
+    y4.shape = {1, H, D, rows};
+    y4.strides = {};
+  } else {
+    y4 = fp8_linear_quantizer_view(y, D);
+  }
+  const TensorView d = descale_view(st, role, H, false);
   LaunchOptions lo;
   lo.stream = opt.stream;
   int& turn = st.turn[role];
+  const int64_t chunks = H * attention_fp8_quantize_chunks(H, rows);   // what chunk_amax writes: [1, H, C]
   if (opt.scaling == Fp8Scaling::delayed && st.primed[role]) {
-    TensorView prev = st.amax[role][1 - turn]->view();
-    prev.shape = {1, 1, prev.numel()};
-    prev.strides = {};
+    const TensorView prev = fp8_linear_all_chunks(st.amax[role][1 - turn]->view(), H, st.chunks[role]);
     quantize_fp8_delayed(x4, prev, y4, d, st.amax[role][turn], transpose, lo);
   } else {
-    quantize_with_chunk_amaxes(x4, chunk_amaxes(x4, st.amax[role][turn], lo), y4, d, transpose, lo);
+    amax_buffer(st, role, turn, chunks);
+    chunk_amaxes(x4, st.amax[role][turn], lo);
+    quantize_with_chunk_amaxes(x4, fp8_linear_all_chunks(st.amax[role][turn]->view(), H, chunks), y4, d, transpose, lo);
   }
   // This call's chunk amaxes are the next call's previous ones.
+  st.chunks[role] = chunks;
   st.primed[role] = true;
   turn = 1 - turn;
   return y;
@@ -154,6 +167,29 @@ TensorView empty_bias(Fp8LinearState& st) {
 }
 
 }  // namespace
+
+int64_t fp8_linear_quantizer_width(int64_t cols) {
+  for (int64_t d : {128, 64, 32, 16})
+    if (cols % d == 0) return d;
+  throw Error(fmt::format("fp8_linear: {} columns are not a multiple of 16", cols));
+}
+
+TensorView fp8_linear_quantizer_view(const TensorView& t, int64_t D) {
+  const std::vector<int64_t> s = t.effective_strides();
+  TensorView v = t;
+  v.shape = {1, t.shape[1] / D, t.shape[0], D};
+  v.strides = {t.shape[0] * s[0], D * s[1], s[0], s[1]};
+  return v;
+}
+
+TensorView fp8_linear_all_chunks(const TensorView& amaxes, int64_t heads, int64_t count) {
+  if (amaxes.numel() < count)
+    throw Error(fmt::format("internal error: fp8_linear: {} chunk amaxes where {} are needed", amaxes.numel(), count));
+  TensorView v = amaxes;
+  v.shape = {1, heads, count};
+  v.strides = {0, 0, 1};
+  return v;
+}
 
 std::optional<std::string> fp8_linear_fallback_reason(int64_t M, int64_t N, int64_t K) {
   for (auto [name, v] : {std::pair{"M", M}, std::pair{"N", N}, std::pair{"K", K}})
@@ -185,7 +221,8 @@ void fp8_linear_forward(const TensorView& x, const TensorView& w, const std::opt
   LaunchOptions lo;
   lo.stream = opt.stream;
   launch(fp8_gemm(),
-         {xq, wq, descale_view(st, Fp8LinearState::x, true), descale_view(st, Fp8LinearState::w, true), bias ? *bias : empty_bias(st), y},
+         {xq, wq, descale_view(st, Fp8LinearState::x, 1, true), descale_view(st, Fp8LinearState::w, 1, true), bias ? *bias : empty_bias(st),
+          y},
          lo);
 }
 
@@ -216,8 +253,8 @@ void fp8_linear_backward(const TensorView& dy, const TensorView& x, const Tensor
   const TensorView xt = quantize(st, S::xt, x, DType::e4m3, true, opt);       // [K, M]
   LaunchOptions lo;
   lo.stream = opt.stream;
-  launch(fp8_gemm(), {dyq, wt, descale_view(st, S::dy, true), descale_view(st, S::wt, true), empty_bias(st), dx}, lo);
-  launch(fp8_gemm(), {dyt, xt, descale_view(st, S::dyt, true), descale_view(st, S::xt, true), empty_bias(st), dw}, lo);
+  launch(fp8_gemm(), {dyq, wt, descale_view(st, S::dy, 1, true), descale_view(st, S::wt, 1, true), empty_bias(st), dx}, lo);
+  launch(fp8_gemm(), {dyt, xt, descale_view(st, S::dyt, 1, true), descale_view(st, S::xt, 1, true), empty_bias(st), dw}, lo);
 }
 
 }  // namespace tj::kernels

@@ -41,6 +41,7 @@ struct Fp8LinearState {
   std::optional<DeviceTensor> copy[roles];         // e4m3 (x, w and their transposes) or e5m2 (dy, dyᵀ)
   std::optional<DeviceTensor> descales;            // f32 [roles]
   std::optional<DeviceTensor> amax[roles][2];      // chunk amaxes: [turn] this call's, [1 - turn] the last call's
+  int64_t chunks[roles] = {};                      // chunk amaxes the last call wrote
   int turn[roles] = {};
   bool primed[roles] = {};                         // delayed scaling: a previous call's amaxes exist
   std::optional<DeviceTensor> no_bias;             // a 0-element bias for fp8_gemm
@@ -53,6 +54,17 @@ struct Fp8LinearState {
 const Kernel& linear_bf16();
 const Kernel& linear_bf16_dx();
 const Kernel& linear_bf16_dw();
+
+// The quantizers (one program per head and row chunk, a head's rows whole in registers) see a
+// matrix [rows, cols] as [1, H, rows, D], D the widest of 128, 64, 32, 16 dividing cols and H =
+// cols / D (strided: no copy); the transposing quantizer's yᵀ [1, H, D, rows] is then the matrix's
+// transpose [cols, rows] row-major. One descale for the whole matrix: every head takes the max of
+// all heads' chunk amaxes (fp8_linear_all_chunks: the [H · C] amaxes seen as [1, H, H · C], stride
+// 0 along the heads). At most kMaxQuantizerHeads heads (cols <= 128 · that).
+inline constexpr int64_t kMaxQuantizerHeads = 1024;
+int64_t fp8_linear_quantizer_width(int64_t cols);
+TensorView fp8_linear_quantizer_view(const TensorView& t, int64_t D);
+TensorView fp8_linear_all_chunks(const TensorView& amaxes, int64_t heads, int64_t count);
 
 // Where the FP8 products cannot take [M, K] x [N, K]: the reason ("M = 40 is not a multiple of
 // 16 ..."), else nothing.

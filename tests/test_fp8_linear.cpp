@@ -18,7 +18,9 @@
 #include "core/error.h"
 #include "gpu.h"
 #include "gpu_run.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/fp8_linear.h"
+#include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
 #include "runtime/reference.h"
@@ -135,6 +137,49 @@ TEST_CASE("fp8_linear: the bf16 fallback's kernels match float64 on the referenc
     const auto g = codegen::generate_cuda(*f, codegen::untuned_config(*f, "sm_90a"), codegen::Target::parse("sm_90a"));
     CHECK((g.lowering == "tensor cores (wgmma)" || g.lowering == "sm90_gemm"));   // y: the GEMM pattern's lowering takes it
   }
+}
+
+TEST_CASE("fp8_linear: the quantizers see a wide matrix as heads of 128 columns, one descale, the transpose in place (reference executor)") {
+  std::mt19937 rng(7);
+  const int64_t rows = 48, cols = 640;   // 5 heads of 128 columns
+  const int64_t D = kernels::fp8_linear_quantizer_width(cols), H = cols / D;
+  CHECK(D == 128);
+  CHECK(kernels::fp8_linear_quantizer_width(48) == 16);
+  const HostTensor x = tj_test::random_tensor(DType::bf16, {rows, cols}, rng);
+  const int64_t C = kernels::attention_fp8_quantize_chunks(H, rows);
+  HostTensor partial(DType::f32, {H * C}), y(DType::e4m3, {rows, cols}), yt(DType::e4m3, {cols, rows}), descale(DType::f32, {1, H}),
+      descale_t(DType::f32, {1, H});
+  for (HostTensor* t : {&partial, &y, &yt, &descale, &descale_t}) t->fill_bytes(0xFF);
+  const TensorView x4 = kernels::fp8_linear_quantizer_view(x.view(), D);
+  TensorView p3 = partial.view();
+  p3.shape = {1, H, C};
+  auto spec = [](const TensorView& v) { return ArgSpec(TensorSpec{v.dtype, v.shape, unit_strides(v.effective_strides())}); };
+  const ir::Function famax = kernels::chunk_amax().trace({spec(x4), spec(p3)});
+  run_reference(famax, kernels::chunk_amax_config(), {x4, p3});
+  const TensorView all = kernels::fp8_linear_all_chunks(partial.view(), H, H * C);
+  const TensorView y4 = kernels::fp8_linear_quantizer_view(y.view(), D);
+  TensorView yt4 = yt.view();
+  yt4.shape = {1, H, D, rows};
+  const ir::Function fq = kernels::quantize_fp8_chunked().trace({spec(x4), spec(all), spec(y4), spec(descale.view())});
+  run_reference(fq, kernels::chunked_quantize_config(false), {x4, all, y4, descale.view()});
+  const ir::Function fqt = kernels::quantize_transpose_fp8_chunked().trace({spec(x4), spec(all), spec(yt4), spec(descale_t.view())});
+  run_reference(fqt, kernels::chunked_quantize_config(true), {x4, all, yt4, descale_t.view()});
+  // One descale, the whole matrix's, for every head; y and yᵀ hold the same values.
+  double amax = 0;
+  for (double v : x.values()) amax = std::max(amax, std::abs(v));
+  for (int64_t h = 0; h < H; ++h) {
+    CHECK(descale.at(h) == doctest::Approx(amax / 448.0).epsilon(1e-6));
+    CHECK(descale_t.at(h) == descale.at(0));
+  }
+  const std::vector<double> want = quantized(x.values(), DType::e4m3);
+  int64_t off = 0, off_t = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      off += std::abs(y.at(i * cols + j) * descale.at(0) - want[i * cols + j]) > 1e-6 * std::abs(want[i * cols + j]);
+      off_t += yt.at(j * rows + i) != y.at(i * cols + j);
+    }
+  CHECK(off == 0);
+  CHECK(off_t == 0);
 }
 
 TEST_CASE("gpu: fp8_linear forward and backward match float64 of the quantized operands (dynamic and delayed scaling, bias, "
