@@ -2,6 +2,7 @@
 // GPU tests' common step: a kernel run on the CPU reference executor and on the GPU with the same
 // inputs and config, the output poisoned before each (tests/test_gpu_kernels.cpp,
 // tests/test_mma_gpu.cpp).
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +16,17 @@ namespace tj_test {
 
 // A tensor of N(0, scale) values rounded to `dt`.
 tj::HostTensor random_tensor(tj::DType dt, std::vector<int64_t> shape, std::mt19937& rng, double scale = 1.0);
+
+// A view that claims to be on the GPU at a made-up address, for argument checks that throw before
+// any launch (never dereferenced).
+inline tj::TensorView fake_device_view(tj::DType t, std::vector<int64_t> shape) {
+  tj::TensorView v;
+  v.data = reinterpret_cast<void*>(uintptr_t{0x1000});
+  v.dtype = t;
+  v.shape = std::move(shape);
+  v.device = tj::Device::cuda;
+  return v;
+}
 
 struct BothRuns {
   tj::HostTensor reference;   // tensors[out] after the CPU reference executor

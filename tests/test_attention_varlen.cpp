@@ -21,14 +21,8 @@ using namespace tj;
 
 namespace {
 
-TensorView device_view(DType t, std::vector<int64_t> shape) {
-  TensorView v;
-  v.data = reinterpret_cast<void*>(uintptr_t{0x1000});   // never dereferenced: the checks throw first
-  v.dtype = t;
-  v.shape = std::move(shape);
-  v.device = Device::cuda;
-  return v;
-}
+using tj_test::fake_device_view;
+TensorView device_view(DType t, std::vector<int64_t> shape) { return fake_device_view(t, std::move(shape)); }
 
 std::string error_of(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu, const TensorView& o,
                      const kernels::AttentionVarlenOptions& opt = {}) {

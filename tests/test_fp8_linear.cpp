@@ -29,14 +29,7 @@ using namespace tj;
 
 namespace {
 
-TensorView fake(DType t, std::vector<int64_t> shape) {
-  TensorView v;
-  v.data = reinterpret_cast<void*>(uintptr_t{0x1000});   // never dereferenced: the checks throw first
-  v.dtype = t;
-  v.shape = std::move(shape);
-  v.device = Device::cuda;
-  return v;
-}
+TensorView fake(DType t, std::vector<int64_t> shape) { return tj_test::fake_device_view(t, std::move(shape)); }
 
 std::string forward_error(const TensorView& x, const TensorView& w, const std::optional<TensorView>& bias, const TensorView& y) {
   kernels::Fp8LinearState st;
