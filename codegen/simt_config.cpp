@@ -19,7 +19,7 @@ namespace {
 // c2048 w4 0.0908, c4096 w4 0.0722, c4096 w8 0.0809; RMSNorm 0.0810, 0.0781, 0.0789, 0.0775;
 // LayerNorm 0.1040, 0.0951, 0.1008, 0.0961. Kernels that only map (an add) take blocks of 1024
 // on 4 warps: a copy's speed.
-// kLatePass: LayerNorm's normalizing pass with its w and b in trips of 1024 (x read again, from
+// Later passes with tensors of their own: LayerNorm's normalizing pass with its w and b in trips of 1024 (x read again, from
 // L2) instead of the whole row held from the sums' pass: H200, bf16 [16384, 4096], the tuner's
 // full search (same run): c4096 c2 1024 w4 0.0773-0.0798 ms, the whole row on 8 warps 0.0907.
 constexpr int64_t kBlock = 1024;
@@ -69,7 +69,7 @@ std::optional<Config> simt_streaming_config(const ir::Function& f) {
     if (f.blocks[i].fixed > 0) continue;
     // A later pass that brings in tensors of its own (LayerNorm's w and b) walks the row in trips
     // of kBlock: holding them with the row costs more rows in flight than reading the row again
-    // from L2 costs (kLatePass).
+    // from L2 costs (measured above).
     const int64_t limit = late.count(static_cast<int>(i)) ? kBlock : cap;
     const int64_t size = extents[i] > 0 ? std::min(limit, pow2_ceil(extents[i])) : kBlock;
     c.blocks[f.blocks[i].name] = size;
