@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 
 #include "autotune/launch.h"
 #include "core/error.h"
@@ -57,6 +58,16 @@ KeySide key_side(const In& q, const In& k, const Int& H, const Int& Sq, const In
   return {same_length, same_length ? Sq : k.dim(2), same_heads ? h : h / (H / k.dim(1))};
 }
 
+// The FP8 backward's recipe (bench/attention/backward_emulation.py: "e4m3 Q K V P dO, e5m2 dS x
+// 2^12"): q, k, v and do e4m3 with descales per (batch, head), [B, H] for q and do, [B, Hkv] for k
+// and v; P goes into dV's product as e4m3 of 2^8 P (P <= 1 would fall to e4m3's subnormals), dS
+// into dK's and dQ's as e5m2 of 2^12 dS (about 1e-4 on N(0, 1) inputs at 4k keys: below e5m2's
+// normal range unscaled); the scales and descales leave in the epilogues.
+struct Fp8Descales {
+  const In *q, *k, *v, *dout;
+};
+constexpr double kPScale = 256.0, kDsScale = 4096.0;
+
 // dK and dV per key tile over every query tile (attention_bwd_dkdv), and with dq_acc this key
 // tile's share of dQ added into it (attention_bwd_fused). scale: the forward's, log2(e) folded in;
 // the scores' gradient is in natural units. Per key tile the scores are computed transposed (s^T =
@@ -64,12 +75,22 @@ KeySide key_side(const In& q, const In& k, const Int& H, const Int& Sq, const In
 // dots from registers.
 // Grouped-query heads: q [B, H, Sq, D], k / v [B, Hkv, Skv, D]; query head h reads kv head h / (H /
 // Hkv), and dk / dv [B, H, Skv, D] are per query head (the host sums each group's).
-void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out* dq_acc, Scalar scale, bool causal) {
+void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out* dq_acc, Scalar scale, bool causal,
+                   const Fp8Descales* f8 = nullptr) {
   auto [B, H, Sq, D] = q.shape<4>();
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
     const KeySide keys = key_side(q, k, H, Sq, h);
     const Int& hk = keys.head;
+    // FP8: the scores' and dP's descales, and the epilogues' (scalars of the program).
+    std::optional<Tile> s_scale, dp_scale, dk_scale, dv_scale;
+    if (f8) {
+      const Tile sq = f8->q->load(b, h), sk = f8->k->load(b, hk), sv = f8->v->load(b, hk), sdo = f8->dout->load(b, h);
+      s_scale = sq * sk;
+      dp_scale = sv * sdo;
+      dk_scale = sq * (1.0 / kDsScale);
+      dv_scale = sdo * (1.0 / kPScale);
+    }
     for (auto n : tile(keys.length, block("n"))) {
       Var dk_acc = zeros({n, D}, DType::f32);
       Var dv_acc = zeros({n, D}, DType::f32);
@@ -80,20 +101,26 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
       for (auto m : tile(m_begin, Sq, block("m"))) {
         auto qt = q.load(b, h, m, all);
         auto dot_ = dout.load(b, h, m, all);
-        auto st = dot(kt, qt.T()) * scale;                                   // [n, m]
+        auto st = f8 ? dot(kt, qt.T()) * (scale * *s_scale) : dot(kt, qt.T()) * scale;   // [n, m]
         if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
         auto pt = exp2(st - lse.load(b, h, m).row());
-        dv_acc = dot(pt.to(v.dtype()), dot_, dv_acc);                          // [n, D]
-        auto dpt = dot(vt, dot_.T());                                          // [n, m]
-        auto dst = (pt * (dpt - delta.load(b, h, m).row())).to(q.dtype());
+        dv_acc = dot(f8 ? (pt * kPScale).to(DType::e4m3) : pt.to(v.dtype()), dot_, dv_acc);   // [n, D]
+        auto dpt = f8 ? dot(vt, dot_.T()) * *dp_scale : dot(vt, dot_.T());                      // [n, m]
+        auto ds = pt * (dpt - delta.load(b, h, m).row());
+        auto dst = f8 ? (ds * kDsScale).to(DType::e5m2) : ds.to(q.dtype());
         dk_acc = dot(dst, qt, dk_acc);                                         // [n, D]
         if (dq_acc) {
           auto dqt = dot(kt.T(), dst);                                         // [D, m]: this key tile's share of dq^T
           dq_acc->atomic_add(b, h, m, all, (dqt * (scale * kLn2)).T());
         }
       }
-      dk.store(b, h, n, all, (dk_acc * (scale * kLn2)).to(dk.dtype()));
-      dv.store(b, h, n, all, Tile(dv_acc).to(dv.dtype()));
+      if (f8) {
+        dk.store(b, h, n, all, (dk_acc * (scale * kLn2) * *dk_scale).to(dk.dtype()));
+        dv.store(b, h, n, all, (dv_acc * *dv_scale).to(dv.dtype()));
+      } else {
+        dk.store(b, h, n, all, (dk_acc * (scale * kLn2)).to(dk.dtype()));
+        dv.store(b, h, n, all, Tile(dv_acc).to(dv.dtype()));
+      }
     }
   }
 }
@@ -109,37 +136,73 @@ const Kernel& attention_bwd_dkdv() {
   return k;
 }
 
+namespace {
+// dQ per query tile over every key tile (attention_bwd_dq; f8: attention_bwd_dq_fp8's recipe).
+void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal,
+                     const Fp8Descales* f8 = nullptr) {
+  auto [B, H, Sq, D] = q.shape<4>();
+  for (auto bh : grid(B * H)) {
+    auto b = floordiv(bh, H), h = bh % H;
+    const KeySide keys = key_side(q, k, H, Sq, h);
+    const Int& hk = keys.head;
+    std::optional<Tile> s_scale, dp_scale, dq_scale;
+    if (f8) {
+      const Tile sq = f8->q->load(b, h), sk = f8->k->load(b, hk), sv = f8->v->load(b, hk), sdo = f8->dout->load(b, h);
+      s_scale = sq * sk;
+      dp_scale = sv * sdo;
+      dq_scale = sk * (1.0 / kDsScale);
+    }
+    for (auto m : tile(Sq, block("m"))) {
+      Var dq_acc = zeros({m, D}, DType::f32);
+      auto qt = q.load(b, h, m, all);
+      auto dot_ = dout.load(b, h, m, all);
+      auto lse_m = lse.load(b, h, m).col();
+      auto delta_m = delta.load(b, h, m).col();
+      // Causal (top-left): the keys up to the tile's last row (all of them past Skv).
+      const Operand n_end = !causal ? Operand(keys.length)
+                            : keys.same_length ? Operand(m.end())
+                                               : Operand(minimum(m.end(), keys.length));
+      for (auto n : tile(n_end, block("n"))) {
+        auto kt = k.load(b, hk, n, all);
+        auto s = f8 ? dot(qt, kt.T()) * (scale * *s_scale) : dot(qt, kt.T()) * scale;
+        if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
+        auto p = exp2(s - lse_m);
+        auto dp = f8 ? dot(dot_, v.load(b, hk, n, all).T()) * *dp_scale : dot(dot_, v.load(b, hk, n, all).T());
+        auto ds = p * (dp - delta_m);
+        dq_acc = dot(f8 ? (ds * kDsScale).to(DType::e5m2) : ds.to(q.dtype()), kt, dq_acc);
+      }
+      if (f8) dq.store(b, h, m, all, (dq_acc * (scale * kLn2) * *dq_scale).to(dq.dtype()));
+      else dq.store(b, h, m, all, (dq_acc * (scale * kLn2)).to(dq.dtype()));
+    }
+  }
+}
+}  // namespace
+
 const Kernel& attention_bwd_dq() {
   static const Kernel k = kernel(
       "attention_bwd_dq", {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"},
       [](In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal) {
-        auto [B, H, Sq, D] = q.shape<4>();
-        for (auto bh : grid(B * H)) {
-          auto b = floordiv(bh, H), h = bh % H;
-          const KeySide keys = key_side(q, k, H, Sq, h);
-          const Int& hk = keys.head;
-          for (auto m : tile(Sq, block("m"))) {
-            Var dq_acc = zeros({m, D}, DType::f32);
-            auto qt = q.load(b, h, m, all);
-            auto dot_ = dout.load(b, h, m, all);
-            auto lse_m = lse.load(b, h, m).col();
-            auto delta_m = delta.load(b, h, m).col();
-            // Causal (top-left): the keys up to the tile's last row (all of them past Skv).
-            const Operand n_end = !causal ? Operand(keys.length)
-                                  : keys.same_length ? Operand(m.end())
-                                                     : Operand(minimum(m.end(), keys.length));
-            for (auto n : tile(n_end, block("n"))) {
-              auto kt = k.load(b, hk, n, all);
-              auto s = dot(qt, kt.T()) * scale;
-              if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
-              auto p = exp2(s - lse_m);
-              auto dp = dot(dot_, v.load(b, hk, n, all).T());
-              auto ds = p * (dp - delta_m);
-              dq_acc = dot(ds.to(q.dtype()), kt, dq_acc);
-            }
-            dq.store(b, h, m, all, (dq_acc * (scale * kLn2)).to(dq.dtype()));
-          }
-        }
+        query_tile_body(q, k, v, dout, lse, delta, dq, scale, causal);
+      });
+  return k;
+}
+
+const Kernel& attention_bwd_dkdv_fp8() {
+  static const Kernel k = kernel(
+      "attention_bwd_dkdv_fp8", {"q", "k", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dk", "dv", "scale", "causal"},
+      [](In q, In k, In v, In dout, In lse, In delta, In sq, In sk, In sv, In sdo, Out dk, Out dv, Scalar scale, bool causal) {
+        const Fp8Descales f8{&sq, &sk, &sv, &sdo};
+        key_tile_body(q, k, v, dout, lse, delta, dk, dv, nullptr, scale, causal, &f8);
+      });
+  return k;
+}
+
+const Kernel& attention_bwd_dq_fp8() {
+  static const Kernel k = kernel(
+      "attention_bwd_dq_fp8", {"q", "k", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dq", "scale", "causal"},
+      [](In q, In k, In v, In dout, In lse, In delta, In sq, In sk, In sv, In sdo, Out dq, Scalar scale, bool causal) {
+        const Fp8Descales f8{&sq, &sk, &sv, &sdo};
+        query_tile_body(q, k, v, dout, lse, delta, dq, scale, causal, &f8);
       });
   return k;
 }

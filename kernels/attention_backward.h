@@ -25,6 +25,14 @@ namespace tj::kernels {
 const Kernel& attention_bwd_delta();
 const Kernel& attention_bwd_dkdv();
 const Kernel& attention_bwd_dq();
+//   attention_bwd_dkdv_fp8, attention_bwd_dq_fp8: the same on e4m3 q, k, v and do, with descales
+//   sq, sdo [B, H] and sk, sv [B, Hkv] f32 after q, k, v, do, lse, delta (the recipe of
+//   bench/attention/backward_emulation.py "e4m3 Q K V P dO, e5m2 dS x 2^12": P into dV's product as
+//   e4m3 of 2^8 P, dS into dK's and dQ's as e5m2 of 2^12 dS); lse from the FP8 forward's scores
+//   (log2 units), delta from the 16-bit dO and O. Checked on the CPU reference executor; not yet
+//   run on a GPU nor wired into attention_backward.
+const Kernel& attention_bwd_dkdv_fp8();
+const Kernel& attention_bwd_dq_fp8();
 //   attention_bwd_fused: dk and dv as attention_bwd_dkdv, and dq in the same pass: each key tile
 //   adds its share dS . K into dq_acc [B, H, S, D] (f32, zeroed first) by atomic adds, already
 //   scaled; dq is dq_acc converted (attention_bwd_dq_convert). The adds' order is not fixed, so

@@ -34,6 +34,12 @@ double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
   return std::sqrt(e / std::max(r, 1e-300));
 }
 
+double bf16_round(double x) {
+  HostTensor t(DType::bf16, {1});
+  t.set(0, x);
+  return t.at(0);
+}
+
 HostTensor random(DType t, std::vector<int64_t> shape, std::mt19937& rng) {
   HostTensor h(t, std::move(shape));
   std::normal_distribution<double> n(0, 1);
@@ -90,6 +96,134 @@ TEST_CASE("attention backward in the DSL: the CPU reference executor's gradients
     CHECK(rel_rmse(dv1, want.dv) < 2e-2);
     CHECK(rel_rmse(dk1, want.dk) < 3e-2);
     CHECK(rel_rmse(dq1, want.dq) < 3e-2);
+  }
+}
+
+TEST_CASE("attention backward FP8 kernels (e4m3 Q K V dO, e5m2 dS): the reference executor matches a float64 emulation of "
+          "the recipe; the gradients float64's to the recipe's error; wgmma for sm_90a") {
+  std::mt19937 rng(41);
+  const int64_t S = 96, D = 64, H = 2;
+  const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S}, heads = {1, H};
+  const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D)), scale = scale_nat / std::log(2.0);
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
+                     dout = random(DType::bf16, shape, rng);
+    // Per-head e4m3 copies and descales (amax / 448 in f32), as the quantizers write them.
+    auto quantize = [&](const HostTensor& x, HostTensor& x8, HostTensor& ds) {
+      for (int64_t h = 0; h < H; ++h) {
+        double amax = 0;
+        for (int64_t i = 0; i < S * D; ++i) amax = std::max(amax, std::abs(x.at(h * S * D + i)));
+        const float d = static_cast<float>(amax) * (1.0f / 448.0f), inv = 1.0f / d;
+        ds.set(h, d);
+        for (int64_t i = 0; i < S * D; ++i) x8.set(h * S * D + i, static_cast<float>(x.at(h * S * D + i)) * inv);
+      }
+    };
+    HostTensor q8(DType::e4m3, shape), k8(DType::e4m3, shape), v8(DType::e4m3, shape), do8(DType::e4m3, shape);
+    HostTensor sq(DType::f32, heads), sk(DType::f32, heads), sv(DType::f32, heads), sdo(DType::f32, heads);
+    quantize(q, q8, sq);
+    quantize(k, k8, sk);
+    quantize(v, v8, sv);
+    quantize(dout, do8, sdo);
+    // The FP8 forward's LSE (log2 units) and O over the quantized operands; delta from O and the
+    // 16-bit dO.
+    HostTensor lse(DType::f32, rows), delta(DType::f32, rows);
+    std::vector<double> o(S * D * H), P(H * S * S);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < S; ++i) {
+        std::vector<double> s2(S, -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
+          double acc = 0;
+          for (int64_t d = 0; d < D; ++d) acc += q8.at((h * S + i) * D + d) * k8.at((h * S + j) * D + d);
+          s2[j] = acc * sq.at(h) * sk.at(h) * scale;
+          mx = std::max(mx, s2[j]);
+        }
+        double sum = 0;
+        for (double x : s2) sum += std::isinf(x) ? 0.0 : std::exp2(x - mx);
+        const double l = mx + std::log2(sum);
+        lse.set(h * S + i, l);
+        double dl = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < S; ++j) acc += (std::isinf(s2[j]) ? 0.0 : std::exp2(s2[j] - l)) * v8.at((h * S + j) * D + d) * sv.at(h);
+          o[(h * S + i) * D + d] = acc;
+          dl += bf16_round(acc) * dout.at((h * S + i) * D + d);
+        }
+        delta.set(h * S + i, dl);
+      }
+    // The recipe in float64: P8 = e4m3(2^8 P), dS8 = e5m2(2^12 dS).
+    std::vector<double> wq(H * S * D, 0.0), wk(H * S * D, 0.0), wv(H * S * D, 0.0);
+    HostTensor p8(DType::e4m3, {1}), ds8(DType::e5m2, {1});
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) {
+          if (causal && j > i) continue;
+          double s2 = 0, dp = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            s2 += q8.at((h * S + i) * D + d) * k8.at((h * S + j) * D + d);
+            dp += do8.at((h * S + i) * D + d) * v8.at((h * S + j) * D + d);
+          }
+          const double p = std::exp2(s2 * sq.at(h) * sk.at(h) * scale - lse.at(h * S + i));
+          dp *= sv.at(h) * sdo.at(h);
+          p8.set(0, p * 256.0);
+          ds8.set(0, p * (dp - delta.at(h * S + i)) * 4096.0);
+          for (int64_t d = 0; d < D; ++d) {
+            wv[(h * S + j) * D + d] += p8.at(0) * do8.at((h * S + i) * D + d) * sdo.at(h) / 256.0;
+            wk[(h * S + j) * D + d] += ds8.at(0) * q8.at((h * S + i) * D + d) * sq.at(h) * scale_nat / 4096.0;
+            wq[(h * S + i) * D + d] += ds8.at(0) * k8.at((h * S + j) * D + d) * sk.at(h) * scale_nat / 4096.0;
+          }
+        }
+    // The kernels on the reference executor.
+    HostTensor dq(DType::f32, shape), dk(DType::f32, shape), dv(DType::f32, shape);
+    for (HostTensor* t : {&dq, &dk, &dv}) t->fill_bytes(0xFF);
+    const TensorSpec t8{DType::e4m3, shape}, t32{DType::f32, rows}, th{DType::f32, heads}, to{DType::f32, shape};
+    const ir::Function fkv = kernels::attention_bwd_dkdv_fp8().trace({t8, t8, t8, t8, t32, t32, th, th, th, th, to, to, RuntimeScalar{0.0f}, causal});
+    const ir::Function fq = kernels::attention_bwd_dq_fp8().trace({t8, t8, t8, t8, t32, t32, th, th, th, th, to, RuntimeScalar{0.0f}, causal});
+    HostTensor q8c = q8, k8c = k8, v8c = v8, do8c = do8;
+    run_reference(fkv, default_config(fkv),
+                  values({&q8c, &k8c, &v8c, &do8c, &lse, &delta, &sq, &sk, &sv, &sdo, &dk, &dv}, {static_cast<float>(scale)}));
+    run_reference(fq, default_config(fq), values({&q8c, &k8c, &v8c, &do8c, &lse, &delta, &sq, &sk, &sv, &sdo, &dq}, {static_cast<float>(scale)}));
+    // Against the emulation (3e-8 here; the bound leaves room for the executor's f32 rounding a
+    // P8 or dS8 the other way) ...
+    CHECK(rel_rmse(dv, wv) < 1e-3);
+    CHECK(rel_rmse(dk, wk) < 1e-3);
+    CHECK(rel_rmse(dq, wq) < 1e-3);
+    // ... and against float64 of the 16-bit inputs: the recipe's own error (5-8e-2 at S 1024 in
+    // bench/attention/backward_emulation.py).
+    std::vector<double> o64, lse64;
+    Grads exact;
+    reference_attention(q, k, v, dout, causal, scale_nat, o64, lse64, exact);
+    MESSAGE("FP8 backward on the reference executor vs float64: dq ", rel_rmse(dq, exact.dq), " dk ", rel_rmse(dk, exact.dk), " dv ",
+            rel_rmse(dv, exact.dv), " (vs the recipe's emulation: dq ", rel_rmse(dq, wq), " dk ", rel_rmse(dk, wk), " dv ", rel_rmse(dv, wv), ")");
+    CHECK(rel_rmse(dv, exact.dv) < 0.15);
+    CHECK(rel_rmse(dk, exact.dk) < 0.15);
+    CHECK(rel_rmse(dq, exact.dq) < 0.15);
+    // Every dot on wgmma for sm_90a (untuned configs), ptxas without serialized wgmmas.
+    for (const ir::Function* f : {&fkv, &fq}) {
+      const ir::Function g = f->name == fkv.name ? kernels::attention_bwd_dkdv_fp8().trace(
+                                                       {contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
+                                                        contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
+                                                        contiguous_spec(DType::f32, {2, 4, 1024}), contiguous_spec(DType::f32, {2, 4, 1024}),
+                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
+                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
+                                                        contiguous_spec(DType::bf16, {2, 4, 1024, 128}), contiguous_spec(DType::bf16, {2, 4, 1024, 128}),
+                                                        RuntimeScalar{0.1f}, causal})
+                                                 : kernels::attention_bwd_dq_fp8().trace(
+                                                       {contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
+                                                        contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
+                                                        contiguous_spec(DType::f32, {2, 4, 1024}), contiguous_spec(DType::f32, {2, 4, 1024}),
+                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
+                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
+                                                        contiguous_spec(DType::bf16, {2, 4, 1024, 128}), RuntimeScalar{0.1f}, causal});
+      CAPTURE(g.name);
+      const auto gen = codegen::generate_cuda(g, codegen::untuned_config(g, "sm_90a"), codegen::Target::parse("sm_90a"));
+      CHECK(gen.lowering == "tensor cores (wgmma)");
+      const auto r = tj_test::nvrtc(gen, "sm_90a", true, true);
+      INFO(r.log);
+      CHECK(r.ptx.find("e5m2.e4m3") != std::string::npos);   // dS (e5m2) times Q or K (e4m3)
+      CHECK(r.log.find("serialized") == std::string::npos);
+    }
   }
 }
 
