@@ -100,7 +100,7 @@ TEST_CASE("attention backward in the DSL: the CPU reference executor's gradients
 }
 
 TEST_CASE("attention backward FP8 kernels (e4m3 Q K V dO, e5m2 dS): the reference executor matches a float64 emulation of "
-          "the recipe; the gradients float64's to the recipe's error; wgmma for sm_90a") {
+          "the recipe, the gradients float64's to the recipe's error, wgmma for sm_90a") {
   std::mt19937 rng(41);
   const int64_t S = 96, D = 64, H = 2;
   const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S}, heads = {1, H};
