@@ -68,6 +68,16 @@ struct Fp8Descales {
 };
 constexpr double kPScale = 256.0, kDsScale = 4096.0;
 
+// A program's descales (scalars): q's and do's of query head h, k's and v's of kv head hk; the
+// scores' (sq sk) and dP's (sv sdo) factors.
+struct Fp8ProgramScales {
+  Tile sq, sk, sv, sdo, scores, dp;
+};
+Fp8ProgramScales load_descales(const Fp8Descales& f8, const Int& b, const Int& h, const Int& hk) {
+  const Tile sq = f8.q->load(b, h), sk = f8.k->load(b, hk), sv = f8.v->load(b, hk), sdo = f8.dout->load(b, h);
+  return {sq, sk, sv, sdo, sq * sk, sv * sdo};
+}
+
 // dK and dV per key tile over every query tile (attention_bwd_dkdv), and with dq_acc this key
 // tile's share of dQ added into it (attention_bwd_fused). scale: the forward's, log2(e) folded in;
 // the scores' gradient is in natural units. Per key tile the scores are computed transposed (s^T =
@@ -85,11 +95,11 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
     // FP8: the scores' and dP's descales, and the epilogues' (scalars of the program).
     std::optional<Tile> s_scale, dp_scale, dk_scale, dv_scale;
     if (f8) {
-      const Tile sq = f8->q->load(b, h), sk = f8->k->load(b, hk), sv = f8->v->load(b, hk), sdo = f8->dout->load(b, h);
-      s_scale = sq * sk;
-      dp_scale = sv * sdo;
-      dk_scale = sq * (1.0 / kDsScale);
-      dv_scale = sdo * (1.0 / kPScale);
+      const Fp8ProgramScales ps = load_descales(*f8, b, h, hk);
+      s_scale = ps.scores;
+      dp_scale = ps.dp;
+      dk_scale = ps.sq * (1.0 / kDsScale);
+      dv_scale = ps.sdo * (1.0 / kPScale);
     }
     for (auto n : tile(keys.length, block("n"))) {
       Var dk_acc = zeros({n, D}, DType::f32);
@@ -147,10 +157,10 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
     const Int& hk = keys.head;
     std::optional<Tile> s_scale, dp_scale, dq_scale;
     if (f8) {
-      const Tile sq = f8->q->load(b, h), sk = f8->k->load(b, hk), sv = f8->v->load(b, hk), sdo = f8->dout->load(b, h);
-      s_scale = sq * sk;
-      dp_scale = sv * sdo;
-      dq_scale = sk * (1.0 / kDsScale);
+      const Fp8ProgramScales ps = load_descales(*f8, b, h, hk);
+      s_scale = ps.scores;
+      dp_scale = ps.dp;
+      dq_scale = ps.sk * (1.0 / kDsScale);
     }
     for (auto m : tile(Sq, block("m"))) {
       Var dq_acc = zeros({m, D}, DType::f32);
