@@ -95,13 +95,6 @@ LaunchOptions fallback_options(int64_t M, int64_t N, int64_t K, CUstream stream)
   return lo;
 }
 
-// The state's chunk amaxes for `role`, turn `t`: the buffer (grown to `need` floats).
-DeviceTensor& amax_buffer(Fp8LinearState& st, int role, int t, int64_t need) {
-  std::optional<DeviceTensor>& a = st.amax[role][t];
-  if (!a || a->view().numel() < need) a.emplace(DType::f32, std::vector<int64_t>{need});
-  return *a;
-}
-
 // The state's copy for `role`, [rows, cols] of `dtype`, grown as needed; a view of that shape.
 TensorView copy_view(Fp8LinearState& st, int role, DType dtype, int64_t rows, int64_t cols) {
   std::optional<DeviceTensor>& c = st.copy[role];
@@ -147,9 +140,8 @@ TensorView quantize(Fp8LinearState& st, int role, const TensorView& x, DType fp8
     const TensorView prev = fp8_linear_all_chunks(st.amax[role][1 - turn]->view(), H, st.chunks[role]);
     quantize_fp8_delayed(x4, prev, y4, d, st.amax[role][turn], transpose, lo);
   } else {
-    amax_buffer(st, role, turn, chunks);
-    chunk_amaxes(x4, st.amax[role][turn], lo);
-    quantize_with_chunk_amaxes(x4, fp8_linear_all_chunks(st.amax[role][turn]->view(), H, chunks), y4, d, transpose, lo);
+    const TensorView mine = chunk_amaxes(x4, st.amax[role][turn], lo);   // grows the buffer: [1, H, C]
+    quantize_with_chunk_amaxes(x4, fp8_linear_all_chunks(mine, H, chunks), y4, d, transpose, lo);
   }
   // This call's chunk amaxes are the next call's previous ones.
   st.chunks[role] = chunks;
