@@ -7,20 +7,24 @@
 
 #include "autotune/launch.h"
 #include "core/error.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/library.h"
 
 namespace tj::kernels {
 
 namespace {
 
-// delta[b, h, i] = sum over d of do * o, and with lse / lse2 the LSE in log2 units (prepare).
-void delta_body(In o, In dout, Out delta, In* lse, Out* lse2) {
+// delta[b, h, i] = sum over d of do * o (with sdo: do's descale [B, H], of an e4m3 do), and with
+// lse / lse2 the LSE in log2 units (prepare).
+void delta_body(In o, In dout, Out delta, In* lse, Out* lse2, In* sdo = nullptr) {
   auto [B, H, S, D] = o.shape<4>();
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
+    std::optional<Tile> descale;
+    if (sdo) descale = sdo->load(b, h);
     for (auto m : tile(S, block("m"))) {
       auto prod = o.load(b, h, m, all).to(DType::f32) * dout.load(b, h, m, all).to(DType::f32);
-      delta.store(b, h, m, sum(prod, 1));
+      delta.store(b, h, m, descale ? sum(prod, 1) * *descale : sum(prod, 1));
       if (lse) lse2->store(b, h, m, lse->load(b, h, m) * 1.4426950408889634);
     }
   }
@@ -37,6 +41,13 @@ const Kernel& attention_bwd_delta() {
 const Kernel& attention_bwd_prepare() {
   static const Kernel k = kernel("attention_bwd_prepare", {"o", "do", "lse", "delta", "lse2"},
                                  [](In o, In dout, In lse, Out delta, Out lse2) { delta_body(o, dout, delta, &lse, &lse2); });
+  return k;
+}
+
+const Kernel& attention_bwd_prepare_fp8() {
+  static const Kernel k =
+      kernel("attention_bwd_prepare_fp8", {"o", "do", "sdo", "lse", "delta", "lse2"},
+             [](In o, In dout, In sdo, In lse, Out delta, Out lse2) { delta_body(o, dout, delta, &lse, &lse2, &sdo); });
   return k;
 }
 
@@ -63,18 +74,26 @@ KeySide key_side(const In& q, const In& k, const Int& H, const Int& Sq, const In
 // and v; P goes into dV's product as e4m3 of 2^8 P (P <= 1 would fall to e4m3's subnormals), dS
 // into dK's and dQ's as e5m2 of 2^12 dS (about 1e-4 on N(0, 1) inputs at 4k keys: below e5m2's
 // normal range unscaled); the scales and descales leave in the epilogues.
-struct Fp8Descales {
-  const In *q, *k, *v, *dout;
+// FP8 wgmma reads both operands K-major (the reduced dim contiguous): where a product reduces over
+// the rows of q, do (dK, dV: over the query rows) or k (dQ: over the keys), it reads the transposed
+// e4m3 copy [B, H, D, S_pad] (quantize_transpose_fp8's layout) instead, so the operand goes from
+// global memory to shared memory by TMA as it is, with no transposition through registers.
+struct Fp8Inputs {
+  const In *sq, *sk, *sv, *sdo;           // descales
+  const In *qt = nullptr, *dout_t = nullptr, *kt = nullptr;   // transposed copies (see above)
 };
 constexpr double kPScale = 256.0, kDsScale = 4096.0;
+// How the kernels make them: dK / dV's 2^8 P = exp2(s - (lse - 8)), and 2^12 dS = 2^8 P . 2^4 (dP -
+// delta); dQ's 2^4 P = exp2(s - (lse - 4)) and 2^12 dS = 2^4 P . 2^8 (dP - delta).
+constexpr double kPLog2 = 8.0, kDpScale = kDsScale / kPScale, kQPLog2 = 4.0, kQDpScale = 256.0;
 
 // A program's descales (scalars): q's and do's of query head h, k's and v's of kv head hk; the
 // scores' (sq sk) and dP's (sv sdo) factors.
 struct Fp8ProgramScales {
   Tile sq, sk, sv, sdo, scores, dp;
 };
-Fp8ProgramScales load_descales(const Fp8Descales& f8, const Int& b, const Int& h, const Int& hk) {
-  const Tile sq = f8.q->load(b, h), sk = f8.k->load(b, hk), sv = f8.v->load(b, hk), sdo = f8.dout->load(b, h);
+Fp8ProgramScales load_descales(const Fp8Inputs& f8, const Int& b, const Int& h, const Int& hk) {
+  const Tile sq = f8.sq->load(b, h), sk = f8.sk->load(b, hk), sv = f8.sv->load(b, hk), sdo = f8.sdo->load(b, h);
   return {sq, sk, sv, sdo, sq * sk, sv * sdo};
 }
 
@@ -86,7 +105,7 @@ Fp8ProgramScales load_descales(const Fp8Descales& f8, const Int& b, const Int& h
 // Grouped-query heads: q [B, H, Sq, D], k / v [B, Hkv, Skv, D]; query head h reads kv head h / (H /
 // Hkv), and dk / dv [B, H, Skv, D] are per query head (the host sums each group's).
 void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out* dq_acc, Scalar scale, bool causal,
-                   const Fp8Descales* f8 = nullptr) {
+                   const Fp8Inputs* f8 = nullptr) {
   auto [B, H, Sq, D] = q.shape<4>();
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
@@ -113,14 +132,26 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
         auto dot_ = dout.load(b, h, m, all);
         auto st = f8 ? dot(kt, qt.T()) * (scale * *s_scale) : dot(kt, qt.T()) * scale;   // [n, m]
         if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
-        auto pt = exp2(st - lse.load(b, h, m).row());
-        dv_acc = dot(f8 ? (pt * kPScale).to(DType::e4m3) : pt.to(v.dtype()), dot_, dv_acc);   // [n, D]
-        auto dpt = f8 ? dot(vt, dot_.T()) * *dp_scale : dot(vt, dot_.T());                      // [n, m]
-        auto ds = pt * (dpt - delta.load(b, h, m).row());
-        auto dst = f8 ? (ds * kDsScale).to(DType::e5m2) : ds.to(q.dtype());
-        dk_acc = dot(dst, qt, dk_acc);                                         // [n, D]
+        std::optional<Tile> dst;
+        if (f8) {
+          // 2^8 P from the exponent and 2^12 dS = 2^8 P . 2^4 (dP - delta): the scales folded into
+          // the row terms, so a score costs one multiply-add, the exp2, one multiply-add and a
+          // multiply besides the conversions.
+          auto pt = exp2(st - (lse.load(b, h, m) - kPLog2).row());   // 2^8 P
+          dv_acc = dot(pt.to(DType::e4m3), f8->dout_t->load(b, h, all, m).T(), dv_acc);
+          auto dpt = dot(vt, dot_.T()) * (*dp_scale * kDpScale) - (delta.load(b, h, m) * kDpScale).row();
+          dst = (pt * dpt).to(DType::e5m2);
+          dk_acc = dot(*dst, f8->qt->load(b, h, all, m).T(), dk_acc);   // [n, D]
+        } else {
+          auto pt = exp2(st - lse.load(b, h, m).row());
+          dv_acc = dot(pt.to(v.dtype()), dot_, dv_acc);   // [n, D]
+          auto dpt = dot(vt, dot_.T());                    // [n, m]
+          auto ds = pt * (dpt - delta.load(b, h, m).row());
+          dst = ds.to(q.dtype());
+          dk_acc = dot(*dst, qt, dk_acc);   // [n, D]
+        }
         if (dq_acc) {
-          auto dqt = dot(kt.T(), dst);                                         // [D, m]: this key tile's share of dq^T
+          auto dqt = dot(kt.T(), *dst);                                        // [D, m]: this key tile's share of dq^T
           dq_acc->atomic_add(b, h, m, all, (dqt * (scale * kLn2)).T());
         }
       }
@@ -149,7 +180,7 @@ const Kernel& attention_bwd_dkdv() {
 namespace {
 // dQ per query tile over every key tile (attention_bwd_dq; f8: attention_bwd_dq_fp8's recipe).
 void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal,
-                     const Fp8Descales* f8 = nullptr) {
+                     const Fp8Inputs* f8 = nullptr) {
   auto [B, H, Sq, D] = q.shape<4>();
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
@@ -166,8 +197,10 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
       Var dq_acc = zeros({m, D}, DType::f32);
       auto qt = q.load(b, h, m, all);
       auto dot_ = dout.load(b, h, m, all);
-      auto lse_m = lse.load(b, h, m).col();
-      auto delta_m = delta.load(b, h, m).col();
+      // FP8: 2^4 P from the exponent and 2^12 dS = 2^4 P . 2^8 (dP - delta), the scales folded
+      // into the row terms as the dK / dV kernel does.
+      auto lse_m = f8 ? (lse.load(b, h, m) - kQPLog2).col() : lse.load(b, h, m).col();
+      auto delta_m = f8 ? (delta.load(b, h, m) * kQDpScale).col() : delta.load(b, h, m).col();
       // Causal (top-left): the keys up to the tile's last row (all of them past Skv).
       const Operand n_end = !causal ? Operand(keys.length)
                             : keys.same_length ? Operand(m.end())
@@ -177,9 +210,13 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
         auto s = f8 ? dot(qt, kt.T()) * (scale * *s_scale) : dot(qt, kt.T()) * scale;
         if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
         auto p = exp2(s - lse_m);
-        auto dp = f8 ? dot(dot_, v.load(b, hk, n, all).T()) * *dp_scale : dot(dot_, v.load(b, hk, n, all).T());
-        auto ds = p * (dp - delta_m);
-        dq_acc = dot(f8 ? (ds * kDsScale).to(DType::e5m2) : ds.to(q.dtype()), kt, dq_acc);
+        if (f8) {
+          auto dp = dot(dot_, v.load(b, hk, n, all).T()) * (*dp_scale * kQDpScale) - delta_m;
+          dq_acc = dot((p * dp).to(DType::e5m2), f8->kt->load(b, hk, all, n).T(), dq_acc);
+        } else {
+          auto ds = p * (dot(dot_, v.load(b, hk, n, all).T()) - delta_m);
+          dq_acc = dot(ds.to(q.dtype()), kt, dq_acc);
+        }
       }
       if (f8) dq.store(b, h, m, all, (dq_acc * (scale * kLn2) * *dq_scale).to(dq.dtype()));
       else dq.store(b, h, m, all, (dq_acc * (scale * kLn2)).to(dq.dtype()));
@@ -199,9 +236,11 @@ const Kernel& attention_bwd_dq() {
 
 const Kernel& attention_bwd_dkdv_fp8() {
   static const Kernel k = kernel(
-      "attention_bwd_dkdv_fp8", {"q", "k", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dk", "dv", "scale", "causal"},
-      [](In q, In k, In v, In dout, In lse, In delta, In sq, In sk, In sv, In sdo, Out dk, Out dv, Scalar scale, bool causal) {
-        const Fp8Descales f8{&sq, &sk, &sv, &sdo};
+      "attention_bwd_dkdv_fp8",
+      {"q", "qt", "k", "v", "do", "dot", "lse", "delta", "sq", "sk", "sv", "sdo", "dk", "dv", "scale", "causal"},
+      [](In q, In qt, In k, In v, In dout, In dout_t, In lse, In delta, In sq, In sk, In sv, In sdo, Out dk, Out dv, Scalar scale,
+         bool causal) {
+        const Fp8Inputs f8{&sq, &sk, &sv, &sdo, &qt, &dout_t, nullptr};
         key_tile_body(q, k, v, dout, lse, delta, dk, dv, nullptr, scale, causal, &f8);
       });
   return k;
@@ -209,9 +248,9 @@ const Kernel& attention_bwd_dkdv_fp8() {
 
 const Kernel& attention_bwd_dq_fp8() {
   static const Kernel k = kernel(
-      "attention_bwd_dq_fp8", {"q", "k", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dq", "scale", "causal"},
-      [](In q, In k, In v, In dout, In lse, In delta, In sq, In sk, In sv, In sdo, Out dq, Scalar scale, bool causal) {
-        const Fp8Descales f8{&sq, &sk, &sv, &sdo};
+      "attention_bwd_dq_fp8", {"q", "k", "kt", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dq", "scale", "causal"},
+      [](In q, In k, In kt, In v, In dout, In lse, In delta, In sq, In sk, In sv, In sdo, Out dq, Scalar scale, bool causal) {
+        const Fp8Inputs f8{&sq, &sk, &sv, &sdo, nullptr, nullptr, &kt};
         query_tile_body(q, k, v, dout, lse, delta, dq, scale, causal, &f8);
       });
   return k;
@@ -293,6 +332,33 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
     fail(fmt::format("lse is {}: expected f32[{}, {}, {}] (the forward's)", lse.describe(), q.shape[0], q.shape[1], q.shape[2]));
 }
 
+// x [B, H, S, D] -> e4m3 y (and its transpose yt [B, H, D, S_pad] when asked) with descale [B, H]
+// = amax / 448 per (b, h): the chunk amaxes once, then each copy from them.
+void quantize_with_transpose(const TensorView& x, std::optional<DeviceTensor>& y, std::optional<DeviceTensor>* yt,
+                             std::optional<DeviceTensor>& descale, std::optional<DeviceTensor>& chunks, const LaunchOptions& lo) {
+  const std::vector<int64_t> heads = {x.shape[0], x.shape[1]};
+  const std::vector<int64_t> t_shape = {x.shape[0], x.shape[1], x.shape[3], (x.shape[2] + 15) / 16 * 16};
+  if (!y || y->shape() != x.shape) y.emplace(DType::e4m3, x.shape);
+  if (!descale || descale->shape() != heads) descale.emplace(DType::f32, heads);
+  const TensorView amaxes = chunk_amaxes(x, chunks, lo);
+  quantize_with_chunk_amaxes(x, amaxes, y->view(), descale->view(), false, lo);
+  if (yt) {
+    if (!*yt || (*yt)->shape() != t_shape) yt->emplace(DType::e4m3, t_shape);
+    quantize_with_chunk_amaxes(x, amaxes, (*yt)->view(), descale->view(), true, lo);
+  }
+}
+
+// The FP8 backward's operands, quantized into the workspace on lo's stream.
+BackwardFp8Views quantize_backward_operands(const TensorView& q, const TensorView& k, const TensorView& v,
+                                            const TensorView& dout, AttentionBackwardWorkspace& ws, const LaunchOptions& lo) {
+  quantize_with_transpose(q, ws.q8, &ws.qt8, ws.sq, ws.amax_chunks, lo);
+  quantize_with_transpose(k, ws.k8, &ws.kt8, ws.sk, ws.amax_chunks, lo);
+  quantize_with_transpose(v, ws.v8, nullptr, ws.sv, ws.amax_chunks, lo);
+  quantize_with_transpose(dout, ws.do8, &ws.dot8, ws.sdo, ws.amax_chunks, lo);
+  return {ws.q8->view(), ws.qt8->view(), ws.k8->view(), ws.kt8->view(), ws.v8->view(), ws.do8->view(), ws.dot8->view(),
+          ws.sq->view(),  ws.sk->view(),  ws.sv->view(), ws.sdo->view()};
+}
+
 }  // namespace
 
 std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -301,8 +367,14 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
                                                         const AttentionBackwardOptions& opt, const TensorView& delta,
                                                         const TensorView& lse2, const std::optional<TensorView>& dq_acc,
                                                         const std::optional<TensorView>& dk_part,
-                                                        const std::optional<TensorView>& dv_part) {
+                                                        const std::optional<TensorView>& dv_part,
+                                                        const std::optional<BackwardFp8Views>& fp8) {
   check_inputs(q, k, v, o, dout, lse, dq, dk, dv);
+  if (opt.fp8 && !opt.deterministic)
+    throw Error("attention backward: the FP8 backward runs as three kernels only: set deterministic (no fused pass yet)");
+  if (opt.fp8 != fp8.has_value())
+    throw Error(opt.fp8 ? "attention backward: fp8 needs the e4m3 operands (BackwardFp8Views)"
+                        : "attention backward: e4m3 operands given without opt.fp8");
   if (!opt.deterministic && !dq_acc) throw Error("attention backward: the fused pass needs its dq_acc scratch");
   const int64_t groups = q.shape[1] / k.shape[1];
   const std::vector<int64_t> part_shape = {q.shape[0], q.shape[1], k.shape[2], k.shape[3]};
@@ -316,8 +388,15 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
   const TensorView gk = groups > 1 ? *dk_part : dk, gv = groups > 1 ? *dv_part : dv;   // per query head
   const double scale = 1.4426950408889634 * opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape[3])));
   std::vector<BackwardLaunch> out;
-  out.push_back({&attention_bwd_prepare(), {o, dout, lse, delta, lse2}});
-  if (opt.deterministic) {
+  if (fp8) out.push_back({&attention_bwd_prepare_fp8(), {o, fp8->do8, fp8->sdo, lse, delta, lse2}});
+  else out.push_back({&attention_bwd_prepare(), {o, dout, lse, delta, lse2}});
+  if (fp8) {
+    const BackwardFp8Views& f = *fp8;
+    out.push_back({&attention_bwd_dkdv_fp8(),
+                   {f.q8, f.qt8, f.k8, f.v8, f.do8, f.dot8, lse2, delta, f.sq, f.sk, f.sv, f.sdo, gk, gv, scale, opt.causal}});
+    out.push_back({&attention_bwd_dq_fp8(),
+                   {f.q8, f.k8, f.kt8, f.v8, f.do8, lse2, delta, f.sq, f.sk, f.sv, f.sdo, dq, scale, opt.causal}});
+  } else if (opt.deterministic) {
     out.push_back({&attention_bwd_dkdv(), {q, k, v, dout, lse2, delta, gk, gv, scale, opt.causal}});
     out.push_back({&attention_bwd_dq(), {q, k, v, dout, lse2, delta, dq, scale, opt.causal}});
   } else {
@@ -353,8 +432,14 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   }
   LaunchOptions lo;
   lo.stream = opt.stream;
+  std::optional<BackwardFp8Views> f8;
+  if (opt.fp8) {
+    if (!opt.deterministic)
+      throw Error("attention backward: the FP8 backward runs as three kernels only: set deterministic (no fused pass yet)");
+    f8 = quantize_backward_operands(q, k, v, dout, ws, lo);
+  }
   for (const BackwardLaunch& l : attention_backward_launches(q, k, v, o, dout, lse, dq, dk, dv, opt, ws.delta->view(),
-                                                             ws.lse2->view(), acc, dk_part, dv_part))
+                                                             ws.lse2->view(), acc, dk_part, dv_part, f8))
     launch(*l.kernel, l.args, lo);
 }
 

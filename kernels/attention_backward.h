@@ -25,12 +25,14 @@ namespace tj::kernels {
 const Kernel& attention_bwd_delta();
 const Kernel& attention_bwd_dkdv();
 const Kernel& attention_bwd_dq();
-//   attention_bwd_dkdv_fp8, attention_bwd_dq_fp8: the same on e4m3 q, k, v and do, with descales
-//   sq, sdo [B, H] and sk, sv [B, Hkv] f32 after q, k, v, do, lse, delta (the recipe of
-//   bench/attention/backward_emulation.py "e4m3 Q K V P dO, e5m2 dS x 2^12": P into dV's product as
-//   e4m3 of 2^8 P, dS into dK's and dQ's as e5m2 of 2^12 dS); lse from the FP8 forward's scores
-//   (log2 units), delta from the 16-bit dO and O. Checked on the CPU reference executor; not yet
-//   run on a GPU nor wired into attention_backward.
+//   attention_bwd_dkdv_fp8 (q, qt, k, v, do, dot, lse, delta, sq, sk, sv, sdo, dk, dv, scale,
+//   causal), attention_bwd_dq_fp8 (q, k, kt, v, do, lse, delta, sq, sk, sv, sdo, dq, scale, causal):
+//   the same on e4m3 q, k, v and do, with qt, dot, kt their transposed e4m3 copies [B, H(kv), D,
+//   S_pad] (quantize_transpose_fp8's layout: FP8 wgmma reads operands K-major) and descales sq,
+//   sdo [B, H] and sk, sv [B, Hkv] f32 (the recipe of bench/attention/backward_emulation.py "e4m3
+//   Q K V P dO, e5m2 dS x 2^12": P into dV's product as e4m3 of 2^8 P, dS into dK's and dQ's as
+//   e5m2 of 2^12 dS); lse from the FP8 forward's scores (log2 units), delta from the e4m3 dO and O
+//   (attention_bwd_prepare_fp8).
 const Kernel& attention_bwd_dkdv_fp8();
 const Kernel& attention_bwd_dq_fp8();
 //   attention_bwd_fused: dk and dv as attention_bwd_dkdv, and dq in the same pass: each key tile
@@ -49,6 +51,13 @@ const Kernel& attention_bwd_group_add();
 // attention_bwd_prepare (o, do, lse, delta, lse2): delta as attention_bwd_delta, and lse2 = lse ·
 // log2(e): the forward's natural-log LSE (attention_fp8's) in the units the kernels above take.
 const Kernel& attention_bwd_prepare();
+// attention_bwd_prepare_fp8 (o, do, sdo, lse, delta, lse2): the same from the FP8 backward's e4m3
+// do and its descales sdo [B, H]: the dP its kernels compute sums to this delta over each row
+// (sum over j of P dP = dO8 . O), so dS's rows sum to zero as the exact gradient's do -- a row
+// that sees one key gets dS = 0 -- where a delta from the 16-bit dO leaves dO's rounding in every
+// dS (bench/attention/backward_emulation.py: 7.5e-2 against 8.2e-2 rel RMSE on causal dQ, 1.2e-1
+// against 1.4e-1 on outlier inputs).
+const Kernel& attention_bwd_prepare_fp8();
 
 struct AttentionBackwardOptions {
   bool causal = false;                    // as the forward (top-left aligned)
@@ -56,6 +65,11 @@ struct AttentionBackwardOptions {
   // The three kernels (dQ in a kernel of its own: bit-reproducible from run to run), or false:
   // dK, dV and dQ in one pass, dQ summed by atomic adds into an f32 scratch (its last bits vary).
   bool deterministic = true;
+  // The FP8 backward (attention_bwd_dkdv_fp8 / _dq_fp8's recipe): q, k, v and dout quantized to
+  // e4m3 per (b, h) here (the workspace keeps the copies and the descales: amax = descale · 448,
+  // for a later step's scaling), lse the FP8 forward's (attention_fp8_forward on the same q, k, v).
+  // Three kernels only (deterministic).
+  bool fp8 = false;
   CUstream stream = nullptr;
 };
 
@@ -63,6 +77,15 @@ struct AttentionBackwardOptions {
 struct AttentionBackwardWorkspace {
   std::optional<DeviceTensor> delta, lse2, dq_acc;
   std::optional<DeviceTensor> dk_part, dv_part;   // grouped-query heads: per query head, summed per group
+  // fp8: the e4m3 copies (qt, kt, dot transposed, [B, H(kv), D, S_pad]), their descales [B, H(kv)]
+  // f32, and the quantizers' chunk amaxes.
+  std::optional<DeviceTensor> q8, qt8, k8, kt8, v8, do8, dot8, sq, sk, sv, sdo, amax_chunks;
+};
+
+// The e4m3 operands of the FP8 backward's kernels (AttentionBackwardOptions::fp8).
+struct BackwardFp8Views {
+  TensorView q8, qt8, k8, kt8, v8, do8, dot8;
+  TensorView sq, sk, sv, sdo;
 };
 
 // One launch of the backward: a kernel and its arguments (default configs).
@@ -73,15 +96,17 @@ struct BackwardLaunch {
 
 // The launches of attention_backward, in order, over the scratch given (delta, lse2 [B, H, Sq] f32;
 // dq_acc [B, H, Sq, D] f32, zeroed before them, when not deterministic; with grouped-query heads
-// dk_part, dv_part [B, H, Skv, D] f32: each query head's share, summed per group after). Throws
-// tj::Error for inputs that do not fit (see attention_backward).
+// dk_part, dv_part [B, H, Skv, D] f32: each query head's share, summed per group after; with
+// opt.fp8 the e4m3 operands, quantized before them). Throws tj::Error for inputs that do not fit
+// (see attention_backward).
 std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, const TensorView& k, const TensorView& v,
                                                         const TensorView& o, const TensorView& dout, const TensorView& lse,
                                                         const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                                         const AttentionBackwardOptions& opt, const TensorView& delta,
                                                         const TensorView& lse2, const std::optional<TensorView>& dq_acc,
                                                         const std::optional<TensorView>& dk_part = std::nullopt,
-                                                        const std::optional<TensorView>& dv_part = std::nullopt);
+                                                        const std::optional<TensorView>& dv_part = std::nullopt,
+                                                        const std::optional<BackwardFp8Views>& fp8 = std::nullopt);
 
 // dq, dk, dv = the gradients of attention(q, k, v) (softmax scale opt.softmax_scale, causal or
 // not) given dout = dL/do, o and lse the forward's outputs (attention_fp8_forward with lse: its

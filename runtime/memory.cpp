@@ -97,12 +97,21 @@ void DeviceBuffer::copy_to_host_async(void* dst, size_t bytes, CUstream stream,
   d.check(d.cuMemcpyDtoHAsync(dst, ptr_ + offset, bytes, stream), "cuMemcpyDtoHAsync");
 }
 
+namespace {
+// The synchronous device-side copies and fills (cuMemcpyDtoD, cuMemsetD8 / D32) run on the legacy
+// default stream and may return before they are done; the streams tilejit launches on are
+// non-blocking (they do not wait for that stream), so a kernel launched next could run before a
+// fill lands and have its results overwritten (a poisoned output read back as NaN). They wait.
+void wait_default_stream(Driver& d) { d.check(d.cuStreamSynchronize(nullptr), "cuStreamSynchronize"); }
+}  // namespace
+
 void DeviceBuffer::copy_from(const DeviceBuffer& src, size_t bytes) {
   check_range(0, bytes, "DeviceBuffer::copy_from (destination)");
   src.check_range(0, bytes, "DeviceBuffer::copy_from (source)");
   if (bytes == 0) return;
   Driver& d = ctx();
   d.check(d.cuMemcpyDtoD(ptr_, src.ptr_, bytes), "cuMemcpyDtoD");
+  wait_default_stream(d);
 }
 
 void DeviceBuffer::copy_from_async(const DeviceBuffer& src, size_t bytes, CUstream stream) {
@@ -117,6 +126,7 @@ void DeviceBuffer::memset(uint8_t value) {
   if (bytes_ == 0) return;
   Driver& d = ctx();
   d.check(d.cuMemsetD8(ptr_, value, bytes_), "cuMemsetD8");
+  wait_default_stream(d);
 }
 
 void DeviceBuffer::memset_async(uint8_t value, CUstream stream) {
@@ -130,6 +140,7 @@ void DeviceBuffer::fill32(uint32_t value) {
   if (bytes_ == 0) return;
   Driver& d = ctx();
   d.check(d.cuMemsetD32(ptr_, value, bytes_ / 4), "cuMemsetD32");
+  wait_default_stream(d);
 }
 
 void DeviceBuffer::fill32_async(uint32_t value, CUstream stream) {

@@ -42,7 +42,8 @@ class DeviceBuffer {
   void copy_to_host(void* dst, size_t bytes, size_t offset = 0) const;
   void copy_from_host_async(const void* src, size_t bytes, CUstream stream, size_t offset = 0);
   void copy_to_host_async(void* dst, size_t bytes, CUstream stream, size_t offset = 0) const;
-  // Device-to-device copy of `bytes` from the start of `src` to the start of this buffer.
+  // Device-to-device copy of `bytes` from the start of `src` to the start of this buffer. The
+  // synchronous copy and fills return when done (work on other streams may overtake them else).
   void copy_from(const DeviceBuffer& src, size_t bytes);
   void copy_from_async(const DeviceBuffer& src, size_t bytes, CUstream stream);
   // Sets every byte (cuMemsetD8) / every 32-bit word (cuMemsetD32; size() % 4 == 0).

@@ -4,6 +4,7 @@
 // reference, its errors, and on the GPU after attention_fp8_forward's LSE).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <regex>
@@ -99,6 +100,57 @@ TEST_CASE("attention backward in the DSL: the CPU reference executor's gradients
   }
 }
 
+namespace {
+
+// The FP8 backward's e4m3 operands (attention_bwd_*_fp8): q8, do8 [1, H, S, D], k8, v8 [1, Hkv, S,
+// D], their descales [1, H] / [1, Hkv], the forward's lse (log2 units) and delta [1, H, S].
+struct Fp8Operands {
+  HostTensor q8, k8, v8, do8, sq, sk, sv, sdo, lse, delta;
+};
+
+// x [1, H, S, D] -> its transpose [1, H, D, S_pad] (S_pad: S rounded up to 16, zeros past S).
+HostTensor transposed(const HostTensor& x) {
+  const int64_t H = x.shape()[1], S = x.shape()[2], D = x.shape()[3], Sp = (S + 15) / 16 * 16;
+  HostTensor t(x.dtype(), {1, H, D, Sp});
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, 0.0);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t d = 0; d < D; ++d) t.set((h * D + d) * Sp + s, x.at((h * S + s) * D + d));
+  return t;
+}
+
+// The recipe in float64: P8 = e4m3(2^8 P), dS8 = e5m2(2^12 dS), from the operands as given; dk and
+// dv summed over each group of query heads.
+Grads fp8_recipe_grads(const Fp8Operands& x, bool causal, double scale_nat) {
+  const int64_t H = x.q8.shape()[1], Hkv = x.k8.shape()[1], S = x.q8.shape()[2], D = x.q8.shape()[3], G = H / Hkv;
+  const double scale = scale_nat / std::log(2.0);
+  Grads w{std::vector<double>(H * S * D, 0.0), std::vector<double>(Hkv * S * D, 0.0), std::vector<double>(Hkv * S * D, 0.0)};
+  HostTensor p8(DType::e4m3, {1}), ds8(DType::e5m2, {1});
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t hk = h / G;
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
+        double s2 = 0, dp = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          s2 += x.q8.at((h * S + i) * D + d) * x.k8.at((hk * S + j) * D + d);
+          dp += x.do8.at((h * S + i) * D + d) * x.v8.at((hk * S + j) * D + d);
+        }
+        const double p = std::exp2(s2 * x.sq.at(h) * x.sk.at(hk) * scale - x.lse.at(h * S + i));
+        dp *= x.sv.at(hk) * x.sdo.at(h);
+        p8.set(0, p * 256.0);
+        ds8.set(0, p * (dp - x.delta.at(h * S + i)) * 4096.0);
+        for (int64_t d = 0; d < D; ++d) {
+          w.dv[(hk * S + j) * D + d] += p8.at(0) * x.do8.at((h * S + i) * D + d) * x.sdo.at(h) / 256.0;
+          w.dk[(hk * S + j) * D + d] += ds8.at(0) * x.q8.at((h * S + i) * D + d) * x.sq.at(h) * scale_nat / 4096.0;
+          w.dq[(h * S + i) * D + d] += ds8.at(0) * x.k8.at((hk * S + j) * D + d) * x.sk.at(hk) * scale_nat / 4096.0;
+        }
+      }
+  }
+  return w;
+}
+
+}  // namespace
+
 TEST_CASE("attention backward FP8 kernels (e4m3 Q K V dO, e5m2 dS): the reference executor matches a float64 emulation of "
           "the recipe, the gradients float64's to the recipe's error, wgmma for sm_90a") {
   std::mt19937 rng(41);
@@ -119,103 +171,100 @@ TEST_CASE("attention backward FP8 kernels (e4m3 Q K V dO, e5m2 dS): the referenc
         for (int64_t i = 0; i < S * D; ++i) x8.set(h * S * D + i, static_cast<float>(x.at(h * S * D + i)) * inv);
       }
     };
-    HostTensor q8(DType::e4m3, shape), k8(DType::e4m3, shape), v8(DType::e4m3, shape), do8(DType::e4m3, shape);
-    HostTensor sq(DType::f32, heads), sk(DType::f32, heads), sv(DType::f32, heads), sdo(DType::f32, heads);
-    quantize(q, q8, sq);
-    quantize(k, k8, sk);
-    quantize(v, v8, sv);
-    quantize(dout, do8, sdo);
+    Fp8Operands x{HostTensor(DType::e4m3, shape), HostTensor(DType::e4m3, shape), HostTensor(DType::e4m3, shape),
+                  HostTensor(DType::e4m3, shape), HostTensor(DType::f32, heads),  HostTensor(DType::f32, heads),
+                  HostTensor(DType::f32, heads),  HostTensor(DType::f32, heads),  HostTensor(DType::f32, rows),
+                  HostTensor(DType::f32, rows)};
+    quantize(q, x.q8, x.sq);
+    quantize(k, x.k8, x.sk);
+    quantize(v, x.v8, x.sv);
+    quantize(dout, x.do8, x.sdo);
     // The FP8 forward's LSE (log2 units) and O over the quantized operands; delta from O and the
-    // 16-bit dO.
-    HostTensor lse(DType::f32, rows), delta(DType::f32, rows);
-    std::vector<double> o(S * D * H), P(H * S * S);
+    // e4m3 dO (attention_bwd_prepare_fp8's, checked below).
+    HostTensor o16(DType::bf16, shape);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < S; ++i) {
         std::vector<double> s2(S, -INFINITY);
         double mx = -INFINITY;
         for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
           double acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += q8.at((h * S + i) * D + d) * k8.at((h * S + j) * D + d);
-          s2[j] = acc * sq.at(h) * sk.at(h) * scale;
+          for (int64_t d = 0; d < D; ++d) acc += x.q8.at((h * S + i) * D + d) * x.k8.at((h * S + j) * D + d);
+          s2[j] = acc * x.sq.at(h) * x.sk.at(h) * scale;
           mx = std::max(mx, s2[j]);
         }
         double sum = 0;
-        for (double x : s2) sum += std::isinf(x) ? 0.0 : std::exp2(x - mx);
+        for (double e : s2) sum += std::isinf(e) ? 0.0 : std::exp2(e - mx);
         const double l = mx + std::log2(sum);
-        lse.set(h * S + i, l);
+        x.lse.set(h * S + i, l);
         double dl = 0;
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
-          for (int64_t j = 0; j < S; ++j) acc += (std::isinf(s2[j]) ? 0.0 : std::exp2(s2[j] - l)) * v8.at((h * S + j) * D + d) * sv.at(h);
-          o[(h * S + i) * D + d] = acc;
-          dl += bf16_round(acc) * dout.at((h * S + i) * D + d);
+          for (int64_t j = 0; j < S; ++j)
+            acc += (std::isinf(s2[j]) ? 0.0 : std::exp2(s2[j] - l)) * x.v8.at((h * S + j) * D + d) * x.sv.at(h);
+          o16.set((h * S + i) * D + d, acc);
+          dl += o16.at((h * S + i) * D + d) * x.do8.at((h * S + i) * D + d) * x.sdo.at(h);
         }
-        delta.set(h * S + i, dl);
+        x.delta.set(h * S + i, dl);
       }
-    // The recipe in float64: P8 = e4m3(2^8 P), dS8 = e5m2(2^12 dS).
-    std::vector<double> wq(H * S * D, 0.0), wk(H * S * D, 0.0), wv(H * S * D, 0.0);
-    HostTensor p8(DType::e4m3, {1}), ds8(DType::e5m2, {1});
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < S; ++i)
-        for (int64_t j = 0; j < S; ++j) {
-          if (causal && j > i) continue;
-          double s2 = 0, dp = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            s2 += q8.at((h * S + i) * D + d) * k8.at((h * S + j) * D + d);
-            dp += do8.at((h * S + i) * D + d) * v8.at((h * S + j) * D + d);
-          }
-          const double p = std::exp2(s2 * sq.at(h) * sk.at(h) * scale - lse.at(h * S + i));
-          dp *= sv.at(h) * sdo.at(h);
-          p8.set(0, p * 256.0);
-          ds8.set(0, p * (dp - delta.at(h * S + i)) * 4096.0);
-          for (int64_t d = 0; d < D; ++d) {
-            wv[(h * S + j) * D + d] += p8.at(0) * do8.at((h * S + i) * D + d) * sdo.at(h) / 256.0;
-            wk[(h * S + j) * D + d] += ds8.at(0) * q8.at((h * S + i) * D + d) * sq.at(h) * scale_nat / 4096.0;
-            wq[(h * S + i) * D + d] += ds8.at(0) * k8.at((h * S + j) * D + d) * sk.at(h) * scale_nat / 4096.0;
-          }
-        }
+    {
+      HostTensor lse_nat(DType::f32, rows), delta(DType::f32, rows), lse2(DType::f32, rows);
+      for (int64_t i = 0; i < lse_nat.numel(); ++i) lse_nat.set(i, x.lse.at(i) * std::log(2.0));
+      const ir::Function fp = kernels::attention_bwd_prepare_fp8().trace(
+          {TensorSpec{DType::bf16, shape}, TensorSpec{DType::e4m3, shape}, TensorSpec{DType::f32, heads}, TensorSpec{DType::f32, rows},
+           TensorSpec{DType::f32, rows}, TensorSpec{DType::f32, rows}});
+      HostTensor do8 = x.do8, sdo = x.sdo;
+      run_reference(fp, default_config(fp), values({&o16, &do8, &sdo, &lse_nat, &delta, &lse2}, {}));
+      std::vector<double> want(S * H), want_lse(S * H);
+      for (int64_t i = 0; i < S * H; ++i) want[i] = x.delta.at(i), want_lse[i] = x.lse.at(i);
+      CHECK(rel_rmse(delta, want) < 1e-6);
+      CHECK(rel_rmse(lse2, want_lse) < 1e-6);
+    }
+    const Grads w = fp8_recipe_grads(x, causal, scale_nat);
     // The kernels on the reference executor.
     HostTensor dq(DType::f32, shape), dk(DType::f32, shape), dv(DType::f32, shape);
     for (HostTensor* t : {&dq, &dk, &dv}) t->fill_bytes(0xFF);
-    const TensorSpec t8{DType::e4m3, shape}, t32{DType::f32, rows}, th{DType::f32, heads}, to{DType::f32, shape};
-    const ir::Function fkv = kernels::attention_bwd_dkdv_fp8().trace({t8, t8, t8, t8, t32, t32, th, th, th, th, to, to, RuntimeScalar{0.0f}, causal});
-    const ir::Function fq = kernels::attention_bwd_dq_fp8().trace({t8, t8, t8, t8, t32, t32, th, th, th, th, to, RuntimeScalar{0.0f}, causal});
-    HostTensor q8c = q8, k8c = k8, v8c = v8, do8c = do8;
+    HostTensor qt8 = transposed(x.q8), dot8 = transposed(x.do8), kt8 = transposed(x.k8);
+    const std::vector<int64_t> tshape = qt8.shape();
+    const TensorSpec t8{DType::e4m3, shape}, tt{DType::e4m3, tshape}, t32{DType::f32, rows}, th{DType::f32, heads},
+        to{DType::f32, shape};
+    const ir::Function fkv = kernels::attention_bwd_dkdv_fp8().trace(
+        {t8, tt, t8, t8, t8, tt, t32, t32, th, th, th, th, to, to, RuntimeScalar{0.0f}, causal});
+    const ir::Function fq =
+        kernels::attention_bwd_dq_fp8().trace({t8, t8, tt, t8, t8, t32, t32, th, th, th, th, to, RuntimeScalar{0.0f}, causal});
+    Fp8Operands c = x;
     run_reference(fkv, default_config(fkv),
-                  values({&q8c, &k8c, &v8c, &do8c, &lse, &delta, &sq, &sk, &sv, &sdo, &dk, &dv}, {static_cast<float>(scale)}));
-    run_reference(fq, default_config(fq), values({&q8c, &k8c, &v8c, &do8c, &lse, &delta, &sq, &sk, &sv, &sdo, &dq}, {static_cast<float>(scale)}));
+                  values({&c.q8, &qt8, &c.k8, &c.v8, &c.do8, &dot8, &c.lse, &c.delta, &c.sq, &c.sk, &c.sv, &c.sdo, &dk, &dv},
+                         {static_cast<float>(scale)}));
+    run_reference(fq, default_config(fq),
+                  values({&c.q8, &c.k8, &kt8, &c.v8, &c.do8, &c.lse, &c.delta, &c.sq, &c.sk, &c.sv, &c.sdo, &dq},
+                         {static_cast<float>(scale)}));
     // Against the emulation (3e-8 here; the bound leaves room for the executor's f32 rounding a
     // P8 or dS8 the other way) ...
-    CHECK(rel_rmse(dv, wv) < 1e-3);
-    CHECK(rel_rmse(dk, wk) < 1e-3);
-    CHECK(rel_rmse(dq, wq) < 1e-3);
+    CHECK(rel_rmse(dv, w.dv) < 1e-3);
+    CHECK(rel_rmse(dk, w.dk) < 1e-3);
+    CHECK(rel_rmse(dq, w.dq) < 1e-3);
     // ... and against float64 of the 16-bit inputs: the recipe's own error (5-8e-2 at S 1024 in
     // bench/attention/backward_emulation.py).
     std::vector<double> o64, lse64;
     Grads exact;
     reference_attention(q, k, v, dout, causal, scale_nat, o64, lse64, exact);
     MESSAGE("FP8 backward on the reference executor vs float64: dq ", rel_rmse(dq, exact.dq), " dk ", rel_rmse(dk, exact.dk), " dv ",
-            rel_rmse(dv, exact.dv), " (vs the recipe's emulation: dq ", rel_rmse(dq, wq), " dk ", rel_rmse(dk, wk), " dv ", rel_rmse(dv, wv), ")");
+            rel_rmse(dv, exact.dv), " (vs the recipe's emulation: dq ", rel_rmse(dq, w.dq), " dk ", rel_rmse(dk, w.dk), " dv ",
+            rel_rmse(dv, w.dv), ")");
     CHECK(rel_rmse(dv, exact.dv) < 0.15);
     CHECK(rel_rmse(dk, exact.dk) < 0.15);
     CHECK(rel_rmse(dq, exact.dq) < 0.15);
-    // Every dot on wgmma for sm_90a (untuned configs), ptxas without serialized wgmmas.
-    for (const ir::Function* f : {&fkv, &fq}) {
-      const ir::Function g = f->name == fkv.name ? kernels::attention_bwd_dkdv_fp8().trace(
-                                                       {contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
-                                                        contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
-                                                        contiguous_spec(DType::f32, {2, 4, 1024}), contiguous_spec(DType::f32, {2, 4, 1024}),
-                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
-                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
-                                                        contiguous_spec(DType::bf16, {2, 4, 1024, 128}), contiguous_spec(DType::bf16, {2, 4, 1024, 128}),
-                                                        RuntimeScalar{0.1f}, causal})
-                                                 : kernels::attention_bwd_dq_fp8().trace(
-                                                       {contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
-                                                        contiguous_spec(DType::e4m3, {2, 4, 1024, 128}), contiguous_spec(DType::e4m3, {2, 4, 1024, 128}),
-                                                        contiguous_spec(DType::f32, {2, 4, 1024}), contiguous_spec(DType::f32, {2, 4, 1024}),
-                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
-                                                        contiguous_spec(DType::f32, {2, 4}), contiguous_spec(DType::f32, {2, 4}),
-                                                        contiguous_spec(DType::bf16, {2, 4, 1024, 128}), RuntimeScalar{0.1f}, causal});
+    // Every dot on wgmma for sm_90a (untuned configs) with every operand read by TMA (K-major
+    // copies: no transposition through registers), ptxas without serialized wgmmas.
+    const int64_t Sb = 1024;
+    const TensorSpec b8 = contiguous_spec(DType::e4m3, {2, 4, Sb, 128}), bt = contiguous_spec(DType::e4m3, {2, 4, 128, Sb}),
+                     b32 = contiguous_spec(DType::f32, {2, 4, Sb}), bh = contiguous_spec(DType::f32, {2, 4}),
+                     b16 = contiguous_spec(DType::bf16, {2, 4, Sb, 128});
+    for (bool dkdv : {true, false}) {
+      const ir::Function g =
+          dkdv ? kernels::attention_bwd_dkdv_fp8().trace(
+                     {b8, bt, b8, b8, b8, bt, b32, b32, bh, bh, bh, bh, b16, b16, RuntimeScalar{0.1f}, causal})
+               : kernels::attention_bwd_dq_fp8().trace({b8, b8, bt, b8, b8, b32, b32, bh, bh, bh, bh, b16, RuntimeScalar{0.1f}, causal});
       CAPTURE(g.name);
       const auto gen = codegen::generate_cuda(g, codegen::untuned_config(g, "sm_90a"), codegen::Target::parse("sm_90a"));
       CHECK(gen.lowering == "tensor cores (wgmma)");
@@ -444,6 +493,18 @@ TEST_CASE("attention_backward: inputs that do not fit are errors naming the tens
   fused.deterministic = false;
   CHECK_THROWS_WITH_AS(kernels::attention_backward_launches(q, q, q, q, q, lse, q, q, q, fused, lse, lse, std::nullopt),
                        "attention backward: the fused pass needs its dq_acc scratch", Error);
+  kernels::AttentionBackwardOptions fp8;
+  fp8.fp8 = true;
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_launches(q, q, q, q, q, lse, q, q, q, fp8, lse, lse, std::nullopt),
+                       "attention backward: fp8 needs the e4m3 operands (BackwardFp8Views)", Error);
+  const kernels::BackwardFp8Views f8{q, q, q, q, q, q, q, lse, lse, lse, lse};
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_launches(q, q, q, q, q, lse, q, q, q, kernels::AttentionBackwardOptions{}, lse,
+                                                            lse, std::nullopt, std::nullopt, std::nullopt, f8),
+                       "attention backward: e4m3 operands given without opt.fp8", Error);
+  fp8.deterministic = false;
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_launches(q, q, q, q, q, lse, q, q, q, fp8, lse, lse, q, std::nullopt, std::nullopt, f8),
+                       "attention backward: the FP8 backward runs as three kernels only: set deterministic (no fused pass yet)",
+                       Error);
 }
 
 TEST_CASE("gpu: attention_backward after attention_fp8_forward's LSE: float64 gradients (bf16, causal and not, both paths, "
@@ -484,5 +545,100 @@ TEST_CASE("gpu: attention_backward after attention_fp8_forward's LSE: float64 gr
       CHECK(rel_rmse(hv, want.dv) < 2e-2);
       CHECK(rel_rmse(hk, want.dk) < 3e-2);
       CHECK(rel_rmse(hq, want.dq) < 3e-2);
+    }
+}
+
+TEST_CASE("gpu: attention_backward fp8 after the FP8 forward: the recipe's float64 emulation of the device's operands, float64 "
+          "within 2x the recipe's error, finite on outliers (causal and not, grouped-query heads)") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(23);
+  const double scale_nat = 1.0 / std::sqrt(128.0);
+  auto rmse = [](const std::vector<double>& got, const std::vector<double>& want) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      e += (got[i] - want[i]) * (got[i] - want[i]);
+      r += want[i] * want[i];
+    }
+    return std::sqrt(e / std::max(r, 1e-300));
+  };
+  auto doubles = [](const HostTensor& t) {
+    std::vector<double> out(t.numel());
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = t.at(i);
+    return out;
+  };
+  struct Case {
+    int64_t H, Hkv;
+    bool outliers;
+  };
+  for (const Case& c : {Case{2, 2, false}, Case{4, 2, false}, Case{2, 2, true}})
+    for (bool causal : {false, true}) {
+      const int64_t S = 384;
+      INFO("H " << c.H << " Hkv " << c.Hkv << " outliers " << c.outliers << " causal " << causal);
+      const std::vector<int64_t> shape = {1, c.H, S, 128}, kv = {1, c.Hkv, S, 128}, rows = {1, c.H, S};
+      Problem p = make_problem(shape, causal, scale_nat, rng, kv);
+      if (c.outliers) {   // N(0, 1) + N(0, 100) * Bernoulli(0.001) (variance 100), the issue's outlier inputs
+        std::bernoulli_distribution hit(0.001);
+        std::normal_distribution<double> big(0, 10);
+        for (HostTensor* t : {&p.q, &p.k, &p.v})
+          for (int64_t i = 0; i < t->numel(); ++i)
+            if (hit(rng)) t->set(i, t->at(i) + big(rng));
+        std::vector<double> o64, lse64;
+        reference_attention(p.q, p.k, p.v, p.dout, causal, scale_nat, o64, lse64, p.want);
+      }
+      const DeviceTensor dq_ = DeviceTensor::from_host(p.q), dk_ = DeviceTensor::from_host(p.k), dv_ = DeviceTensor::from_host(p.v),
+                         ddo = DeviceTensor::from_host(p.dout);
+      DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::f32, shape), gk(DType::f32, kv), gv(DType::f32, kv);
+      for (DeviceTensor* t : {&gq, &gk, &gv}) t->fill_bytes(0xFF);
+      kernels::AttentionFp8Options fwd;
+      fwd.causal = causal;
+      fwd.lse = lse.view();
+      kernels::AttentionFp8Workspace fws;
+      kernels::attention_fp8_forward(dq_.view(), dk_.view(), dv_.view(), o.view(), fwd, fws);
+      kernels::AttentionBackwardOptions opt;
+      opt.causal = causal;
+      opt.fp8 = true;
+      kernels::AttentionBackwardWorkspace ws;
+      kernels::attention_backward(dq_.view(), dk_.view(), dv_.view(), o.view(), ddo.view(), lse.view(), gq.view(), gk.view(), gv.view(),
+                                  opt, ws);
+      const Grads got{doubles(gq.to_host()), doubles(gk.to_host()), doubles(gv.to_host())};
+      const Fp8Operands x{ws.q8->to_host(), ws.k8->to_host(),  ws.v8->to_host(),  ws.do8->to_host(),  ws.sq->to_host(),
+                          ws.sk->to_host(), ws.sv->to_host(),  ws.sdo->to_host(), ws.lse2->to_host(), ws.delta->to_host()};
+      // The FP8 forward's LSE (log2 units) against float64's over the same e4m3 operands.
+      double lse_err = 0;
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t i = 0; i < S; ++i) {
+          const int64_t hk = h / (c.H / c.Hkv);
+          std::vector<double> s2;
+          for (int64_t j = 0; j < (causal ? i + 1 : S); ++j) {
+            double acc = 0;
+            for (int64_t d = 0; d < 128; ++d) acc += x.q8.at((h * S + i) * 128 + d) * x.k8.at((hk * S + j) * 128 + d);
+            s2.push_back(acc * x.sq.at(h) * x.sk.at(hk) * scale_nat / std::log(2.0));
+          }
+          const double mx = *std::max_element(s2.begin(), s2.end());
+          double sum = 0;
+          for (double e : s2) sum += std::exp2(e - mx);
+          lse_err = std::max(lse_err, std::abs(mx + std::log2(sum) - x.lse.at(h * S + i)));
+        }
+      MESSAGE("the FP8 forward's LSE: max |error| ", lse_err, " (log2 units)");
+      CHECK(lse_err < 1e-2);
+      const Grads w = fp8_recipe_grads(x, causal, scale_nat);
+      // The transposed copies are the copies' transposes.
+      CHECK(doubles(ws.qt8->to_host()) == doubles(transposed(x.q8)));
+      CHECK(doubles(ws.kt8->to_host()) == doubles(transposed(x.k8)));
+      CHECK(doubles(ws.dot8->to_host()) == doubles(transposed(x.do8)));
+      for (const auto* g : {&got.dq, &got.dk, &got.dv})
+        for (double e : *g) REQUIRE(std::isfinite(e));
+      MESSAGE("vs the emulation: dq ", rmse(got.dq, w.dq), " dk ", rmse(got.dk, w.dk), " dv ", rmse(got.dv, w.dv), "; vs float64: dq ",
+              rmse(got.dq, p.want.dq), " dk ", rmse(got.dk, p.want.dk), " dv ", rmse(got.dv, p.want.dv), " (emulation ",
+              rmse(w.dq, p.want.dq), " ", rmse(w.dk, p.want.dk), " ", rmse(w.dv, p.want.dv), ")");
+      // The device against the emulation of its own operands: f32 accumulation order and the P8 /
+      // dS8 roundings it flips.
+      CHECK(rmse(got.dv, w.dv) < 2e-2);
+      CHECK(rmse(got.dk, w.dk) < 2e-2);
+      CHECK(rmse(got.dq, w.dq) < 2e-2);
+      // The issue's bar: within 2x the recipe's own error against float64.
+      CHECK(rmse(got.dv, p.want.dv) <= 2 * rmse(w.dv, p.want.dv));
+      CHECK(rmse(got.dk, p.want.dk) <= 2 * rmse(w.dk, p.want.dk));
+      CHECK(rmse(got.dq, p.want.dq) <= 2 * rmse(w.dq, p.want.dq));
     }
 }

@@ -84,7 +84,13 @@ def recipe_backward(q, k, v, do, o, causal, r):
     p8 = quantized(p, r["p"], scale=256.0) if r["p"] != "bf16" else bf16(p)
     dv = p8.T @ do8
     dp = do8 @ v8.T
-    delta = (do * o).sum(axis=1, keepdims=True)   # from the 16-bit O and dO, in f32
+    if r.get("delta") == "do8":
+        # From the FP8 forward's O (P V over the quantized V, in bf16) and the quantized dO: the
+        # dP the recipe computes sums to it over each row (sum_j P dP = dO8 . O), so dS's rows
+        # sum to zero as the exact gradient's do (a row that sees one key gets dS = 0).
+        delta = (do8 * bf16(p @ v8)).sum(axis=1, keepdims=True)
+    else:
+        delta = (do * o).sum(axis=1, keepdims=True)   # from the 16-bit O and dO, in f32
     ds = p * (dp - delta)
     ds8 = quantized(ds, r["ds"], scale=r.get("ds_scale")) if r["ds"] != "bf16" else bf16(ds)
     return ds8 @ k8 * scale, ds8.T @ q8 * scale, dv
@@ -104,6 +110,9 @@ RECIPES = [
     ("e4m3 Q K V P, e5m2 dO dS, dS x 2^8", dict(qkv="e4m3", do="e5m2", p="e4m3", ds="e5m2", ds_scale=256.0)),
     ("e4m3 Q K V P, e5m2 dO dS, dS x 2^12", dict(qkv="e4m3", do="e5m2", p="e4m3", ds="e5m2", ds_scale=4096.0)),
     ("e4m3 Q K V P dO, e5m2 dS x 2^12", dict(qkv="e4m3", do="e4m3", p="e4m3", ds="e5m2", ds_scale=4096.0)),
+    ("e4m3 Q K V P dO, e5m2 dS x 2^8", dict(qkv="e4m3", do="e4m3", p="e4m3", ds="e5m2", ds_scale=256.0)),
+    ("e4m3 Q K V P dO, e5m2 dS x 2^12, delta from e4m3 dO", dict(qkv="e4m3", do="e4m3", p="e4m3", ds="e5m2", ds_scale=4096.0,
+                                                                delta="do8")),
 ]
 
 

@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <thread>
 
 #include "bench/dsl/bench_util.h"
 #include "codegen/lowering.h"
 #include "examples/kernels/user_kernels.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/library.h"
 #include "runtime/jit.h"
 
@@ -172,7 +174,107 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
     want_dv.push_back(std::move(gv));
   }
 
+  // The FP8 backward's forward: attention_fp8_forward on the quantized inputs, its LSE (natural log).
+  DeviceTensor lse8(DType::f32, rows), o8(DType::bf16, shape);
+  bool have_fp8_forward = false;
+  auto fp8_forward = [&] {
+    if (have_fp8_forward) return;
+    kernels::AttentionFp8Options fo;
+    fo.causal = causal;
+    fo.lse = lse8.view();
+    kernels::AttentionFp8Workspace fws;
+    kernels::attention_fp8_forward(in[0].view(), in[1].view(), in[2].view(), o8.view(), fo, fws);
+    have_fp8_forward = true;
+  };
+
   for (const auto& [path, spec] : paths) try {
+    if (spec.rfind("@fp8", 0) == 0) {
+      // attention_backward with fp8: its quantizers (q, k, v, dO and the transposed copies), the
+      // prepare pass, then the dK / dV and dQ kernels (json: knobs over their untuned configs).
+      fp8_forward();
+      // "@fp8kv+json" / "@fp8q+json": the json over one kernel's untuned config only.
+      const bool kv_json = spec.rfind("@fp8kv", 0) == 0, q_json = spec.rfind("@fp8q", 0) == 0;
+      const std::string json = spec.substr(kv_json ? 6 : q_json ? 5 : 4);
+      kernels::AttentionBackwardOptions bo;
+      bo.causal = causal;
+      bo.fp8 = true;
+      kernels::AttentionBackwardWorkspace ws;
+      auto api = [&](int, CUstream s) {
+        bo.stream = s;
+        kernels::attention_backward(in[0].view(), in[1].view(), in[2].view(), o8.view(), in[3].view(), lse8.view(), dq.view(),
+                                    dk.view(), dv.view(), bo, ws);
+      };
+      auto errors = [&](double& eq, double& ek, double& ev) {
+        const HostTensor gq = dq.to_host(), gk = dk.to_host(), gv = dv.to_host();
+        std::vector<std::pair<double, double>> pq, pk, pv;
+        for (size_t r = 0; r < sample_rows.size(); ++r)
+          for (int64_t d = 0; d < D; ++d) {
+            const int64_t at = (head * S + sample_rows[r]) * D + d;
+            pq.push_back({want_dq[r][d], gq.at(at)});
+            pk.push_back({want_dk[r][d], gk.at(at)});
+            pv.push_back({want_dv[r][d], gv.at(at)});
+          }
+        eq = rel_rms(pq), ek = rel_rms(pk), ev = rel_rms(pv);
+      };
+      for (DeviceTensor* t : {&dq, &dk, &dv}) t->fill_bytes(0xFF);
+      api(0, ctx.stream);
+      ctx.stream.synchronize();
+      double aq = 0, ak = 0, av = 0;
+      errors(aq, ak, av);
+      // The transposed copies against the copies (a sampled head).
+      {
+        const HostTensor q8 = ws.q8->to_host(), qt8 = ws.qt8->to_host(), d8 = ws.do8->to_host(), dt8 = ws.dot8->to_host();
+        const int64_t Sp = ws.qt8->shape()[3];
+        int64_t bad = 0;
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t d = 0; d < D; ++d) {
+            if (q8.at((head * S + s) * D + d) != qt8.at((head * D + d) * Sp + s)) ++bad;
+            if (d8.at((head * S + s) * D + d) != dt8.at((head * D + d) * Sp + s)) ++bad;
+          }
+        std::printf("fp8 check: api err dq/dk/dv %.1e %.1e %.1e; transposed copies differ at %lld of %lld\n", aq, ak, av,
+                    static_cast<long long>(bad), static_cast<long long>(2 * S * D));
+      }
+      const Ready rkv = prepare(kernels::attention_bwd_dkdv_fp8(),
+                                {ws.q8->view(), ws.qt8->view(), ws.k8->view(), ws.v8->view(), ws.do8->view(), ws.dot8->view(),
+                                 ws.lse2->view(), ws.delta->view(), ws.sq->view(), ws.sk->view(), ws.sv->view(), ws.sdo->view(),
+                                 dk.view(), dv.view(), scale, causal},
+                                q_json ? std::string() : json, ctx.dev);
+      const Ready rq = prepare(kernels::attention_bwd_dq_fp8(),
+                               {ws.q8->view(), ws.k8->view(), ws.kt8->view(), ws.v8->view(), ws.do8->view(), ws.lse2->view(),
+                                ws.delta->view(), ws.sq->view(), ws.sk->view(), ws.sv->view(), ws.sdo->view(), dq.view(), scale,
+                                causal},
+                               kv_json ? std::string() : json, ctx.dev);
+      for (DeviceTensor* t : {&dq, &dk, &dv}) t->fill_bytes(0xFF);
+      rkv.launch(ctx.stream);
+      rq.launch(ctx.stream);
+      ctx.stream.synchronize();
+      double eq = 0, ek = 0, ev = 0;
+      errors(eq, ek, ev);
+      const double err = std::max({eq, ek, ev});
+      auto flush = [&](CUstream s) { ctx.flush.memset_async(0, s); };
+      auto timed = [&](const std::function<void(int, CUstream)>& f) {
+        return bench::median(bench::time_samples(f, ctx.spinner, ctx.stream, ctx.warmup, ctx.reps, 5.0, flush));
+      };
+      const double ms_api = timed(api);
+      const double ms_dkdv = timed([&](int, CUstream s) { rkv.launch(s); });
+      const double ms_dq = timed([&](int, CUstream s) { rq.launch(s); });
+      const double flops = 10.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+      const double ms = ms_dkdv + ms_dq;   // the kernels; ms_api adds the quantizers and the prepare pass
+      std::printf("%-44s %-26s %9.4f %9.1f %10.2e  api %.3f ms (%.1f TFLOP/s) dkdv %.3f dq %.3f ms; dq/dk/dv err %.1e %.1e %.1e; %s / %s\n",
+                  name.c_str(), path.c_str(), ms, flops / (ms * 1e-3) / 1e12, err, ms_api, flops / (ms_api * 1e-3) / 1e12, ms_dkdv,
+                  ms_dq, eq, ek, ev, rkv.ck->config.to_json().c_str(), rq.ck->config.to_json().c_str());
+      std::fflush(stdout);
+      ctx.jsonl << fmt::format(
+                       R"({{"problem":"{}","case":"{}","impl":"tilejit {}","lowering":"{}","ms":{},"tflops":{},"rel_err":{},)"
+                       R"("ms_api":{},"tflops_api":{},"ms_parts":{{"dkdv":{},"dq":{}}},"rel_err_parts":{{"dq":{},"dk":{},"dv":{}}},)"
+                       R"("config":{},"config_dq":{}}})",
+                       problem, name, path, rkv.ck->generated.lowering, ms, flops / (ms * 1e-3) / 1e12,
+                       std::isnan(err) ? std::string("null") : fmt::format("{}", err), ms_api, flops / (ms_api * 1e-3) / 1e12,
+                       ms_dkdv, ms_dq, eq, ek, ev, rkv.ck->config.to_json(), rq.ck->config.to_json())
+                << "\n";
+      ctx.jsonl.flush();
+      continue;
+    }
     // "@fused[+json]": dK / dV and dQ in one kernel (dQ by atomic adds into dq_acc, zeroed first,
     // then converted); else the dK / dV and dQ kernels. json: knobs over the untuned configs.
     // "@kv+json": the json over the dK / dV kernel's untuned config only (the dQ kernel's blocks
@@ -250,9 +352,15 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
 
 void bench_backward(BenchContext& ctx, bool quick, const std::string& name_has,
                     const std::vector<std::pair<std::string, std::string>>& also) {
-  std::vector<std::pair<std::string, std::string>> paths = {{"generic", ""}, {"generic fused", "@fused"}};
+  std::vector<std::pair<std::string, std::string>> paths = {{"generic", ""}, {"generic fused", "@fused"}, {"generic fp8", "@fp8"}};
   paths.insert(paths.end(), also.begin(), also.end());
-  for (const auto& [label, json] : also) paths.push_back({label + " fused", "@fused" + json});
+  for (const auto& [label, json] : also)
+    if (label.rfind("generic fp8", 0) != 0) paths.push_back({label + " fused", "@fused" + json});
+  // A label starting "fp8": its knobs over the FP8 kernels' untuned configs ("fp8 kv" / "fp8 q":
+  // the dK / dV or the dQ kernel's only).
+  for (auto& [label, json] : paths)
+    if (label.rfind("generic fp8", 0) == 0 && json.rfind("@", 0) != 0)
+      json = (label.rfind("generic fp8 kv", 0) == 0 ? "@fp8kv" : label.rfind("generic fp8 q", 0) == 0 ? "@fp8q" : "@fp8") + json;
   // A label starting "kv": its knobs over the dK / dV kernel alone (three-kernel form).
   for (auto& [label, json] : paths)
     if (label.rfind("generic kv", 0) == 0 && json.rfind("@", 0) != 0) json = "@kv" + json;
