@@ -13,6 +13,7 @@
 #include "codegen/launch_status.h"
 #include "core/error.h"
 #include "kernels/attention_backward.h"
+#include "kernels/fp8_linear.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
 #include "kernels/attention_variants.h"
@@ -167,8 +168,6 @@ void attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k,
                         const tj_tensor* dv, const tj_attention_options* options) {
   const tj_attention_options defaults{0, 0, 0.0, nullptr, 0.0};
   const tj_attention_options& opt = options ? *options : defaults;
-  if (opt.fp8)
-    throw ApiError(TJ_ERROR_INVALID_ARGUMENT, "fp8 = 1: the FP8 attention has no backward yet (the 16-bit one has: fp8 = 0)");
   if (opt.variant && *opt.variant)
     throw ApiError(TJ_ERROR_INVALID_ARGUMENT,
                    fmt::format("variant '{}': the backward takes none yet (plain and causal attention only)", opt.variant));
@@ -176,9 +175,35 @@ void attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k,
   tj::kernels::AttentionBackwardOptions bo;
   bo.causal = c.fo.causal;
   bo.softmax_scale = c.fo.softmax_scale;
+  bo.fp8 = opt.fp8 != 0;
   bo.stream = stream;
   tj::kernels::attention_backward(c.q, c.k, c.v, c.o, view_of(dout, "dout"), view_of(lse, "lse"), view_of(dq, "dq"),
                                   view_of(dk, "dk"), view_of(dv, "dv"), bo, backward_workspace(stream));
+}
+
+// The FP8 linear layer's scratch per stream (dynamic scaling keeps no history: the layers of one
+// stream share it, each call in stream order).
+tj::kernels::Fp8LinearState& linear_state(CUstream stream) {
+  static std::mutex m;
+  static std::map<CUstream, tj::kernels::Fp8LinearState> states;
+  std::lock_guard lock(m);
+  return states[stream];
+}
+
+void fp8_linear_forward(CUstream stream, const tj_tensor* x, const tj_tensor* w, const tj_tensor* bias, const tj_tensor* y) {
+  tj::kernels::Fp8LinearOptions lo;
+  lo.stream = stream;
+  std::optional<TensorView> b;
+  if (bias) b = view_of(bias, "bias");
+  tj::kernels::fp8_linear_forward(view_of(x, "x"), view_of(w, "w"), b, view_of(y, "y"), lo, linear_state(stream));
+}
+
+void fp8_linear_backward(CUstream stream, const tj_tensor* dy, const tj_tensor* x, const tj_tensor* w, const tj_tensor* dx,
+                         const tj_tensor* dw) {
+  tj::kernels::Fp8LinearOptions lo;
+  lo.stream = stream;
+  tj::kernels::fp8_linear_backward(view_of(dy, "dy"), view_of(x, "x"), view_of(w, "w"), view_of(dx, "dx"), view_of(dw, "dw"), lo,
+                                   linear_state(stream));
 }
 
 // A call's status and tj_last_error from what it threw.
@@ -224,6 +249,16 @@ tj_status tj_attention_backward(CUstream stream, const tj_tensor* q, const tj_te
                                 const tj_tensor* o, const tj_tensor* dout, const tj_tensor* lse, const tj_tensor* dq,
                                 const tj_tensor* dk, const tj_tensor* dv, const tj_attention_options* options) {
   return guarded("tj_attention_backward", [&] { attention_backward(stream, q, k, v, o, dout, lse, dq, dk, dv, options); });
+}
+
+tj_status tj_fp8_linear_forward(CUstream stream, const tj_tensor* x, const tj_tensor* w, const tj_tensor* bias,
+                                const tj_tensor* y) {
+  return guarded("tj_fp8_linear_forward", [&] { fp8_linear_forward(stream, x, w, bias, y); });
+}
+
+tj_status tj_fp8_linear_backward(CUstream stream, const tj_tensor* dy, const tj_tensor* x, const tj_tensor* w,
+                                 const tj_tensor* dx, const tj_tensor* dw) {
+  return guarded("tj_fp8_linear_backward", [&] { fp8_linear_backward(stream, dy, x, w, dx, dw); });
 }
 
 const char* tj_last_error(void) { return g_last_error.c_str(); }

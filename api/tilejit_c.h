@@ -112,9 +112,10 @@ tj_status tj_attention_varlen_forward(CUstream stream, const tj_tensor* q, const
                                       const tj_tensor* cu_seqlens, const tj_tensor* o, const tj_tensor* lse,
                                       const tj_attention_options* options);
 
-/* The gradients of tj_attention_forward's 16-bit attention (options->fp8 0, no variant): dq, dk
- * and dv of a loss L given dout = dL/do, from q, k, v and the forward's o and lse (f32 [B, H, Sq],
- * natural log: what tj_attention_forward wrote). q, o, dout, dq [B, H, Sq, D]; k, v, dk, dv [B, Hkv,
+/* The gradients of tj_attention_forward's attention (no variant): dq, dk and dv of a loss L given
+ * dout = dL/do, from q, k, v and the forward's o and lse (f32 [B, H, Sq], natural log: what
+ * tj_attention_forward wrote, with the same options->fp8). options->fp8 1: the FP8 backward (q, k,
+ * v and dout quantized to e4m3 per (batch, head), dS in e5m2; docs/numerics.md). q, o, dout, dq [B, H, Sq, D]; k, v, dk, dv [B, Hkv,
  * Skv, D] (grouped-query heads: dk and dv summed over each group of H / Hkv query heads in a fixed
  * order); q, k, v, o and dout of one type, bf16 or f16, with the strides tj_attention_forward takes;
  * the gradients bf16, f16 or f32. options->causal and softmax_scale as in the forward. The same
@@ -123,6 +124,18 @@ tj_status tj_attention_varlen_forward(CUstream stream, const tj_tensor* q, const
 tj_status tj_attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
                                 const tj_tensor* o, const tj_tensor* dout, const tj_tensor* lse, const tj_tensor* dq,
                                 const tj_tensor* dk, const tj_tensor* dv, const tj_attention_options* options);
+
+/* The FP8 linear layer (seed 001's FP8Linear), dynamic scaling: y [M, N] = x [M, K] . w [N, K]^T
+ * (+ bias [N]; NULL: none) with x and w quantized to e4m3, one descale per tensor from its amax;
+ * x, w, bias bf16 or f16, y bf16, f16 or f32, rows contiguous. Where M, N or K is not a multiple
+ * of 16 the product runs in bf16 instead (the reason printed once per shape on stderr).
+ * Asynchronous on `stream`; scratch kept per stream. */
+tj_status tj_fp8_linear_forward(CUstream stream, const tj_tensor* x, const tj_tensor* w, const tj_tensor* bias,
+                                const tj_tensor* y);
+/* Its backward: dx [M, K] = dy [M, N] . w and dw [N, K] = dy^T . x with dy quantized to e5m2 (x and
+ * w to e4m3 again); dy of x's dtype, dx and dw bf16, f16 or f32. */
+tj_status tj_fp8_linear_backward(CUstream stream, const tj_tensor* dy, const tj_tensor* x, const tj_tensor* w,
+                                 const tj_tensor* dx, const tj_tensor* dw);
 
 /* What the last failed call on this thread said (empty when none failed). */
 const char* tj_last_error(void);

@@ -306,18 +306,25 @@ TEST_CASE("cli attention: run --backward on a small shape passes against float64
   big.backward = true;
   big.seq = 4096;
   if (!tj_test::gpu_available()) CHECK(run_attention(big, CheckMode::never, 1) == tj::tools::kNothingRan);
+  // e4m3: the FP8 forward and backward (the GPU quantizes: without one nothing runs).
   ProblemOptions fp8 = attention_opts("e4m3");
   fp8.backward = true;
+  if (!tj_test::gpu_available()) CHECK(run_attention(fp8, CheckMode::always, 1) == tj::tools::kNothingRan);
+  else
+    for (bool causal : {false, true}) {
+      fp8.causal = causal;
+      CHECK(run_attention(fp8, CheckMode::always, 2) == 0);
+    }
+  fp8.hadamard = true;
   CHECK_THROWS_WITH_AS(run_attention(fp8, CheckMode::never, 1),
-                       "--backward runs the attention backward (kernels/attention_backward.h) on bf16 or f16 inputs: use --dtype "
-                       "bf16 or f16 (an FP8 backward is not there yet), not e4m3",
+                       "--backward takes the plain recipe: the FP8 backward has no --hadamard, --q-residual or --delayed-scaling",
                        Error);
   ProblemOptions other;
   other.kernel = "softmax";
   other.backward = true;
   CHECK_THROWS_WITH_AS(run(other, CheckMode::never, 1),
-                       "--backward applies to `tilejit run attention --dtype bf16|f16` only (kernels/attention_backward.h), not to "
-                       "softmax --dtype f32",
+                       "--backward applies to `tilejit run attention --dtype bf16|f16|e4m3` only (kernels/attention_backward.h), "
+                       "not to softmax --dtype f32",
                        Error);
 }
 

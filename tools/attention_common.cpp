@@ -178,10 +178,8 @@ AttentionProblem resolve_attention(const ProblemOptions& o) {
   p.hadamard = o.hadamard;
   p.q_residual = o.q_residual;
   p.delayed_scaling = o.delayed_scaling;
-  if (o.backward && p.path != AttentionPath::tensor_core_16bit)
-    throw Error(fmt::format("--backward runs the attention backward (kernels/attention_backward.h) on bf16 or f16 inputs: "
-                            "use --dtype bf16 or f16 (an FP8 backward is not there yet), not {}",
-                            o.dtype));
+  if (o.backward && (o.hadamard || o.q_residual || o.delayed_scaling))
+    throw Error("--backward takes the plain recipe: the FP8 backward has no --hadamard, --q-residual or --delayed-scaling");
   p.backward = o.backward;
   if (!o.config.empty()) {
     std::string source;   // --config's entries over the tuned or default config

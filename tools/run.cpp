@@ -39,7 +39,7 @@ int run(const ProblemOptions& given, CheckMode check, int repeats) {
   // attention with e4m3 / bf16 / f16: the FP8 pipeline or the 16-bit tensor-core path.
   if (runs_attention_pipeline(given)) return run_attention(given, check, repeats);
   if (given.backward)
-    throw Error(fmt::format("--backward applies to `tilejit run attention --dtype bf16|f16` only (kernels/attention_backward.h), "
+    throw Error(fmt::format("--backward applies to `tilejit run attention --dtype bf16|f16|e4m3` only (kernels/attention_backward.h), "
                             "not to {} --dtype {}",
                             given.kernel, given.dtype));
   ProblemOptions o = given;

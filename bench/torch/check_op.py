@@ -107,13 +107,16 @@ def main():
     # 1b. autograd: dq, dk, dv against float32 SDPA's (math backend) on the same bf16 values
     lines += ["", "| layout | H / Hkv | causal | dout | rel RMSE dq / dk / dv vs float32 SDPA | limit | |",
               "| --- | --- | --- | --- | --- | ---: | --- |"]
-    for layout, H, Hkv, causal, dout_kind in [("BHSD", 16, 16, False, "randn"), ("BHSD", 16, 16, True, "randn"),
-                                              ("BSHD", 16, 4, False, "randn"), ("BSHD", 16, 4, True, "randn"),
-                                              ("packed", 8, 8, True, "randn"), ("BHSD", 8, 2, True, "sum")]:
+    lines[-2] = "| layout | H / Hkv | causal | fp8 | dout | rel RMSE dq / dk / dv vs float32 SDPA | limit | |"
+    lines[-1] = "| --- | --- | --- | --- | --- | --- | ---: | --- |"
+    for layout, H, Hkv, causal, fp8, dout_kind in [("BHSD", 16, 16, False, False, "randn"), ("BHSD", 16, 16, True, False, "randn"),
+                                                   ("BSHD", 16, 4, False, False, "randn"), ("BSHD", 16, 4, True, False, "randn"),
+                                                   ("packed", 8, 8, True, False, "randn"), ("BHSD", 8, 2, True, False, "sum"),
+                                                   ("BHSD", 16, 16, False, True, "randn"), ("BSHD", 16, 4, True, True, "randn")]:
         q, k, v = inputs(layout, 2, H, Hkv, 1000, 128, gen)
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))   # leaves with the views' strides
         qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-        o = tilejit.attention(q, k, v, causal=causal)
+        o = tilejit.attention(q, k, v, causal=causal, fp8=fp8)
         ref = reference(qf, kf, vf, causal)
         if dout_kind == "sum":   # an expanded gradient (stride 0), copied before the kernels read it
             o.float().sum().backward()
@@ -123,9 +126,31 @@ def main():
             o.backward(dout)
             ref.backward(dout.float())
         errs = [rel_rmse(a.grad, b.grad) for a, b in ((q, qf), (k, kf), (v, vf))]
-        good = all(e <= 1e-2 for e in errs) and all(torch.isfinite(t.grad).all().item() for t in (q, k, v))
+        limit = 1.2e-1 if fp8 else 1e-2   # fp8: the recipe's own error, 5-8e-2 (docs/numerics.md)
+        good = all(e <= limit for e in errs) and all(torch.isfinite(t.grad).all().item() for t in (q, k, v))
         ok &= good
-        lines.append(f"| {layout} | {H} / {Hkv} | {causal} | {dout_kind} | {' / '.join(f'{e:.2e}' for e in errs)} | 1e-02 | "
+        lines.append(f"| {layout} | {H} / {Hkv} | {causal} | {fp8} | {dout_kind} | {' / '.join(f'{e:.2e}' for e in errs)} | "
+                     f"{limit:.0e} | {'ok' if good else 'FAIL'} |")
+
+    # 1c. the FP8 linear layer and its autograd against float32 on the same bf16 values
+    lines += ["", "| x | w | bias | rel RMSE y / dx / dw / dbias vs float32 | limit | |", "| --- | --- | --- | --- | ---: | --- |"]
+    for xs, ws, with_bias in [((2, 1000, 1024), (512, 1024), True), ((4096, 768), (3072, 768), False)]:
+        x = torch.randn(xs, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+        w = (torch.randn(ws, generator=gen, device="cuda") * ws[1] ** -0.5).to(torch.bfloat16).requires_grad_()
+        b = torch.randn(ws[0], generator=gen, device="cuda").to(torch.bfloat16).requires_grad_() if with_bias else None
+        xf, wf = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+        bf = b.detach().float().requires_grad_() if with_bias else None
+        y = tilejit.fp8_linear(x, w, b)
+        ref = F.linear(xf, wf, bf)
+        dy = torch.randn(y.shape, generator=gen, device="cuda").to(torch.bfloat16)
+        y.backward(dy)
+        ref.backward(dy.float())
+        errs = [rel_rmse(y, ref), rel_rmse(x.grad, xf.grad), rel_rmse(w.grad, wf.grad)]
+        if with_bias:
+            errs.append(rel_rmse(b.grad, bf.grad))
+        good = all(e <= 8e-2 for e in errs) and y.shape == ref.shape and torch.isfinite(y).all().item()
+        ok &= good
+        lines.append(f"| {list(xs)} | {list(ws)} | {with_bias} | {' / '.join(f'{e:.2e}' for e in errs)} | 8e-02 | "
                      f"{'ok' if good else 'FAIL'} |")
 
     # 2. inside a torch.compile'd module (fullgraph: the op traces, no graph break), against SDPA
@@ -203,8 +228,11 @@ def main():
         ("3 kv heads for 4", lambda: torch.ops.tilejit.attention(*inputs("BHSD", 1, 4, 3, 128, 64, gen)), "not a multiple"),
         ("attn_mask", lambda: tilejit.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(128, 128, device="cuda")),
          "attn_mask is not supported"),
-        ("a gradient of fp8=True", lambda: tilejit.attention(q.detach().requires_grad_(), k, v, fp8=True).float().sum().backward(),
-         "no backward for fp8=True yet"),
+        ("a gradient of a variant", lambda: tilejit.attention(q.detach().requires_grad_(), k, v, variant="softcap",
+                                                             variant_arg=30.0).float().sum().backward(),
+         "no backward for variant 'softcap' yet"),
+        ("fp8_linear of a float64 x", lambda: tilejit.fp8_linear(q.double().reshape(-1, 64), k.reshape(-1, 64)), "bfloat16 or float16"),
+        ("fp8_linear x [.., 64] and w [.., 128]", lambda: tilejit.fp8_linear(q.reshape(-1, 64), q.reshape(-1, 128)), "do not fit"),
     ]:
         try:
             fn()

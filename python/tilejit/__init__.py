@@ -1,4 +1,4 @@
-"""tilejit's attention for PyTorch.
+"""tilejit's attention and FP8 linear layer for PyTorch.
 
     import tilejit
     o = torch.ops.tilejit.attention(q, k, v, causal=True)              # bf16 / f16 tensor cores
@@ -9,9 +9,14 @@ q [B, H, Sq, D], k and v [B, Hkv, Skv, D] (Hkv divides H), any strides whose las
 the others multiples of 16 bytes: [B, S, H, D] storage passed as q.transpose(1, 2), a packed
 QKV's slices. No copies; on torch's current stream. The output has q's layout where q is dense.
 Registered with torch.library, with fake kernels, so torch.compile traces through it, backward
-included. Autograd: the 16-bit attention (fp8=False, no variant) has a backward (tilejit's
-attention backward: dq, dk, dv in q's, k's and v's layouts; grouped-query heads summed); fp8=True
-and the variants have none yet: asking a gradient of them is an error.
+included. Autograd: the attention without a variant has a backward (tilejit's attention backward:
+dq, dk, dv in q's, k's and v's layouts; grouped-query heads summed; fp8=True: the FP8 backward,
+e4m3 Q K V dO and e5m2 dS); the variants have none yet: asking a gradient of them is an error.
+
+    y = tilejit.fp8_linear(x, w, bias)   # x [..., K] . w [N, K]^T (+ bias): e4m3 operands, e5m2 dy
+
+The FP8 linear layer (seed 001's FP8Linear, dynamic scaling: one descale per tensor from its
+amax), with autograd: dx = dy w and dw = dy^T x with dy in e5m2; bias's gradient in torch.
 """
 import glob
 import os
@@ -32,13 +37,31 @@ def _attention_fake(q, k, v, causal=False, fp8=False, scale=None, variant="", va
 
 
 @torch.library.register_fake("tilejit::_attention_forward")
-def _attention_forward_fake(q, k, v, causal, scale):
+def _attention_forward_fake(q, k, v, causal, scale, fp8=False):
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
 
 
 @torch.library.register_fake("tilejit::_attention_backward")
-def _attention_backward_fake(dout, q, k, v, o, lse, causal, scale):
+def _attention_backward_fake(dout, q, k, v, o, lse, causal, scale, fp8=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.register_fake("tilejit::fp8_linear")
+def _fp8_linear_fake(x, w, bias=None):
+    torch._check(w.dim() == 2 and x.shape[-1] == w.shape[1], lambda: "tilejit.fp8_linear: x [..., K] and w [N, K] do not fit")
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+@torch.library.register_fake("tilejit::_fp8_linear_backward")
+def _fp8_linear_backward_fake(dy, x, w):
+    return torch.empty_like(x), torch.empty_like(w)
+
+
+def fp8_linear(x, w, bias=None):
+    """torch.ops.tilejit.fp8_linear: x [..., K] . w [N, K]^T (+ bias [N]) with x and w quantized to
+    e4m3 (one descale per tensor); bf16 / f16, CUDA; M, N, K multiples of 16 for the FP8 path (else
+    bf16, the reason printed once)."""
+    return torch.ops.tilejit.fp8_linear.default(x, w, bias)
 
 
 def attention(q, k, v, *, causal=False, fp8=False, scale=None, variant="", variant_arg=0.0):
