@@ -213,7 +213,7 @@ TEST_CASE("gpu: C API backward on [B, S, H, D] views (grouped-query heads, causa
     for (int i = 0; i < 3; ++i) {
       const HostTensor a = pairs[i].first->to_host(), b = pairs[i].second->to_host();
       const auto m = tj_test::compare(swap_dims_1_2(a).values(), *refs[i]);
-      MESSAGE("C API backward, " << (fp8 ? "fp8" : "bf16") << " [B, S, H, D] GQA, " << std::string(names[i])
+      MESSAGE("C API backward, " << std::string(fp8 ? "fp8" : "bf16") << " [B, S, H, D] GQA, " << std::string(names[i])
                                   << " vs float64: " << tj_test::str(m));
       CHECK(m.nan == 0);
       CHECK(m.rel_rmse <= (fp8 ? 0.12 : 3e-2));   // fp8: the recipe's own error, 5-8e-2 (docs/numerics.md)

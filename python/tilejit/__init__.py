@@ -61,6 +61,8 @@ def fp8_linear(x, w, bias=None):
     """torch.ops.tilejit.fp8_linear: x [..., K] . w [N, K]^T (+ bias [N]) with x and w quantized to
     e4m3 (one descale per tensor); bf16 / f16, CUDA; M, N, K multiples of 16 for the FP8 path (else
     bf16, the reason printed once)."""
+    if w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1]:
+        raise RuntimeError(f"tilejit.fp8_linear: x [..., K] and w [N, K] do not fit: {tuple(x.shape)} and {tuple(w.shape)}")
     return torch.ops.tilejit.fp8_linear.default(x, w, bias)
 
 
