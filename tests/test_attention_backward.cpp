@@ -372,6 +372,33 @@ Problem make_problem(const std::vector<int64_t>& shape, bool causal, double scal
   return p;
 }
 
+// On the GPU: attention_fp8_forward with its LSE (fp8: quantizing, else on the 16-bit inputs as
+// given), then attention_backward (fp8 or not) for p's dout; the gradients in `grad`, the
+// backward's workspace kept (its FP8 copies).
+struct GpuBackward {
+  DeviceTensor gq, gk, gv;
+  kernels::AttentionBackwardWorkspace ws;
+};
+void gpu_backward(const Problem& p, bool causal, bool fp8, bool deterministic, GpuBackward& out) {
+  const std::vector<int64_t>& shape = p.q.shape();
+  const DeviceTensor q = DeviceTensor::from_host(p.q), k = DeviceTensor::from_host(p.k), v = DeviceTensor::from_host(p.v),
+                     dout = DeviceTensor::from_host(p.dout);
+  DeviceTensor o(DType::bf16, shape), lse(DType::f32, {shape[0], shape[1], shape[2]});
+  for (DeviceTensor* t : {&out.gq, &out.gk, &out.gv}) t->fill_bytes(0xFF);
+  kernels::AttentionFp8Options fwd;
+  fwd.quantize = fp8;
+  fwd.causal = causal;
+  fwd.lse = lse.view();
+  kernels::AttentionFp8Workspace fws;
+  kernels::attention_fp8_forward(q.view(), k.view(), v.view(), o.view(), fwd, fws);
+  kernels::AttentionBackwardOptions opt;
+  opt.causal = causal;
+  opt.deterministic = deterministic;
+  opt.fp8 = fp8;
+  kernels::attention_backward(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), out.gq.view(), out.gk.view(),
+                              out.gv.view(), opt, out.ws);
+}
+
 std::string backward_error(const TensorView& q, const TensorView& k, const TensorView& lse, const TensorView& dq) {
   try {
     kernels::attention_backward_launches(q, k, k, q, q, lse, dq, k, k, {}, lse, lse, std::nullopt);
@@ -520,26 +547,12 @@ TEST_CASE("gpu: attention_backward after attention_fp8_forward's LSE: float64 gr
     for (bool deterministic : {true, false}) {
       INFO("H " << c.H << " Hkv " << c.Hkv << " Sq " << c.Sq << " Skv " << c.Skv << " causal " << causal << " deterministic "
                 << deterministic);
-      const std::vector<int64_t> shape = {1, c.H, c.Sq, 128}, kv = {1, c.Hkv, c.Skv, 128}, rows = {1, c.H, c.Sq};
+      const std::vector<int64_t> shape = {1, c.H, c.Sq, 128}, kv = {1, c.Hkv, c.Skv, 128};
       const Problem p = make_problem(shape, causal, scale_nat, rng, kv);
-      const HostTensor &q = p.q, &k = p.k, &v = p.v, &dout = p.dout;
       const Grads& want = p.want;
-      const DeviceTensor dq_ = DeviceTensor::from_host(q), dk_ = DeviceTensor::from_host(k), dv_ = DeviceTensor::from_host(v),
-                         ddo = DeviceTensor::from_host(dout);
-      DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::bf16, shape), gk(DType::bf16, kv), gv(DType::bf16, kv);
-      for (DeviceTensor* t : {&gq, &gk, &gv}) t->fill_bytes(0xFF);
-      kernels::AttentionFp8Options fwd;
-      fwd.quantize = false;
-      fwd.causal = causal;
-      fwd.lse = lse.view();
-      kernels::AttentionFp8Workspace fws;
-      kernels::attention_fp8_forward(dq_.view(), dk_.view(), dv_.view(), o.view(), fwd, fws);
-      kernels::AttentionBackwardOptions opt;
-      opt.causal = causal;
-      opt.deterministic = deterministic;
-      kernels::AttentionBackwardWorkspace ws;
-      kernels::attention_backward(dq_.view(), dk_.view(), dv_.view(), o.view(), ddo.view(), lse.view(), gq.view(), gk.view(), gv.view(),
-                                  opt, ws);
+      GpuBackward r{DeviceTensor(DType::bf16, shape), DeviceTensor(DType::bf16, kv), DeviceTensor(DType::bf16, kv), {}};
+      gpu_backward(p, causal, /*fp8=*/false, deterministic, r);
+      const DeviceTensor &gq = r.gq, &gk = r.gk, &gv = r.gv;
       const HostTensor hq = gq.to_host(), hk = gk.to_host(), hv = gv.to_host();
       MESSAGE("dq ", rel_rmse(hq, want.dq), " dk ", rel_rmse(hk, want.dk), " dv ", rel_rmse(hv, want.dv));
       CHECK(rel_rmse(hv, want.dv) < 2e-2);
@@ -574,7 +587,7 @@ TEST_CASE("gpu: attention_backward fp8 after the FP8 forward: the recipe's float
     for (bool causal : {false, true}) {
       const int64_t S = 384;
       INFO("H " << c.H << " Hkv " << c.Hkv << " outliers " << c.outliers << " causal " << causal);
-      const std::vector<int64_t> shape = {1, c.H, S, 128}, kv = {1, c.Hkv, S, 128}, rows = {1, c.H, S};
+      const std::vector<int64_t> shape = {1, c.H, S, 128}, kv = {1, c.Hkv, S, 128};
       Problem p = make_problem(shape, causal, scale_nat, rng, kv);
       if (c.outliers) {   // N(0, 1) + N(0, 100) * Bernoulli(0.001) (variance 100), the issue's outlier inputs
         std::bernoulli_distribution hit(0.001);
@@ -585,21 +598,10 @@ TEST_CASE("gpu: attention_backward fp8 after the FP8 forward: the recipe's float
         std::vector<double> o64, lse64;
         reference_attention(p.q, p.k, p.v, p.dout, causal, scale_nat, o64, lse64, p.want);
       }
-      const DeviceTensor dq_ = DeviceTensor::from_host(p.q), dk_ = DeviceTensor::from_host(p.k), dv_ = DeviceTensor::from_host(p.v),
-                         ddo = DeviceTensor::from_host(p.dout);
-      DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::f32, shape), gk(DType::f32, kv), gv(DType::f32, kv);
-      for (DeviceTensor* t : {&gq, &gk, &gv}) t->fill_bytes(0xFF);
-      kernels::AttentionFp8Options fwd;
-      fwd.causal = causal;
-      fwd.lse = lse.view();
-      kernels::AttentionFp8Workspace fws;
-      kernels::attention_fp8_forward(dq_.view(), dk_.view(), dv_.view(), o.view(), fwd, fws);
-      kernels::AttentionBackwardOptions opt;
-      opt.causal = causal;
-      opt.fp8 = true;
-      kernels::AttentionBackwardWorkspace ws;
-      kernels::attention_backward(dq_.view(), dk_.view(), dv_.view(), o.view(), ddo.view(), lse.view(), gq.view(), gk.view(), gv.view(),
-                                  opt, ws);
+      GpuBackward r{DeviceTensor(DType::f32, shape), DeviceTensor(DType::f32, kv), DeviceTensor(DType::f32, kv), {}};
+      gpu_backward(p, causal, /*fp8=*/true, /*deterministic=*/true, r);
+      const DeviceTensor &gq = r.gq, &gk = r.gk, &gv = r.gv;
+      const kernels::AttentionBackwardWorkspace& ws = r.ws;
       const Grads got{doubles(gq.to_host()), doubles(gk.to_host()), doubles(gv.to_host())};
       const Fp8Operands x{ws.q8->to_host(), ws.k8->to_host(),  ws.v8->to_host(),  ws.do8->to_host(),  ws.sq->to_host(),
                           ws.sk->to_host(), ws.sv->to_host(),  ws.sdo->to_host(), ws.lse2->to_host(), ws.delta->to_host()};

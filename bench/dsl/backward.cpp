@@ -187,6 +187,19 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
     have_fp8_forward = true;
   };
 
+  // dQ, dK and dV's relative RMS errors at the sampled rows against float64.
+  auto errors = [&](double& eq, double& ek, double& ev) {
+    const HostTensor gq = dq.to_host(), gk = dk.to_host(), gv = dv.to_host();
+    std::vector<std::pair<double, double>> pq, pk, pv;
+    for (size_t r = 0; r < sample_rows.size(); ++r)
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t at = (head * S + sample_rows[r]) * D + d;
+        pq.push_back({want_dq[r][d], gq.at(at)});
+        pk.push_back({want_dk[r][d], gk.at(at)});
+        pv.push_back({want_dv[r][d], gv.at(at)});
+      }
+    eq = rel_rms(pq), ek = rel_rms(pk), ev = rel_rms(pv);
+  };
   for (const auto& [path, spec] : paths) try {
     if (spec.rfind("@fp8", 0) == 0) {
       // attention_backward with fp8: its quantizers (q, k, v, dO and the transposed copies), the
@@ -203,18 +216,6 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
         bo.stream = s;
         kernels::attention_backward(in[0].view(), in[1].view(), in[2].view(), o8.view(), in[3].view(), lse8.view(), dq.view(),
                                     dk.view(), dv.view(), bo, ws);
-      };
-      auto errors = [&](double& eq, double& ek, double& ev) {
-        const HostTensor gq = dq.to_host(), gk = dk.to_host(), gv = dv.to_host();
-        std::vector<std::pair<double, double>> pq, pk, pv;
-        for (size_t r = 0; r < sample_rows.size(); ++r)
-          for (int64_t d = 0; d < D; ++d) {
-            const int64_t at = (head * S + sample_rows[r]) * D + d;
-            pq.push_back({want_dq[r][d], gq.at(at)});
-            pk.push_back({want_dk[r][d], gk.at(at)});
-            pv.push_back({want_dv[r][d], gv.at(at)});
-          }
-        eq = rel_rms(pq), ek = rel_rms(pk), ev = rel_rms(pv);
       };
       for (DeviceTensor* t : {&dq, &dk, &dv}) t->fill_bytes(0xFF);
       api(0, ctx.stream);
@@ -305,16 +306,8 @@ void one_case(BenchContext& ctx, int64_t B, int64_t H, int64_t S, int64_t D, boo
     };
     all(0, ctx.stream);
     ctx.stream.synchronize();
-    const HostTensor gq = dq.to_host(), gk = dk.to_host(), gv = dv.to_host();
-    std::vector<std::pair<double, double>> pq, pk, pv;
-    for (size_t r = 0; r < sample_rows.size(); ++r)
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t at = (head * S + sample_rows[r]) * D + d;
-        pq.push_back({want_dq[r][d], gq.at(at)});
-        pk.push_back({want_dk[r][d], gk.at(at)});
-        pv.push_back({want_dv[r][d], gv.at(at)});
-      }
-    const double eq = rel_rms(pq), ek = rel_rms(pk), ev = rel_rms(pv);
+    double eq = 0, ek = 0, ev = 0;
+    errors(eq, ek, ev);
     const double err = std::max({eq, ek, ev});
     auto flush = [&](CUstream s) { ctx.flush.memset_async(0, s); };
     const double ms = bench::median(bench::time_samples(all, ctx.spinner, ctx.stream, ctx.warmup, ctx.reps, 5.0, flush));
