@@ -13,11 +13,11 @@
 #include "codegen/launch_status.h"
 #include "core/error.h"
 #include "kernels/attention_backward.h"
-#include "kernels/fp8_linear.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variant.h"
 #include "kernels/attention_variants.h"
 #include "kernels/attention_varlen.h"
+#include "kernels/fp8_linear.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
 
