@@ -3,9 +3,15 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <mutex>
 #include <optional>
+#include <set>
 
 #include "autotune/launch.h"
+#include "codegen/emitter_knobs.h"
+#include "codegen/lowering.h"
+#include "codegen/mma_config.h"
+#include "codegen/target.h"
 #include "core/error.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/library.h"
@@ -97,6 +103,52 @@ Fp8ProgramScales load_descales(const Fp8Inputs& f8, const Int& b, const Int& h, 
   return {sq, sk, sv, sdo, sq * sk, sv * sdo};
 }
 
+// A variant's hooks on the scores s (log2 units; q_pos and kv_pos broadcast to s's shape, [m, n] or
+// the key-tile kernels' transposed [n, m]), traced where the forward traces them: score_mod on the
+// natural-log score, then the mask. grad: score_grad's d modded / d score (none: 1).
+struct HookedScores {
+  Tile s;
+  std::optional<Tile> grad;
+};
+struct VariantHooks {
+  const AttentionVariant* variant = nullptr;
+  std::vector<In> inputs;
+};
+HookedScores apply_variant(const VariantHooks& hooks, Tile s, const Int& b, const Int& h, const Tile& q_pos, const Tile& kv_pos) {
+  const AttentionVariant& v = *hooks.variant;
+  HookedScores out{s, std::nullopt};
+  const ScoreIndex at{b, h, q_pos, kv_pos, hooks.inputs};
+  if (v.score_mod) {
+    constexpr double kLog2e = 1.4426950408889634;
+    const Tile natural = s * kLn2;
+    const Tile modded = v.score_mod(natural, at);
+    if (!modded.valid() || !is_float(modded.dtype()))
+      throw Error(fmt::format("attention variant '{}': score_mod must return a float tile (the new score)", v.name));
+    const Tile g = v.score_grad(natural, modded, at);
+    if (g.valid()) {
+      if (!is_float(g.dtype()))
+        throw Error(fmt::format("attention variant '{}': score_grad must return a float tile (d modded / d score) or Tile()", v.name));
+      out.grad = g.to(DType::f32);
+    }
+    out.s = (modded * kLog2e).to(DType::f32);
+  }
+  if (v.mask_mod) {
+    const Tile keep = v.mask_mod(at);
+    if (!keep.valid() || keep.dtype() != DType::i1)
+      throw Error(fmt::format("attention variant '{}': mask_mod must return a boolean tile (a comparison), not {}", v.name,
+                              keep.valid() ? std::string(name(keep.dtype())) : "nothing"));
+    out.s = where(keep, out.s, -INFINITY);
+  }
+  return out;
+}
+
+// The forward's LSE of a row that sees no key is -inf; as +inf its P is exp2(s - inf) = 0 (not
+// exp2(-inf + inf) = NaN), so such rows add nothing, as in the forward (O = 0).
+Tile masked_rows_lse(const Tile& lse, const VariantHooks* hooks) {
+  if (!hooks || !hooks->variant->mask_mod) return lse;
+  return where(lse == -INFINITY, INFINITY, lse);
+}
+
 // dK and dV per key tile over every query tile (attention_bwd_dkdv), and with dq_acc this key
 // tile's share of dQ added into it (attention_bwd_fused). scale: the forward's, log2(e) folded in;
 // the scores' gradient is in natural units. Per key tile the scores are computed transposed (s^T =
@@ -105,7 +157,7 @@ Fp8ProgramScales load_descales(const Fp8Inputs& f8, const Int& b, const Int& h, 
 // Grouped-query heads: q [B, H, Sq, D], k / v [B, Hkv, Skv, D]; query head h reads kv head h / (H /
 // Hkv), and dk / dv [B, H, Skv, D] are per query head (the host sums each group's).
 void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Out* dq_acc, Scalar scale, bool causal,
-                   const Fp8Inputs* f8 = nullptr) {
+                   const Fp8Inputs* f8 = nullptr, const VariantHooks* hooks = nullptr) {
   auto [B, H, Sq, D] = q.shape<4>();
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
@@ -131,6 +183,12 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
         auto qt = q.load(b, h, m, all);
         auto dot_ = dout.load(b, h, m, all);
         auto st = f8 ? dot(kt, qt.T()) * (scale * *s_scale) : dot(kt, qt.T()) * scale;   // [n, m]
+        std::optional<Tile> grad;   // a variant's d score_mod / d score
+        if (hooks) {
+          HookedScores hs = apply_variant(*hooks, st, b, h, m.index().row(), n.index().col());
+          st = hs.s;
+          grad = hs.grad;
+        }
         if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
         std::optional<Tile> dst;
         if (f8) {
@@ -143,10 +201,11 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
           dst = (pt * dpt).to(DType::e5m2);
           dk_acc = dot(*dst, f8->qt->load(b, h, all, m).T(), dk_acc);   // [n, D]
         } else {
-          auto pt = exp2(st - lse.load(b, h, m).row());
+          auto pt = exp2(st - masked_rows_lse(lse.load(b, h, m), hooks).row());
           dv_acc = dot(pt.to(v.dtype()), dot_, dv_acc);   // [n, D]
           auto dpt = dot(vt, dot_.T());                    // [n, m]
           auto ds = pt * (dpt - delta.load(b, h, m).row());
+          if (grad) ds = ds * *grad;
           dst = ds.to(q.dtype());
           dk_acc = dot(*dst, qt, dk_acc);   // [n, D]
         }
@@ -180,7 +239,7 @@ const Kernel& attention_bwd_dkdv() {
 namespace {
 // dQ per query tile over every key tile (attention_bwd_dq; f8: attention_bwd_dq_fp8's recipe).
 void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal,
-                     const Fp8Inputs* f8 = nullptr) {
+                     const Fp8Inputs* f8 = nullptr, const VariantHooks* hooks = nullptr) {
   auto [B, H, Sq, D] = q.shape<4>();
   for (auto bh : grid(B * H)) {
     auto b = floordiv(bh, H), h = bh % H;
@@ -199,7 +258,7 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
       auto dot_ = dout.load(b, h, m, all);
       // FP8: 2^4 P from the exponent and 2^12 dS = 2^4 P . 2^8 (dP - delta), the scales folded
       // into the row terms as the dK / dV kernel does.
-      auto lse_m = f8 ? (lse.load(b, h, m) - kQPLog2).col() : lse.load(b, h, m).col();
+      auto lse_m = f8 ? (lse.load(b, h, m) - kQPLog2).col() : masked_rows_lse(lse.load(b, h, m), hooks).col();
       auto delta_m = f8 ? (delta.load(b, h, m) * kQDpScale).col() : delta.load(b, h, m).col();
       // Causal (top-left): the keys up to the tile's last row (all of them past Skv).
       const Operand n_end = !causal ? Operand(keys.length)
@@ -208,6 +267,12 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
       for (auto n : tile(n_end, block("n"))) {
         auto kt = k.load(b, hk, n, all);
         auto s = f8 ? dot(qt, kt.T()) * (scale * *s_scale) : dot(qt, kt.T()) * scale;
+        std::optional<Tile> grad;   // a variant's d score_mod / d score
+        if (hooks) {
+          HookedScores hs = apply_variant(*hooks, s, b, h, m.index().col(), n.index().row());
+          s = hs.s;
+          grad = hs.grad;
+        }
         if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
         auto p = exp2(s - lse_m);
         if (f8) {
@@ -215,6 +280,7 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
           dq_acc = dot((p * dp).to(DType::e5m2), f8->kt->load(b, hk, all, n).T(), dq_acc);
         } else {
           auto ds = p * (dot(dot_, v.load(b, hk, n, all).T()) - delta_m);
+          if (grad) ds = ds * *grad;
           dq_acc = dot(ds.to(q.dtype()), kt, dq_acc);
         }
       }
@@ -254,6 +320,83 @@ const Kernel& attention_bwd_dq_fp8() {
         query_tile_body(q, k, v, dout, lse, delta, dq, scale, causal, &f8);
       });
   return k;
+}
+
+namespace {
+// Backward kernels of variants with AttentionVariant::fast_math (a softcap's tanh): their untuned
+// config takes knob fast_math, as the forward's does.
+std::mutex fast_math_mutex;
+std::set<std::string>& fast_math_kernels() {
+  static std::set<std::string> names;
+  return names;
+}
+
+const bool variant_backward_config_registered = [] {
+  codegen::register_default_config_provider("attention_variant_backward", [](const ir::Function& f, const std::string& arch) {
+    std::optional<Config> c;
+    {
+      std::lock_guard<std::mutex> lock(fast_math_mutex);
+      if (!fast_math_kernels().count(f.name)) return c;
+    }
+    c = codegen::mma_default_config(f, codegen::Target::parse(arch));
+    if (c) c->knobs[codegen::knobs::fast_math.name] = 1;
+    return c;
+  });
+  return true;
+}();
+
+const std::vector<std::string> kDkdvParams = {"q", "k", "v", "do", "lse", "delta", "dk", "dv", "scale", "causal"};
+const std::vector<std::string> kDqParams = {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"};
+}  // namespace
+
+VariantBackward attention_variant_backward(const AttentionVariant& variant) {
+  if (variant.name.empty()) throw Error("attention_variant_backward: the variant needs a name (it names the kernels)");
+  if (variant.score_mod && !variant.score_grad)
+    throw Error(fmt::format("attention variant '{}' has a score_mod without a score_grad (d score_mod / d score): no backward; "
+                            "set AttentionVariant::score_grad (Tile() where the derivative is 1)",
+                            variant.name));
+  if (variant.merge_into_output)
+    throw Error(fmt::format("attention variant '{}' merges into its output: no backward for merging variants yet", variant.name));
+  const std::string dkdv_name = variant.name + "_bwd_dkdv", dq_name = variant.name + "_bwd_dq";
+  if (variant.fast_math) {
+    std::lock_guard<std::mutex> lock(fast_math_mutex);
+    fast_math_kernels().insert(dkdv_name);
+    fast_math_kernels().insert(dq_name);
+  }
+  auto slots_of = [&](const std::vector<std::string>& names, size_t outputs_from, size_t outputs_to) {
+    std::vector<Slot> slots;
+    for (size_t i = 0; i < names.size(); ++i) {
+      SlotKind kind = i >= outputs_from && i < outputs_to ? SlotKind::tensor_out : SlotKind::tensor_in;
+      if (names[i] == "scale") kind = SlotKind::scalar_f32;
+      if (names[i] == "causal") kind = SlotKind::host_bool;
+      slots.push_back(Slot{names[i], kind});
+    }
+    for (const auto& in : variant.inputs) slots.push_back(Slot{in, SlotKind::tensor_in});
+    return slots;
+  };
+  auto inputs_of = [variant](const detail::TraceArgs& a, size_t first) {
+    VariantHooks hooks{&variant, {}};
+    for (size_t i = 0; i < variant.inputs.size(); ++i) hooks.inputs.push_back(detail::make_arg<In>(a, first + i));
+    return hooks;
+  };
+  Kernel::Body dkdv_body = [variant, inputs_of](const detail::TraceArgs& a) {
+    using detail::make_arg;
+    VariantHooks hooks = inputs_of(a, kDkdvParams.size());
+    hooks.variant = &variant;
+    key_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
+                  make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Out>(a, 7), nullptr, make_arg<Scalar>(a, 8),
+                  make_arg<bool>(a, 9), nullptr, &hooks);
+  };
+  Kernel::Body dq_body = [variant, inputs_of](const detail::TraceArgs& a) {
+    using detail::make_arg;
+    VariantHooks hooks = inputs_of(a, kDqParams.size());
+    hooks.variant = &variant;
+    query_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
+                    make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Scalar>(a, 7), make_arg<bool>(a, 8), nullptr, &hooks);
+  };
+  return VariantBackward{variant.name, variant.inputs.size(),
+                         Kernel(dkdv_name, slots_of(kDkdvParams, 6, 8), std::move(dkdv_body), Loc::current()),
+                         Kernel(dq_name, slots_of(kDqParams, 6, 7), std::move(dq_body), Loc::current())};
 }
 
 const Kernel& attention_bwd_fused() {
@@ -376,6 +519,17 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
     throw Error(opt.fp8 ? "attention backward: fp8 needs the e4m3 operands (BackwardFp8Views)"
                         : "attention backward: e4m3 operands given without opt.fp8");
   if (!opt.deterministic && !dq_acc) throw Error("attention backward: the fused pass needs its dq_acc scratch");
+  if (opt.variant) {
+    if (opt.fp8) throw Error(fmt::format("attention backward of variant '{}': 16-bit only (no FP8 backward of variants yet)", opt.variant->name));
+    if (!opt.deterministic)
+      throw Error(fmt::format("attention backward of variant '{}': three kernels only: set deterministic (no fused pass of variants yet)",
+                              opt.variant->name));
+    if (opt.variant_inputs.size() != opt.variant->inputs)
+      throw Error(fmt::format("attention backward of variant '{}': it takes {} extra input(s) (the forward's), got {}", opt.variant->name,
+                              opt.variant->inputs, opt.variant_inputs.size()));
+  } else if (!opt.variant_inputs.empty()) {
+    throw Error("attention backward: variant inputs given without a variant");
+  }
   const int64_t groups = q.shape[1] / k.shape[1];
   const std::vector<int64_t> part_shape = {q.shape[0], q.shape[1], k.shape[2], k.shape[3]};
   if (groups > 1)
@@ -396,6 +550,15 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
                    {f.q8, f.qt8, f.k8, f.v8, f.do8, f.dot8, lse2, delta, f.sq, f.sk, f.sv, f.sdo, gk, gv, scale, opt.causal}});
     out.push_back({&attention_bwd_dq_fp8(),
                    {f.q8, f.k8, f.kt8, f.v8, f.do8, lse2, delta, f.sq, f.sk, f.sv, f.sdo, dq, scale, opt.causal}});
+  } else if (opt.variant) {
+    std::vector<Arg> dkdv_args = {q, k, v, dout, lse2, delta, gk, gv, scale, opt.causal};
+    std::vector<Arg> dq_args = {q, k, v, dout, lse2, delta, dq, scale, opt.causal};
+    for (const TensorView& in : opt.variant_inputs) {
+      dkdv_args.push_back(in);
+      dq_args.push_back(in);
+    }
+    out.push_back({&opt.variant->dkdv, std::move(dkdv_args)});
+    out.push_back({&opt.variant->dq, std::move(dq_args)});
   } else if (opt.deterministic) {
     out.push_back({&attention_bwd_dkdv(), {q, k, v, dout, lse2, delta, gk, gv, scale, opt.causal}});
     out.push_back({&attention_bwd_dq(), {q, k, v, dout, lse2, delta, dq, scale, opt.causal}});

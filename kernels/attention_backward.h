@@ -4,10 +4,12 @@
 #include <cuda.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dsl/config.h"
 #include "dsl/kernel.h"
+#include "kernels/attention_variant.h"
 #include "kernels/ring_plan.h"
 #include "runtime/jit.h"
 #include "runtime/owned_tensor.h"
@@ -59,6 +61,19 @@ const Kernel& attention_bwd_prepare();
 // against 1.4e-1 on outlier inputs).
 const Kernel& attention_bwd_prepare_fp8();
 
+// The backward of attention_variant(v) (kernels/attention_variant.h): dK / dV per key tile and dQ
+// per query tile as attention_bwd_dkdv / attention_bwd_dq, with v's hooks traced on the recomputed
+// scores (score_mod, then the mask; score_grad gives score_mod's derivative) and the gradient of the
+// unmodded score passed on. Arguments: attention_bwd_dkdv's / attention_bwd_dq's, then v's inputs.
+// Kernels named v.name + "_bwd_dkdv" / "_bwd_dq". Throws tj::Error for a variant without a name,
+// with a score_mod but no score_grad, or one that merges into its output.
+struct VariantBackward {
+  std::string name;     // the variant's
+  size_t inputs = 0;    // its extra input tensors
+  Kernel dkdv, dq;
+};
+VariantBackward attention_variant_backward(const AttentionVariant& v);
+
 struct AttentionBackwardOptions {
   bool causal = false;                    // as the forward (top-left aligned)
   std::optional<double> softmax_scale;    // the forward's; default 1/sqrt(D)
@@ -70,6 +85,12 @@ struct AttentionBackwardOptions {
   // for a later step's scaling), lse the FP8 forward's (attention_fp8_forward on the same q, k, v).
   // Three kernels only (deterministic).
   bool fp8 = false;
+  // The backward of a variant's forward (attention_variant_backward(v); attention_variant(v) ran the
+  // forward with these extra inputs, in v.inputs' order). 16-bit, deterministic. `causal` keeps its
+  // meaning (the forward's causal flag: causal and v's mask); a variant whose mask is causal runs
+  // faster with causal = true too, its loops then stop at the diagonal.
+  const VariantBackward* variant = nullptr;
+  std::vector<TensorView> variant_inputs;
   CUstream stream = nullptr;
 };
 

@@ -41,11 +41,19 @@ struct ScoreIndex {
 // attn_linear_score = 0 evaluates the hook per element).
 using ScoreMod = std::function<Tile(const Tile& score, const ScoreIndex& at)>;
 using MaskMod = std::function<Tile(const ScoreIndex& at)>;
+// score_grad(score, modded, at) -> d modded / d score at each score element (f32 [m, n]), given the
+// score and score_mod's result on it: the backward (attention_variant_backward) multiplies the
+// gradient of the modded score by it. An invalid Tile() means 1 everywhere (a score plus a term
+// that does not depend on it: ALiBi, a bias), which costs nothing.
+using ScoreGrad = std::function<Tile(const Tile& score, const Tile& modded, const ScoreIndex& at)>;
 
 struct AttentionVariant {
   std::string name;                    // the kernel's name (caches, generated code, errors)
   ScoreMod score_mod = {};
   MaskMod mask_mod = {};
+  // The derivative of score_mod, for the backward; a variant with a score_mod and without it has
+  // no backward (attention_variant_backward says so).
+  ScoreGrad score_grad = {};
   // Names of extra input tensors, passed after attention_fp8's arguments; hooks may read them with
   // scalar indices (load) or per score element (gather, e.g. a block mask:
   // kernels/attention_variants.h).

@@ -39,6 +39,7 @@ AttentionVariant alibi_variant(int64_t heads, bool causal) {
     auto slope = exp2((at.h + 1).to(DType::f32) * (-8.0 / static_cast<double>(heads)));
     return score + slope * (at.kv - at.q).to(DType::f32);
   };
+  v.score_grad = [](const Tile&, const Tile&, const ScoreIndex&) { return Tile(); };   // d/ds (s + bias) = 1
   if (causal) v.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q; };
   return v;
 }
@@ -46,6 +47,11 @@ AttentionVariant alibi_variant(int64_t heads, bool causal) {
 AttentionVariant softcap_variant(double cap, bool causal) {
   AttentionVariant v{fmt::format("attention_softcap_{}{}", cap, causal ? "_causal" : "")};
   v.score_mod = [cap](const Tile& score, const ScoreIndex&) { return tanh(score * (1.0 / cap)) * cap; };
+  // d/ds cap tanh(s / cap) = 1 - tanh^2(s / cap), from the modded score: 1 - (modded / cap)^2.
+  v.score_grad = [cap](const Tile&, const Tile& modded, const ScoreIndex&) {
+    auto t = modded * (1.0 / cap);
+    return 1.0 - t * t;
+  };
   if (causal) v.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q; };
   v.fast_math = true;   // tanh.approx.f32, as FlashAttention's softcap
   return v;

@@ -491,8 +491,12 @@ TEST_CASE("cli: the tilejit program wires `run attention`, `tune attention`, `be
   CHECK(r->output.find("tilejit: `tilejit bench memory` takes --rows, --cols, --reps") != std::string::npos);
   r = run_cli("bench memory --backward");
   CHECK(r->status == 1);
-  CHECK(r->output.find("tilejit: --backward applies to `tilejit bench attention` (the attention backward), not to `tilejit bench "
-                       "memory`") != std::string::npos);
+  CHECK(r->output.find("tilejit: --backward applies to `tilejit bench attention` and `tilejit bench variants` (their backward), not "
+                       "to `tilejit bench memory`") != std::string::npos);
+  r = run_cli("bench variants --backward --config-bf16 {}");
+  CHECK(r->status == 1);
+  CHECK(r->output.find("tilejit: --config-bf16 and --config-fp8 apply to the variants' forward, not to `tilejit bench variants "
+                       "--backward`") != std::string::npos);
   r = run_cli("bench attention --rows 1024");
   CHECK(r->output.find("tilejit: --rows and --cols apply to `tilejit bench memory`") != std::string::npos);
   // `bench inputs` (tools/bench_inputs.cpp) checks its options before it looks for a GPU.

@@ -94,6 +94,11 @@ struct BenchVariantsOptions {
 // it. Throws tj::Error for the attention-only mask flags (--causal, --non-causal, --both).
 BenchVariantsOptions variants_options(const BenchAttentionOptions& common, const std::string& variant, bool reps_given);
 int bench_variants(const BenchVariantsOptions& o);
+// `tilejit bench variants --backward` (tools/bench_variants_backward.cpp): each variant's backward
+// (kernels::attention_variant_backward) after its forward's LSE, gradients checked against float64 of
+// the variant's meaning, then flex_attention's compiled backward (peers.py --variants --backward);
+// one markdown table. The variants that merge into their output (dilated) have no backward yet.
+int bench_variants_backward(const BenchVariantsOptions& o);
 
 // `tilejit bench memory` (tools/bench_memory.cpp): softmax, RMSNorm, LayerNorm, an add and the
 // e4m3 quantizer with its amax (and transposing) over bf16 [rows, cols], against a copy of the same

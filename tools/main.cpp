@@ -124,8 +124,8 @@ int main(int argc, char** argv) {
   bench->add_flag("--non-causal", bench_opts.non_causal, "attention: non-causal shapes only");
   bench->add_flag("--both", bench_opts.both, "attention: causal and non-causal shapes (the default)");
   bench->add_flag("--backward", bench_opts.backward,
-                  "attention: the backward (bf16 dq, dk, dv after the forward's LSE, kernels/attention_backward.h) against "
-                  "SDPA's backward (flash, cuDNN) instead of the forward");
+                  "attention: the backward (bf16 and FP8 dq, dk, dv after the forward's LSE, kernels/attention_backward.h) against "
+                  "SDPA's backward (flash, cuDNN) instead of the forward; variants: each variant's backward against flex_attention's");
   bench->add_option("--variant", bench_variant,
                     "variants: NAME[,NAME...] of causal, sliding_window, alibi, softcap, prefix_lm, gqa, segment, documents, "
                     "block_mask, dilated (default all)");
@@ -185,13 +185,19 @@ int main(int argc, char** argv) {
     if (*show) return show_knobs ? tj::tools::show_knobs(show_opts) : tj::tools::show(show_opts, show_ir, show_ptx);
     if (*tune) return tj::tools::tune(tune_opts, tune_cli);
     if (*bench) {
-      if (bench_opts.backward && bench_what != "attention")
-        throw tj::Error(fmt::format("--backward applies to `tilejit bench attention` (the attention backward), not to `tilejit bench {}`",
+      if (bench_opts.backward && bench_what != "attention" && bench_what != "variants")
+        throw tj::Error(fmt::format("--backward applies to `tilejit bench attention` and `tilejit bench variants` (their backward), "
+                                    "not to `tilejit bench {}`",
                                     bench_what));
       if (bench_what == "variants") {
         auto o = tj::tools::variants_options(bench_opts, bench_variant, bench_reps->count() > 0);
         o.config_bf16 = bench_config_bf16;
         o.config_fp8 = bench_config_fp8;
+        if (bench_opts.backward) {
+          if (!o.config_bf16.empty() || !o.config_fp8.empty())
+            throw tj::Error("--config-bf16 and --config-fp8 apply to the variants' forward, not to `tilejit bench variants --backward`");
+          return tj::tools::bench_variants_backward(o);
+        }
         return tj::tools::bench_variants(o);
       }
       if (!bench_config_bf16.empty() || !bench_config_fp8.empty())

@@ -554,7 +554,7 @@ def print_table(res):
 # ---------------------------------------------------------------------------------------------
 VARIANTS = ("causal", "sliding_window", "alibi", "softcap", "prefix_lm", "gqa", "segment", "documents", "block_mask",
             "dilated")
-VARIANT_PEERS = ("flex_bf16", "sdpa_mask_bf16")
+VARIANT_PEERS = ("flex_bf16", "sdpa_mask_bf16", "flex_bf16_bwd")   # flex_bf16_bwd: with --backward
 # What SDPA can run: a boolean attn_mask (sliding_window, prefix_lm, segment, documents) or
 # is_causal (causal, gqa); dilated an additive bf16 mask (log of the pairs that have the key).
 # ALiBi would need an additive float bias tensor and softcap a score function: not masks.
@@ -753,6 +753,24 @@ class VariantCase:
         return torch.stack(out)
 
 
+    def reference_dq(self, torch, q, k, v, do, heads):
+        """float32 dq of this meaning on the given (b, h), through autograd: [len(heads), S, D]."""
+        out = []
+        group = self.H // self.Hkv
+        idx = torch.arange(self.S, device="cuda")
+        for b, h in heads:
+            bt, ht = torch.tensor(b, device="cuda"), torch.tensor(h, device="cuda")
+            qf = q[b, h].detach().float().requires_grad_()
+            s = (qf @ k[b, h // group].float().T) / math.sqrt(self.D)
+            if self.score_mod is not None:
+                s = self.score_mod(s, bt, ht, idx[:, None], idx[None, :])
+            s = s.masked_fill(~self.mask_mod(bt, ht, idx[:, None], idx[None, :]), float("-inf"))
+            o = torch.softmax(s, dim=-1) @ v[b, h // group].float()
+            out.append(torch.autograd.grad(o, qf, do[b, h].float())[0])
+            del s, o
+        return torch.stack(out)
+
+
 class VariantResults(Results):
     HEADER = "variant,S,D,B,H,Hkv,peer,ms,tflops,rrmse,ok,note"
 
@@ -855,6 +873,29 @@ def run_variants(args):
                 record("flex_bf16", lambda: flex(q, kk, vv, score_mod=case.score_mod, block_mask=bm, enable_gqa=gqa),
                        "first call (compile) %.1f s; blocks skipped %.1f%%" % (compile_s, bm.sparsity()))
 
+            def flex_backward_peer():
+                # The backward alone: one forward that keeps its graph, then autograd.grad of a fixed dO
+                # (retain_graph) timed; dq checked against float32 autograd of the reference's heads.
+                bm = create_block_mask(case.mask_mod, case.B if case.per_batch else None, H if case.per_head else None, S, S,
+                                       device="cuda")
+                qg, kg, vg = (x.detach().requires_grad_() for x in (q, kk, vv))
+                t0 = time.time()
+                o = flex(qg, kg, vg, score_mod=case.score_mod, block_mask=bm, enable_gqa=gqa)
+                do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=gen)
+                grads = torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)   # compiles the backward
+                torch.cuda.synchronize()
+                compile_s = time.time() - t0
+                dq_ref = case.reference_dq(torch, q, kk, vv, do, heads)
+                rr = rel_rmse(torch, torch.stack([grads[0][b, h] for b, h in heads]).float(), dq_ref)
+                del grads
+                ms = timer.median_ms(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True))
+                fl_bwd = 2.5 * fl
+                tf = fl_bwd / (ms * 1e-3) / 1e12
+                res.add(case, "flex_bf16_bwd", ms, tf, rr, rr <= BACKWARD_TOL,
+                        "first call (forward + backward compile) %.1f s; blocks skipped %.1f%%; rRMSE of dq" % (compile_s, bm.sparsity()))
+                line.append("flex backward %.3f ms %.1f TFLOP/s (dq rRMSE %.1e)" % (ms, tf, rr))
+                del o, do, qg, kg, vg
+
             def sdpa_peer():
                 mask = case.sdpa_mask(torch)
                 if mask is None:
@@ -865,6 +906,12 @@ def run_variants(args):
                            "boolean attn_mask %s" % "x".join(str(x) for x in mask.shape))
 
             where = "%s S=%d" % (name, S)
+            if args.backward:
+                attempts("flex_bf16_bwd", ("flex_bf16_bwd", name), where, "this variant", flex_backward_peer)
+                print("  " + "  ".join(line))
+                sys.stdout.flush()
+                del ref, kk, vv
+                continue
             attempts("flex_bf16", ("flex_bf16", name), where, "this variant", flex_peer)
             if name in SDPA_VARIANTS:
                 attempts("sdpa_mask_bf16", ("sdpa_mask_bf16", name), where, "this variant", sdpa_peer)

@@ -1,0 +1,300 @@
+// The backward of attention variants (kernels/attention_backward.h, attention_variant_backward):
+// the variants' hooks traced into the backward kernels, on the CPU reference executor against
+// float64 gradients of the same meaning (score_mod with its derivative, masks, rows that see no
+// key), compiled for sm_90a with every dot on wgmma, and its errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <regex>
+
+#include "backward_testing.h"
+#include "codegen/cuda_emitter.h"
+#include "codegen/lowering.h"
+#include "core/error.h"
+#include "gpu.h"
+#include "kernels/attention_backward.h"
+#include "kernels/attention_fp8.h"
+#include "kernels/attention_variants.h"
+#include "nvrtc_testing.h"
+#include "runtime/owned_tensor.h"
+
+using namespace tj;
+using tj_test::Grads;
+
+namespace {
+
+// One variant's meaning in float64: the modded score of natural-log score s at (head h, query i,
+// key j), its derivative, and whether the key stays visible.
+struct Meaning {
+  std::function<double(double s, int64_t h, int64_t i, int64_t j)> mod = [](double s, int64_t, int64_t, int64_t) { return s; };
+  std::function<double(double s, int64_t h, int64_t i, int64_t j)> dmod = [](double, int64_t, int64_t, int64_t) { return 1.0; };
+  std::function<bool(int64_t i, int64_t j)> keep = [](int64_t, int64_t) { return true; };
+};
+
+// float64 forward (o; lse in natural-log units, -inf for a row that sees no key, whose o is 0)
+// and backward of softmax(mod(q k^T * scale_nat)) v, masked, for [1, H, S, D] tensors.
+void reference(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, double scale_nat,
+               const Meaning& m, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
+  const int64_t H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
+  o.assign(H * S * D, 0);
+  lse.assign(H * S, -INFINITY);
+  g.dq.assign(H * S * D, 0);
+  g.dk.assign(H * S * D, 0);
+  g.dv.assign(H * S * D, 0);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t base = h * S * D;
+    std::vector<double> P(S * S, 0.0), raw(S * S, 0.0);
+    for (int64_t i = 0; i < S; ++i) {
+      std::vector<double> s(S, -INFINITY);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < S; ++j) {
+        double d = 0;
+        for (int64_t x = 0; x < D; ++x) d += q.at(base + i * D + x) * k.at(base + j * D + x);
+        raw[i * S + j] = d * scale_nat;
+        if (!m.keep(i, j)) continue;
+        s[j] = m.mod(d * scale_nat, h, i, j);
+        mx = std::max(mx, s[j]);
+      }
+      if (mx == -INFINITY) continue;   // no key: o 0, lse -inf, no gradient
+      double sum = 0;
+      for (int64_t j = 0; j < S; ++j) sum += std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx);
+      lse[h * S + i] = mx + std::log(sum);
+      for (int64_t j = 0; j < S; ++j) P[i * S + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx) / sum;
+      for (int64_t x = 0; x < D; ++x) {
+        double acc = 0;
+        for (int64_t j = 0; j < S; ++j) acc += P[i * S + j] * v.at(base + j * D + x);
+        o[base + i * D + x] = acc;
+      }
+    }
+    for (int64_t i = 0; i < S; ++i) {
+      double delta = 0;
+      for (int64_t x = 0; x < D; ++x) delta += dout.at(base + i * D + x) * o[base + i * D + x];
+      for (int64_t j = 0; j < S; ++j) {
+        if (P[i * S + j] == 0.0) continue;
+        double dp = 0;
+        for (int64_t x = 0; x < D; ++x) dp += dout.at(base + i * D + x) * v.at(base + j * D + x);
+        const double ds = P[i * S + j] * (dp - delta) * m.dmod(raw[i * S + j], h, i, j);
+        for (int64_t x = 0; x < D; ++x) {
+          g.dv[base + j * D + x] += P[i * S + j] * dout.at(base + i * D + x);
+          g.dq[base + i * D + x] += ds * k.at(base + j * D + x) * scale_nat;
+          g.dk[base + j * D + x] += ds * q.at(base + i * D + x) * scale_nat;
+        }
+      }
+    }
+  }
+}
+
+double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
+  double e = 0, r = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    e += (got.at(i) - want[i]) * (got.at(i) - want[i]);
+    r += want[i] * want[i];
+  }
+  return std::sqrt(e / std::max(r, 1e-300));
+}
+
+HostTensor random(DType t, std::vector<int64_t> shape, std::mt19937& rng) {
+  HostTensor h(t, std::move(shape));
+  std::normal_distribution<double> n(0, 1);
+  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
+  return h;
+}
+
+struct Case {
+  const char* what;
+  kernels::AttentionVariant variant;
+  Meaning meaning;
+  bool causal = false;                      // the launch's causal flag
+  std::vector<HostTensor> inputs = {};      // the variant's extra inputs
+};
+
+}  // namespace
+
+namespace {
+
+// The variants of kernels/attention_variants.h (and a user's with rows that see no key) with their
+// float64 meaning, H heads of S positions; softcap's cap `cap`, the prefix 37 and the window 24
+// positions.
+std::vector<Case> variant_cases(int64_t H, double cap) {
+  auto alibi_slope = [H](int64_t h) { return std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(H)); };
+  HostTensor prefix(DType::i32, {1});
+  prefix.set(0, 37.0);
+  // A user's variant: rows 3, 10, 17, ... see no key at all (their lse is -inf), the rest causal.
+  kernels::AttentionVariant holes{"attention_test_holes"};
+  holes.mask_mod = [](const kernels::ScoreIndex& at) { return at.kv <= at.q && at.q % 7 != 3; };
+  std::vector<Case> cases;
+  cases.push_back({"alibi, causal flag", kernels::alibi_variant(H, true),
+                   {[=](double s, int64_t h, int64_t i, int64_t j) { return s + alibi_slope(h) * static_cast<double>(j - i); },
+                    [](double, int64_t, int64_t, int64_t) { return 1.0; }, [](int64_t i, int64_t j) { return j <= i; }},
+                   true});
+  cases.push_back({"softcap, causal in the mask only", kernels::softcap_variant(cap, true),
+                   {[=](double s, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); },
+                    [=](double s, int64_t, int64_t, int64_t) { return 1.0 - std::tanh(s / cap) * std::tanh(s / cap); },
+                    [](int64_t i, int64_t j) { return j <= i; }},
+                   false});
+  cases.push_back({"softcap, not causal", kernels::softcap_variant(cap, false),
+                   {[=](double s, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); },
+                    [=](double s, int64_t, int64_t, int64_t) { return 1.0 - std::tanh(s / cap) * std::tanh(s / cap); }},
+                   false});
+  Meaning window;
+  window.keep = [](int64_t i, int64_t j) { return j <= i && i - j < 24; };
+  cases.push_back({"sliding window 24", kernels::sliding_window_variant(24), window, true});
+  Meaning prefix_lm;
+  prefix_lm.keep = [](int64_t i, int64_t j) { return j <= i || j < 37; };
+  cases.push_back({"prefix-LM, an input", kernels::prefix_lm_variant(), prefix_lm, false, {prefix}});
+  Meaning holes_m;
+  holes_m.keep = [](int64_t i, int64_t j) { return j <= i && i % 7 != 3; };
+  cases.push_back({"rows without keys", holes, holes_m, true});
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("attention variant backward on the CPU reference: float64 gradients of score_mods (with their derivative), masks "
+          "and rows that see no key") {
+  constexpr int64_t H = 2, S = 80, D = 32;
+  const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S};
+  const double scale_nat = 0.25;   // scores of about N(0, 1.4): a softcap of 2 bends them
+  std::mt19937 rng(23);
+  for (Case& c : variant_cases(H, 2.0)) {
+    CAPTURE(c.what);
+    HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
+               dout = random(DType::bf16, shape, rng);
+    std::vector<double> o64, lse64;
+    Grads want;
+    reference(q, k, v, dout, scale_nat, c.meaning, o64, lse64, want);
+    HostTensor o = HostTensor::from_values(o64, DType::bf16, shape), lse = HostTensor::from_values(lse64, DType::f32, rows);
+    HostTensor delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::bf16, shape), dv(DType::bf16, shape);
+    for (HostTensor* t : {&delta, &lse2, &dq, &dk, &dv}) t->fill_bytes(0xFF);   // poison
+    const kernels::VariantBackward vb = kernels::attention_variant_backward(c.variant);
+    kernels::AttentionBackwardOptions opt;
+    opt.causal = c.causal;
+    opt.softmax_scale = scale_nat;
+    opt.variant = &vb;
+    for (HostTensor& in : c.inputs) opt.variant_inputs.push_back(in.view());
+    tj_test::run_launches(kernels::attention_backward_launches(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), dq.view(),
+                                                               dk.view(), dv.view(), opt, delta.view(), lse2.view(), std::nullopt));
+    bool finite = true;
+    for (const HostTensor* t : {&dq, &dk, &dv})
+      for (int64_t i = 0; i < t->numel(); ++i) finite &= std::isfinite(t->at(i));
+    CHECK(finite);
+    CHECK(rel_rmse(dv, want.dv) < 2e-2);
+    CHECK(rel_rmse(dk, want.dk) < 3e-2);
+    CHECK(rel_rmse(dq, want.dq) < 2e-2);
+  }
+}
+
+TEST_CASE("attention variant backward: every dot on wgmma for sm_90a, spills bounded; a fast_math variant takes tanh.approx") {
+  const std::vector<int64_t> shape = {2, 4, 1024, 128};
+  const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
+  for (const kernels::AttentionVariant& var : {kernels::alibi_variant(4, true), kernels::softcap_variant(30.0, true),
+                                               kernels::sliding_window_variant(256)}) {
+    const kernels::VariantBackward vb = kernels::attention_variant_backward(var);
+    for (const Kernel* k : {&vb.dkdv, &vb.dq}) {
+      std::vector<ArgSpec> specs = {t16, t16, t16, t16, t32, t32, t16};
+      if (k == &vb.dkdv) specs.push_back(t16);
+      specs.push_back(RuntimeScalar{0.1f});
+      specs.push_back(true);
+      const ir::Function f = k->trace(specs);
+      const Config c = codegen::untuned_config(f, "sm_90a");
+      CAPTURE(f.name);
+      CAPTURE(c.to_json());
+      CHECK(c.knobs.count("fast_math") == (var.fast_math ? 1u : 0u));
+      const auto g = codegen::generate_cuda(f, c, codegen::Target::parse("sm_90a"));
+      INFO(g.source);
+      CHECK(g.lowering == "tensor cores (wgmma)");
+      const auto r = tj_test::nvrtc(g, "sm_90a", true, true);
+      CHECK(std::regex_search(r.ptx, std::regex(R"(wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16)")));
+      INFO(r.log);
+      // A softcap's derivative is one more f32 tile of the scores alive across dP's product: the
+      // dK / dV kernel spills a few words (84 bytes at 32 x 128 tiles with overlap 2).
+      CHECK(tj_test::ptxas_info(r.log).spill_stores <= (var.score_grad && k == &vb.dkdv && var.fast_math ? 128 : 0));
+      CHECK(r.log.find("serialized") == std::string::npos);
+      if (var.fast_math) CHECK(r.ptx.find("tanh.approx.f32") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("attention variant backward: errors name the variant and what is missing") {
+  kernels::AttentionVariant no_grad{"attention_test_no_grad"};
+  no_grad.score_mod = [](const Tile& s, const kernels::ScoreIndex&) { return s * 2.0; };
+  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(no_grad),
+                       doctest::Contains("'attention_test_no_grad' has a score_mod without a score_grad"), Error);
+  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(kernels::AttentionVariant{}), doctest::Contains("needs a name"), Error);
+  kernels::AttentionVariant merging = kernels::causal_variant();
+  merging.name = "attention_test_merging";
+  merging.merge_into_output = true;
+  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(merging), doctest::Contains("merges into its output"), Error);
+
+  const std::vector<int64_t> shape = {1, 2, 64, 32}, rows = {1, 2, 64};
+  HostTensor q(DType::bf16, shape), o(DType::bf16, shape), lse(DType::f32, rows), dq(DType::bf16, shape), delta(DType::f32, rows),
+      lse2(DType::f32, rows);
+  const kernels::VariantBackward prefix = kernels::attention_variant_backward(kernels::prefix_lm_variant());
+  kernels::AttentionBackwardOptions opt;
+  opt.variant = &prefix;
+  auto launches = [&] {
+    return kernels::attention_backward_launches(q.view(), q.view(), q.view(), o.view(), o.view(), lse.view(), dq.view(), dq.view(),
+                                                dq.view(), opt, delta.view(), lse2.view(), std::nullopt);
+  };
+  CHECK_THROWS_WITH_AS(launches(), doctest::Contains("variant 'attention_prefix_lm': it takes 1 extra input(s) (the forward's), got 0"),
+                       Error);
+  opt.variant_inputs = {lse.view()};
+  opt.deterministic = false;
+  HostTensor acc(DType::f32, shape);
+  CHECK_THROWS_WITH_AS(kernels::attention_backward_launches(q.view(), q.view(), q.view(), o.view(), o.view(), lse.view(), dq.view(),
+                                                            dq.view(), dq.view(), opt, delta.view(), lse2.view(), acc.view()),
+                       doctest::Contains("three kernels only"), Error);
+  opt.deterministic = true;
+  CHECK_NOTHROW(launches());
+  opt.variant = nullptr;
+  CHECK_THROWS_WITH_AS(launches(), doctest::Contains("variant inputs given without a variant"), Error);
+}
+
+TEST_CASE("gpu: attention variant backward after the variant's forward with its LSE: float64 gradients of each variant's "
+          "meaning") {
+  TJ_REQUIRE_HOPPER();
+  constexpr int64_t H = 2, S = 300, D = 128;
+  const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S};
+  const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
+  std::mt19937 rng(29);
+  for (Case& c : variant_cases(H, 2.0)) {
+    CAPTURE(c.what);
+    HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
+               dout = random(DType::bf16, shape, rng);
+    std::vector<double> o64, lse64;
+    Grads want;
+    reference(q, k, v, dout, scale_nat, c.meaning, o64, lse64, want);
+    const DeviceTensor dq_in = DeviceTensor::from_host(q), dk_in = DeviceTensor::from_host(k), dv_in = DeviceTensor::from_host(v),
+                       ddo = DeviceTensor::from_host(dout);
+    DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::f32, shape), gk(DType::bf16, shape), gv(DType::bf16, shape);
+    std::vector<DeviceTensor> inputs;
+    for (const HostTensor& in : c.inputs) inputs.push_back(DeviceTensor::from_host(in));
+    std::vector<TensorView> views;
+    for (const DeviceTensor& in : inputs) views.push_back(in.view());
+    const Kernel forward = kernels::attention_variant(c.variant);
+    kernels::AttentionFp8Options fwd;
+    fwd.quantize = false;
+    fwd.causal = c.causal;
+    fwd.lse = lse.view();
+    fwd.kernel = &forward;
+    fwd.inputs = views;
+    kernels::AttentionFp8Workspace fws;
+    kernels::attention_fp8_forward(dq_in.view(), dk_in.view(), dv_in.view(), o.view(), fwd, fws);
+    const kernels::VariantBackward vb = kernels::attention_variant_backward(c.variant);
+    kernels::AttentionBackwardOptions opt;
+    opt.causal = c.causal;
+    opt.variant = &vb;
+    opt.variant_inputs = views;
+    kernels::AttentionBackwardWorkspace ws;
+    for (DeviceTensor* t : {&gq, &gk, &gv}) t->fill_bytes(0xFF);   // NaN poison
+    kernels::attention_backward(dq_in.view(), dk_in.view(), dv_in.view(), o.view(), ddo.view(), lse.view(), gq.view(), gk.view(),
+                                gv.view(), opt, ws);
+    const HostTensor hq = gq.to_host(), hk = gk.to_host(), hv = gv.to_host();
+    MESSAGE(c.what, ": dq ", rel_rmse(hq, want.dq), " dk ", rel_rmse(hk, want.dk), " dv ", rel_rmse(hv, want.dv));
+    CHECK(rel_rmse(hv, want.dv) < 2e-2);
+    CHECK(rel_rmse(hk, want.dk) < 3e-2);
+    CHECK(rel_rmse(hq, want.dq) < 2e-2);
+  }
+}
