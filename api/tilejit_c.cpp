@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -64,20 +65,29 @@ TensorView view_of(const tj_tensor* t, const char* what) {
   return v;
 }
 
-// The variant kernels a caller named, traced once each and kept for the process (launches hold
-// references to them).
-const tj::Kernel* variant_kernel(const std::string& name, double arg, bool causal, int64_t heads) {
-  static std::mutex m;
-  static std::map<std::tuple<std::string, double, bool, int64_t>, tj::Kernel> kernels;
-  std::lock_guard lock(m);
+// The variants a caller named, traced once each and kept for the process (launches hold
+// references to their kernels): the forward's kernel and, once asked for, the backward's.
+struct NamedVariant {
+  tj::kernels::AttentionVariant variant;
+  tj::Kernel forward;
+  std::optional<tj::kernels::VariantBackward> backward;
+  bool causal_mask = false;   // the mask never shows a key after its query
+};
+std::mutex variants_mutex;
+
+NamedVariant& named_variant(const std::string& name, double arg, bool causal, int64_t heads) {
+  static std::map<std::tuple<std::string, double, bool, int64_t>, NamedVariant> variants;
+  std::lock_guard lock(variants_mutex);
   const auto key = std::make_tuple(name, arg, causal, name == "alibi" ? heads : 0);
-  auto it = kernels.find(key);
-  if (it != kernels.end()) return &it->second;
+  auto it = variants.find(key);
+  if (it != variants.end()) return it->second;
   tj::kernels::AttentionVariant v;
+  bool causal_mask = causal;
   if (name == "sliding_window") {
     if (!(arg >= 1) || arg != std::floor(arg))
       throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("variant sliding_window: variant_arg {} is not a window of >= 1 keys", arg));
     v = tj::kernels::sliding_window_variant(static_cast<int64_t>(arg));
+    causal_mask = true;
   } else if (name == "softcap") {
     if (!(arg > 0)) throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("variant softcap: variant_arg {} is not a cap > 0", arg));
     v = tj::kernels::softcap_variant(arg, causal);
@@ -87,7 +97,12 @@ const tj::Kernel* variant_kernel(const std::string& name, double arg, bool causa
     throw ApiError(TJ_ERROR_INVALID_ARGUMENT,
                    fmt::format("no attention variant named '{}' (variants: sliding_window, softcap, alibi)", name));
   }
-  return &kernels.emplace(key, tj::kernels::attention_variant(v)).first->second;
+  tj::Kernel forward = tj::kernels::attention_variant(v);
+  return variants.emplace(key, NamedVariant{std::move(v), std::move(forward), std::nullopt, causal_mask}).first->second;
+}
+
+const tj::Kernel* variant_kernel(const std::string& name, double arg, bool causal, int64_t heads) {
+  return &named_variant(name, arg, causal, heads).forward;
 }
 
 // A workspace per stream: calls on one stream run in order, so its scratch is reused safely.
@@ -168,12 +183,24 @@ void attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k,
                         const tj_tensor* dv, const tj_attention_options* options) {
   const tj_attention_options defaults{0, 0, 0.0, nullptr, 0.0};
   const tj_attention_options& opt = options ? *options : defaults;
-  if (opt.variant && *opt.variant)
-    throw ApiError(TJ_ERROR_INVALID_ARGUMENT,
-                   fmt::format("variant '{}': the backward takes none yet (plain and causal attention only)", opt.variant));
   const Common c = common(stream, q, k, v, o, opt);
   tj::kernels::AttentionBackwardOptions bo;
   bo.causal = c.fo.causal;
+  const std::string variant = opt.variant ? opt.variant : "";
+  if (!variant.empty()) {
+    if (opt.fp8 != 0)
+      throw ApiError(TJ_ERROR_INVALID_ARGUMENT, fmt::format("variant '{}': the FP8 backward takes no variant yet (fp8 = 0: the 16-bit "
+                                                            "backward of the variant)",
+                                                            variant));
+    if (c.q.rank() != 4) throw ApiError(TJ_ERROR_SHAPE, fmt::format("q must be [B, H, S, D], got {}", c.q.describe()));
+    NamedVariant& nv = named_variant(variant, opt.variant_arg, c.fo.causal, c.q.shape[1]);
+    {
+      std::lock_guard lock(variants_mutex);
+      if (!nv.backward) nv.backward.emplace(tj::kernels::attention_variant_backward(nv.variant));
+    }
+    bo.variant = &*nv.backward;
+    bo.causal = nv.causal_mask;   // the mask is the variant's; causal only stops the loops at the diagonal
+  }
   bo.softmax_scale = c.fo.softmax_scale;
   bo.fp8 = opt.fp8 != 0;
   bo.stream = stream;

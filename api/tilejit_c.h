@@ -112,14 +112,16 @@ tj_status tj_attention_varlen_forward(CUstream stream, const tj_tensor* q, const
                                       const tj_tensor* cu_seqlens, const tj_tensor* o, const tj_tensor* lse,
                                       const tj_attention_options* options);
 
-/* The gradients of tj_attention_forward's attention (no variant): dq, dk and dv of a loss L given
+/* The gradients of tj_attention_forward's attention: dq, dk and dv of a loss L given
  * dout = dL/do, from q, k, v and the forward's o and lse (f32 [B, H, Sq], natural log: what
  * tj_attention_forward wrote, with the same options->fp8). options->fp8 1: the FP8 backward (q, k,
  * v and dout quantized to e4m3 per (batch, head), dS in e5m2; docs/numerics.md). q, o, dout, dq [B, H, Sq, D]; k, v, dk, dv [B, Hkv,
  * Skv, D] (grouped-query heads: dk and dv summed over each group of H / Hkv query heads in a fixed
  * order); q, k, v, o and dout of one type, bf16 or f16, with the strides tj_attention_forward takes;
  * the gradients bf16, f16 or f32. options->causal and softmax_scale as in the forward. The same
- * bits on every call (dQ in a kernel of its own, no atomics). Scratch is kept per stream;
+ * bits on every call (dQ in a kernel of its own, no atomics). options->variant as in the forward
+ * (its score_mod's derivative and its mask in the backward's kernels; 16-bit only: fp8 = 0), with the
+ * lse that forward wrote. Scratch is kept per stream;
  * asynchronous on `stream`. On failure the message is in tj_last_error(). */
 tj_status tj_attention_backward(CUstream stream, const tj_tensor* q, const tj_tensor* k, const tj_tensor* v,
                                 const tj_tensor* o, const tj_tensor* dout, const tj_tensor* lse, const tj_tensor* dq,

@@ -83,8 +83,13 @@ TEST_CASE("C API: bad arguments are statuses with a message naming the argument"
   CHECK(last_error().find("tj_fp8_linear_forward: fp8_linear") != std::string::npos);
   CHECK(tj_fp8_linear_backward(nullptr, &y.t, &x.t, &w.t, nullptr, &w.t) == TJ_ERROR_INVALID_ARGUMENT);
   CHECK(last_error() == "tj_fp8_linear_backward: dx is NULL");
-  CHECK(tj_attention_backward(nullptr, &q.t, &q.t, &q.t, &q.t, &q.t, &lse.t, &q.t, &q.t, &q.t, &window) == TJ_ERROR_INVALID_ARGUMENT);
-  CHECK(last_error().find("variant 'sliding_window': the backward takes none yet") != std::string::npos);
+  // A variant's backward is the 16-bit one; the names are the forward's.
+  tj_attention_options window_fp8 = window, unknown{1, 0, 0.0, "sliding_windw", 8.0};
+  window_fp8.fp8 = 1;
+  CHECK(tj_attention_backward(nullptr, &q.t, &q.t, &q.t, &q.t, &q.t, &lse.t, &q.t, &q.t, &q.t, &window_fp8) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("variant 'sliding_window': the FP8 backward takes no variant yet") != std::string::npos);
+  CHECK(tj_attention_backward(nullptr, &q.t, &q.t, &q.t, &q.t, &q.t, &lse.t, &q.t, &q.t, &q.t, &unknown) == TJ_ERROR_INVALID_ARGUMENT);
+  CHECK(last_error().find("no attention variant named 'sliding_windw' (variants: sliding_window, softcap, alibi)") != std::string::npos);
   CHECK(tj_attention_backward(nullptr, &q.t, &q.t, &q.t, &q.t, nullptr, &lse.t, &q.t, &q.t, &q.t, nullptr) == TJ_ERROR_INVALID_ARGUMENT);
   CHECK(last_error() == "tj_attention_backward: dout is NULL");
   CHECK(tj_attention_backward(nullptr, &f32.t, &q.t, &q.t, &q.t, &q.t, &lse.t, &q.t, &q.t, &q.t, nullptr) == TJ_ERROR_DTYPE);

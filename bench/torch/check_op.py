@@ -30,6 +30,25 @@ def reference(q, k, v, causal):
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
 
 
+def variant_reference(q, k, v, variant, arg, causal):
+    """float32 attention with tilejit's variant meaning (kernels/attention_variants.h; sliding_window
+    is causal, i - j < arg; softcap arg * tanh(s / arg); alibi + 2^(-8 (h + 1) / H) (j - i))."""
+    S, D, H = q.shape[2], q.shape[3], q.shape[1]
+    s = (q @ k.transpose(-1, -2)) / D ** 0.5
+    i = torch.arange(S, device=q.device)[:, None]
+    j = torch.arange(S, device=q.device)[None, :]
+    keep = (j <= i) if causal or variant == "sliding_window" else torch.ones(S, S, dtype=torch.bool, device=q.device)
+    if variant == "sliding_window":
+        keep = keep & (i - j < arg)
+    elif variant == "softcap":
+        s = arg * torch.tanh(s / arg)
+    elif variant == "alibi":
+        slopes = torch.exp2(-8.0 * torch.arange(1, H + 1, device=q.device, dtype=torch.float32) / H)
+        s = s + slopes[None, :, None, None] * (j - i).float()
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
 def inputs(layout, B, H, Hkv, S, D, gen):
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
@@ -130,6 +149,22 @@ def main():
         lines.append(f"| {layout} | {H} / {Hkv} | {causal} | {fp8} | {dout_kind} | {' / '.join(f'{e:.2e}' for e in errs)} | "
                      f"{limit:.0e} | {'ok' if good else 'FAIL'} |")
 
+    # 1b'. the variants' autograd: dq, dk, dv against float32 autograd of the variant's meaning
+    lines += ["", "| variant | arg | causal | rel RMSE dq / dk / dv vs float32 | limit | |", "| --- | ---: | --- | --- | ---: | --- |"]
+    for variant, arg, causal in [("sliding_window", 256.0, False), ("softcap", 30.0, True), ("softcap", 5.0, False), ("alibi", 0.0, True)]:
+        q, k, v = inputs("BSHD", 2, 8, 8, 1000, 128, gen)
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+        o = tilejit.attention(q, k, v, causal=causal, variant=variant, variant_arg=arg)
+        ref = variant_reference(qf, kf, vf, variant, arg, causal)
+        dout = torch.randn(o.shape, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+        o.backward(dout)
+        ref.backward(dout.float())
+        errs = [rel_rmse(a.grad, b.grad) for a, b in ((q, qf), (k, kf), (v, vf))]
+        good = all(e <= 1e-2 for e in errs) and all(torch.isfinite(t.grad).all().item() for t in (q, k, v))
+        ok &= good
+        lines.append(f"| {variant} | {arg:g} | {causal} | {' / '.join(f'{e:.2e}' for e in errs)} | 1e-02 | {'ok' if good else 'FAIL'} |")
+
     # 1c. the FP8 linear layer and its autograd against float32 on the same bf16 values
     lines += ["", "| x | w | bias | rel RMSE y / dx / dw / dbias vs float32 | limit | |", "| --- | --- | --- | --- | ---: | --- |"]
     for xs, ws, with_bias in [((2, 1000, 1024), (512, 1024), True), ((4096, 768), (3072, 768), False)]:
@@ -226,9 +261,9 @@ def main():
         ("3 kv heads for 4", lambda: torch.ops.tilejit.attention(*inputs("BHSD", 1, 4, 3, 128, 64, gen)), "not a multiple"),
         ("attn_mask", lambda: tilejit.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(128, 128, device="cuda")),
          "attn_mask is not supported"),
-        ("a gradient of a variant", lambda: tilejit.attention(q.detach().requires_grad_(), k, v, variant="softcap",
-                                                             variant_arg=30.0).float().sum().backward(),
-         "no backward for variant 'softcap' yet"),
+        ("a gradient of an fp8 variant", lambda: tilejit.attention(q.detach().requires_grad_(), k, v, fp8=True, variant="softcap",
+                                                                  variant_arg=30.0).float().sum().backward(),
+         "no backward for variant 'softcap' with fp8=True"),
         ("fp8_linear of a float64 x", lambda: tilejit.fp8_linear(q.double().reshape(-1, 64), k.reshape(-1, 64)), "bfloat16 or float16"),
         ("fp8_linear x [.., 64] and w [.., 128]", lambda: tilejit.fp8_linear(q.reshape(-1, 64), q.reshape(-1, 128)), "do not fit"),
     ]:

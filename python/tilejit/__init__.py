@@ -9,9 +9,9 @@ q [B, H, Sq, D], k and v [B, Hkv, Skv, D] (Hkv divides H), any strides whose las
 the others multiples of 16 bytes: [B, S, H, D] storage passed as q.transpose(1, 2), a packed
 QKV's slices. No copies; on torch's current stream. The output has q's layout where q is dense.
 Registered with torch.library, with fake kernels, so torch.compile traces through it, backward
-included. Autograd: the attention without a variant has a backward (tilejit's attention backward:
-dq, dk, dv in q's, k's and v's layouts; grouped-query heads summed; fp8=True: the FP8 backward,
-e4m3 Q K V dO and e5m2 dS); the variants have none yet: asking a gradient of them is an error.
+included. Autograd: tilejit's attention backward (dq, dk, dv in q's, k's and v's layouts;
+grouped-query heads summed; fp8=True: the FP8 backward, e4m3 Q K V dO and e5m2 dS; the variants
+sliding_window, softcap and alibi: their 16-bit backward, with fp8=False only).
 
     y = tilejit.fp8_linear(x, w, bias)   # x [..., K] . w [N, K]^T (+ bias): e4m3 operands, e5m2 dy
 
@@ -37,12 +37,12 @@ def _attention_fake(q, k, v, causal=False, fp8=False, scale=None, variant="", va
 
 
 @torch.library.register_fake("tilejit::_attention_forward")
-def _attention_forward_fake(q, k, v, causal, scale, fp8=False):
+def _attention_forward_fake(q, k, v, causal, scale, fp8=False, variant="", variant_arg=0.0):
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
 
 
 @torch.library.register_fake("tilejit::_attention_backward")
-def _attention_backward_fake(dout, q, k, v, o, lse, causal, scale, fp8=False):
+def _attention_backward_fake(dout, q, k, v, o, lse, causal, scale, fp8=False, variant="", variant_arg=0.0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -80,20 +80,22 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 // The forward that autograd saves for: o and the rows' LSE (f32 [B, H, Sq], natural log).
 std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                                     std::optional<double> scale, bool fp8) {
+                                                     std::optional<double> scale, bool fp8, c10::string_view variant,
+                                                     double variant_arg) {
   check_inputs(q, k, v);
   TORCH_CHECK(!scale || *scale != 0.0, "tilejit.attention: scale must not be 0 (None: 1 / sqrt(head_dim))");
   at::Tensor o = at::empty_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  const std::string no_variant;
-  run(q, k, v, o, options(causal, fp8, scale, no_variant, 0.0), &lse);
+  const std::string name(variant);
+  run(q, k, v, o, options(causal, fp8, scale, name, variant_arg), &lse);
   return {o, lse};
 }
 
 // dq, dk, dv (q's, k's and v's layouts where dense) from the forward's o and lse.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                                                   const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
-                                                                  bool causal, std::optional<double> scale, bool fp8) {
+                                                                  bool causal, std::optional<double> scale, bool fp8,
+                                                                  c10::string_view variant, double variant_arg) {
   check_inputs(q, k, v);
   TORCH_CHECK(dout.sizes() == o.sizes(), "tilejit.attention backward: the output's gradient is ", dout.sizes(), ", the output ",
               o.sizes());
@@ -106,8 +108,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   const tj_tensor tq = view(q, "q"), tk = view(k, "k"), tv = view(v, "v"), to = view(o, "o"), tg = view(g, "dout"),
                   tdq = view(dq, "dq"), tdk = view(dk, "dk"), tdv = view(dv, "dv");
   const tj_tensor tl{lse.data_ptr(), TJ_F32, static_cast<int32_t>(lse.dim()), lse.sizes().data(), lse.strides().data()};
-  const std::string no_variant;
-  const tj_attention_options opt = options(causal, fp8, scale, no_variant, 0.0);
+  const std::string name(variant);
+  const tj_attention_options opt = options(causal, fp8, scale, name, variant_arg);
   const tj_status s = tj_attention_backward(current_stream(q), &tq, &tk, &tv, &to, &tg, &tl, &tdq, &tdk, &tdv, &opt);
   TORCH_CHECK(s == TJ_SUCCESS, tj_last_error());
   return {dq, dk, dv};
@@ -125,8 +127,8 @@ at::Tensor attention_below_autograd(const at::Tensor& q, const at::Tensor& k, co
   return op.call(q, k, v, causal, fp8, scale, variant, variant_arg);
 }
 
-// attention's autograd: the attention without a variant (16-bit or fp8) saves q, k, v, o and the
-// LSE for the backward; the variants have none yet (an error when a gradient is asked of them).
+// attention's autograd: the forward saves q, k, v, o and the LSE for the backward (16-bit or fp8; a
+// variant's backward is 16-bit: with fp8 a gradient asked of a variant is an error).
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -135,22 +137,25 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale ? c10::IValue(*scale) : c10::IValue();
     ctx->saved_data["fp8"] = fp8;
-    if (!variant.empty()) {
-      ctx->saved_data["without"] = "variant '" + variant + "'";
+    ctx->saved_data["variant"] = variant;
+    ctx->saved_data["variant_arg"] = variant_arg;
+    if (!variant.empty() && fp8) {
+      ctx->saved_data["without"] = "variant '" + variant + "' with fp8=True (a variant's backward is 16-bit: fp8=False)";
       return attention_below_autograd(q, k, v, causal, fp8, scale, variant, variant_arg);
     }
-    static const auto fwd = c10::Dispatcher::singleton()
-                                .findSchemaOrThrow("tilejit::_attention_forward", "")
-                                .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                                          bool, std::optional<double>, bool)>();
-    auto [o, lse] = fwd.call(q, k, v, causal, scale, fp8);
+    static const auto fwd =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("tilejit::_attention_forward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                                                      std::optional<double>, bool, c10::string_view, double)>();
+    auto [o, lse] = fwd.call(q, k, v, causal, scale, fp8, variant, variant_arg);
     ctx->save_for_backward({q, k, v, o, lse});
     return o;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
     if (ctx->saved_data.count("without"))
       TORCH_CHECK(false, "tilejit.attention: no backward for ", ctx->saved_data["without"].toStringRef(),
-                  " yet (the attention without a variant has one)");
+                  " yet");
     const auto saved = ctx->get_saved_variables();
     const c10::IValue& sc = ctx->saved_data["scale"];
     const std::optional<double> scale = sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble());
@@ -159,9 +164,10 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
             .findSchemaOrThrow("tilejit::_attention_backward", "")
             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                                   const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
-                                                                  std::optional<double>, bool)>();
+                                                                  std::optional<double>, bool, c10::string_view, double)>();
+    const std::string variant = ctx->saved_data["variant"].toStringRef();
     auto [dq, dk, dv] = bwd.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], ctx->saved_data["causal"].toBool(), scale,
-                                 ctx->saved_data["fp8"].toBool());
+                                 ctx->saved_data["fp8"].toBool(), variant, ctx->saved_data["variant_arg"].toDouble());
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -282,9 +288,10 @@ TORCH_LIBRARY(tilejit, m) {
   // matching (about 2.5 us a call on an H100 host).
   m.def("attention(Tensor q, Tensor k, Tensor v, bool causal=False, bool fp8=False, float? scale=None, "
         "str variant=\"\", float variant_arg=0.0) -> Tensor");
-  m.def("_attention_forward(Tensor q, Tensor k, Tensor v, bool causal, float? scale, bool fp8=False) -> (Tensor, Tensor)");
+  m.def("_attention_forward(Tensor q, Tensor k, Tensor v, bool causal, float? scale, bool fp8=False, str variant=\"\", "
+        "float variant_arg=0.0) -> (Tensor, Tensor)");
   m.def("_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, float? scale, "
-        "bool fp8=False) -> (Tensor, Tensor, Tensor)");
+        "bool fp8=False, str variant=\"\", float variant_arg=0.0) -> (Tensor, Tensor, Tensor)");
   m.def("fp8_linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("_fp8_linear_backward(Tensor dy, Tensor x, Tensor w) -> (Tensor, Tensor)");
   m.def("_launch_microseconds(Tensor q, Tensor k, Tensor v, Tensor(a!) o, bool causal, int iters) -> float");
