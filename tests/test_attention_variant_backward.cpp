@@ -260,6 +260,9 @@ TEST_CASE("gpu: attention variant backward after the variant's forward with its 
   const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
   std::mt19937 rng(29);
   for (Case& c : variant_cases(H, 2.0)) {
+    // Every variant's hooks and both launch flags, without recompiling what the CPU test covers:
+    // one softcap (the causal one only differs by its mask).
+    if (std::string(c.what) == "softcap, causal in the mask only") continue;
     CAPTURE(c.what);
     HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
                dout = random(DType::bf16, shape, rng);

@@ -266,6 +266,9 @@ def main():
          "no backward for variant 'softcap' with fp8=True"),
         ("fp8_linear of a float64 x", lambda: tilejit.fp8_linear(q.double().reshape(-1, 64), k.reshape(-1, 64)), "bfloat16 or float16"),
         ("fp8_linear x [.., 64] and w [.., 128]", lambda: tilejit.fp8_linear(q.reshape(-1, 64), q.reshape(-1, 128)), "do not fit"),
+        ("the op itself: fp8_linear x [.., 64] and w [.., 128]",
+         lambda: torch.ops.tilejit.fp8_linear(q.reshape(-1, 64), q.reshape(-1, 128)), "do not fit: [128, 64] and [64, 128]"),
+        ("the op itself: a 3-dim q", lambda: torch.ops.tilejit.attention(q[0], k[0], v[0]), "must be [B, H, S, D] (4 dims), got [1, 128, 64]"),
     ]:
         try:
             fn()

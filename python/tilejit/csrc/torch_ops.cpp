@@ -21,6 +21,14 @@
 
 namespace {
 
+// "[128, 64]": a tensor's dims for messages, formatted here (a failed check that streamed
+// t.sizes() itself ended the process with a segmentation fault on the GPU machine, torch 2.11).
+std::string dims(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
 int32_t tj_dtype(const at::Tensor& t, const char* what) {
   switch (t.scalar_type()) {
     case at::kBFloat16: return TJ_BF16;
@@ -38,7 +46,7 @@ tj_tensor view(const at::Tensor& t, const char* what) {
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   for (const auto* t : {&q, &k, &v}) {
     TORCH_CHECK(t->is_cuda(), "tilejit.attention: q, k and v must be CUDA tensors, got ", t->device());
-    TORCH_CHECK(t->dim() == 4, "tilejit.attention: q, k and v must be [B, H, S, D] (4 dims), got ", t->sizes());
+    TORCH_CHECK(t->dim() == 4, "tilejit.attention: q, k and v must be [B, H, S, D] (4 dims), got ", dims(*t));
   }
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "tilejit.attention: q, k and v must be on one device");
   static const int ordinal = tj_device_ordinal();   // $TILEJIT_DEVICE, read once as tilejit does
@@ -97,8 +105,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   bool causal, std::optional<double> scale, bool fp8,
                                                                   c10::string_view variant, double variant_arg) {
   check_inputs(q, k, v);
-  TORCH_CHECK(dout.sizes() == o.sizes(), "tilejit.attention backward: the output's gradient is ", dout.sizes(), ", the output ",
-              o.sizes());
+  TORCH_CHECK(dout.sizes() == o.sizes(), "tilejit.attention backward: the output's gradient is ", dims(dout), ", the output ",
+              dims(o));
   // Autograd's gradients come in any strides (a sum's is expanded: stride 0); the kernels read
   // rows of unit stride, 16-byte aligned.
   bool readable = dout.stride(-1) == 1 && dout.scalar_type() == q.scalar_type();
@@ -199,9 +207,9 @@ tj_tensor matrix_view(const at::Tensor& t, const char* what, std::vector<int64_t
 
 // y [..., N] = x [..., K] . w [N, K]^T (+ bias [N]), x and w quantized to e4m3 (dynamic scaling).
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(w.dim() == 2, "tilejit.fp8_linear: w must be [N, K], got ", w.sizes());
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "tilejit.fp8_linear: x [..., K] and w [N, K] do not fit: ", x.sizes(), " and ",
-              w.sizes());
+  TORCH_CHECK(w.dim() == 2, "tilejit.fp8_linear: w must be [N, K], got ", dims(w));
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "tilejit.fp8_linear: x [..., K] and w [N, K] do not fit: ", dims(x), " and ",
+              dims(w));
   const at::Tensor xc = x.contiguous(), wc = w.contiguous();
   std::vector<int64_t> y_shape(x.sizes().begin(), x.sizes().end());
   y_shape.back() = w.size(0);
