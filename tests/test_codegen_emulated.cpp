@@ -19,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention_backward.h"
@@ -28,6 +29,7 @@
 #include "codegen/lowering.h"
 #include "dsl/kernel.h"
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variants.h"
 #include "kernels/library.h"
 #include "core/numerics.h"
 #include "runtime/reference.h"
@@ -458,6 +460,19 @@ const Kernel& readme_attention_vt() { return examples::readme_attention_vt(); }
 const Kernel& grouped_gemm() { return examples::grouped_gemm(); }
 const Kernel& attention_bwd_dkdv() { return kernels::attention_bwd_dkdv(); }
 const Kernel& attention_bwd_dq() { return kernels::attention_bwd_dq(); }
+// Variants' backward kernels (kernels/attention_backward.h): hooks on the transposed scores.
+const kernels::VariantBackward& alibi_backward() {
+  static const kernels::VariantBackward b = kernels::attention_variant_backward(kernels::alibi_variant(2, true));
+  return b;
+}
+const kernels::VariantBackward& window_backward() {
+  static const kernels::VariantBackward b = kernels::attention_variant_backward(kernels::sliding_window_variant(24));
+  return b;
+}
+const Kernel& alibi_bwd_dkdv() { return alibi_backward().dkdv; }
+const Kernel& alibi_bwd_dq() { return alibi_backward().dq; }
+const Kernel& window_bwd_dkdv() { return window_backward().dkdv; }
+const Kernel& window_bwd_dq() { return window_backward().dq; }
 const Kernel& attention_bwd_fused() { return kernels::attention_bwd_fused(); }
 const Kernel& splitk_gemm() { return examples::splitk_gemm(); }
 
@@ -764,6 +779,18 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
                RuntimeScalar{0.1f}, causal},
               R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
   }
+  // Variants' backward: ALiBi's bias (positions in the score) and a window's mask, on the transposed
+  // scores of dK / dV and on dQ's, causal.
+  for (auto [what, dkdv, dq] : {std::tuple{"ALiBi", &alibi_bwd_dkdv, &alibi_bwd_dq}, std::tuple{"window 24", &window_bwd_dkdv, &window_bwd_dq}})
+    for (const char* knobs : {"{}", R"({"longest_first":1})"}) {
+      run_case({fmt::format("variant backward {} dK / dV, knobs {}", what, knobs), dkdv,
+                {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), T(bf16, s80),
+                 RuntimeScalar{0.1f}, true},
+                fmt::format(R"({{"blocks":{{"m":32,"n":32}},"num_warps":2,"knobs":{}}})", knobs), {}, false, "sm_80", mma});
+      run_case({fmt::format("variant backward {} dQ, knobs {}", what, knobs), dq,
+                {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), RuntimeScalar{0.1f}, true},
+                fmt::format(R"({{"blocks":{{"m":32,"n":32}},"num_warps":2,"knobs":{}}})", knobs), {}, false, "sm_80", mma});
+    }
   // e4m3 P: S's columns by parity (K's rows copied even rows first, knob key_parity), the causal
   // mask and the ragged tail on each register's true key; and in order with the bytes moved
   // across each quad (key_parity 0).
