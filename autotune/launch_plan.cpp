@@ -49,8 +49,8 @@ void append_unit_strides(std::string& key, const TensorView& t) {
 bool fast_key(const Kernel& k, const std::vector<Arg>& args, bool dynamic_shapes, std::string& key) {
   const auto& slots = k.slots();
   if (args.size() != slots.size()) return false;
-  const Kernel* kp = &k;
-  append(key, &kp, sizeof kp);
+  const uint64_t id = k.id();   // not the address: a kernel made later at the same place has another id
+  append(key, &id, sizeof id);
   key.push_back(dynamic_shapes ? 1 : 0);
   for (size_t i = 0; i < args.size(); ++i) {
     const Arg& a = args[i];

@@ -3,7 +3,7 @@
 // else the default, compiled and loaded once per (kernel, argument specialization, shapes).
 //
 // The hot path is cheap on purpose: after the first launch of a specialization, plan_launch
-// builds a compact byte key from the arguments (kernel address, each argument's kind,
+// builds a compact byte key from the arguments (the kernel's id, each argument's kind,
 // dtype, shape and host value; no tracing, no IR hashing, no JSON) and finds the compiled
 // kernel and its grid in a hash map.
 #include <cstdint>

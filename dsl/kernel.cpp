@@ -1,5 +1,6 @@
 #include "dsl/kernel.h"
 
+#include <atomic>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -91,7 +92,10 @@ std::string_view name(SlotKind k) {
 }
 
 Kernel::Kernel(std::string name, std::vector<Slot> slots, Body body, Loc loc)
-    : name_(std::move(name)), slots_(std::move(slots)), body_(std::move(body)), loc_(dsl::to_loc(loc)) {}
+    : name_(std::move(name)), slots_(std::move(slots)), body_(std::move(body)), loc_(dsl::to_loc(loc)) {
+  static std::atomic<uint64_t> next{1};
+  id_ = next.fetch_add(1, std::memory_order_relaxed);
+}
 
 namespace {
 std::string spec_kind(const ArgSpec& a) {

@@ -1,6 +1,7 @@
 #pragma once
 // tj::kernel: a C++ callable whose parameters are tensors (In/Out/InOut), runtime scalars
 // (Scalar) and host values (bool, integers, floating point) that specialize the trace.
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -97,6 +98,10 @@ class Kernel {
   const std::string& name() const { return name_; }
   const std::vector<Slot>& slots() const { return slots_; }
   const ir::SourceLoc& defined_at() const { return loc_; }
+  // Names this definition in the process: copies share it, no other construction ever gets it
+  // (unlike the object's address, which a kernel made later at the same place would take). The
+  // launch-plan cache keys on it (autotune/launch_plan.h).
+  uint64_t id() const { return id_; }
 
   // Runs the body under a Builder and returns the verified IR. Throws DslError (pointing at
   // the user's line) for mistakes in the kernel and tj::Error for arguments that do not fit.
@@ -107,6 +112,7 @@ class Kernel {
   std::vector<Slot> slots_;
   Body body_;
   ir::SourceLoc loc_;
+  uint64_t id_ = 0;
 };
 
 // Declares a kernel. `param_names` (optional) name the parameters in errors and signatures.

@@ -319,3 +319,27 @@ TEST_CASE("autotune gpu: host overhead of a cached launch next to a raw cuLaunch
               tj_us, raw_us, tj_us - raw_us, kRounds, kBatch);
   std::fflush(stdout);
 }
+
+TEST_CASE("autotune gpu: a kernel made where an earlier one lived launches its own code, not the earlier one's plan") {
+  TJ_REQUIRE_GPU();
+  // Kernels made in a loop (a variant per iteration) sit at one address in turn; the launch plans
+  // key on the definition's id, so the second launch compiles the second body.
+  const int64_t n = 1000;
+  HostTensor ha(DType::f32, {n});
+  for (int64_t i = 0; i < n; ++i) ha.set(i, static_cast<double>(i % 17) - 8.0);
+  const DeviceTensor a = DeviceTensor::from_host(ha);
+  DeviceTensor out(DType::f32, {n});
+  std::optional<Kernel> k;
+  for (double factor : {2.0, -3.0}) {
+    k.emplace(kernel("scale_by_constant", [factor](In x, Out y) {
+      for (auto t : tile(x.dim(0), block("n"))) y.store(t, x.load(t) * factor);
+    }));
+    out.fill_bytes(0xFF);
+    launch(*k, {a.view(), out.view()});
+    const HostTensor got = out.to_host();
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += got.at(i) != ha.at(i) * factor;
+    CAPTURE(factor);
+    CHECK(bad == 0);
+  }
+}

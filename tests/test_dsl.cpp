@@ -398,3 +398,17 @@ TEST_CASE("config: JSON round trip, entries over a base, and errors") {
   CHECK_THROWS_WITH_AS(codegen::generate_cuda(f, tensor_core_only, codegen::Target{"sm_90a"}),
                        doctest::Contains("block 'n' = 96 sizes a tile the SIMT path holds, which takes powers of two"), Error);
 }
+
+TEST_CASE("dsl: each kernel definition has its own id, shared by its copies (the launch plans key on it)") {
+  auto body = [](In x, Out y) {
+    for (auto t : tile(x.dim(0), block("n"))) y.store(t, x.load(t));
+  };
+  std::optional<Kernel> k;
+  k.emplace(kernel("copy_a", body));
+  const uint64_t first = k->id();
+  const Kernel copy = *k;
+  CHECK(copy.id() == first);
+  k.emplace(kernel("copy_a", body));   // the same name and body, made again at the same address
+  CHECK(k->id() != first);
+  CHECK(kernel("copy_b", body).id() != k->id());
+}
