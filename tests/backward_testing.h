@@ -4,6 +4,7 @@
 // and a launch list (kernels/attention_backward.h) run on the CPU reference executor.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -19,33 +20,63 @@ struct Grads {
   std::vector<double> dq, dk, dv;
 };
 
-// float64 forward (o, lse in log2 units) and backward of softmax(q k^T * scale_nat) v for q
-// [B, H, Sq, D] and k, v [B, Hkv, Skv, D] (query head h reads kv head h / (H / Hkv); dk, dv sum
-// over the heads that share theirs); causal: top-left aligned (row i sees keys 0..i).
-inline void reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, bool causal,
-                         double scale_nat, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
+// sqrt(sum (got - want)^2 / sum want^2) over every element of `got`.
+inline double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
+  double e = 0, r = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    e += (got.at(i) - want[i]) * (got.at(i) - want[i]);
+    r += want[i] * want[i];
+  }
+  return std::sqrt(e / std::max(r, 1e-300));
+}
+
+// N(0, 1) samples rounded to `t`.
+inline HostTensor random(tj::DType t, std::vector<int64_t> shape, std::mt19937& rng) {
+  HostTensor h(t, std::move(shape));
+  std::normal_distribution<double> n(0, 1);
+  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
+  return h;
+}
+
+// What a variant does to the scores, in float64: the modded score of natural-log score s at
+// (query head h, query i, key j), its derivative, and whether key j stays visible to query i.
+struct ScoreMeaning {
+  std::function<double(double s, int64_t h, int64_t i, int64_t j)> mod = [](double s, int64_t, int64_t, int64_t) { return s; };
+  std::function<double(double s, int64_t h, int64_t i, int64_t j)> dmod = [](double, int64_t, int64_t, int64_t) { return 1.0; };
+  std::function<bool(int64_t i, int64_t j)> keep = [](int64_t, int64_t) { return true; };
+};
+
+// float64 forward (o; lse in natural-log units, -inf for a row that sees no key, whose o is 0) and
+// backward of softmax(m.mod(q k^T * scale_nat)) v, masked by m.keep, for q [B, H, Sq, D] and k, v
+// [B, Hkv, Skv, D] (query head h reads kv head h / (H / Hkv); dk, dv sum over the heads that share
+// theirs).
+inline void reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout,
+                                const ScoreMeaning& m, double scale_nat, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
   const auto& sh = q.shape();
   const int64_t B = sh[0], H = sh[1], Sq = sh[2], D = sh[3], Hkv = k.shape()[1], S = k.shape()[2], G = H / Hkv;
   o.assign(B * H * Sq * D, 0);
-  lse.assign(B * H * Sq, 0);
+  lse.assign(B * H * Sq, -INFINITY);
   g.dq.assign(B * H * Sq * D, 0);
   g.dk.assign(B * Hkv * S * D, 0);
   g.dv.assign(B * Hkv * S * D, 0);
   for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t base = bh * Sq * D, kbase = ((bh / H) * Hkv + (bh % H) / G) * S * D;
-    std::vector<double> P(Sq * S, 0.0);
+    const int64_t h = bh % H, base = bh * Sq * D, kbase = ((bh / H) * Hkv + h / G) * S * D;
+    std::vector<double> P(Sq * S, 0.0), raw(Sq * S, 0.0);
     for (int64_t i = 0; i < Sq; ++i) {
       double mx = -INFINITY;
       std::vector<double> s(S, -INFINITY);
-      for (int64_t j = 0; j < (causal ? std::min(i + 1, S) : S); ++j) {
+      for (int64_t j = 0; j < S; ++j) {
         double d = 0;
         for (int64_t x = 0; x < D; ++x) d += q.at(base + i * D + x) * k.at(kbase + j * D + x);
-        s[j] = d * scale_nat;
+        raw[i * S + j] = d * scale_nat;
+        if (!m.keep(i, j)) continue;
+        s[j] = m.mod(d * scale_nat, h, i, j);
         mx = std::max(mx, s[j]);
       }
+      if (mx == -INFINITY) continue;   // no key: o 0, lse -inf, no gradient
       double sum = 0;
       for (int64_t j = 0; j < S; ++j) sum += std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx);
-      lse[bh * Sq + i] = (mx + std::log(sum)) / std::log(2.0);
+      lse[bh * Sq + i] = mx + std::log(sum);
       for (int64_t j = 0; j < S; ++j) P[i * S + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx) / sum;
       for (int64_t x = 0; x < D; ++x) {
         double acc = 0;
@@ -57,9 +88,10 @@ inline void reference_attention(const HostTensor& q, const HostTensor& k, const 
       double delta = 0;
       for (int64_t x = 0; x < D; ++x) delta += dout.at(base + i * D + x) * o[base + i * D + x];
       for (int64_t j = 0; j < S; ++j) {
+        if (P[i * S + j] == 0.0) continue;
         double dp = 0;
         for (int64_t x = 0; x < D; ++x) dp += dout.at(base + i * D + x) * v.at(kbase + j * D + x);
-        const double ds = P[i * S + j] * (dp - delta);
+        const double ds = P[i * S + j] * (dp - delta) * m.dmod(raw[i * S + j], h, i, j);
         for (int64_t x = 0; x < D; ++x) {
           g.dv[kbase + j * D + x] += P[i * S + j] * dout.at(base + i * D + x);
           g.dq[base + i * D + x] += ds * k.at(kbase + j * D + x) * scale_nat;
@@ -68,6 +100,16 @@ inline void reference_attention(const HostTensor& q, const HostTensor& k, const 
       }
     }
   }
+}
+
+// The same for plain attention, causal (top-left aligned: row i sees keys 0..i) or not, with lse
+// in log2 units (what the backward kernels take).
+inline void reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, bool causal,
+                                double scale_nat, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
+  ScoreMeaning m;
+  if (causal) m.keep = [](int64_t i, int64_t j) { return j <= i; };
+  reference_attention(q, k, v, dout, m, scale_nat, o, lse, g);
+  for (double& x : lse) x /= std::log(2.0);
 }
 
 // Runs each launch on the CPU reference executor with its kernel's default config.

@@ -22,31 +22,11 @@
 
 using namespace tj;
 using tj_test::Grads;
+using tj_test::random;
+using tj_test::rel_rmse;
 using tj_test::reference_attention;
 
 namespace {
-
-double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
-  double e = 0, r = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    e += (got.at(i) - want[i]) * (got.at(i) - want[i]);
-    r += want[i] * want[i];
-  }
-  return std::sqrt(e / std::max(r, 1e-300));
-}
-
-double bf16_round(double x) {
-  HostTensor t(DType::bf16, {1});
-  t.set(0, x);
-  return t.at(0);
-}
-
-HostTensor random(DType t, std::vector<int64_t> shape, std::mt19937& rng) {
-  HostTensor h(t, std::move(shape));
-  std::normal_distribution<double> n(0, 1);
-  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
-  return h;
-}
 
 std::vector<ArgValue> values(std::vector<HostTensor*> tensors, std::vector<float> scalars) {
   std::vector<ArgValue> out;

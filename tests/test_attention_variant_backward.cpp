@@ -22,85 +22,11 @@
 
 using namespace tj;
 using tj_test::Grads;
+using tj_test::random;
+using tj_test::rel_rmse;
+using Meaning = tj_test::ScoreMeaning;
 
 namespace {
-
-// One variant's meaning in float64: the modded score of natural-log score s at (head h, query i,
-// key j), its derivative, and whether the key stays visible.
-struct Meaning {
-  std::function<double(double s, int64_t h, int64_t i, int64_t j)> mod = [](double s, int64_t, int64_t, int64_t) { return s; };
-  std::function<double(double s, int64_t h, int64_t i, int64_t j)> dmod = [](double, int64_t, int64_t, int64_t) { return 1.0; };
-  std::function<bool(int64_t i, int64_t j)> keep = [](int64_t, int64_t) { return true; };
-};
-
-// float64 forward (o; lse in natural-log units, -inf for a row that sees no key, whose o is 0)
-// and backward of softmax(mod(q k^T * scale_nat)) v, masked, for [1, H, S, D] tensors.
-void reference(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout, double scale_nat,
-               const Meaning& m, std::vector<double>& o, std::vector<double>& lse, Grads& g) {
-  const int64_t H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
-  o.assign(H * S * D, 0);
-  lse.assign(H * S, -INFINITY);
-  g.dq.assign(H * S * D, 0);
-  g.dk.assign(H * S * D, 0);
-  g.dv.assign(H * S * D, 0);
-  for (int64_t h = 0; h < H; ++h) {
-    const int64_t base = h * S * D;
-    std::vector<double> P(S * S, 0.0), raw(S * S, 0.0);
-    for (int64_t i = 0; i < S; ++i) {
-      std::vector<double> s(S, -INFINITY);
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < S; ++j) {
-        double d = 0;
-        for (int64_t x = 0; x < D; ++x) d += q.at(base + i * D + x) * k.at(base + j * D + x);
-        raw[i * S + j] = d * scale_nat;
-        if (!m.keep(i, j)) continue;
-        s[j] = m.mod(d * scale_nat, h, i, j);
-        mx = std::max(mx, s[j]);
-      }
-      if (mx == -INFINITY) continue;   // no key: o 0, lse -inf, no gradient
-      double sum = 0;
-      for (int64_t j = 0; j < S; ++j) sum += std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx);
-      lse[h * S + i] = mx + std::log(sum);
-      for (int64_t j = 0; j < S; ++j) P[i * S + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - mx) / sum;
-      for (int64_t x = 0; x < D; ++x) {
-        double acc = 0;
-        for (int64_t j = 0; j < S; ++j) acc += P[i * S + j] * v.at(base + j * D + x);
-        o[base + i * D + x] = acc;
-      }
-    }
-    for (int64_t i = 0; i < S; ++i) {
-      double delta = 0;
-      for (int64_t x = 0; x < D; ++x) delta += dout.at(base + i * D + x) * o[base + i * D + x];
-      for (int64_t j = 0; j < S; ++j) {
-        if (P[i * S + j] == 0.0) continue;
-        double dp = 0;
-        for (int64_t x = 0; x < D; ++x) dp += dout.at(base + i * D + x) * v.at(base + j * D + x);
-        const double ds = P[i * S + j] * (dp - delta) * m.dmod(raw[i * S + j], h, i, j);
-        for (int64_t x = 0; x < D; ++x) {
-          g.dv[base + j * D + x] += P[i * S + j] * dout.at(base + i * D + x);
-          g.dq[base + i * D + x] += ds * k.at(base + j * D + x) * scale_nat;
-          g.dk[base + j * D + x] += ds * q.at(base + i * D + x) * scale_nat;
-        }
-      }
-    }
-  }
-}
-
-double rel_rmse(const HostTensor& got, const std::vector<double>& want) {
-  double e = 0, r = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    e += (got.at(i) - want[i]) * (got.at(i) - want[i]);
-    r += want[i] * want[i];
-  }
-  return std::sqrt(e / std::max(r, 1e-300));
-}
-
-HostTensor random(DType t, std::vector<int64_t> shape, std::mt19937& rng) {
-  HostTensor h(t, std::move(shape));
-  std::normal_distribution<double> n(0, 1);
-  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
-  return h;
-}
 
 struct Case {
   const char* what;
@@ -150,6 +76,20 @@ std::vector<Case> variant_cases(int64_t H, double cap) {
   return cases;
 }
 
+// Random bf16 q, k, v, dO of `shape` and the float64 forward (o, natural-log lse) and gradients of
+// `m` on them.
+struct Problem {
+  HostTensor q, k, v, dout;
+  std::vector<double> o, lse;
+  Grads want;
+};
+Problem make_problem(const std::vector<int64_t>& shape, double scale_nat, const Meaning& m, std::mt19937& rng) {
+  Problem p{random(DType::bf16, shape, rng), random(DType::bf16, shape, rng), random(DType::bf16, shape, rng),
+            random(DType::bf16, shape, rng), {}, {}, {}};
+  tj_test::reference_attention(p.q, p.k, p.v, p.dout, m, scale_nat, p.o, p.lse, p.want);
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("attention variant backward on the CPU reference: float64 gradients of score_mods (with their derivative), masks "
@@ -160,12 +100,10 @@ TEST_CASE("attention variant backward on the CPU reference: float64 gradients of
   std::mt19937 rng(23);
   for (Case& c : variant_cases(H, 2.0)) {
     CAPTURE(c.what);
-    HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
-               dout = random(DType::bf16, shape, rng);
-    std::vector<double> o64, lse64;
-    Grads want;
-    reference(q, k, v, dout, scale_nat, c.meaning, o64, lse64, want);
-    HostTensor o = HostTensor::from_values(o64, DType::bf16, shape), lse = HostTensor::from_values(lse64, DType::f32, rows);
+    Problem p = make_problem(shape, scale_nat, c.meaning, rng);
+    HostTensor &q = p.q, &k = p.k, &v = p.v, &dout = p.dout;
+    const Grads& want = p.want;
+    HostTensor o = HostTensor::from_values(p.o, DType::bf16, shape), lse = HostTensor::from_values(p.lse, DType::f32, rows);
     HostTensor delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::bf16, shape), dv(DType::bf16, shape);
     for (HostTensor* t : {&delta, &lse2, &dq, &dk, &dv}) t->fill_bytes(0xFF);   // poison
     const kernels::VariantBackward vb = kernels::attention_variant_backward(c.variant);
@@ -186,7 +124,7 @@ TEST_CASE("attention variant backward on the CPU reference: float64 gradients of
   }
 }
 
-TEST_CASE("attention variant backward: every dot on wgmma for sm_90a, spills bounded; a fast_math variant takes tanh.approx") {
+TEST_CASE("attention variant backward: every dot on wgmma for sm_90a, spills bounded, a fast_math variant on tanh.approx") {
   const std::vector<int64_t> shape = {2, 4, 1024, 128};
   const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
   for (const kernels::AttentionVariant& var : {kernels::alibi_variant(4, true), kernels::softcap_variant(30.0, true),
@@ -264,13 +202,10 @@ TEST_CASE("gpu: attention variant backward after the variant's forward with its 
     // one softcap (the causal one only differs by its mask).
     if (std::string(c.what) == "softcap, causal in the mask only") continue;
     CAPTURE(c.what);
-    HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, shape, rng), v = random(DType::bf16, shape, rng),
-               dout = random(DType::bf16, shape, rng);
-    std::vector<double> o64, lse64;
-    Grads want;
-    reference(q, k, v, dout, scale_nat, c.meaning, o64, lse64, want);
-    const DeviceTensor dq_in = DeviceTensor::from_host(q), dk_in = DeviceTensor::from_host(k), dv_in = DeviceTensor::from_host(v),
-                       ddo = DeviceTensor::from_host(dout);
+    const Problem p = make_problem(shape, scale_nat, c.meaning, rng);
+    const Grads& want = p.want;
+    const DeviceTensor dq_in = DeviceTensor::from_host(p.q), dk_in = DeviceTensor::from_host(p.k), dv_in = DeviceTensor::from_host(p.v),
+                       ddo = DeviceTensor::from_host(p.dout);
     DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::f32, shape), gk(DType::bf16, shape), gv(DType::bf16, shape);
     std::vector<DeviceTensor> inputs;
     for (const HostTensor& in : c.inputs) inputs.push_back(DeviceTensor::from_host(in));
@@ -295,7 +230,7 @@ TEST_CASE("gpu: attention variant backward after the variant's forward with its 
     kernels::attention_backward(dq_in.view(), dk_in.view(), dv_in.view(), o.view(), ddo.view(), lse.view(), gq.view(), gk.view(),
                                 gv.view(), opt, ws);
     const HostTensor hq = gq.to_host(), hk = gk.to_host(), hv = gv.to_host();
-    MESSAGE(c.what, ": dq ", rel_rmse(hq, want.dq), " dk ", rel_rmse(hk, want.dk), " dv ", rel_rmse(hv, want.dv));
+    MESSAGE(std::string(c.what), ": dq ", rel_rmse(hq, want.dq), " dk ", rel_rmse(hk, want.dk), " dv ", rel_rmse(hv, want.dv));
     CHECK(rel_rmse(hv, want.dv) < 2e-2);
     CHECK(rel_rmse(hk, want.dk) < 3e-2);
     CHECK(rel_rmse(hq, want.dq) < 2e-2);

@@ -42,11 +42,10 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 bool report(const SampledGrads& want, const HostTensor& dq, const HostTensor& dk, const HostTensor& dv, const std::vector<int64_t>& heads,
             const std::vector<int64_t>& rows, int64_t heads_total, bool fp8 = false) {
   const int64_t S = dq.shape()[2], D = dq.shape()[3];
-  const double eq = relative_rmse(gather_rows(dq, S, D, heads, rows), want.dq),
-               ek = relative_rmse(gather_rows(dk, S, D, heads, rows), want.dk),
-               ev = relative_rmse(gather_rows(dv, S, D, heads, rows), want.dv);
+  const GradErrors e = grad_errors(dq, dk, dv, want, S, D, heads, rows);
+  const double eq = e.dq, ek = e.dk, ev = e.dv;
   const double bar = fp8 ? kMaxRelRmseFp8 : kMaxRelRmse;
-  const bool ok = std::max({eq, ek, ev}) <= bar;
+  const bool ok = e.worst() <= bar;
   fmt::print("check vs float64 gradients ({}): rel RMSE dq {:.2e}, dk {:.2e}, dv {:.2e} (<= {:.0e}): {}\n",
              static_cast<int64_t>(heads.size()) == heads_total && static_cast<int64_t>(rows.size()) == S
                  ? fmt::format("every row of every head")

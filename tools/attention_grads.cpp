@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/device.h"
+
 namespace tj::tools {
 
 namespace {
@@ -118,6 +120,29 @@ double relative_rmse(const std::vector<double>& got, const std::vector<double>& 
     r += want[i] * want[i];
   }
   return std::sqrt(e / std::max(r, 1e-300));
+}
+
+MeasuredBackward measure_backward(const std::function<void()>& backward, DeviceTensor& gq, DeviceTensor& gk, DeviceTensor& gv,
+                                  CUstream stream, int reps, int warmup, L2Flusher& l2) {
+  for (DeviceTensor* t : {&gq, &gk, &gv}) t->fill_bytes(0xFF);
+  backward();
+  runtime::synchronize();
+  MeasuredBackward m{gq.to_host(), gk.to_host(), gv.to_host(), {}};
+  m.timing = time_launches(backward, stream, reps, warmup, l2);
+  return m;
+}
+
+double GradErrors::worst() const { return std::max({dq, dk, dv}); }
+
+GradErrors grad_errors(const HostTensor& dq, const HostTensor& dk, const HostTensor& dv, const SampledGrads& want, int64_t S,
+                       int64_t D, const std::vector<int64_t>& heads, const std::vector<int64_t>& rows, bool with_kv) {
+  GradErrors e;
+  e.dq = relative_rmse(gather_rows(dq, S, D, heads, rows), want.dq);
+  if (with_kv && !want.dk.empty()) {
+    e.dk = relative_rmse(gather_rows(dk, S, D, heads, rows), want.dk);
+    e.dv = relative_rmse(gather_rows(dv, S, D, heads, rows), want.dv);
+  }
+  return e;
 }
 
 }  // namespace tj::tools

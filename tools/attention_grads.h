@@ -3,9 +3,11 @@
 // --backward` and `tilejit bench attention --backward` check the GPU's against; and the relative
 // RMS error those and `tilejit bench ring` report.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "runtime/owned_tensor.h"
+#include "tools/attention.h"
 
 namespace tj::tools {
 
@@ -31,5 +33,25 @@ std::vector<double> gather_rows(const HostTensor& t, int64_t S, int64_t D, const
 
 // sqrt(sum (got - want)^2 / sum want^2); infinite when `got` holds a NaN or an infinity.
 double relative_rmse(const std::vector<double>& got, const std::vector<double>& want);
+
+// The gradients dq, dk, dv [B, H, S, D] (contiguous host tensors) at `want`'s rows against it:
+// each one's relative RMS error; dk and dv -1 where want has none (dq_only) or `with_kv` is false.
+struct GradErrors {
+  double dq = -1, dk = -1, dv = -1;
+  double worst() const;
+};
+GradErrors grad_errors(const HostTensor& dq, const HostTensor& dk, const HostTensor& dv, const SampledGrads& want, int64_t S,
+                       int64_t D, const std::vector<int64_t>& heads, const std::vector<int64_t>& rows, bool with_kv = true);
+
+// One backward measured: gq, gk and gv poisoned (NaN: what the call does not write shows), the call
+// run once and its gradients copied back, then timed (time_launches: warm-ups, then the median of
+// `reps` calls with the L2 flushed before each). On the legacy stream the poisoning memsets are
+// ordered before the call.
+struct MeasuredBackward {
+  HostTensor dq, dk, dv;
+  Timing timing;
+};
+MeasuredBackward measure_backward(const std::function<void()>& backward, DeviceTensor& gq, DeviceTensor& gk, DeviceTensor& gv,
+                                  CUstream stream, int reps, int warmup, L2Flusher& l2);
 
 }  // namespace tj::tools

@@ -170,23 +170,16 @@ bool bench_case(VariantCase& c, Inputs& in, CUstream stream, L2Flusher& l2, cons
     opt.variant_inputs = extra;
   }
   kernels::AttentionBackwardWorkspace ws;
-  auto backward = [&] { kernels::attention_backward(q, k, v, out, dout, lse, gq, gk, gv, opt, ws); };
-  for (DeviceTensor* t : {&in.gq, &in.gk, &in.gv}) t->fill_bytes(0xFF);   // NaN: what is not written shows
-  backward();
-  runtime::synchronize();
-  const HostTensor hq = in.gq.to_host(), hk = in.gk.to_host(), hv = in.gv.to_host();
-  const Timing t = time_launches(backward, stream, o.reps, o.warmup, l2);
-
-  const SampledGrads want = reference.get();
-  const std::vector<int64_t> heads = {head};
-  const double eq = relative_rmse(gather_rows(hq, c.S, c.D, heads, rows), want.dq);
+  const MeasuredBackward m = measure_backward([&] { kernels::attention_backward(q, k, v, out, dout, lse, gq, gk, gv, opt, ws); },
+                                              in.gq, in.gk, in.gv, stream, o.reps, o.warmup, l2);
+  const Timing& t = m.timing;
   const bool kv_rows = c.Hkv == c.H;   // grouped heads: the device's dk / dv sum the group
-  const double ek = kv_rows ? relative_rmse(gather_rows(hk, c.S, c.D, heads, rows), want.dk) : -1;
-  const double ev = kv_rows ? relative_rmse(gather_rows(hv, c.S, c.D, heads, rows), want.dv) : -1;
+  const GradErrors e = grad_errors(m.dq, m.dk, m.dv, reference.get(), c.S, c.D, {head}, rows, kv_rows);
+  const double eq = e.dq, ek = e.dk, ev = e.dv;
   BenchResult r;
   r.ms = t.median_ms;
   r.tflops = tflops(flops, t.median_ms);
-  r.rel_rmse = std::max({eq, ek, ev});
+  r.rel_rmse = e.worst();
   r.ok = r.rel_rmse <= kMaxRelRmse;
   r.note = kv_rows ? fmt::format("dq {:.2e}, dk {:.2e}, dv {:.2e}", eq, ek, ev)
                    : fmt::format("dq {:.2e} (dk, dv: summed over the group, not checked)", eq);
