@@ -103,44 +103,13 @@ Fp8ProgramScales load_descales(const Fp8Inputs& f8, const Int& b, const Int& h, 
   return {sq, sk, sv, sdo, sq * sk, sv * sdo};
 }
 
-// A variant's hooks on the scores s (log2 units; q_pos and kv_pos broadcast to s's shape, [m, n] or
-// the key-tile kernels' transposed [n, m]), traced where the forward traces them: score_mod on the
-// natural-log score, then the mask. grad: score_grad's d modded / d score (none: 1).
-struct HookedScores {
-  Tile s;
-  std::optional<Tile> grad;
-};
+// A variant traced into the backward kernels: its hooks (apply_variant_hooks, with score_grad) on
+// the recomputed scores, [m, n] in dQ's kernel and transposed [n, m] in dK / dV's (the positions
+// broadcast either way), and its extra inputs.
 struct VariantHooks {
   const AttentionVariant* variant = nullptr;
   std::vector<In> inputs;
 };
-HookedScores apply_variant(const VariantHooks& hooks, Tile s, const Int& b, const Int& h, const Tile& q_pos, const Tile& kv_pos) {
-  const AttentionVariant& v = *hooks.variant;
-  HookedScores out{s, std::nullopt};
-  const ScoreIndex at{b, h, q_pos, kv_pos, hooks.inputs};
-  if (v.score_mod) {
-    constexpr double kLog2e = 1.4426950408889634;
-    const Tile natural = s * kLn2;
-    const Tile modded = v.score_mod(natural, at);
-    if (!modded.valid() || !is_float(modded.dtype()))
-      throw Error(fmt::format("attention variant '{}': score_mod must return a float tile (the new score)", v.name));
-    const Tile g = v.score_grad(natural, modded, at);
-    if (g.valid()) {
-      if (!is_float(g.dtype()))
-        throw Error(fmt::format("attention variant '{}': score_grad must return a float tile (d modded / d score) or Tile()", v.name));
-      out.grad = g.to(DType::f32);
-    }
-    out.s = (modded * kLog2e).to(DType::f32);
-  }
-  if (v.mask_mod) {
-    const Tile keep = v.mask_mod(at);
-    if (!keep.valid() || keep.dtype() != DType::i1)
-      throw Error(fmt::format("attention variant '{}': mask_mod must return a boolean tile (a comparison), not {}", v.name,
-                              keep.valid() ? std::string(name(keep.dtype())) : "nothing"));
-    out.s = where(keep, out.s, -INFINITY);
-  }
-  return out;
-}
 
 // The forward's LSE of a row that sees no key is -inf; as +inf its P is exp2(s - inf) = 0 (not
 // exp2(-inf + inf) = NaN), so such rows add nothing, as in the forward (O = 0).
@@ -184,11 +153,9 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
         auto dot_ = dout.load(b, h, m, all);
         auto st = f8 ? dot(kt, qt.T()) * (scale * *s_scale) : dot(kt, qt.T()) * scale;   // [n, m]
         std::optional<Tile> grad;   // a variant's d score_mod / d score
-        if (hooks) {
-          HookedScores hs = apply_variant(*hooks, st, b, h, m.index().row(), n.index().col());
-          st = hs.s;
-          grad = hs.grad;
-        }
+        if (hooks)
+          st = apply_variant_hooks(
+              *hooks->variant, st, [&] { return ScoreIndex{b, h, m.index().row(), n.index().col(), hooks->inputs}; }, &grad);
         if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
         std::optional<Tile> dst;
         if (f8) {
@@ -268,11 +235,9 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
         auto kt = k.load(b, hk, n, all);
         auto s = f8 ? dot(qt, kt.T()) * (scale * *s_scale) : dot(qt, kt.T()) * scale;
         std::optional<Tile> grad;   // a variant's d score_mod / d score
-        if (hooks) {
-          HookedScores hs = apply_variant(*hooks, s, b, h, m.index().col(), n.index().row());
-          s = hs.s;
-          grad = hs.grad;
-        }
+        if (hooks)
+          s = apply_variant_hooks(*hooks->variant, s, [&] { return ScoreIndex{b, h, m.index().col(), n.index().row(), hooks->inputs}; },
+                                  &grad);
         if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
         auto p = exp2(s - lse_m);
         if (f8) {

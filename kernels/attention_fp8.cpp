@@ -60,29 +60,6 @@ namespace {
 constexpr double kLn2 = 0.6931471805599453;
 constexpr double kLog2e = 1.4426950408889634;
 
-// The variant's hooks on the scores s (log2 units) of query tile m and key tile n.
-Tile apply_hooks(const AttentionVariant& v, Tile s, const Int& b, const Int& h, const TileIndex& m,
-                 const TileIndex& n, const std::vector<In>& inputs) {
-  if (v.score_mod) {
-    TagScope tag("score_mod");
-    ScoreIndex at{b, h, m.index().col(), n.index().row(), inputs};
-    Tile modded = v.score_mod(s * kLn2, at);
-    if (!modded.valid() || !is_float(modded.dtype()))
-      throw Error(fmt::format("attention variant '{}': score_mod must return a float tile (the new score)", v.name));
-    s = (modded * kLog2e).to(DType::f32);
-  }
-  if (v.mask_mod) {
-    TagScope tag("mask_mod");
-    ScoreIndex at{b, h, m.index().col(), n.index().row(), inputs};
-    Tile keep = v.mask_mod(at);
-    if (!keep.valid() || keep.dtype() != DType::i1)
-      throw Error(fmt::format("attention variant '{}': mask_mod must return a boolean tile (a comparison), not {}",
-                              v.name, keep.valid() ? std::string(name(keep.dtype())) : "nothing"));
-    s = where(keep, s, -INFINITY);
-  }
-  return s;
-}
-
 // The kernel body, shared by attention_fp8 (no hooks) and attention_variant.
 void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, Out o, Out lse, Scalar scale,
                     Scalar o_scale, bool causal, bool with_lse, const AttentionVariant* hooks,
@@ -119,7 +96,7 @@ void attention_body(In q, In k, In v, In q_descale, In k_descale, In v_descale, 
       for (auto n : tile(causal ? minimum(m.end(), S_kv) : S_kv, block("n"))) {
         auto s = dot(qt, k.load(b, hk, n, all).T()) * qk_scale;
         if (causal) s = where(m.index().col() >= n.index().row(), s, -INFINITY);
-        if (hooks) s = apply_hooks(*hooks, s, b, h, m, n, inputs);
+        if (hooks) s = apply_variant_hooks(*hooks, s, [&] { return ScoreIndex{b, h, m.index().col(), n.index().row(), inputs}; });
         auto m_blk = maximum(m_i, amax(s, 1));
         auto m_new = where(m_blk > m_i + rescale_slack, m_blk, m_i);   // lazy rescaling
         auto m_use = where(m_new == -INFINITY, 0.0, m_new);   // no key yet: exp2(-inf - 0) = 0
@@ -314,6 +291,34 @@ const bool default_config_registered = [] {
 }();
 
 }  // namespace
+
+Tile apply_variant_hooks(const AttentionVariant& v, Tile s, const std::function<ScoreIndex()>& make_at, std::optional<Tile>* grad) {
+  if (v.score_mod) {
+    TagScope tag("score_mod");
+    const ScoreIndex at = make_at();
+    const Tile natural = s * kLn2;
+    const Tile modded = v.score_mod(natural, at);
+    if (!modded.valid() || !is_float(modded.dtype()))
+      throw Error(fmt::format("attention variant '{}': score_mod must return a float tile (the new score)", v.name));
+    if (grad) {
+      if (!v.score_grad) throw Error(fmt::format("attention variant '{}': no score_grad (d score_mod / d score)", v.name));
+      const Tile g = v.score_grad(natural, modded, at);
+      if (g.valid() && !is_float(g.dtype()))
+        throw Error(fmt::format("attention variant '{}': score_grad must return a float tile (d modded / d score) or Tile()", v.name));
+      if (g.valid()) *grad = g.to(DType::f32);
+    }
+    s = (modded * kLog2e).to(DType::f32);
+  }
+  if (v.mask_mod) {
+    TagScope tag("mask_mod");
+    const Tile keep = v.mask_mod(make_at());
+    if (!keep.valid() || keep.dtype() != DType::i1)
+      throw Error(fmt::format("attention variant '{}': mask_mod must return a boolean tile (a comparison), not {}", v.name,
+                              keep.valid() ? std::string(name(keep.dtype())) : "nothing"));
+    s = where(keep, s, -INFINITY);
+  }
+  return s;
+}
 
 Kernel attention_variant(const AttentionVariant& variant) {
   if (variant.name.empty()) throw Error("attention_variant: the variant needs a name (it names the kernel)");

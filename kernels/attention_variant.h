@@ -12,6 +12,7 @@
 // key blocks by interval arithmetic to skip blocks it rules out entirely (block sparsity derived
 // from the mask: see codegen/lower_attention_sm90.h).
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,16 @@ struct AttentionVariant {
   // P's sums in rows dominated by a few keys (the FP8 tensor cores' adds are not exact).
   bool merge_into_output = false;
 };
+
+// v's hooks on the scores s (f32, log2 units), as the attention kernels trace them, forward and
+// backward: score_mod on the natural-log score (its result back in log2 units), then the mask
+// (-inf where it fails), tagged "score_mod" / "mask_mod" in the IR. at() makes the score index
+// (at.q and at.kv broadcasting to s's shape) inside each hook's tag, so that the positions a hook
+// reads are its own ops (the sm_90a attention lowering lifts tagged ops as a whole). With `grad`:
+// *grad = score_grad's d modded / d score (f32), left empty where score_grad says 1 (or there is
+// no score_mod). Throws tj::Error for a hook that returns the wrong kind of tile.
+Tile apply_variant_hooks(const AttentionVariant& v, Tile s, const std::function<ScoreIndex()>& at,
+                         std::optional<Tile>* grad = nullptr);
 
 // The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,
 // k_descale, v_descale, o, lse, scale, o_scale, causal, with_lse) followed by one tensor per
