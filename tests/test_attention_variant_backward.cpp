@@ -124,6 +124,38 @@ TEST_CASE("attention variant backward on the CPU reference: float64 gradients of
   }
 }
 
+TEST_CASE("attention variant backward on the CPU reference: grouped-query heads (each query head's share, summed per kv head) "
+          "with ALiBi's per-head slopes") {
+  constexpr int64_t H = 4, Hkv = 2, S = 72, D = 32;
+  const std::vector<int64_t> shape = {1, H, S, D}, kv = {1, Hkv, S, D}, rows = {1, H, S}, part = {1, H, S, D};
+  const double scale_nat = 0.25;
+  std::mt19937 rng(31);
+  auto slope = [](int64_t h) { return std::exp2(-8.0 * static_cast<double>(h + 1) / H); };
+  Meaning m;
+  m.mod = [=](double s, int64_t h, int64_t i, int64_t j) { return s + slope(h) * static_cast<double>(j - i); };
+  m.keep = [](int64_t i, int64_t j) { return j <= i; };
+  HostTensor q = random(DType::bf16, shape, rng), k = random(DType::bf16, kv, rng), v = random(DType::bf16, kv, rng),
+             dout = random(DType::bf16, shape, rng);
+  std::vector<double> o64, lse64;
+  Grads want;
+  tj_test::reference_attention(q, k, v, dout, m, scale_nat, o64, lse64, want);
+  HostTensor o = HostTensor::from_values(o64, DType::bf16, shape), lse = HostTensor::from_values(lse64, DType::f32, rows);
+  HostTensor delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::f32, kv), dv(DType::f32, kv),
+      dk_part(DType::f32, part), dv_part(DType::f32, part);
+  for (HostTensor* t : {&delta, &lse2, &dq, &dk, &dv, &dk_part, &dv_part}) t->fill_bytes(0xFF);   // poison
+  const kernels::VariantBackward vb = kernels::attention_variant_backward(kernels::alibi_variant(H, true));
+  kernels::AttentionBackwardOptions opt;
+  opt.causal = true;
+  opt.softmax_scale = scale_nat;
+  opt.variant = &vb;
+  tj_test::run_launches(kernels::attention_backward_launches(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), dq.view(),
+                                                             dk.view(), dv.view(), opt, delta.view(), lse2.view(), std::nullopt,
+                                                             dk_part.view(), dv_part.view()));
+  CHECK(rel_rmse(dv, want.dv) < 2e-2);
+  CHECK(rel_rmse(dk, want.dk) < 3e-2);
+  CHECK(rel_rmse(dq, want.dq) < 2e-2);
+}
+
 TEST_CASE("attention variant backward: every dot on wgmma for sm_90a, spills bounded, a fast_math variant on tanh.approx") {
   const std::vector<int64_t> shape = {2, 4, 1024, 128};
   const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
