@@ -339,23 +339,22 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
     for (const auto& in : variant.inputs) slots.push_back(Slot{in, SlotKind::tensor_in});
     return slots;
   };
-  auto inputs_of = [variant](const detail::TraceArgs& a, size_t first) {
-    VariantHooks hooks{&variant, {}};
-    for (size_t i = 0; i < variant.inputs.size(); ++i) hooks.inputs.push_back(detail::make_arg<In>(a, first + i));
+  // The variant's extra inputs follow the kernel's own arguments (from `first` on).
+  auto hooks_of = [](const AttentionVariant& v, const detail::TraceArgs& a, size_t first) {
+    VariantHooks hooks{&v, {}};
+    for (size_t i = 0; i < v.inputs.size(); ++i) hooks.inputs.push_back(detail::make_arg<In>(a, first + i));
     return hooks;
   };
-  Kernel::Body dkdv_body = [variant, inputs_of](const detail::TraceArgs& a) {
+  Kernel::Body dkdv_body = [variant, hooks_of](const detail::TraceArgs& a) {
     using detail::make_arg;
-    VariantHooks hooks = inputs_of(a, kDkdvParams.size());
-    hooks.variant = &variant;
+    const VariantHooks hooks = hooks_of(variant, a, kDkdvParams.size());
     key_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
                   make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Out>(a, 7), nullptr, make_arg<Scalar>(a, 8),
                   make_arg<bool>(a, 9), nullptr, &hooks);
   };
-  Kernel::Body dq_body = [variant, inputs_of](const detail::TraceArgs& a) {
+  Kernel::Body dq_body = [variant, hooks_of](const detail::TraceArgs& a) {
     using detail::make_arg;
-    VariantHooks hooks = inputs_of(a, kDqParams.size());
-    hooks.variant = &variant;
+    const VariantHooks hooks = hooks_of(variant, a, kDqParams.size());
     query_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
                     make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Scalar>(a, 7), make_arg<bool>(a, 8), nullptr, &hooks);
   };
