@@ -16,6 +16,7 @@
 
 #include "codegen/emitter.h"
 #include "codegen/issue_early.h"
+#include "codegen/mask_bounds.h"
 #include "codegen/prefetch_loads.h"
 #include "codegen/program_trips.h"
 #include "codegen/lowering.h"
@@ -38,6 +39,7 @@ void Emitter::analyze() {
   range_.assign(f_.values.size(), Range{});
   divisor_.assign(f_.values.size(), 1);
   loop_end_.assign(f_.values.size(), -1);
+  loop_begin_.assign(f_.values.size(), -1);
   names_.assign(f_.values.size(), "");
   ir::walk(f_.body, [&](const Op& op, int) {
     if (op.result >= 0) def_[op.result] = &op;
@@ -367,6 +369,7 @@ void Emitter::compute_divisor(const Op& op) {
     const int64_t step = op.loop_kind == ir::LoopKind::tile ? cfg_.block(f_, op.block_id) : 1;
     divisor_[op.body_index] = std::gcd(divisor(op.operands[0]), step);
     loop_end_[op.body_index] = op.operands[1];
+    loop_begin_[op.body_index] = op.operands[0];
     return;
   }
   if (op.result < 0) return;
@@ -398,8 +401,23 @@ bool Emitter::provably_full(int vb, int ve, int64_t extent) const {
   Range b = range(vb), e = range(ve);
   if (b.known_hi() && e.known_lo() && b.hi <= e.lo - extent) return true;
   // A tile loop's index below its end, both multiples of the extent: index + extent <= end.
-  return extent > 0 && vb >= 0 && vb < (int)loop_end_.size() && loop_end_[vb] == ve && divisor(vb) % extent == 0 &&
+  return extent > 0 && vb >= 0 && vb < (int)loop_end_.size() && loop_end_[vb] >= 0 && end_at_most(loop_end_[vb], ve, loop_begin_[vb]) &&
+         divisor(vb) % extent == 0 &&
          divisor(ve) % extent == 0;
+}
+
+// Whether a tile loop that starts at `begin` and ends at e runs no index at or past v: e is v, or
+// min(x, y) with x or y such, or max(begin, y) with y such (codegen/mask_bounds.h's ends: where
+// y <= begin the loop runs no index at all).
+bool Emitter::end_at_most(int e, int v, int begin) const {
+  if (e == v) return true;
+  const Op* d = e >= 0 && e < (int)def_.size() ? def_[e] : nullptr;
+  if (!d || d->kind != OpKind::binary) return false;
+  if (d->binary == BinaryFn::minimum) return end_at_most(d->operands[0], v, begin) || end_at_most(d->operands[1], v, begin);
+  if (d->binary == BinaryFn::maximum)
+    for (int side = 0; side < 2; ++side)
+      if (d->operands[side] == begin && end_at_most(d->operands[1 - side], v, begin)) return true;
+  return false;
 }
 
 // ---- expressions ---------------------------------------------------------------------------------
@@ -1735,7 +1753,9 @@ namespace tj::codegen {
 
 using emitter::Emitter;
 
-GeneratedKernel generate_simt(const ir::Function& f, const Config& cfg, const Target& t, bool start_early) {
+GeneratedKernel generate_simt(const ir::Function& traced, const Config& cfg, const Target& t, bool start_early) {
+  const ir::Function bounded = knobs::mask_bounds.on(cfg) ? bound_masked_loops(traced, cfg) : ir::Function{};
+  const ir::Function& f = knobs::mask_bounds.on(cfg) ? bounded : traced;
   // The issue order serves kernels with dots (their latency and the tensor cores'); streaming
   // kernels keep the user's order.
   bool dots = false;

@@ -172,7 +172,7 @@ class Emitter {
   // index, the loop's end (-1 otherwise): a tile loop's index below an end that both are
   // multiples of the block is a whole tile's start (causal attention's keys up to m.end()).
   std::vector<int64_t> divisor_;
-  std::vector<int> loop_end_;
+  std::vector<int> loop_end_, loop_begin_;   // by a tile loop's index value: its bounds
   std::vector<std::string> names_;       // C++ expression per value
   std::vector<std::string> names_param_; // C++ name per parameter
   std::set<const Op*> hoisted_;          // launch-bound ops emitted before the program decode
@@ -227,6 +227,7 @@ class Emitter {
                       int v);
   // Is the valid range [vb, ve) provably covering every position of an extent?
   bool provably_full(int vb, int ve, int64_t extent) const;
+  bool end_at_most(int e, int v, int begin) const;
   void check_tile(int v, const Layout& l, const ir::SourceLoc& loc);
   void check_slots(const Layout& l, const std::string& what, const ir::SourceLoc& loc);
 

@@ -69,6 +69,12 @@ const KnobSpec prefetch_loads{
     "1 (with the tensor cores): a vector that a loop inside the program loads from an input tensor at its own tile, for the "
     "threads (an attention backward's LSE and delta), is loaded for the next tile while this one runs, into a loop-carried "
     "variable (codegen/prefetch_loads.h); 0: loaded where the user's code loads it"};
+const KnobSpec mask_bounds{
+    "mask_bounds", 1, "1",
+    "1: a tile loop inside a program that masks a tile with where(mask, s, -inf), and whose iteration changes nothing where the "
+    "mask fails on the whole tile, runs from the first to the last tile the mask keeps, bounds solved from the mask's index "
+    "comparisons (codegen/mask_bounds.h: a sliding window's backward visits the window's tiles, not every tile to the end); "
+    "0: the loop's own bounds"};
 const KnobSpec pin_waits{
     "pin_waits", 0, "0",
     "1 (wgmma): the tiles computed between two wgmma waits are pinned above the second (a shared-memory store of a word that "
@@ -83,7 +89,7 @@ const KnobSpec simt_min_blocks{"simt_min_blocks", 0, "0", "blocks per SM the reg
 
 namespace {
 const bool registered = register_knob_table(
-    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &key_parity, &prefetch_program, &copy_stages, &issue_early, &prefetch_loads, &pin_waits, &fast_math,
+    "emitter", {&lowering, &mma, &warp_specialize, &persistent, &persistent_blocks, &raster_group, &longest_first, &wg_turns, &wg_programs, &overlap, &stage_stores, &fp8_key_order, &key_parity, &prefetch_program, &copy_stages, &issue_early, &prefetch_loads, &mask_bounds, &pin_waits, &fast_math,
                 &simt_vec, &simt_lanes_c, &simt_warps_c, &simt_min_blocks});
 }  // namespace
 

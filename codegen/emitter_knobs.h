@@ -22,6 +22,7 @@ extern const KnobSpec prefetch_program;  // persistent: program-level loads in t
 extern const KnobSpec key_parity;        // fp8 P.V: K's rows (S's columns) by parity, P's fragments shuffle-free
 extern const KnobSpec issue_early;       // loop bodies' input loads and leaf dots first (codegen/issue_early.h)
 extern const KnobSpec prefetch_loads;    // small input loads one iteration ahead (codegen/prefetch_loads.h)
+extern const KnobSpec mask_bounds;       // loops bounded by the tiles a mask keeps (codegen/mask_bounds.h)
 extern const KnobSpec pin_waits;         // work before a wgmma wait kept above it in the SASS
 extern const KnobSpec fast_math;
 extern const KnobSpec simt_vec;

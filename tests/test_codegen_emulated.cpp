@@ -473,6 +473,32 @@ const Kernel& alibi_bwd_dkdv() { return alibi_backward().dkdv; }
 const Kernel& alibi_bwd_dq() { return alibi_backward().dq; }
 const Kernel& window_bwd_dkdv() { return window_backward().dkdv; }
 const Kernel& window_bwd_dq() { return window_backward().dq; }
+// Masks whose loops mask_bounds bounds: rows before 40 see no key (dQ's first query tiles and
+// dK / dV's last key tiles loop zero times), a prefix-LM with its prefix per batch entry, and
+// documents (their boundaries loaded from cu_seqlens).
+const kernels::VariantBackward& lag_backward() {
+  static const kernels::VariantBackward b = [] {
+    kernels::AttentionVariant lag{"attention_emulated_lag_40"};
+    lag.mask_mod = [](const kernels::ScoreIndex& at) { return at.kv + 40 <= at.q; };
+    return kernels::attention_variant_backward(lag);
+  }();
+  return b;
+}
+const kernels::VariantBackward& prefix_backward() {
+  static const kernels::VariantBackward b = kernels::attention_variant_backward(kernels::prefix_lm_variant());
+  return b;
+}
+const Kernel& lag_bwd_dkdv() { return lag_backward().dkdv; }
+const Kernel& lag_bwd_dq() { return lag_backward().dq; }
+const kernels::VariantBackward& docs_backward() {
+  static const kernels::VariantBackward b = kernels::attention_variant_backward(kernels::document_variant(3, false));
+  return b;
+}
+const Kernel& docs_bwd_dkdv() { return docs_backward().dkdv; }
+const Kernel& docs_bwd_dq() { return docs_backward().dq; }
+const Kernel& prefix_bwd_dkdv() { return prefix_backward().dkdv; }
+const Kernel& prefix_bwd_dq() { return prefix_backward().dq; }
+const Kernel& window_attention() { return examples::window_attention(); }
 const Kernel& attention_bwd_fused() { return kernels::attention_bwd_fused(); }
 const Kernel& splitk_gemm() { return examples::splitk_gemm(); }
 
@@ -814,6 +840,44 @@ TEST_CASE("codegen (emulated): dots on mma.sync (sm_80 / sm_89) match the refere
             {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), T(bf16, s80),
              T(f32, s80), RuntimeScalar{0.1f}, true},
             R"({"blocks":{"m":32,"n":32},"num_warps":2})", {}, false, "sm_80", mma});
+}
+
+TEST_CASE("codegen (emulated): loops bounded by their masks (knob mask_bounds) match the reference executor, empty loops too") {
+  TJ_REQUIRE_HOST_COMPILER();
+  const char* mma = "tensor cores (mma.sync)";
+  const std::vector<int64_t> s80{1, 2, 80, 64}, r80{1, 2, 80};
+  const std::string blocks = R"({"blocks":{"m":16,"n":32},"num_warps":1})";
+  struct Masked {
+    const char* what;
+    const Kernel& (*dkdv)();
+    const Kernel& (*dq)();
+    std::vector<int64_t> input;   // the variant's input (i32), if any
+  };
+  for (const Masked& m : {Masked{"rows before 40 see no key", &lag_bwd_dkdv, &lag_bwd_dq, {}},
+                          Masked{"prefix-LM, prefix 37", &prefix_bwd_dkdv, &prefix_bwd_dq, {37}},
+                          Masked{"documents at 0, 30, 55, 80", &docs_bwd_dkdv, &docs_bwd_dq, {0, 30, 55, 80}}}) {
+    for (bool dkdv : {true, false}) {
+      std::vector<ArgSpec> a = {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80)};
+      if (dkdv) a.push_back(T(bf16, s80));
+      a.push_back(RuntimeScalar{0.1f});
+      a.push_back(false);
+      std::vector<std::vector<double>> values;
+      if (!m.input.empty()) {
+        a.push_back(T(DType::i32, {static_cast<int64_t>(m.input.size())}));
+        values.resize(dkdv ? 9 : 8);
+        values.back().assign(m.input.begin(), m.input.end());
+      }
+      run_case({fmt::format("{}: {}", m.what, dkdv ? "dK / dV" : "dQ"), dkdv ? m.dkdv : m.dq, a, blocks, {}, false, "sm_80", mma, values});
+    }
+  }
+  // A user's sliding-window forward: online softmax from the window's first key tile.
+  const std::vector<int64_t> s70{1, 2, 70, 64};
+  run_case({"window attention (user kernel), window 24", &window_attention,
+            {T(bf16, s70), T(bf16, s70), T(bf16, s70), T(bf16, s70), RuntimeScalar{0.125f}, int64_t{24}},
+            R"({"blocks":{"m":16,"n":16},"num_warps":1})", {}, false, "sm_80", mma});
+  run_case({"window attention (user kernel), window 24, SIMT", &window_attention,
+            {T(bf16, s70), T(bf16, s70), T(bf16, s70), T(bf16, s70), RuntimeScalar{0.125f}, int64_t{24}},
+            R"({"blocks":{"m":16,"n":16},"num_warps":1,"knobs":{"mma":0}})", {}, false, "sm_80", "simt"});
 }
 
 TEST_CASE("codegen (emulated): knob longest_first runs every program once, the longest first over groups of heads") {

@@ -267,4 +267,33 @@ const Kernel& attention_varlen() {
   return k;
 }
 
+const Kernel& window_attention() {
+  static const Kernel k = kernel("window_attention", {"q", "k", "v", "o", "scale", "window"},
+                                 [](In q, In k, In v, Out o, Scalar scale, int64_t window) {
+    auto [B, H, S, D] = q.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) {
+        Var m_i = full({m}, -INFINITY, DType::f32);
+        Var l_i = zeros({m}, DType::f32);
+        Var acc = zeros({m, D}, DType::f32);
+        auto qt = q.load(b, h, m, all);
+        for (auto n : tile(m.end(), block("n"))) {
+          auto s = dot(qt, k.load(b, h, n, all).T()) * scale;
+          auto q_at = m.index().col(), kv_at = n.index().row();
+          s = where(kv_at <= q_at && q_at - kv_at < window, s, -INFINITY);
+          auto m_new = maximum(m_i, amax(s, 1));
+          auto p = exp2(s - where(m_new == -INFINITY, 0.0, m_new).col());   // a row that saw no key yet
+          auto alpha = where(m_new == -INFINITY, 1.0, exp2(m_i - m_new));
+          l_i = l_i * alpha + sum(p, 1);
+          acc = dot(p.to(v.dtype()), v.load(b, h, n, all), acc * alpha.col());
+          m_i = m_new;
+        }
+        o.store(b, h, m, all, (acc / l_i.col()).to(o.dtype()));
+      }
+    }
+  });
+  return k;
+}
+
 }  // namespace tj::examples

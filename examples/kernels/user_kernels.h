@@ -25,6 +25,12 @@ const Kernel& readme_attention();
 // for e4m3 the P.V dot's b operand is then K-major as stored, which wgmma's fp8 operands need.
 const Kernel& readme_attention_vt();
 
+// Sliding-window attention: the README attention, causal, each query seeing its `window` latest
+// keys (kv <= q && q - kv < window). Its key loop runs from the first key tile, as written; the
+// compiler bounds it to the tiles the mask keeps (codegen/mask_bounds.h). A row's first tiles may
+// hold none of its keys, so the running max is guarded where it is still -inf.
+const Kernel& window_attention();
+
 // Attention with a per-head sink logit in the softmax denominator (gpt-oss style): sinks [H] in
 // log2 units, an extra key of zero value that every query sees.
 const Kernel& sink_attention();
