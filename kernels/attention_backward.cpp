@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -109,7 +110,22 @@ Fp8ProgramScales load_descales(const Fp8Inputs& f8, const Int& b, const Int& h, 
 struct VariantHooks {
   const AttentionVariant* variant = nullptr;
   std::vector<In> inputs;
+  std::vector<Out> param_grads;   // the dK / dV kernel's: one f32 [H] per learnable input
 };
+
+// d modded / d input[h] of v's learnable inputs (param_grad's tiles, checked, f32).
+std::vector<Tile> param_grads(const AttentionVariant& v, const ScoreModValues& modded, const ScoreIndex& at) {
+  std::vector<Tile> d = v.param_grad(modded.score, modded.modded, at);
+  if (d.size() != v.learnable.size())
+    throw Error(fmt::format("attention variant '{}': param_grad returned {} tile(s) for {} learnable input(s)", v.name, d.size(),
+                            v.learnable.size()));
+  for (Tile& t : d) {
+    if (!t.valid() || !is_float(t.dtype()))
+      throw Error(fmt::format("attention variant '{}': param_grad must return float tiles (d modded / d input[h])", v.name));
+    t = t.to(DType::f32);
+  }
+  return d;
+}
 
 // The forward's LSE of a row that sees no key is -inf; as +inf its P is exp2(s - inf) = 0 (not
 // exp2(-inf + inf) = NaN), so such rows add nothing, as in the forward (O = 0).
@@ -144,6 +160,10 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
     for (auto n : tile(keys.length, block("n"))) {
       Var dk_acc = zeros({n, D}, DType::f32);
       Var dv_acc = zeros({n, D}, DType::f32);
+      // Learnable inputs: their gradient's share per key row, summed over the query tiles.
+      std::deque<Var> param_acc;
+      if (hooks)
+        for (size_t i = 0; i < hooks->param_grads.size(); ++i) param_acc.emplace_back(zeros({n}, DType::f32));
       auto kt = k.load(b, hk, n, all);
       auto vt = v.load(b, hk, n, all);
       // Causal (top-left): query tiles from this key tile on (the keys before a query see it).
@@ -153,9 +173,9 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
         auto dot_ = dout.load(b, h, m, all);
         auto st = f8 ? dot(kt, qt.T()) * (scale * *s_scale) : dot(kt, qt.T()) * scale;   // [n, m]
         std::optional<Tile> grad;   // a variant's d score_mod / d score
-        if (hooks)
-          st = apply_variant_hooks(
-              *hooks->variant, st, [&] { return ScoreIndex{b, h, m.index().row(), n.index().col(), hooks->inputs}; }, &grad);
+        ScoreModValues modded;      // and what its score_mod saw and made
+        auto at = [&] { return ScoreIndex{b, h, m.index().row(), n.index().col(), hooks->inputs}; };
+        if (hooks) st = apply_variant_hooks(*hooks->variant, st, at, &grad, &modded);
         if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
         std::optional<Tile> dst;
         if (f8) {
@@ -171,7 +191,13 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
           auto pt = exp2(st - masked_rows_lse(lse.load(b, h, m), hooks).row());
           dv_acc = dot(pt.to(v.dtype()), dot_, dv_acc);   // [n, D]
           auto dpt = dot(vt, dot_.T());                    // [n, m]
-          auto ds = pt * (dpt - delta.load(b, h, m).row());
+          auto ds = pt * (dpt - delta.load(b, h, m).row());   // d loss / d modded score
+          // Learnable inputs: d modded / d input[h], traced here where it is used (not beside
+          // score_mod: no tile of it lives across the dots).
+          if (!param_acc.empty()) {
+            const std::vector<Tile> d = param_grads(*hooks->variant, modded, at());
+            for (size_t i = 0; i < d.size(); ++i) param_acc[i] = param_acc[i] + sum(ds * d[i], 1);
+          }
           if (grad) ds = ds * *grad;
           dst = ds.to(q.dtype());
           dk_acc = dot(*dst, qt, dk_acc);   // [n, D]
@@ -181,6 +207,7 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
           dq_acc->atomic_add(b, h, m, all, (dqt * (scale * kLn2)).T());
         }
       }
+      for (size_t i = 0; i < param_acc.size(); ++i) hooks->param_grads[i].atomic_add(h, sum(Tile(param_acc[i]), 0));
       if (f8) {
         dk.store(b, h, n, all, (dk_acc * (scale * kLn2) * *dk_scale).to(dk.dtype()));
         dv.store(b, h, n, all, (dv_acc * *dv_scale).to(dv.dtype()));
@@ -322,6 +349,13 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
                             variant.name));
   if (variant.merge_into_output)
     throw Error(fmt::format("attention variant '{}' merges into its output: no backward for merging variants yet", variant.name));
+  for (const std::string& l : variant.learnable)
+    if (std::find(variant.inputs.begin(), variant.inputs.end(), l) == variant.inputs.end())
+      throw Error(fmt::format("attention variant '{}': learnable input '{}' is not one of its inputs", variant.name, l));
+  if (!variant.learnable.empty() && (!variant.param_grad || !variant.score_mod))
+    throw Error(fmt::format("attention variant '{}' has learnable inputs without a {}: no gradient for them; set "
+                            "AttentionVariant::param_grad (d modded / d input[h] per score)",
+                            variant.name, variant.score_mod ? "param_grad" : "score_mod that reads them"));
   const std::string dkdv_name = variant.name + "_bwd_dkdv", dq_name = variant.name + "_bwd_dq";
   if (variant.fast_math) {
     std::lock_guard<std::mutex> lock(fast_math_mutex);
@@ -339,6 +373,9 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
     for (const auto& in : variant.inputs) slots.push_back(Slot{in, SlotKind::tensor_in});
     return slots;
   };
+  // dK / dV's kernel also writes the learnable inputs' gradients, after the inputs.
+  std::vector<Slot> dkdv_slots = slots_of(kDkdvParams, 6, 8);
+  for (const auto& l : variant.learnable) dkdv_slots.push_back(Slot{"d_" + l, SlotKind::tensor_out});
   // The variant's extra inputs follow the kernel's own arguments (from `first` on).
   auto hooks_of = [](const AttentionVariant& v, const detail::TraceArgs& a, size_t first) {
     VariantHooks hooks{&v, {}};
@@ -347,7 +384,9 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
   };
   Kernel::Body dkdv_body = [variant, hooks_of](const detail::TraceArgs& a) {
     using detail::make_arg;
-    const VariantHooks hooks = hooks_of(variant, a, kDkdvParams.size());
+    VariantHooks hooks = hooks_of(variant, a, kDkdvParams.size());
+    for (size_t i = 0; i < variant.learnable.size(); ++i)
+      hooks.param_grads.push_back(make_arg<Out>(a, kDkdvParams.size() + variant.inputs.size() + i));
     key_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
                   make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Out>(a, 7), nullptr, make_arg<Scalar>(a, 8),
                   make_arg<bool>(a, 9), nullptr, &hooks);
@@ -358,8 +397,8 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
     query_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
                     make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Scalar>(a, 7), make_arg<bool>(a, 8), nullptr, &hooks);
   };
-  return VariantBackward{variant.name, variant.inputs.size(),
-                         Kernel(dkdv_name, slots_of(kDkdvParams, 6, 8), std::move(dkdv_body), Loc::current()),
+  return VariantBackward{variant.name, variant.inputs.size(), variant.learnable.size(),
+                         Kernel(dkdv_name, std::move(dkdv_slots), std::move(dkdv_body), Loc::current()),
                          Kernel(dq_name, slots_of(kDqParams, 6, 7), std::move(dq_body), Loc::current())};
 }
 
@@ -491,8 +530,17 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
     if (opt.variant_inputs.size() != opt.variant->inputs)
       throw Error(fmt::format("attention backward of variant '{}': it takes {} extra input(s) (the forward's), got {}", opt.variant->name,
                               opt.variant->inputs, opt.variant_inputs.size()));
-  } else if (!opt.variant_inputs.empty()) {
-    throw Error("attention backward: variant inputs given without a variant");
+    if (opt.variant_param_grads.size() != opt.variant->learnable)
+      throw Error(fmt::format("attention backward of variant '{}': it has {} learnable input(s), whose gradients "
+                              "variant_param_grads must hold (f32 [{}] each), got {}",
+                              opt.variant->name, opt.variant->learnable, q.shape[1], opt.variant_param_grads.size()));
+    for (const TensorView& g : opt.variant_param_grads)
+      if (g.dtype != DType::f32 || g.shape != std::vector<int64_t>{q.shape[1]} || !g.is_contiguous())
+        throw Error(fmt::format("attention backward of variant '{}': a learnable input's gradient is {}: expected contiguous "
+                                "f32[{}] (one per query head)",
+                                opt.variant->name, g.describe(), q.shape[1]));
+  } else if (!opt.variant_inputs.empty() || !opt.variant_param_grads.empty()) {
+    throw Error("attention backward: variant inputs or parameter gradients given without a variant");
   }
   const int64_t groups = q.shape[1] / k.shape[1];
   const std::vector<int64_t> part_shape = {q.shape[0], q.shape[1], k.shape[2], k.shape[3]};
@@ -520,6 +568,11 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
     for (const TensorView& in : opt.variant_inputs) {
       dkdv_args.push_back(in);
       dq_args.push_back(in);
+    }
+    // The learnable inputs' gradients: zeroed, then added into by the dK / dV kernel's programs.
+    for (const TensorView& g : opt.variant_param_grads) {
+      out.push_back({&fill_zeros(), {g}});
+      dkdv_args.push_back(g);
     }
     out.push_back({&opt.variant->dkdv, std::move(dkdv_args)});
     out.push_back({&opt.variant->dq, std::move(dq_args)});

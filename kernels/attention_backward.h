@@ -65,11 +65,16 @@ const Kernel& attention_bwd_prepare_fp8();
 // per query tile as attention_bwd_dkdv / attention_bwd_dq, with v's hooks traced on the recomputed
 // scores (score_mod, then the mask; score_grad gives score_mod's derivative) and the gradient of the
 // unmodded score passed on. Arguments: attention_bwd_dkdv's / attention_bwd_dq's, then v's inputs.
-// Kernels named v.name + "_bwd_dkdv" / "_bwd_dq". Throws tj::Error for a variant without a name,
-// with a score_mod but no score_grad, or one that merges into its output.
+// Kernels named v.name + "_bwd_dkdv" / "_bwd_dq". A variant with learnable inputs: the dK / dV
+// kernel takes, after its inputs, one f32 [H] gradient per learnable input ("d_" + its name), zeroed
+// before it, and adds each program's share into it by an atomic add (the order of those adds, one
+// per key tile and head, varies from run to run). Throws tj::Error for a variant without a name,
+// with a score_mod but no score_grad, learnable inputs without param_grad (or not among its
+// inputs), or one that merges into its output.
 struct VariantBackward {
-  std::string name;     // the variant's
-  size_t inputs = 0;    // its extra input tensors
+  std::string name;      // the variant's
+  size_t inputs = 0;     // its extra input tensors
+  size_t learnable = 0;  // of which learnable
   Kernel dkdv, dq;
 };
 VariantBackward attention_variant_backward(const AttentionVariant& v);
@@ -91,6 +96,10 @@ struct AttentionBackwardOptions {
   // faster with causal = true too, its loops then stop at the diagonal.
   const VariantBackward* variant = nullptr;
   std::vector<TensorView> variant_inputs;
+  // The gradients of the variant's learnable inputs (AttentionVariant::learnable, in that order):
+  // contiguous f32 [H] each, written (zeroed, then summed into by atomic adds: the last bits vary
+  // from run to run).
+  std::vector<TensorView> variant_param_grads;
   CUstream stream = nullptr;
 };
 

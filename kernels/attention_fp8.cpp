@@ -292,7 +292,8 @@ const bool default_config_registered = [] {
 
 }  // namespace
 
-Tile apply_variant_hooks(const AttentionVariant& v, Tile s, const std::function<ScoreIndex()>& make_at, std::optional<Tile>* grad) {
+Tile apply_variant_hooks(const AttentionVariant& v, Tile s, const std::function<ScoreIndex()>& make_at, std::optional<Tile>* grad,
+                         ScoreModValues* values) {
   if (v.score_mod) {
     TagScope tag("score_mod");
     const ScoreIndex at = make_at();
@@ -307,6 +308,7 @@ Tile apply_variant_hooks(const AttentionVariant& v, Tile s, const std::function<
         throw Error(fmt::format("attention variant '{}': score_grad must return a float tile (d modded / d score) or Tile()", v.name));
       if (g.valid()) *grad = g.to(DType::f32);
     }
+    if (values) *values = {natural, modded};
     s = (modded * kLog2e).to(DType::f32);
   }
   if (v.mask_mod) {

@@ -47,6 +47,11 @@ using MaskMod = std::function<Tile(const ScoreIndex& at)>;
 // gradient of the modded score by it. An invalid Tile() means 1 everywhere (a score plus a term
 // that does not depend on it: ALiBi, a bias), which costs nothing.
 using ScoreGrad = std::function<Tile(const Tile& score, const Tile& modded, const ScoreIndex& at)>;
+// param_grad(score, modded, at) -> per entry of AttentionVariant::learnable, d modded / d
+// input[h] at each score element (f32, broadcastable to [m, n]): ALiBi with learnable slopes,
+// modded = score + slope[h] (kv - q), returns {kv - q}. The backward sums the gradient of the modded
+// score times it over every score of head h into that input's gradient.
+using ParamGrad = std::function<std::vector<Tile>(const Tile& score, const Tile& modded, const ScoreIndex& at)>;
 
 struct AttentionVariant {
   std::string name;                    // the kernel's name (caches, generated code, errors)
@@ -59,6 +64,10 @@ struct AttentionVariant {
   // scalar indices (load) or per score element (gather, e.g. a block mask:
   // kernels/attention_variants.h).
   std::vector<std::string> inputs = {};
+  // Inputs among `inputs` that are learnable parameters per query head (f32 [H], read by score_mod
+  // as at.inputs[i].load(at.h)), whose gradient the backward computes from param_grad.
+  std::vector<std::string> learnable = {};
+  ParamGrad param_grad = {};
   // A key-block size the mask's structure favours (0: none): a window, documents or block-mask
   // cells waste less of each partly visible block in smaller ones. The default configs
   // (attention_fp8_default_config) take key blocks no larger than this; 64 also says that rows
@@ -98,9 +107,14 @@ struct AttentionVariant {
 // (at.q and at.kv broadcasting to s's shape) inside each hook's tag, so that the positions a hook
 // reads are its own ops (the sm_90a attention lowering lifts tagged ops as a whole). With `grad`:
 // *grad = score_grad's d modded / d score (f32), left empty where score_grad says 1 (or there is
-// no score_mod). Throws tj::Error for a hook that returns the wrong kind of tile.
+// no score_mod). With `values`: score_mod's argument and result (natural-log units; invalid
+// without a score_mod), from which a backward derives more where it needs it (param_grad). Throws
+// tj::Error for a hook that returns the wrong kind of tile.
+struct ScoreModValues {
+  Tile score, modded;
+};
 Tile apply_variant_hooks(const AttentionVariant& v, Tile s, const std::function<ScoreIndex()>& at,
-                         std::optional<Tile>* grad = nullptr);
+                         std::optional<Tile>* grad = nullptr, ScoreModValues* values = nullptr);
 
 // The attention kernel with `v`'s hooks. Its arguments are attention_fp8's (q, k, v, q_descale,
 // k_descale, v_descale, o, lse, scale, o_scale, causal, with_lse) followed by one tensor per

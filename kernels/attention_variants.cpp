@@ -44,6 +44,19 @@ AttentionVariant alibi_variant(int64_t heads, bool causal) {
   return v;
 }
 
+AttentionVariant learnable_alibi_variant(bool causal) {
+  AttentionVariant v{fmt::format("attention_alibi_learnable{}", causal ? "_causal" : "")};
+  v.inputs = {"slopes"};
+  v.learnable = {"slopes"};
+  v.score_mod = [](const Tile& score, const ScoreIndex& at) {
+    return score + at.inputs[0].load(at.h) * (at.kv - at.q).to(DType::f32);
+  };
+  v.score_grad = [](const Tile&, const Tile&, const ScoreIndex&) { return Tile(); };   // d/ds (s + bias) = 1
+  v.param_grad = [](const Tile&, const Tile&, const ScoreIndex& at) { return std::vector<Tile>{at.kv.to(DType::f32) - at.q.to(DType::f32)}; };
+  if (causal) v.mask_mod = [](const ScoreIndex& at) { return at.kv <= at.q; };
+  return v;
+}
+
 AttentionVariant softcap_variant(double cap, bool causal) {
   AttentionVariant v{fmt::format("attention_softcap_{}{}", cap, causal ? "_causal" : "")};
   v.score_mod = [cap](const Tile& score, const ScoreIndex&) { return tanh(score * (1.0 / cap)) * cap; };

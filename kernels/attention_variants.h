@@ -19,6 +19,10 @@ AttentionVariant sliding_window_variant(int64_t window);            // causal, i
 AttentionVariant shifted_window_variant(int64_t window, int64_t delta);
 AttentionVariant alibi_variant(int64_t heads, bool causal);         // + slope_h * (j - i)
 AttentionVariant softcap_variant(double cap, bool causal);          // cap * tanh(score / cap)
+// ALiBi with learnable slopes: input slopes f32 [H] (per query head, natural-log units per
+// position), score + slopes[h] * (j - i); its backward also gives the slopes' gradient
+// (AttentionVariant::learnable: AttentionBackwardOptions::variant_param_grads).
+AttentionVariant learnable_alibi_variant(bool causal);
 // Prefix-LM: bidirectional inside each sequence's prefix, causal after it. Input prefix_len
 // [B] (i32 or i64): the prefix length of each batch entry.
 AttentionVariant prefix_lm_variant();

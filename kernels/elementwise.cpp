@@ -9,6 +9,13 @@ const Kernel& vector_add() {
   return k;
 }
 
+const Kernel& fill_zeros() {
+  static const Kernel k = kernel("fill_zeros", {"out"}, [](Out out) {
+    for (auto i : tile(out.dim(0), block("n"))) out.store(i, zeros({i}, out.dtype()));
+  });
+  return k;
+}
+
 const Kernel& softmax() {
   static const Kernel k = kernel("softmax", {"x", "out"}, [](In x, Out out) {
     constexpr double log2e = 1.4426950408889634;

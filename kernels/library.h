@@ -12,6 +12,9 @@ namespace tj::kernels {
 // out[i] = x[i] + y[i] over a 1-D tensor.
 const Kernel& vector_add();
 
+// out[i] = 0 over a 1-D tensor (gradients that kernels then add into by atomic adds).
+const Kernel& fill_zeros();
+
 // out[a, b, r, c] = x[a, b, r, c] rounded to out's dtype, over [A, B, rows, cols] (blocks "r" and
 // "c"; x may be any strided view: a gather of strided rows into a contiguous tensor).
 const Kernel& convert();

@@ -3,6 +3,8 @@
 // float64 gradients of the same meaning (score_mod with its derivative, masks, rows that see no
 // key), compiled for sm_90a with every dot on wgmma, and its errors.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <functional>
@@ -160,13 +162,15 @@ TEST_CASE("attention variant backward: every dot on wgmma for sm_90a, spills bou
   const std::vector<int64_t> shape = {2, 4, 1024, 128};
   const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, {shape[0], shape[1], shape[2]}};
   for (const kernels::AttentionVariant& var : {kernels::alibi_variant(4, true), kernels::softcap_variant(30.0, true),
-                                               kernels::sliding_window_variant(256)}) {
+                                               kernels::sliding_window_variant(256), kernels::learnable_alibi_variant(true)}) {
     const kernels::VariantBackward vb = kernels::attention_variant_backward(var);
     for (const Kernel* k : {&vb.dkdv, &vb.dq}) {
       std::vector<ArgSpec> specs = {t16, t16, t16, t16, t32, t32, t16};
       if (k == &vb.dkdv) specs.push_back(t16);
       specs.push_back(RuntimeScalar{0.1f});
       specs.push_back(true);
+      const TensorSpec heads{DType::f32, {shape[1]}};   // learnable slopes, and (dK / dV) their gradient
+      for (size_t i = 0; i < var.inputs.size() + (k == &vb.dkdv ? var.learnable.size() : 0); ++i) specs.push_back(heads);
       const ir::Function f = k->trace(specs);
       const Config c = codegen::untuned_config(f, "sm_90a");
       CAPTURE(f.name);
@@ -179,8 +183,10 @@ TEST_CASE("attention variant backward: every dot on wgmma for sm_90a, spills bou
       CHECK(std::regex_search(r.ptx, std::regex(R"(wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16)")));
       INFO(r.log);
       // A softcap's derivative is one more f32 tile of the scores alive across dP's product: the
-      // dK / dV kernel spills a few words (84 bytes at 32 x 128 tiles with overlap 2).
-      CHECK(tj_test::ptxas_info(r.log).spill_stores <= (var.score_grad && k == &vb.dkdv && var.fast_math ? 128 : 0));
+      // dK / dV kernel spills a few words (84 bytes at 32 x 128 tiles with overlap 2); learnable
+      // slopes' d modded / d slope times dS is one more (104 bytes; 0 at 16 x 128 tiles).
+      const bool one_more_tile = k == &vb.dkdv && ((var.score_grad && var.fast_math) || !var.learnable.empty());
+      CHECK(tj_test::ptxas_info(r.log).spill_stores <= (one_more_tile ? 128 : 0));
       CHECK(r.log.find("serialized") == std::string::npos);
       if (var.fast_math) CHECK(r.ptx.find("tanh.approx.f32") != std::string::npos);
     }
@@ -219,7 +225,150 @@ TEST_CASE("attention variant backward: errors name the variant and what is missi
   opt.deterministic = true;
   CHECK_NOTHROW(launches());
   opt.variant = nullptr;
-  CHECK_THROWS_WITH_AS(launches(), doctest::Contains("variant inputs given without a variant"), Error);
+  CHECK_THROWS_WITH_AS(launches(), doctest::Contains("variant inputs or parameter gradients given without a variant"), Error);
+}
+
+namespace {
+
+// ALiBi with slopes `slopes` (natural-log units per position), causal, as float64 meaning.
+Meaning learnable_alibi(const std::vector<double>& slopes) {
+  Meaning m;
+  m.mod = [slopes](double s, int64_t h, int64_t i, int64_t j) { return s + slopes[h] * static_cast<double>(j - i); };
+  m.keep = [](int64_t i, int64_t j) { return j <= i; };
+  return m;
+}
+
+}  // namespace
+
+namespace {
+
+// Random bf16 inputs (q [1, H, S, D], k and v with Hkv heads), slopes, and in float64: the forward
+// (o, lse), the gradients, and d loss / d slope[h] for loss = sum(dout * o): by central differences,
+// and as the backward computes it from the bf16 o it is given, sum over i, j of P (dP - delta) (j -
+// i) with delta = rowsum(dout * o): o's rounding to bf16 moves delta, and through the weights j - i
+// (up to S) a slope's gradient by up to ~10% where it is small (numpy, S 72: -5.43 vs -5.90).
+struct LearnableProblem {
+  HostTensor q, k, v, dout, slopes;
+  std::vector<double> o, lse, dslopes, dslopes_bf16_o;
+  Grads want;
+};
+LearnableProblem learnable_problem(int64_t H, int64_t Hkv, int64_t S, int64_t D, double scale_nat, std::mt19937& rng) {
+  std::vector<double> slopes(H);
+  for (int64_t h = 0; h < H; ++h) slopes[h] = 0.3 * std::sin(1.7 * static_cast<double>(h + 1));   // both signs
+  LearnableProblem p{random(DType::bf16, {1, H, S, D}, rng), random(DType::bf16, {1, Hkv, S, D}, rng),
+                     random(DType::bf16, {1, Hkv, S, D}, rng), random(DType::bf16, {1, H, S, D}, rng),
+                     HostTensor::from_values(slopes, DType::f32, {H}), {}, {}, {}, {}};
+  tj_test::reference_attention(p.q, p.k, p.v, p.dout, learnable_alibi(slopes), scale_nat, p.o, p.lse, p.want);
+  auto loss = [&](const std::vector<double>& s) {
+    std::vector<double> o, lse;
+    Grads unused;
+    tj_test::reference_attention(p.q, p.k, p.v, p.dout, learnable_alibi(s), scale_nat, o, lse, unused);
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += p.dout.at(static_cast<int64_t>(i)) * o[i];
+    return l;
+  };
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<double> up = slopes, down = slopes;
+    up[h] += 1e-5;
+    down[h] -= 1e-5;
+    p.dslopes.push_back((loss(up) - loss(down)) / 2e-5);
+  }
+  const std::vector<double> o16 = HostTensor::from_values(p.o, DType::bf16, {1, H, S, D}).values();
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t hk = h / (H / Hkv);
+    double g = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      double delta = 0;
+      for (int64_t d = 0; d < D; ++d) delta += p.dout.at((h * S + i) * D + d) * o16[(h * S + i) * D + d];
+      for (int64_t j = 0; j <= i; ++j) {
+        double qk = 0, dp = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          qk += p.q.at((h * S + i) * D + d) * p.k.at((hk * S + j) * D + d);
+          dp += p.dout.at((h * S + i) * D + d) * p.v.at((hk * S + j) * D + d);
+        }
+        const double P = std::exp(qk * scale_nat + slopes[h] * static_cast<double>(j - i) - p.lse[h * S + i]);
+        g += P * (dp - delta) * static_cast<double>(j - i);
+      }
+    }
+    p.dslopes_bf16_o.push_back(g);
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("attention variant backward on the CPU reference: learnable ALiBi slopes, their gradient against float64 finite "
+          "differences of the loss (grouped-query heads)") {
+  constexpr int64_t H = 4, Hkv = 2, S = 72, D = 32;
+  const std::vector<int64_t> shape = {1, H, S, D}, kv = {1, Hkv, S, D}, rows = {1, H, S}, part = {1, H, S, D};
+  const double scale_nat = 0.25;
+  std::mt19937 rng(41);
+  LearnableProblem p = learnable_problem(H, Hkv, S, D, scale_nat, rng);
+  HostTensor o = HostTensor::from_values(p.o, DType::bf16, shape), lse = HostTensor::from_values(p.lse, DType::f32, rows);
+  HostTensor delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::f32, kv), dv(DType::f32, kv),
+      dk_part(DType::f32, part), dv_part(DType::f32, part), dslopes(DType::f32, {H});
+  for (HostTensor* t : {&delta, &lse2, &dq, &dk, &dv, &dk_part, &dv_part, &dslopes}) t->fill_bytes(0xFF);   // poison
+  const kernels::VariantBackward vb = kernels::attention_variant_backward(kernels::learnable_alibi_variant(true));
+  CHECK(vb.learnable == 1);
+  kernels::AttentionBackwardOptions opt;
+  opt.causal = true;
+  opt.softmax_scale = scale_nat;
+  opt.variant = &vb;
+  opt.variant_inputs = {p.slopes.view()};
+  opt.variant_param_grads = {dslopes.view()};
+  tj_test::run_launches(kernels::attention_backward_launches(p.q.view(), p.k.view(), p.v.view(), o.view(), p.dout.view(), lse.view(),
+                                                             dq.view(), dk.view(), dv.view(), opt, delta.view(), lse2.view(),
+                                                             std::nullopt, dk_part.view(), dv_part.view()));
+  CHECK(rel_rmse(dv, p.want.dv) < 2e-2);
+  CHECK(rel_rmse(dk, p.want.dk) < 3e-2);
+  CHECK(rel_rmse(dq, p.want.dq) < 2e-2);
+  INFO("dslopes ", fmt::format("{}", fmt::join(dslopes.values(), ", ")), " float64 ", fmt::format("{}", fmt::join(p.dslopes, ", ")),
+       " from the bf16 o ", fmt::format("{}", fmt::join(p.dslopes_bf16_o, ", ")));
+  CHECK(rel_rmse(dslopes, p.dslopes_bf16_o) < 1e-4);
+  CHECK(rel_rmse(dslopes, p.dslopes) < 8e-2);
+  for (double d : p.dslopes) CHECK(std::abs(d) > 1e-2);   // a gradient the check can see
+}
+
+TEST_CASE("attention variant backward: learnable inputs' errors name the variant and the input") {
+  kernels::AttentionVariant stray = kernels::learnable_alibi_variant(false);
+  stray.name = "attention_test_stray";
+  stray.learnable = {"bias"};
+  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(stray),
+                       doctest::Contains("'attention_test_stray': learnable input 'bias' is not one of its inputs"), Error);
+  kernels::AttentionVariant no_grad = kernels::learnable_alibi_variant(false);
+  no_grad.name = "attention_test_no_param_grad";
+  no_grad.param_grad = {};
+  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(no_grad),
+                       doctest::Contains("'attention_test_no_param_grad' has learnable inputs without a param_grad"), Error);
+  kernels::AttentionVariant wrong = kernels::learnable_alibi_variant(false);
+  wrong.name = "attention_test_two_param_grads";
+  wrong.param_grad = [](const Tile& s, const Tile&, const kernels::ScoreIndex&) { return std::vector<Tile>{s, s}; };
+  const std::vector<int64_t> shape = {1, 2, 64, 32}, rows = {1, 2, 64};
+  const TensorSpec t16{DType::bf16, shape}, t32{DType::f32, rows}, heads{DType::f32, {2}};
+  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(wrong).dkdv.trace({t16, t16, t16, t16, t32, t32, t16, t16,
+                                                                               RuntimeScalar{0.1f}, false, heads, heads}),
+                       doctest::Contains("param_grad returned 2 tile(s) for 1 learnable input(s)"), Error);
+
+  HostTensor q(DType::bf16, shape), o(DType::bf16, shape), lse(DType::f32, rows), dq(DType::bf16, shape), delta(DType::f32, rows),
+      lse2(DType::f32, rows), slopes(DType::f32, {2}), bad(DType::f32, {3});
+  const kernels::VariantBackward vb = kernels::attention_variant_backward(kernels::learnable_alibi_variant(true));
+  kernels::AttentionBackwardOptions opt;
+  opt.variant = &vb;
+  opt.variant_inputs = {slopes.view()};
+  auto launches = [&] {
+    return kernels::attention_backward_launches(q.view(), q.view(), q.view(), o.view(), o.view(), lse.view(), dq.view(), dq.view(),
+                                                dq.view(), opt, delta.view(), lse2.view(), std::nullopt);
+  };
+  CHECK_THROWS_WITH_AS(launches(), doctest::Contains("'attention_alibi_learnable_causal': it has 1 learnable input(s), whose gradients "
+                                                     "variant_param_grads must hold (f32 [2] each), got 0"),
+                       Error);
+  opt.variant_param_grads = {bad.view()};
+  CHECK_THROWS_WITH_AS(launches(), doctest::Contains("a learnable input's gradient is f32[3]"), Error);
+  opt.variant_param_grads = {slopes.view()};
+  CHECK(launches().size() == 4);   // prepare, zero the gradient, dK / dV, dQ
+  opt.variant = nullptr;
+  opt.variant_inputs.clear();
+  CHECK_THROWS_WITH_AS(launches(), doctest::Contains("parameter gradients given without a variant"), Error);
 }
 
 TEST_CASE("gpu: attention variant backward after the variant's forward with its LSE: float64 gradients of each variant's "
@@ -267,4 +416,45 @@ TEST_CASE("gpu: attention variant backward after the variant's forward with its 
     CHECK(rel_rmse(hk, want.dk) < 3e-2);
     CHECK(rel_rmse(hq, want.dq) < 2e-2);
   }
+}
+
+TEST_CASE("gpu: attention variant backward with learnable ALiBi slopes after its forward: gradients and the slopes' gradient "
+          "against float64 (grouped-query heads)") {
+  TJ_REQUIRE_HOPPER();
+  constexpr int64_t H = 4, Hkv = 2, S = 300, D = 128;
+  const std::vector<int64_t> shape = {1, H, S, D}, kv = {1, Hkv, S, D}, rows = {1, H, S};
+  const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
+  std::mt19937 rng(43);
+  const LearnableProblem p = learnable_problem(H, Hkv, S, D, scale_nat, rng);
+  const DeviceTensor q = DeviceTensor::from_host(p.q), k = DeviceTensor::from_host(p.k), v = DeviceTensor::from_host(p.v),
+                     dout = DeviceTensor::from_host(p.dout), slopes = DeviceTensor::from_host(p.slopes);
+  DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::f32, shape), gk(DType::f32, kv), gv(DType::f32, kv),
+      dslopes(DType::f32, {H});
+  const kernels::AttentionVariant variant = kernels::learnable_alibi_variant(true);
+  const Kernel forward = kernels::attention_variant(variant);
+  kernels::AttentionFp8Options fwd;
+  fwd.quantize = false;
+  fwd.causal = true;
+  fwd.lse = lse.view();
+  fwd.kernel = &forward;
+  fwd.inputs = {slopes.view()};
+  kernels::AttentionFp8Workspace fws;
+  kernels::attention_fp8_forward(q.view(), k.view(), v.view(), o.view(), fwd, fws);
+  const kernels::VariantBackward vb = kernels::attention_variant_backward(variant);
+  kernels::AttentionBackwardOptions opt;
+  opt.causal = true;
+  opt.variant = &vb;
+  opt.variant_inputs = {slopes.view()};
+  opt.variant_param_grads = {dslopes.view()};
+  kernels::AttentionBackwardWorkspace ws;
+  for (DeviceTensor* t : {&gq, &gk, &gv, &dslopes}) t->fill_bytes(0xFF);   // NaN poison
+  kernels::attention_backward(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), gq.view(), gk.view(), gv.view(), opt, ws);
+  const HostTensor hq = gq.to_host(), hk = gk.to_host(), hv = gv.to_host(), hs = dslopes.to_host();
+  MESSAGE("learnable ALiBi: dq ", rel_rmse(hq, p.want.dq), " dk ", rel_rmse(hk, p.want.dk), " dv ", rel_rmse(hv, p.want.dv),
+          " dslopes ", rel_rmse(hs, p.dslopes), " (from the bf16 o: ", rel_rmse(hs, p.dslopes_bf16_o), ")");
+  CHECK(rel_rmse(hv, p.want.dv) < 2e-2);
+  CHECK(rel_rmse(hk, p.want.dk) < 3e-2);
+  CHECK(rel_rmse(hq, p.want.dq) < 2e-2);
+  // o here is the GPU forward's, not the float64 one rounded: against its own delta only loosely.
+  CHECK(rel_rmse(hs, p.dslopes) < 8e-2);
 }

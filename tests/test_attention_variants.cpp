@@ -93,6 +93,16 @@ std::vector<NamedVariant> variants(int64_t heads) {
                                        static_cast<double>(j - i);
                       },
                   .keep = causal}});
+  // ALiBi with learnable slopes: an f32 [H] input read per head (a field of the CTA on sm_90a).
+  auto learned = [](int64_t h) { return 0.04 * static_cast<double>(h + 1) - 0.07; };
+  out.push_back({kernels::learnable_alibi_variant(true),
+                 {.score = [learned](double s, int64_t, int64_t h, int64_t i, int64_t j) { return s + learned(h) * static_cast<double>(j - i); },
+                  .keep = causal},
+                 [heads, learned](int64_t) {
+                   HostTensor t(DType::f32, {heads});
+                   for (int64_t h = 0; h < heads; ++h) t.set(h, learned(h));
+                   return t;
+                 }});
   // A score hook linear in the score and the positions, with every coefficient (a factor on the
   // score, per-head key term, a query term that does not cancel it, a constant): the sm_90a
   // lowering's kLinearScore path beyond ALiBi's s + slope (kv - q).

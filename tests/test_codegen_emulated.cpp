@@ -499,6 +499,12 @@ const Kernel& docs_bwd_dq() { return docs_backward().dq; }
 const Kernel& prefix_bwd_dkdv() { return prefix_backward().dkdv; }
 const Kernel& prefix_bwd_dq() { return prefix_backward().dq; }
 const Kernel& window_attention() { return examples::window_attention(); }
+// ALiBi with learnable slopes: the dK / dV kernel adds each program's share of their gradient.
+const kernels::VariantBackward& learnable_backward() {
+  static const kernels::VariantBackward b = kernels::attention_variant_backward(kernels::learnable_alibi_variant(true));
+  return b;
+}
+const Kernel& learnable_bwd_dkdv() { return learnable_backward().dkdv; }
 const Kernel& attention_bwd_fused() { return kernels::attention_bwd_fused(); }
 const Kernel& splitk_gemm() { return examples::splitk_gemm(); }
 
@@ -870,6 +876,12 @@ TEST_CASE("codegen (emulated): loops bounded by their masks (knob mask_bounds) m
       run_case({fmt::format("{}: {}", m.what, dkdv ? "dK / dV" : "dQ"), dkdv ? m.dkdv : m.dq, a, blocks, {}, false, "sm_80", mma, values});
     }
   }
+  // Learnable ALiBi slopes: their gradient (zeroed here: the reference adds into it too) summed by
+  // an atomic add per program, the causal loop bounded.
+  run_case({"learnable ALiBi slopes: dK / dV and the slopes' gradient", &learnable_bwd_dkdv,
+            {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80), T(bf16, s80),
+             RuntimeScalar{0.1f}, true, T(f32, {2}), T(f32, {2})},
+            blocks, {}, false, "sm_80", mma, {{}, {}, {}, {}, {}, {}, {}, {}, {0.25, -0.125}, {0, 0}}});
   // A user's sliding-window forward: online softmax from the window's first key tile.
   const std::vector<int64_t> s70{1, 2, 70, 64};
   run_case({"window attention (user kernel), window 24", &window_attention,
