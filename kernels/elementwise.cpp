@@ -9,13 +9,6 @@ const Kernel& vector_add() {
   return k;
 }
 
-const Kernel& fill_zeros() {
-  static const Kernel k = kernel("fill_zeros", {"out"}, [](Out out) {
-    for (auto i : tile(out.dim(0), block("n"))) out.store(i, zeros({i}, out.dtype()));
-  });
-  return k;
-}
-
 const Kernel& softmax() {
   static const Kernel k = kernel("softmax", {"x", "out"}, [](In x, Out out) {
     constexpr double log2e = 1.4426950408889634;
@@ -134,6 +127,13 @@ const Kernel& merge_attention() {
 
 const Kernel& accumulate() {
   static const Kernel k = kernel("accumulate", {"out", "x"}, [](InOut out, In x) { rows4_body(out, x, true); });
+  return k;
+}
+
+const Kernel& fill_zeros() {
+  static const Kernel k = kernel("fill_zeros", {"out"}, [](Out out) {
+    for (auto i : tile(out.dim(0), block("n"))) out.store(i, zeros({i}, out.dtype()));
+  });
   return k;
 }
 
