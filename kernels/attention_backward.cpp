@@ -487,11 +487,9 @@ void quantize_with_transpose(const TensorView& x, std::optional<DeviceTensor>& y
   if (!y || y->shape() != x.shape) y.emplace(DType::e4m3, x.shape);
   if (!descale || descale->shape() != heads) descale.emplace(DType::f32, heads);
   const TensorView amaxes = chunk_amaxes(x, chunks, lo);
-  quantize_with_chunk_amaxes(x, amaxes, y->view(), descale->view(), false, lo);
-  if (yt) {
-    if (!*yt || (*yt)->shape() != t_shape) yt->emplace(DType::e4m3, t_shape);
-    quantize_with_chunk_amaxes(x, amaxes, (*yt)->view(), descale->view(), true, lo);
-  }
+  if (!yt) return quantize_with_chunk_amaxes(x, amaxes, y->view(), descale->view(), false, lo);
+  if (!*yt || (*yt)->shape() != t_shape) yt->emplace(DType::e4m3, t_shape);
+  quantize_both_with_chunk_amaxes(x, amaxes, y->view(), (*yt)->view(), descale->view(), lo);   // one read of x for both
 }
 
 // The FP8 backward's operands, quantized into the workspace on lo's stream.

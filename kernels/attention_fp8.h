@@ -143,6 +143,10 @@ void quantize_fp8_per_head(const TensorView& x, std::optional<DeviceTensor>& par
 TensorView chunk_amaxes(const TensorView& x, std::optional<DeviceTensor>& partial, const LaunchOptions& lo);
 void quantize_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& descale,
                                 bool transpose, const LaunchOptions& lo);
+// y and its transpose yt [B, H, D, S_pad] from one read of x (quantize_fp8_both_chunked, on
+// chunked_quantize_config(true)): what quantize_with_chunk_amaxes writes into each, in one launch.
+void quantize_both_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& yt,
+                                     const TensorView& descale, const LaunchOptions& lo);
 
 // Delayed scaling's quantizer: y (transpose: yᵀ [B, H, D, S_pad]) and descale from x and `prev`
 // ([B, H, C'] chunk amaxes of an earlier x), x's own chunk amaxes into `next` (grown as

@@ -188,6 +188,13 @@ void quantize_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, c
   launch(transpose ? quantize_transpose_fp8_chunked() : quantize_fp8_chunked(), {x, chunks, y, descale}, o);
 }
 
+void quantize_both_with_chunk_amaxes(const TensorView& x, const TensorView& chunks, const TensorView& y, const TensorView& yt,
+                                     const TensorView& descale, const LaunchOptions& lo) {
+  LaunchOptions o = lo;
+  o.config = chunked_quantize_config(true);
+  launch(quantize_fp8_both_chunked(), {x, chunks, y, yt, descale}, o);
+}
+
 TensorView quantize_fp8_delayed(const TensorView& x, const TensorView& prev, const TensorView& y, const TensorView& descale,
                                 std::optional<DeviceTensor>& next, bool transpose, const LaunchOptions& lo) {
   const TensorView chunks = chunk_view(x, next);

@@ -91,6 +91,9 @@ const Kernel& quantize_transpose_fp8();
 const Kernel& chunk_amax();
 const Kernel& quantize_fp8_chunked();
 const Kernel& quantize_transpose_fp8_chunked();
+// Both from one read of x: quantize_fp8_both_chunked (x, partial, y, yt, descale) writes what
+// quantize_fp8_chunked writes into y and quantize_transpose_fp8_chunked into yt.
+const Kernel& quantize_fp8_both_chunked();
 // Delayed scaling (TransformerEngine's recipe, an amax history of one): quantize_fp8_delayed /
 // quantize_transpose_fp8_delayed (x, prev [B,H,C'] f32, y or yt, descale [B,H], amax_out [B,H,C])
 // quantize chunk by chunk with the descale from `prev` (an earlier call's chunk amaxes: their max

@@ -195,8 +195,10 @@ namespace {
 // tile reaches past S and loads zeros there, so yᵀ's pad columns [S, S_pad) get zeros). The C
 // chunks are amaxes' own, or with `measured` (delayed scaling: `amaxes` are an earlier call's)
 // measured's, whose [b, h, c] the same pass fills with the chunk's amax for the next call: x is
-// read once, and values past the earlier amax saturate (to +-448 for e4m3).
-void quantize_chunks(const In& x, const In& amaxes, const Out& y, const Out& descale, bool transpose, const Out* measured = nullptr) {
+// read once, and values past the earlier amax saturate (to +-448 for e4m3). With `yt_too`, y as
+// it is and yt_too transposed, both from the same read of x.
+void quantize_chunks(const In& x, const In& amaxes, const Out& y, const Out& descale, bool transpose, const Out* measured = nullptr,
+                     const Out* yt_too = nullptr) {
   auto [B, H, S, D] = x.shape<4>();
   auto C = measured ? measured->dim(2) : amaxes.dim(2);
   for (auto bh : grid(B * H)) {
@@ -216,6 +218,7 @@ void quantize_chunks(const In& x, const In& amaxes, const Out& y, const Out& des
         auto q = (t * inv).to(y.dtype());
         if (transpose) y.store(b, h, all, s, q.T());
         else y.store(b, h, s, all, q);
+        if (yt_too) yt_too->store(b, h, all, s, q.T());
       }
       if (measured) measured->store(b, h, c, amax(amax(*peak, 1), 0));
     }
@@ -232,6 +235,14 @@ const Kernel& quantize_fp8_chunked() {
 const Kernel& quantize_transpose_fp8_chunked() {
   static const Kernel k = kernel("quantize_transpose_fp8_chunked", {"x", "partial", "yt", "descale"},
                                  [](In x, In partial, Out yt, Out descale) { quantize_chunks(x, partial, yt, descale, true); });
+  return k;
+}
+
+const Kernel& quantize_fp8_both_chunked() {
+  static const Kernel k = kernel("quantize_fp8_both_chunked", {"x", "partial", "y", "yt", "descale"},
+                                 [](In x, In partial, Out y, Out yt, Out descale) {
+                                   quantize_chunks(x, partial, y, descale, false, nullptr, &yt);
+                                 });
   return k;
 }
 

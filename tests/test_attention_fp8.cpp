@@ -1105,7 +1105,7 @@ TEST_CASE("gpu: attention_fp8_forward (quantize + attention from bf16) accuracy 
     }
 }
 
-TEST_CASE("chunk_amax + quantize_fp8_chunked / quantize_transpose_fp8_chunked write what the one-pass quantizers write") {
+TEST_CASE("chunk_amax + quantize_fp8_chunked / quantize_transpose_fp8_chunked / quantize_fp8_both_chunked write what the one-pass quantizers write") {
   std::mt19937 rng(15);
   Config qc;
   qc.blocks = {{"s", 64}, {"s2", 64}};
@@ -1126,10 +1126,16 @@ TEST_CASE("chunk_amax + quantize_fp8_chunked / quantize_transpose_fp8_chunked wr
       run_ref(kernels::chunk_amax(), {x.view(), partial.view()}, qc);
       run_ref(kernels::quantize_fp8_chunked(), {x.view(), partial.view(), y2.view(), d2.view()}, qc);
       run_ref(kernels::quantize_transpose_fp8_chunked(), {x.view(), partial.view(), t2.view(), d4.view()}, qc);
+      // Both copies from one pass: the same bytes again.
+      HostTensor y3(DType::e4m3, {2, 2, S, 64}), t3(DType::e4m3, {2, 2, 64, S_pad}), d5(DType::f32, {2, 2});
+      y3.fill_bytes(0xFF);
+      t3.fill_bytes(0xFF);
+      run_ref(kernels::quantize_fp8_both_chunked(), {x.view(), partial.view(), y3.view(), t3.view(), d5.view()}, qc);
       int64_t mismatched = 0;
-      for (int64_t i = 0; i < y1.numel(); ++i) mismatched += y1.at(i) != y2.at(i);
-      for (int64_t i = 0; i < t1.numel(); ++i) mismatched += t1.at(i) != t2.at(i);
+      for (int64_t i = 0; i < y1.numel(); ++i) mismatched += (y1.at(i) != y2.at(i)) + (y1.at(i) != y3.at(i));
+      for (int64_t i = 0; i < t1.numel(); ++i) mismatched += (t1.at(i) != t2.at(i)) + (t1.at(i) != t3.at(i));
       CHECK(mismatched == 0);
+      for (int64_t i = 0; i < 4; ++i) CHECK(d5.at(i) == d1.at(i));
       for (int64_t i = 0; i < 4; ++i) {
         CHECK(d2.at(i) == d1.at(i));
         CHECK(d4.at(i) == d1.at(i));

@@ -701,6 +701,9 @@ TEST_CASE("codegen (emulated): kernels with their unit strides compiled in (as l
   run_case({"quantize_transpose_fp8_chunked, the pipeline's config", &kernels::quantize_transpose_fp8_chunked,
             {C(bf16, x), C(f32, {1, 2, 3}), C(e4m3, {1, 2, 64, 112}), C(f32, {1, 2})},
             kernels::chunked_quantize_config(true).to_json()});
+  run_case({"quantize_fp8_both_chunked (both copies, one read), the pipeline's config", &kernels::quantize_fp8_both_chunked,
+            {C(bf16, x), C(f32, {1, 2, 3}), C(e4m3, x), C(e4m3, {1, 2, 64, 112}), C(f32, {1, 2})},
+            kernels::chunked_quantize_config(true).to_json()});
   run_case({"softmax bf16 -> f32, vec 8", &softmax, {C(bf16, {5, 333}), C(f32, {5, 333})},
             R"({"blocks":{"c":128,"c2":64},"num_warps":2,"knobs":{"simt_vec":8}})"});
   run_case({"ew2d f32 (a transposed input)", &k_elementwise2d,
