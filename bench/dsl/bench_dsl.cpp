@@ -31,6 +31,8 @@
 #include "bench/common/timing.h"
 #include "core/error.h"
 #include "examples/kernels/user_kernels.h"
+#include "kernels/attention_variant.h"
+#include "kernels/attention_variants.h"
 #include "kernels/library.h"
 #include "runtime/device.h"
 #include "runtime/driver.h"
@@ -43,6 +45,9 @@ using namespace tj;
 using namespace tj::bench_dsl;
 
 namespace {
+
+// The window of the sliding-window case (examples::window_attention and the template's variant).
+constexpr int64_t kWindow = 1024;
 
 double gelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 
@@ -271,6 +276,24 @@ int main(int argc, char** argv) {
         cases.push_back(std::move(c));
       }
       {
+        // A sliding window written as user code (examples::window_attention: its key loop from 0,
+        // bounded by the compiler to the window's tiles, knob mask_bounds) against the same loop
+        // unbounded and the library's sliding_window_variant through the attention template.
+        Case c;
+        const int64_t D = 128, W = kWindow;
+        c.name = fmt::format("window_attention bf16 {}x{}x{}x{} w{}", B, H, S, D, W);
+        c.problem = fmt::format("window {} {} {} {} {}", B, H, S, D, W);
+        c.kernel = &examples::window_attention();
+        for (int i = 0; i < 3; ++i) c.host.push_back(random_tensor(DType::bf16, {B, H, S, D}, seed += 10));
+        c.host.emplace_back(DType::bf16, std::vector<int64_t>{B, H, S, D});
+        c.out = 3;
+        c.tail = {1.4426950408889634 / std::sqrt(static_cast<double>(D)), W};
+        // Useful FLOPs: row i sees min(i + 1, W) keys.
+        c.flops = 4.0 * B * H * D * static_cast<double>(W * S - W * (W - 1) / 2);
+        c.paths = {{"generic", ""}, {"generic unbounded", R"(+{"knobs":{"mask_bounds":0}})"}, {"template", ""}};
+        cases.push_back(std::move(c));
+      }
+      {
         Case c;
         const int64_t Dqk = 192, Dv = 128;
         c.name = fmt::format("mla_attention bf16 {}x{}x{}x{}/{}", B, H, S, Dqk, Dv);
@@ -309,8 +332,9 @@ int main(int argc, char** argv) {
         }
         if (template_path) {
           // The library's fast path for the same problem and inputs.
+          const bool window = c.problem.rfind("window", 0) == 0;
           const bool attention_like = c.problem.rfind("attention", 0) == 0 || c.problem.rfind("sink", 0) == 0 ||
-                                      c.problem.rfind("mla", 0) == 0;
+                                      c.problem.rfind("mla", 0) == 0 || window;
           const int64_t dqk = c.host[0].shape()[3], dv = c.host[2].shape()[3];
           const int64_t dpad = std::max(dqk, dv) <= 64 ? 64 : std::max(dqk, dv) <= 128 ? 128 : 256;
           if (attention_like && (dqk != dpad || dv != dpad)) {
@@ -349,9 +373,12 @@ int main(int argc, char** argv) {
               fast_dev.push_back(transposed_v(c.host[2]));
               v_arg = &fast_dev.back();
             }
+            // The window: the library's sliding-window variant (its mask causal, the kernel too).
+            static const Kernel window_kernel = kernels::attention_variant(kernels::sliding_window_variant(kWindow));
+            if (window) k = &window_kernel;
             run_args = {c.dev[0].view(), c.dev[1].view(), v_arg->view(), fast_dev[0].view(), fast_dev[0].view(),
                         fast_dev[0].view(), c.dev[c.out].view(), fast_dev[1].view(), std::get<double>(c.tail[0]), 1.0,
-                        sink ? false : std::get<bool>(c.tail[1]), sink};
+                        window || (!sink && std::get<bool>(c.tail[1])), sink};
             checked = !sink;
           }
         }
@@ -410,18 +437,20 @@ int main(int argc, char** argv) {
         } else {
           const auto& sh = hs[0].shape();
           const int64_t B = sh[0], H = sh[1], S = sh[2], D = sh[3], Dv = hs[2].shape()[3];
-          const bool causal = c.tail.size() > 1 && std::get<bool>(c.tail[1]);
+          const bool window = c.problem.rfind("window", 0) == 0;
+          const bool causal = window || (c.tail.size() > 1 && std::get<bool>(c.tail[1]));
+          const int64_t span = window ? std::get<int64_t>(c.tail[1]) : S;   // keys a row sees at most
           const bool sink = c.problem.rfind("sink", 0) == 0;
           const double scale = 1.0 / std::sqrt(static_cast<double>(D));
           for (int s = 0; s < 4; ++s) {
             const int64_t b = rng() % B, h = rng() % H, i = rng() % S;
             const int64_t base = (b * H + h) * S * D, vbase = (b * H + h) * S * Dv;
-            const int64_t keys = causal ? i + 1 : S;
-            std::vector<double> p(keys);
+            const int64_t keys = causal ? i + 1 : S, first = std::max<int64_t>(0, keys - span);
+            std::vector<double> p(keys, -INFINITY);
             // The sink: a key of logit sinks[h] (log2 units) and zero value.
             const double sink_logit = sink ? hs[3].at(h) * std::log(2.0) : -INFINITY;
             double mx = sink_logit;
-            for (int64_t j = 0; j < keys; ++j) {
+            for (int64_t j = first; j < keys; ++j) {
               double dotv = 0;
               for (int64_t d = 0; d < D; ++d) dotv += hs[0].at(base + i * D + d) * hs[1].at(base + j * D + d);
               p[j] = dotv * scale;

@@ -101,6 +101,29 @@ def peers_for(problem):
                 out.append((name, flops, run))
             except Exception as e:  # noqa: BLE001
                 print(f"{name} failed for {problem}: {e}", file=sys.stderr)
+    elif words[0] == "window":
+        # Causal sliding window (row i sees keys i - w + 1 .. i): flex_attention compiled with its
+        # BlockMask (built here, outside the timing), and SDPA with the boolean mask.
+        b, h, s, d, w = (int(x) for x in words[1:6])
+        q, k, v = (torch.randn(b, h, s, d, device=dev).to(bf) for _ in range(3))
+        flops = 4.0 * b * h * d * (w * s - w * (w - 1) / 2)
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            def window_mask(b_, h_, q_idx, kv_idx):
+                return (kv_idx <= q_idx) & (q_idx - kv_idx < w)
+            bm = create_block_mask(window_mask, None, None, s, s, device=dev)
+            flex = torch.compile(flex_attention, dynamic=False)
+
+            def run_flex():
+                return flex(q, k, v, block_mask=bm)
+            run_flex()
+            out.append(("flex_attention", flops, run_flex))
+        except Exception as e:  # noqa: BLE001
+            print(f"flex_attention failed for {problem}: {e}", file=sys.stderr)
+        i = torch.arange(s, device=dev)
+        mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < w)
+        out.append(("SDPA bool mask", flops, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)))
     elif words[0] == "attention":
         b, h, s, d = (int(x) for x in words[1:5])
         causal = len(words) > 5 and words[5] == "causal"
