@@ -176,28 +176,33 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
         ScoreModValues modded;      // and what its score_mod saw and made
         auto at = [&] { return ScoreIndex{b, h, m.index().row(), n.index().col(), hooks->inputs}; };
         if (hooks) st = apply_variant_hooks(*hooks->variant, st, at, &grad, &modded);
+        // Learnable inputs: d modded / d input[h], traced where the gradient of the modded score
+        // is (not beside score_mod: no tile of it lives across the dots), times it, summed per row.
+        auto add_param_grads = [&](const Tile& ds) {
+          if (param_acc.empty()) return;
+          const std::vector<Tile> d = param_grads(*hooks->variant, modded, at());
+          for (size_t i = 0; i < d.size(); ++i) param_acc[i] = param_acc[i] + sum(ds * d[i], 1);
+        };
         if (causal) st = where(m.index().row() >= n.index().col(), st, -INFINITY);
         std::optional<Tile> dst;
         if (f8) {
           // 2^8 P from the exponent and 2^12 dS = 2^8 P . 2^4 (dP - delta): the scales folded into
           // the row terms, so a score costs one multiply-add, the exp2, one multiply-add and a
           // multiply besides the conversions.
-          auto pt = exp2(st - (lse.load(b, h, m) - kPLog2).row());   // 2^8 P
+          auto pt = exp2(st - (masked_rows_lse(lse.load(b, h, m), hooks) - kPLog2).row());   // 2^8 P
           dv_acc = dot(pt.to(DType::e4m3), f8->dout_t->load(b, h, all, m).T(), dv_acc);
           auto dpt = dot(vt, dot_.T()) * (*dp_scale * kDpScale) - (delta.load(b, h, m) * kDpScale).row();
-          dst = (pt * dpt).to(DType::e5m2);
+          auto ds = pt * dpt;   // 2^12 d loss / d modded score
+          add_param_grads(ds);
+          if (grad) ds = ds * *grad;
+          dst = ds.to(DType::e5m2);
           dk_acc = dot(*dst, f8->qt->load(b, h, all, m).T(), dk_acc);   // [n, D]
         } else {
           auto pt = exp2(st - masked_rows_lse(lse.load(b, h, m), hooks).row());
           dv_acc = dot(pt.to(v.dtype()), dot_, dv_acc);   // [n, D]
           auto dpt = dot(vt, dot_.T());                    // [n, m]
           auto ds = pt * (dpt - delta.load(b, h, m).row());   // d loss / d modded score
-          // Learnable inputs: d modded / d input[h], traced here where it is used (not beside
-          // score_mod: no tile of it lives across the dots).
-          if (!param_acc.empty()) {
-            const std::vector<Tile> d = param_grads(*hooks->variant, modded, at());
-            for (size_t i = 0; i < d.size(); ++i) param_acc[i] = param_acc[i] + sum(ds * d[i], 1);
-          }
+          add_param_grads(ds);
           if (grad) ds = ds * *grad;
           dst = ds.to(q.dtype());
           dk_acc = dot(*dst, qt, dk_acc);   // [n, D]
@@ -207,7 +212,8 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
           dq_acc->atomic_add(b, h, m, all, (dqt * (scale * kLn2)).T());
         }
       }
-      for (size_t i = 0; i < param_acc.size(); ++i) hooks->param_grads[i].atomic_add(h, sum(Tile(param_acc[i]), 0));
+      for (size_t i = 0; i < param_acc.size(); ++i)   // (fp8: the sums are of 2^12 dS)
+        hooks->param_grads[i].atomic_add(h, f8 ? sum(Tile(param_acc[i]), 0) * (1.0 / kDsScale) : sum(Tile(param_acc[i]), 0));
       if (f8) {
         dk.store(b, h, n, all, (dk_acc * (scale * kLn2) * *dk_scale).to(dk.dtype()));
         dv.store(b, h, n, all, (dv_acc * *dv_scale).to(dv.dtype()));
@@ -252,7 +258,7 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
       auto dot_ = dout.load(b, h, m, all);
       // FP8: 2^4 P from the exponent and 2^12 dS = 2^4 P . 2^8 (dP - delta), the scales folded
       // into the row terms as the dK / dV kernel does.
-      auto lse_m = f8 ? (lse.load(b, h, m) - kQPLog2).col() : masked_rows_lse(lse.load(b, h, m), hooks).col();
+      auto lse_m = f8 ? (masked_rows_lse(lse.load(b, h, m), hooks) - kQPLog2).col() : masked_rows_lse(lse.load(b, h, m), hooks).col();
       auto delta_m = f8 ? (delta.load(b, h, m) * kQDpScale).col() : delta.load(b, h, m).col();
       // Causal (top-left): the keys up to the tile's last row (all of them past Skv).
       const Operand n_end = !causal ? Operand(keys.length)
@@ -269,7 +275,9 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
         auto p = exp2(s - lse_m);
         if (f8) {
           auto dp = dot(dot_, v.load(b, hk, n, all).T()) * (*dp_scale * kQDpScale) - delta_m;
-          dq_acc = dot((p * dp).to(DType::e5m2), f8->kt->load(b, hk, all, n).T(), dq_acc);
+          auto ds = p * dp;   // 2^12 dS of the modded score
+          if (grad) ds = ds * *grad;
+          dq_acc = dot(ds.to(DType::e5m2), f8->kt->load(b, hk, all, n).T(), dq_acc);
         } else {
           auto ds = p * (dot(dot_, v.load(b, hk, n, all).T()) - delta_m);
           if (grad) ds = ds * *grad;
@@ -339,6 +347,11 @@ const bool variant_backward_config_registered = [] {
 
 const std::vector<std::string> kDkdvParams = {"q", "k", "v", "do", "lse", "delta", "dk", "dv", "scale", "causal"};
 const std::vector<std::string> kDqParams = {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"};
+// The FP8 kernels' (attention_bwd_dkdv_fp8 / attention_bwd_dq_fp8): outputs 12-13 / 11.
+const std::vector<std::string> kDkdvFp8Params = {"q", "qt", "k", "v", "do", "dot", "lse", "delta", "sq", "sk", "sv", "sdo",
+                                                 "dk", "dv", "scale", "causal"};
+const std::vector<std::string> kDqFp8Params = {"q", "k", "kt", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dq", "scale",
+                                               "causal"};
 }  // namespace
 
 VariantBackward attention_variant_backward(const AttentionVariant& variant) {
@@ -359,8 +372,7 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
   const std::string dkdv_name = variant.name + "_bwd_dkdv", dq_name = variant.name + "_bwd_dq";
   if (variant.fast_math) {
     std::lock_guard<std::mutex> lock(fast_math_mutex);
-    fast_math_kernels().insert(dkdv_name);
-    fast_math_kernels().insert(dq_name);
+    for (const std::string& n : {dkdv_name, dq_name, dkdv_name + "_fp8", dq_name + "_fp8"}) fast_math_kernels().insert(n);
   }
   auto slots_of = [&](const std::vector<std::string>& names, size_t outputs_from, size_t outputs_to) {
     std::vector<Slot> slots;
@@ -373,9 +385,12 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
     for (const auto& in : variant.inputs) slots.push_back(Slot{in, SlotKind::tensor_in});
     return slots;
   };
-  // dK / dV's kernel also writes the learnable inputs' gradients, after the inputs.
-  std::vector<Slot> dkdv_slots = slots_of(kDkdvParams, 6, 8);
-  for (const auto& l : variant.learnable) dkdv_slots.push_back(Slot{"d_" + l, SlotKind::tensor_out});
+  // dK / dV's kernels also write the learnable inputs' gradients, after the inputs.
+  std::vector<Slot> dkdv_slots = slots_of(kDkdvParams, 6, 8), dkdv_fp8_slots = slots_of(kDkdvFp8Params, 12, 14);
+  for (const auto& l : variant.learnable) {
+    dkdv_slots.push_back(Slot{"d_" + l, SlotKind::tensor_out});
+    dkdv_fp8_slots.push_back(Slot{"d_" + l, SlotKind::tensor_out});
+  }
   // The variant's extra inputs follow the kernel's own arguments (from `first` on).
   auto hooks_of = [](const AttentionVariant& v, const detail::TraceArgs& a, size_t first) {
     VariantHooks hooks{&v, {}};
@@ -397,9 +412,34 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
     query_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4),
                     make_arg<In>(a, 5), make_arg<Out>(a, 6), make_arg<Scalar>(a, 7), make_arg<bool>(a, 8), nullptr, &hooks);
   };
-  return VariantBackward{variant.name, variant.inputs.size(), variant.learnable.size(),
+  Kernel::Body dkdv_fp8_body = [variant, hooks_of](const detail::TraceArgs& a) {
+    using detail::make_arg;
+    VariantHooks hooks = hooks_of(variant, a, kDkdvFp8Params.size());
+    for (size_t i = 0; i < variant.learnable.size(); ++i)
+      hooks.param_grads.push_back(make_arg<Out>(a, kDkdvFp8Params.size() + variant.inputs.size() + i));
+    const In qt = make_arg<In>(a, 1), dout_t = make_arg<In>(a, 5), sq = make_arg<In>(a, 8), sk = make_arg<In>(a, 9),
+             sv = make_arg<In>(a, 10), sdo = make_arg<In>(a, 11);
+    const Fp8Inputs f8{&sq, &sk, &sv, &sdo, &qt, &dout_t, nullptr};
+    key_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 2), make_arg<In>(a, 3), make_arg<In>(a, 4), make_arg<In>(a, 6),
+                  make_arg<In>(a, 7), make_arg<Out>(a, 12), make_arg<Out>(a, 13), nullptr, make_arg<Scalar>(a, 14),
+                  make_arg<bool>(a, 15), &f8, &hooks);
+  };
+  Kernel::Body dq_fp8_body = [variant, hooks_of](const detail::TraceArgs& a) {
+    using detail::make_arg;
+    const VariantHooks hooks = hooks_of(variant, a, kDqFp8Params.size());
+    const In kt = make_arg<In>(a, 2), sq = make_arg<In>(a, 7), sk = make_arg<In>(a, 8), sv = make_arg<In>(a, 9),
+             sdo = make_arg<In>(a, 10);
+    const Fp8Inputs f8{&sq, &sk, &sv, &sdo, nullptr, nullptr, &kt};
+    query_tile_body(make_arg<In>(a, 0), make_arg<In>(a, 1), make_arg<In>(a, 3), make_arg<In>(a, 4), make_arg<In>(a, 5),
+                    make_arg<In>(a, 6), make_arg<Out>(a, 11), make_arg<Scalar>(a, 12), make_arg<bool>(a, 13), &f8, &hooks);
+  };
+  return VariantBackward{variant.name,
+                         variant.inputs.size(),
+                         variant.learnable.size(),
                          Kernel(dkdv_name, std::move(dkdv_slots), std::move(dkdv_body), Loc::current()),
-                         Kernel(dq_name, slots_of(kDqParams, 6, 7), std::move(dq_body), Loc::current())};
+                         Kernel(dq_name, slots_of(kDqParams, 6, 7), std::move(dq_body), Loc::current()),
+                         Kernel(dkdv_name + "_fp8", std::move(dkdv_fp8_slots), std::move(dkdv_fp8_body), Loc::current()),
+                         Kernel(dq_name + "_fp8", slots_of(kDqFp8Params, 11, 12), std::move(dq_fp8_body), Loc::current())};
 }
 
 const Kernel& attention_bwd_fused() {
@@ -521,7 +561,6 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
                         : "attention backward: e4m3 operands given without opt.fp8");
   if (!opt.deterministic && !dq_acc) throw Error("attention backward: the fused pass needs its dq_acc scratch");
   if (opt.variant) {
-    if (opt.fp8) throw Error(fmt::format("attention backward of variant '{}': 16-bit only (no FP8 backward of variants yet)", opt.variant->name));
     if (!opt.deterministic)
       throw Error(fmt::format("attention backward of variant '{}': three kernels only: set deterministic (no fused pass of variants yet)",
                               opt.variant->name));
@@ -554,7 +593,7 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
   std::vector<BackwardLaunch> out;
   if (fp8) out.push_back({&attention_bwd_prepare_fp8(), {o, fp8->do8, fp8->sdo, lse, delta, lse2}});
   else out.push_back({&attention_bwd_prepare(), {o, dout, lse, delta, lse2}});
-  if (fp8) {
+  if (fp8 && !opt.variant) {
     const BackwardFp8Views& f = *fp8;
     out.push_back({&attention_bwd_dkdv_fp8(),
                    {f.q8, f.qt8, f.k8, f.v8, f.do8, f.dot8, lse2, delta, f.sq, f.sk, f.sv, f.sdo, gk, gv, scale, opt.causal}});
@@ -563,6 +602,11 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
   } else if (opt.variant) {
     std::vector<Arg> dkdv_args = {q, k, v, dout, lse2, delta, gk, gv, scale, opt.causal};
     std::vector<Arg> dq_args = {q, k, v, dout, lse2, delta, dq, scale, opt.causal};
+    if (fp8) {
+      const BackwardFp8Views& f = *fp8;
+      dkdv_args = {f.q8, f.qt8, f.k8, f.v8, f.do8, f.dot8, lse2, delta, f.sq, f.sk, f.sv, f.sdo, gk, gv, scale, opt.causal};
+      dq_args = {f.q8, f.k8, f.kt8, f.v8, f.do8, lse2, delta, f.sq, f.sk, f.sv, f.sdo, dq, scale, opt.causal};
+    }
     for (const TensorView& in : opt.variant_inputs) {
       dkdv_args.push_back(in);
       dq_args.push_back(in);
@@ -572,8 +616,8 @@ std::vector<BackwardLaunch> attention_backward_launches(const TensorView& q, con
       out.push_back({&fill_zeros(), {g}});
       dkdv_args.push_back(g);
     }
-    out.push_back({&opt.variant->dkdv, std::move(dkdv_args)});
-    out.push_back({&opt.variant->dq, std::move(dq_args)});
+    out.push_back({fp8 ? &opt.variant->dkdv_fp8 : &opt.variant->dkdv, std::move(dkdv_args)});
+    out.push_back({fp8 ? &opt.variant->dq_fp8 : &opt.variant->dq, std::move(dq_args)});
   } else if (opt.deterministic) {
     out.push_back({&attention_bwd_dkdv(), {q, k, v, dout, lse2, delta, gk, gv, scale, opt.causal}});
     out.push_back({&attention_bwd_dq(), {q, k, v, dout, lse2, delta, dq, scale, opt.causal}});

@@ -76,6 +76,9 @@ struct VariantBackward {
   size_t inputs = 0;     // its extra input tensors
   size_t learnable = 0;  // of which learnable
   Kernel dkdv, dq;
+  // The FP8 backward's (attention_bwd_dkdv_fp8 / _dq_fp8's arguments and recipe, then the inputs;
+  // named + "_fp8"): the hooks on the scores from e4m3 Q and K, score_grad on 2^12 dS.
+  Kernel dkdv_fp8, dq_fp8;
 };
 VariantBackward attention_variant_backward(const AttentionVariant& v);
 
@@ -91,9 +94,10 @@ struct AttentionBackwardOptions {
   // Three kernels only (deterministic).
   bool fp8 = false;
   // The backward of a variant's forward (attention_variant_backward(v); attention_variant(v) ran the
-  // forward with these extra inputs, in v.inputs' order). 16-bit, deterministic. `causal` keeps its
-  // meaning (the forward's causal flag: causal and v's mask); a variant whose mask is causal runs
-  // faster with causal = true too, its loops then stop at the diagonal.
+  // forward with these extra inputs, in v.inputs' order). Deterministic; with fp8 the variant's FP8
+  // kernels (lse the variant's FP8 forward's). `causal` keeps its meaning (the forward's causal
+  // flag: causal and v's mask); a variant whose mask is causal runs faster with causal = true too,
+  // its loops then stop at the diagonal.
   const VariantBackward* variant = nullptr;
   std::vector<TensorView> variant_inputs;
   // The gradients of the variant's learnable inputs (AttentionVariant::learnable, in that order):

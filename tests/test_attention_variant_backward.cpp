@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <regex>
@@ -19,6 +21,7 @@
 #include "kernels/attention_backward.h"
 #include "kernels/attention_fp8.h"
 #include "kernels/attention_variants.h"
+#include "kernels/library.h"
 #include "nvrtc_testing.h"
 #include "runtime/owned_tensor.h"
 
@@ -327,6 +330,135 @@ TEST_CASE("attention variant backward on the CPU reference: learnable ALiBi slop
   CHECK(rel_rmse(dslopes, p.dslopes_bf16_o) < 1e-4);
   CHECK(rel_rmse(dslopes, p.dslopes) < 8e-2);
   for (double d : p.dslopes) CHECK(std::abs(d) > 1e-2);   // a gradient the check can see
+}
+
+namespace {
+
+// attention_backward's FP8 operands of q, k, v, dout, made by its own quantizers (chunk_amax, then
+// quantize_fp8_both_chunked: e4m3 per (b, h), the transposed copies padded to 16 keys) on the CPU
+// reference executor.
+struct HostFp8 {
+  HostTensor q8, qt8, k8, kt8, v8, vt8, do8, dot8, sq, sk, sv, sdo;
+  kernels::BackwardFp8Views views() const {
+    return {q8.view(), qt8.view(), k8.view(), kt8.view(), v8.view(), do8.view(), dot8.view(), sq.view(), sk.view(), sv.view(), sdo.view()};
+  }
+};
+void quantize_on_reference(const HostTensor& x, HostTensor& y, HostTensor& yt, HostTensor& descale) {
+  const auto& sh = x.shape();
+  HostTensor partial(DType::f32, {sh[0], sh[1], 1});
+  y = HostTensor(DType::e4m3, sh);
+  yt = HostTensor(DType::e4m3, {sh[0], sh[1], sh[3], (sh[2] + 15) / 16 * 16});
+  descale = HostTensor(DType::f32, {sh[0], sh[1]});
+  tj_test::run_launches({{&kernels::chunk_amax(), {x.view(), partial.view()}},
+                         {&kernels::quantize_fp8_both_chunked(), {x.view(), partial.view(), y.view(), yt.view(), descale.view()}}});
+}
+HostFp8 fp8_operands(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout) {
+  HostFp8 f{HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}),
+            HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}),
+            HostTensor(DType::f32, {1}),  HostTensor(DType::f32, {1}),  HostTensor(DType::f32, {1}),  HostTensor(DType::f32, {1})};
+  quantize_on_reference(q, f.q8, f.qt8, f.sq);
+  quantize_on_reference(k, f.k8, f.kt8, f.sk);
+  quantize_on_reference(v, f.v8, f.vt8, f.sv);
+  quantize_on_reference(dout, f.do8, f.dot8, f.sdo);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("attention variant backward FP8 on the CPU reference: the causal variant's kernels equal the causal FP8 kernels bit "
+          "for bit; ALiBi (learnable slopes too) and a window within the FP8 recipe's error of float64") {
+  constexpr int64_t H = 2, S = 96, D = 64;
+  const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S};
+  const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
+  std::mt19937 rng(47);
+  const std::vector<double> slopes = {0.2, -0.15};
+  Meaning causal_m;
+  causal_m.keep = [](int64_t i, int64_t j) { return j <= i; };
+  HostTensor slope_t = HostTensor::from_values(slopes, DType::f32, {H});
+  struct Fp8Case {
+    const char* what;
+    kernels::AttentionVariant variant;
+    Meaning meaning;
+    bool causal;
+    std::vector<HostTensor*> inputs;
+  };
+  Meaning window;
+  window.keep = [](int64_t i, int64_t j) { return j <= i && i - j < 24; };
+  const std::vector<Fp8Case> cases = {{"causal as a hook", kernels::causal_variant(), causal_m, false, {}},
+                                      {"window 24", kernels::sliding_window_variant(24), window, true, {}},
+                                      {"learnable ALiBi", kernels::learnable_alibi_variant(true), learnable_alibi(slopes), true, {&slope_t}}};
+  for (const Fp8Case& c : cases) {
+    const std::string what = c.what;
+    CAPTURE(what);
+    Problem p = make_problem(shape, scale_nat, c.meaning, rng);
+    const HostTensor o = HostTensor::from_values(p.o, DType::bf16, shape), lse = HostTensor::from_values(p.lse, DType::f32, rows);
+    const HostFp8 f8 = fp8_operands(p.q, p.k, p.v, p.dout);
+    auto run = [&](const kernels::VariantBackward* vb, bool causal, HostTensor* dslopes) {
+      HostTensor delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::f32, shape), dv(DType::f32, shape);
+      for (HostTensor* t : {&delta, &lse2, &dq, &dk, &dv}) t->fill_bytes(0xFF);   // poison
+      kernels::AttentionBackwardOptions opt;
+      opt.fp8 = true;
+      opt.causal = causal;
+      opt.softmax_scale = scale_nat;
+      opt.variant = vb;
+      if (vb)
+        for (HostTensor* in : c.inputs) opt.variant_inputs.push_back(in->view());
+      if (dslopes) opt.variant_param_grads = {dslopes->view()};
+      tj_test::run_launches(kernels::attention_backward_launches(p.q.view(), p.k.view(), p.v.view(), o.view(), p.dout.view(), lse.view(),
+                                                                 dq.view(), dk.view(), dv.view(), opt, delta.view(), lse2.view(),
+                                                                 std::nullopt, std::nullopt, std::nullopt, f8.views()));
+      return std::array<HostTensor, 3>{dq, dk, dv};
+    };
+    const kernels::VariantBackward vb = kernels::attention_variant_backward(c.variant);
+    HostTensor dslopes(DType::f32, {H});
+    dslopes.fill_bytes(0xFF);
+    const auto got = run(&vb, c.causal, vb.learnable ? &dslopes : nullptr);
+    for (const HostTensor& t : got)
+      for (int64_t i = 0; i < t.numel(); ++i) REQUIRE(std::isfinite(t.at(i)));
+    MESSAGE(what, " fp8 vs float64: dq ", rel_rmse(got[0], p.want.dq), " dk ", rel_rmse(got[1], p.want.dk), " dv ",
+            rel_rmse(got[2], p.want.dv));
+    CHECK(rel_rmse(got[0], p.want.dq) < 0.15);
+    CHECK(rel_rmse(got[1], p.want.dk) < 0.15);
+    CHECK(rel_rmse(got[2], p.want.dv) < 0.15);
+    if (what == "causal as a hook") {
+      const auto plain = run(nullptr, true, nullptr);
+      for (int g = 0; g < 3; ++g) CHECK(std::memcmp(got[g].data(), plain[g].data(), got[g].size_bytes()) == 0);
+    }
+    if (vb.learnable) {
+      // Against the 16-bit backward's slope gradient on the same inputs (the FP8 one's dS is e5m2 of 2^12 dS's f32).
+      HostTensor d16(DType::f32, {H}), delta(DType::f32, rows), lse2(DType::f32, rows), dq(DType::f32, shape), dk(DType::f32, shape),
+          dv(DType::f32, shape);
+      kernels::AttentionBackwardOptions opt;
+      opt.causal = true;
+      opt.softmax_scale = scale_nat;
+      opt.variant = &vb;
+      opt.variant_inputs = {slope_t.view()};
+      opt.variant_param_grads = {d16.view()};
+      tj_test::run_launches(kernels::attention_backward_launches(p.q.view(), p.k.view(), p.v.view(), o.view(), p.dout.view(), lse.view(),
+                                                                 dq.view(), dk.view(), dv.view(), opt, delta.view(), lse2.view(),
+                                                                 std::nullopt));
+      MESSAGE("learnable slopes' gradient, fp8 vs 16-bit backward: ", rel_rmse(dslopes, d16.values()));
+      CHECK(rel_rmse(dslopes, d16.values()) < 0.15);
+    }
+  }
+  // sm_90a: a window's FP8 kernels keep every dot on wgmma with e5m2 dS, no serialized wgmmas.
+  const kernels::VariantBackward wb = kernels::attention_variant_backward(kernels::sliding_window_variant(1024));
+  const int64_t Sb = 4096;
+  const TensorSpec b8 = contiguous_spec(DType::e4m3, {2, 4, Sb, 128}), bt = contiguous_spec(DType::e4m3, {2, 4, 128, Sb}),
+                   b32 = contiguous_spec(DType::f32, {2, 4, Sb}), bh = contiguous_spec(DType::f32, {2, 4}),
+                   b16 = contiguous_spec(DType::bf16, {2, 4, Sb, 128});
+  for (bool dkdv : {true, false}) {
+    const ir::Function g = dkdv ? wb.dkdv_fp8.trace({b8, bt, b8, b8, b8, bt, b32, b32, bh, bh, bh, bh, b16, b16, RuntimeScalar{0.1f}, true})
+                                : wb.dq_fp8.trace({b8, b8, bt, b8, b8, b32, b32, bh, bh, bh, bh, b16, RuntimeScalar{0.1f}, true});
+    CAPTURE(g.name);
+    const auto gen = codegen::generate_cuda(g, codegen::untuned_config(g, "sm_90a"), codegen::Target::parse("sm_90a"));
+    CHECK(gen.lowering == "tensor cores (wgmma)");
+    const auto r = tj_test::nvrtc(gen, "sm_90a", true, true);
+    INFO(r.log);
+    CHECK(r.ptx.find("e5m2.e4m3") != std::string::npos);
+    CHECK(r.log.find("serialized") == std::string::npos);
+    CHECK(tj_test::ptxas_info(r.log).spill_stores == 0);
+  }
 }
 
 TEST_CASE("attention variant backward: learnable inputs' errors name the variant and the input") {
