@@ -55,6 +55,7 @@ RingPlan ring_backward_plan(int64_t ranks, const TensorView& q, const TensorView
   RingAttentionOptions ro;
   ro.sharding = opt.sharding;
   ro.causal = opt.causal;
+  ro.window = opt.window;
   ro.lse = lse;
   RingPlan plan = ring_attention_plan(ranks, q, k, v, o, ro);
   // ring_attention_plan checked k / v against q (grouped-query heads: Hkv dividing H).
@@ -93,6 +94,7 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
   ensure_tensor(ws.dq_acc, DType::f32, {B, H, n, D});
   ensure_tensor(ws.dk_part, DType::f32, {B, H, L, D});
   ensure_tensor(ws.dv_part, DType::f32, {B, H, L, D});
+  if (plan.window > 0) ensure_tensor(ws.dq_part, DType::f32, {B, H, L, D});
   if (!ws.comm) ws.comm.emplace(runtime::Stream::greatest_priority());
   while (ws.sync.size() < static_cast<size_t>(2 * P)) ws.sync.emplace_back(CU_EVENT_DISABLE_TIMING);
   const CUstream cs = ws.comm->get();
@@ -124,7 +126,8 @@ void ring_attention_backward(ncclComm_t comm, const TensorView& q, const TensorV
                                            layout.dv(held),
                                            ws.dk_part->view(),
                                            ws.dv_part->view(),
-                                           scale};
+                                           scale,
+                                           plan.window > 0 ? ws.dq_part->view() : TensorView{}};
     for (const kernels::BackwardLaunch& l : kernels::ring_backward_step_launches(plan, rank, s, views)) launch(*l.kernel, l.args, lo);
     ws.sync[2 * s].record(stream);
     if (!ring) continue;

@@ -23,6 +23,9 @@ namespace tj::dist {
 struct RingBackwardOptions {
   kernels::RingPlan::Sharding sharding = kernels::RingPlan::Sharding::zigzag;   // as the forward's
   bool causal = false;
+  // The forward's sliding window (RingAttentionOptions::window; 0: none): a window pair's dK / dV
+  // and dQ by its shifted window variant's backward kernels (kernels/attention_backward.h).
+  int64_t window = 0;
   std::optional<double> softmax_scale;   // the forward's; default 1/sqrt(D)
   CUstream stream = nullptr;             // the compute stream
   // Hold the rank's own shard at every step and send nothing: the launches rank local_rank of a
@@ -34,7 +37,7 @@ struct RingBackwardOptions {
 
 struct RingBackwardWorkspace {
   std::optional<DeviceTensor> slot[2];   // bytes: K, V, then dK, dV (f32)
-  std::optional<DeviceTensor> delta, lse2, dq_acc, dk_part, dv_part;
+  std::optional<DeviceTensor> delta, lse2, dq_acc, dk_part, dv_part, dq_part;   // dq_part: with a window
   std::optional<runtime::Stream> comm;
   std::vector<runtime::Event> sync;      // per step: computed, arrived
 };

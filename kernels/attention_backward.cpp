@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -15,6 +17,7 @@
 #include "codegen/target.h"
 #include "core/error.h"
 #include "kernels/attention_fp8.h"
+#include "kernels/attention_variants.h"
 #include "kernels/library.h"
 
 namespace tj::kernels {
@@ -665,21 +668,49 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
     launch(*l.kernel, l.args, lo);
 }
 
+namespace {
+// The backward of a window launch's shifted_window_variant (its delta), built once and kept.
+const VariantBackward& ring_window_backward(int64_t window, int64_t delta) {
+  static std::mutex mutex;
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<VariantBackward>> kernels;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<VariantBackward>& b = kernels[{window, delta}];
+  if (!b) b = std::make_unique<VariantBackward>(attention_variant_backward(shifted_window_variant(window, delta)));
+  return *b;
+}
+}  // namespace
+
 std::vector<BackwardLaunch> ring_backward_step_launches(const RingPlan& plan, int64_t rank, int64_t step, const RingBackwardViews& v) {
-  if (plan.window > 0) throw Error("ring attention backward: a sliding window is not supported yet (" + plan.describe() + ")");
   const int64_t L = plan.chunk_rows();
-  auto rows = [L](const TensorView& t, int chunk) { return slice_of(t, 2, chunk * L, L); };
+  if (plan.window > 0 && (v.dq_part.rank() != 4 || v.dq_part.dtype != DType::f32 || v.dq_part.shape != v.dk_part.shape))
+    throw Error(fmt::format("ring attention backward: a sliding window needs the dq_part scratch, f32 like dk_part ({}), got {} ({})",
+                            v.dk_part.describe(), v.dq_part.rank() ? v.dq_part.describe() : std::string("none"), plan.describe()));
   std::vector<BackwardLaunch> out;
   for (const RingPlan::Launch& l : plan.launches(rank, step)) {
-    const bool causal = l.mode == RingPlan::Mode::causal;
-    out.push_back({&attention_bwd_fused(),
-                   {rows(v.q, l.q_chunk), rows(v.k, l.kv_chunk), rows(v.v, l.kv_chunk), rows(v.dout, l.q_chunk),
-                    rows(v.lse2, l.q_chunk), rows(v.delta, l.q_chunk), v.dk_part, v.dv_part, rows(v.dq_acc, l.q_chunk), v.scale,
-                    causal}});
+    // The launch's rows: its query rows of the chunk and its keys of the held chunk (a window
+    // launch: the part the window reaches), and as many rows of the scratch.
+    const int64_t q0 = l.q_chunk * L + l.q_begin, rows = l.q_end - l.q_begin;
+    const int64_t k0 = l.kv_chunk * L + l.kv_begin, keys = l.kv_end - l.kv_begin;
+    auto qs = [&](const TensorView& t) { return slice_of(t, 2, q0, rows); };
+    auto ks = [&](const TensorView& t) { return slice_of(t, 2, k0, keys); };
+    const TensorView dk_part = slice_of(v.dk_part, 2, 0, keys), dv_part = slice_of(v.dv_part, 2, 0, keys);
+    if (l.mode == RingPlan::Mode::window) {
+      // The window's mask shifted by the pair's offset: its dK / dV and dQ kernels (no fused form),
+      // dQ through the scratch into dq_acc's rows.
+      const VariantBackward& b = ring_window_backward(plan.window, l.delta);
+      const TensorView dq_part = slice_of(v.dq_part, 2, 0, rows);
+      out.push_back({&b.dkdv, {qs(v.q), ks(v.k), ks(v.v), qs(v.dout), qs(v.lse2), qs(v.delta), dk_part, dv_part, v.scale, false}});
+      out.push_back({&b.dq, {qs(v.q), ks(v.k), ks(v.v), qs(v.dout), qs(v.lse2), qs(v.delta), dq_part, v.scale, false}});
+      out.push_back({&accumulate(), {qs(v.dq_acc), dq_part}});
+    } else {
+      out.push_back({&attention_bwd_fused(),
+                     {qs(v.q), ks(v.k), ks(v.v), qs(v.dout), qs(v.lse2), qs(v.delta), dk_part, dv_part, qs(v.dq_acc), v.scale,
+                      l.mode == RingPlan::Mode::causal}});
+    }
     // Grouped-query heads: the parts are per query head, each group's sum added into the kv head's.
-    for (const auto& [acc, part] : {std::pair{v.dk_acc, v.dk_part}, std::pair{v.dv_acc, v.dv_part}}) {
-      if (part.shape[1] == v.k.shape[1]) out.push_back({&accumulate(), {rows(acc, l.kv_chunk), part}});
-      else out.push_back({&attention_bwd_group_add(), {part, rows(acc, l.kv_chunk)}});
+    for (const auto& [acc, part] : {std::pair{v.dk_acc, dk_part}, std::pair{v.dv_acc, dv_part}}) {
+      if (part.shape[1] == v.k.shape[1]) out.push_back({&accumulate(), {ks(acc), part}});
+      else out.push_back({&attention_bwd_group_add(), {part, ks(acc)}});
     }
   }
   return out;

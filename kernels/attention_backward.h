@@ -163,12 +163,15 @@ struct RingBackwardViews {
   TensorView dk_acc, dv_acc;     // its dK, dV [B, Hkv, n, D] f32, summed as it travels (zeroed at its owner)
   TensorView dk_part, dv_part;   // scratch [B, H, L, D] f32 (L: the plan's chunk rows), per query head
   double scale = 0;              // the softmax scale · log2(e)
+  TensorView dq_part = {};       // a plan with a window: scratch like dk_part, for a window launch's dQ
 };
 
-// The launches of rank `rank` at step `step` of `plan` (no window): per chunk pair, the fused
-// backward (dK, dV of the held chunk into the scratch, dQ added into dq_acc's rows), then the
-// scratch added into the held shard's dk_acc / dv_acc (grouped-query heads: each group's sum).
-// Throws tj::Error for a plan with a window.
+// The launches of rank `rank` at step `step` of `plan`: per chunk pair, the fused backward (dK, dV
+// of the held chunk into the scratch, dQ added into dq_acc's rows); for a window launch (the rows
+// and keys the window reaches) its shifted_window_variant's dK / dV and dQ kernels (dQ through
+// dq_part, then added into dq_acc's rows); then the scratch added into the held shard's dk_acc /
+// dv_acc (grouped-query heads: each group's sum). Throws tj::Error for a plan with a window without
+// dq_part.
 std::vector<BackwardLaunch> ring_backward_step_launches(const RingPlan& plan, int64_t rank, int64_t step, const RingBackwardViews& v);
 
 }  // namespace tj::kernels

@@ -337,36 +337,33 @@ namespace {
 // attention_backward's FP8 operands of q, k, v, dout, made by its own quantizers (chunk_amax, then
 // quantize_fp8_both_chunked: e4m3 per (b, h), the transposed copies padded to 16 keys) on the CPU
 // reference executor.
-struct HostFp8 {
-  HostTensor q8, qt8, k8, kt8, v8, vt8, do8, dot8, sq, sk, sv, sdo;
-  kernels::BackwardFp8Views views() const {
-    return {q8.view(), qt8.view(), k8.view(), kt8.view(), v8.view(), do8.view(), dot8.view(), sq.view(), sk.view(), sv.view(), sdo.view()};
-  }
+struct Quantized {
+  HostTensor y, yt, descale;
 };
-void quantize_on_reference(const HostTensor& x, HostTensor& y, HostTensor& yt, HostTensor& descale) {
+Quantized quantize_on_reference(const HostTensor& x) {
   const auto& sh = x.shape();
   HostTensor partial(DType::f32, {sh[0], sh[1], 1});
-  y = HostTensor(DType::e4m3, sh);
-  yt = HostTensor(DType::e4m3, {sh[0], sh[1], sh[3], (sh[2] + 15) / 16 * 16});
-  descale = HostTensor(DType::f32, {sh[0], sh[1]});
+  Quantized q{HostTensor(DType::e4m3, sh), HostTensor(DType::e4m3, {sh[0], sh[1], sh[3], (sh[2] + 15) / 16 * 16}),
+              HostTensor(DType::f32, {sh[0], sh[1]})};
   tj_test::run_launches({{&kernels::chunk_amax(), {x.view(), partial.view()}},
-                         {&kernels::quantize_fp8_both_chunked(), {x.view(), partial.view(), y.view(), yt.view(), descale.view()}}});
+                         {&kernels::quantize_fp8_both_chunked(), {x.view(), partial.view(), q.y.view(), q.yt.view(), q.descale.view()}}});
+  return q;
 }
+struct HostFp8 {
+  Quantized q, k, v, dout;
+  kernels::BackwardFp8Views views() const {
+    return {q.y.view(), q.yt.view(), k.y.view(), k.yt.view(), v.y.view(), dout.y.view(), dout.yt.view(),
+            q.descale.view(), k.descale.view(), v.descale.view(), dout.descale.view()};
+  }
+};
 HostFp8 fp8_operands(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout) {
-  HostFp8 f{HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}),
-            HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}), HostTensor(DType::e4m3, {1}),
-            HostTensor(DType::f32, {1}),  HostTensor(DType::f32, {1}),  HostTensor(DType::f32, {1}),  HostTensor(DType::f32, {1})};
-  quantize_on_reference(q, f.q8, f.qt8, f.sq);
-  quantize_on_reference(k, f.k8, f.kt8, f.sk);
-  quantize_on_reference(v, f.v8, f.vt8, f.sv);
-  quantize_on_reference(dout, f.do8, f.dot8, f.sdo);
-  return f;
+  return {quantize_on_reference(q), quantize_on_reference(k), quantize_on_reference(v), quantize_on_reference(dout)};
 }
 
 }  // namespace
 
 TEST_CASE("attention variant backward FP8 on the CPU reference: the causal variant's kernels equal the causal FP8 kernels bit "
-          "for bit; ALiBi (learnable slopes too) and a window within the FP8 recipe's error of float64") {
+          "for bit, ALiBi (learnable slopes too) and a window within the FP8 recipe's error of float64") {
   constexpr int64_t H = 2, S = 96, D = 64;
   const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S};
   const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));

@@ -220,27 +220,29 @@ TEST_CASE("ring plan on the CPU reference: each rank's launches over the ring, m
 }
 
 TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in place, dK / dV travelling with their shard "
-          "back to its owner) give float64 gradients (bf16, causal and not, zigzag and contiguous, grouped-query heads)") {
+          "back to its owner) give float64 gradients (bf16, causal and not, a sliding window, zigzag and contiguous, grouped-query "
+          "heads)") {
   std::mt19937 rng(45);
   const int64_t H = 2, D = 32, S = 96;
   const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
   const std::vector<int64_t> shape = {1, H, S, D};
   for (int64_t Hkv : {H, int64_t{1}})
-  for (bool causal : {false, true}) {
+  for (int64_t window : {int64_t{-1}, int64_t{0}, int64_t{40}}) {   // -1: not causal; 0: causal
+    const bool causal = window >= 0;
     const std::vector<int64_t> kv_shape = {1, Hkv, S, D};
     const HostTensor q = tj_test::randn(DType::bf16, shape, rng), k = tj_test::randn(DType::bf16, kv_shape, rng),
                      v = tj_test::randn(DType::bf16, kv_shape, rng), dout = tj_test::randn(DType::bf16, shape, rng);
     CAPTURE(Hkv);
-    std::vector<double> o64, lse2_64;
+    tj_test::ScoreMeaning meaning;
+    if (causal) meaning.keep = [window](int64_t i, int64_t j) { return j <= i && (window == 0 || i - j < window); };
+    std::vector<double> o64, lse_nat;
     tj_test::Grads want;
-    tj_test::reference_attention(q, k, v, dout, causal, scale_nat, o64, lse2_64, want);
+    tj_test::reference_attention(q, k, v, dout, meaning, scale_nat, o64, lse_nat, want);
     const HostTensor o = HostTensor::from_values(o64, DType::bf16, shape);
-    std::vector<double> lse_nat(lse2_64.size());
-    for (size_t i = 0; i < lse_nat.size(); ++i) lse_nat[i] = lse2_64[i] * std::log(2.0);
     const HostTensor lse = HostTensor::from_values(lse_nat, DType::f32, {1, H, S});
     for (auto sharding : {RingPlan::Sharding::contiguous, RingPlan::Sharding::zigzag})
       for (int64_t P : {2, 3}) {
-        const RingPlan plan(P, S, sharding, causal);
+        const RingPlan plan(P, S, sharding, causal, std::max<int64_t>(window, 0));
         CAPTURE(plan.describe());
         const int64_t n = S / P, L = plan.chunk_rows();
         // A rank's rows of a [1, heads, S, X] tensor (X = D, or none for the LSE), one after another.
@@ -273,13 +275,13 @@ TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in p
           dq.push_back(zeros({1, H, n, D}));
           held.push_back({shard(k, r), shard(v, r), zeros({1, Hkv, n, D}), zeros({1, Hkv, n, D})});
         }
-        HostTensor dk_part(DType::f32, {1, H, L, D}), dv_part(DType::f32, {1, H, L, D});
+        HostTensor dk_part(DType::f32, {1, H, L, D}), dv_part(DType::f32, {1, H, L, D}), dq_part(DType::f32, {1, H, L, D});
         for (int64_t s = 0; s < P; ++s) {
           for (int64_t r = 0; r < P; ++r) {
             kernels::RingBackwardViews views{qs[r].view(),     dos[r].view(),     lse2[r].view(),   delta[r].view(),
                                              dq[r].view(),     held[r].k.view(),  held[r].v.view(), held[r].dk.view(),
                                              held[r].dv.view(), dk_part.view(),   dv_part.view(),
-                                             scale_nat / std::log(2.0)};
+                                             scale_nat / std::log(2.0), dq_part.view()};
             tj_test::run_launches(kernels::ring_backward_step_launches(plan, r, s, views));
           }
           // Each shard with its gradients moves on to the next rank (after the last step: home).
@@ -304,8 +306,11 @@ TEST_CASE("ring backward on the CPU reference: each rank's steps (dQ summed in p
         CHECK(mv.rel_rmse < 2e-2);
       }
   }
-  CHECK_THROWS_WITH_AS(kernels::ring_backward_step_launches(RingPlan(2, 64, RingPlan::Sharding::contiguous, true, 16), 0, 0, {}),
-                       "ring attention backward: a sliding window is not supported yet (ring attention over 2 ranks, 64 rows in 2 "
-                       "chunks of 32 (contiguous, causal, window 16))",
+  HostTensor part(DType::f32, {1, 2, 32, 32});
+  kernels::RingBackwardViews no_dq_part;
+  no_dq_part.dk_part = part.view();
+  CHECK_THROWS_WITH_AS(kernels::ring_backward_step_launches(RingPlan(2, 64, RingPlan::Sharding::contiguous, true, 16), 0, 0, no_dq_part),
+                       "ring attention backward: a sliding window needs the dq_part scratch, f32 like dk_part (f32[1, 2, 32, 32] "
+                       "(host)), got none (ring attention over 2 ranks, 64 rows in 2 chunks of 32 (contiguous, causal, window 16))",
                        Error);
 }
