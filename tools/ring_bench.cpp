@@ -328,7 +328,7 @@ bool check_case(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& op
 bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, int64_t S, bool causal,
                     RingPlan::Sharding sharding, CUstream stream, std::ostream& log) {
   const int64_t B = opt.batch, H = opt.heads, Hkv = opt.kv_heads, D = opt.head_dim;
-  const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
+  const RingPlan plan(ranks, S, causal && !opt.window ? sharding : RingPlan::Sharding::contiguous, causal, opt.window);
   std::mt19937 rng(2024);
   const std::vector<int64_t> shape = {B, H, S, D}, kv_shape = {B, Hkv, S, D};
   const HostTensor q = random_bf16(shape, rng), k = random_bf16(kv_shape, rng), v = random_bf16(kv_shape, rng),
@@ -338,16 +338,22 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
   DeviceTensor fo(DType::bf16, shape), flse(DType::f32, {B, H, S});
   std::vector<DeviceTensor> want;   // dq, dk, dv
   for (int i = 0; i < 3; ++i) want.emplace_back(DType::bf16, i == 0 ? shape : kv_shape);
+  // A window: one GPU runs the sliding-window variant's forward and backward over the whole sequence.
+  const kernels::AttentionVariant window = kernels::sliding_window_variant(std::max<int64_t>(1, plan.window));
+  const Kernel window_forward = kernels::attention_variant(window);
+  const kernels::VariantBackward window_backward = kernels::attention_variant_backward(window);
   kernels::AttentionFp8Options fwd;
   fwd.quantize = false;
   fwd.causal = causal;
   fwd.lse = flse.view();
   fwd.stream = stream;
+  if (plan.window > 0) fwd.kernel = &window_forward;
   kernels::AttentionFp8Workspace fws;
   kernels::attention_fp8_forward(fq.view(), fk.view(), fv.view(), fo.view(), fwd, fws);
   kernels::AttentionBackwardOptions bo;
   bo.causal = causal;
   bo.stream = stream;
+  if (plan.window > 0) bo.variant = &window_backward;
   kernels::AttentionBackwardWorkspace bws;
   kernels::attention_backward(fq.view(), fk.view(), fv.view(), fo.view(), fdo.view(), flse.view(), want[0].view(), want[1].view(),
                               want[2].view(), bo, bws);
@@ -364,6 +370,7 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
   dist::RingBackwardOptions rbo;
   rbo.sharding = plan.sharding;
   rbo.causal = causal;
+  rbo.window = plan.window;
   rbo.stream = stream;
   dist::RingBackwardWorkspace rws;
   dist::ring_attention_backward(comm, rq.view(), rk.view(), rv.view(), ro.view(), rdo.view(), rl.view(), got[0].view(),
@@ -395,7 +402,7 @@ bool check_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions
 void time_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions& opt, int64_t S, bool causal,
                    RingPlan::Sharding sharding, CUstream stream, std::ostream& log) {
   const int64_t B = opt.batch, H = opt.heads, Hkv = opt.kv_heads, D = opt.head_dim, n = S / ranks;
-  const RingPlan plan(ranks, S, causal ? sharding : RingPlan::Sharding::contiguous, causal);
+  const RingPlan plan(ranks, S, causal && !opt.window ? sharding : RingPlan::Sharding::contiguous, causal, opt.window);
   const std::vector<int64_t> shape = {B, H, n, D}, kv_shape = {B, Hkv, n, D};
   std::vector<DeviceTensor> t;   // q, k, v, do, o, dq, dk, dv
   for (int i = 0; i < 8; ++i) t.emplace_back(DType::bf16, i == 1 || i == 2 || i == 6 || i == 7 ? kv_shape : shape);
@@ -404,6 +411,7 @@ void time_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions&
   dist::RingAttentionOptions fo;
   fo.sharding = plan.sharding;
   fo.causal = causal;
+  fo.window = plan.window;
   fo.lse = lse.view();
   fo.stream = stream;
   dist::RingAttentionWorkspace fws;
@@ -411,6 +419,7 @@ void time_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions&
   dist::RingBackwardOptions ring;
   ring.sharding = plan.sharding;
   ring.causal = causal;
+  ring.window = plan.window;
   ring.stream = stream;
   dist::RingBackwardOptions local = ring;
   local.local_only = true;
@@ -432,7 +441,11 @@ void time_backward(ncclComm_t comm, int rank, int ranks, const RingBenchOptions&
     ring_max = std::max(ring_max, all[2 * r]);
     local_max = std::max(local_max, all[2 * r + 1]);
   }
-  const double per_gpu = 2.5 * attention_flops(B, H, S, D, causal) / ranks;
+  double per_gpu = 2.5 * attention_flops(B, H, S, D, causal) / ranks;   // a window: the scores it keeps
+  if (plan.window > 0) {
+    per_gpu = 0;
+    for (int r = 0; r < ranks; ++r) per_gpu += 2.5 * dist::ring_attention_flops(plan, r, B * H, D) / ranks;
+  }
   const double ring_tf = per_gpu / ring_max * 1e-9, local_tf = per_gpu / local_max * 1e-9;
   log << fmt::format("| {} | {} | ring backward | bf16 | {} | {} | {:.1f} | {:.1f} | {:.1f} | - | {:.3f} | - | - | - |\n", S, ranks,
                      mask_name(plan), plan.sharding == RingPlan::Sharding::zigzag ? "zigzag" : "contiguous", ring_max, ring_tf,
@@ -666,6 +679,7 @@ int ring_rank_main(const RingBenchOptions& in) {
     for (int64_t S : opt.seqs)
       for (bool causal : {false, true}) {
         if ((causal && opt.non_causal_only) || (!causal && opt.causal_only)) continue;
+        if (opt.window > 0 && !causal) continue;   // a window is causal
         std::ostringstream row;
         if (opt.check) ok = check_backward(comm, rank, ranks, opt, S, causal, sharding, stream, row) && ok;
         else time_backward(comm, rank, ranks, opt, S, causal, sharding, stream, row);
