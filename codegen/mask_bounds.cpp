@@ -70,7 +70,9 @@ struct Affine {
 // The values an integer tile takes over one iteration's tile, bounded below and above.
 struct Interval {
   Affine lo, hi;
+  int64_t div = 0;   // > 0: the values are floordiv(lo .. hi, div), lo and hi in terms of the index
 };
+
 
 // A threshold on the loop index, free of it: -inf, +inf, an affine, or max / min / a select of
 // those (select: args[0] where `value` > 0, else args[1]).
@@ -156,6 +158,26 @@ Tails positive(const Affine& d) {
   return {};
 }
 
+// One side of a comparison: an affine, or (div > 0) floordiv of one.
+struct Side {
+  Affine a;
+  int64_t div = 0;
+};
+// The indices where x < y (x <= y), as "d > 0": floordiv(P, c) < y is P < c y, and x < floordiv(Q,
+// c) is c (x + 1) <= Q, for integers and c > 0.
+Tails lt(const Side& x, const Side& y) {
+  if (x.div && y.div) return {};
+  if (x.div) return positive(y.a.scaled(x.div) - x.a);
+  if (y.div) return positive(y.a - (x.a + 1).scaled(y.div) + 1);
+  return positive(y.a - x.a);
+}
+Tails le(const Side& x, const Side& y) {
+  if (x.div && y.div) return {};
+  if (x.div) return positive((y.a + 1).scaled(x.div) - x.a);
+  if (y.div) return positive(y.a - x.a.scaled(y.div) + 1);
+  return positive(y.a - x.a + 1);
+}
+
 // Where a boolean tile fails (holds) on the whole tile.
 struct Truth {
   Tails fails, holds;
@@ -215,6 +237,7 @@ class Bounder {
     loop_ = &loop;
     inside_.clear();
     hoisted_.clear();
+    quotient_values_.clear();
     ir::walk(*loop.body, [&](const Op& op, int) {
       if (op.result >= 0) inside_.insert(op.result);
       if (op.body) inside_.insert(op.body_index);
@@ -311,7 +334,7 @@ class Bounder {
       }
       case OpKind::arange: {
         const auto s = interval(d->operands[0], depth + 1);
-        if (!s) return std::nullopt;
+        if (!s || s->div) return std::nullopt;
         return Interval{s->lo, s->hi + (c_.block(f_, d->block_id) - 1)};
       }
       case OpKind::expand_dims:
@@ -323,7 +346,7 @@ class Bounder {
       case OpKind::unary: {
         if (d->unary != UnaryFn::neg) return leaf();
         const auto x = interval(d->operands[0], depth + 1);
-        if (!x) return leaf();
+        if (!x || x->div) return leaf();
         return Interval{x->hi.scaled(-1), x->lo.scaled(-1)};
       }
       case OpKind::binary: {
@@ -332,19 +355,37 @@ class Bounder {
             const auto k = constant_int(d->operands[side]);
             if (!k) continue;
             const auto x = interval(d->operands[1 - side], depth + 1);
-            if (!x) return leaf();
+            if (!x || x->div) return leaf();
             return *k >= 0 ? Interval{x->lo.scaled(*k), x->hi.scaled(*k)} : Interval{x->hi.scaled(*k), x->lo.scaled(*k)};
           }
           return leaf();
         }
+        if (d->binary == BinaryFn::floordiv) {
+          // floordiv by a positive constant is monotone: [lo // c, hi // c]. Free of the index, the
+          // bounds are new terms; with it, the comparisons solve them (lt / le).
+          const auto k = constant_int(d->operands[1]);
+          const auto x = k && *k > 0 ? interval(d->operands[0], depth + 1) : std::nullopt;
+          if (!x || x->div) return leaf();
+          if (x->lo.coef == 0 && x->hi.coef == 0) return Interval{Affine::term(quotient(x->lo, *k)), Affine::term(quotient(x->hi, *k))};
+          return Interval{x->lo, x->hi, *k};
+        }
         if (d->binary != BinaryFn::add && d->binary != BinaryFn::sub) return leaf();
         const auto x = interval(d->operands[0], depth + 1), y = interval(d->operands[1], depth + 1);
-        if (!x || !y) return leaf();
+        if (!x || !y || x->div || y->div) return leaf();
         if (d->binary == BinaryFn::add) return Interval{x->lo + y->lo, x->hi + y->hi};
         return Interval{x->lo - y->hi, x->hi - y->lo};
       }
       default: return leaf();
     }
+  }
+
+  // A term for floordiv(x, c) of an affine free of the loop index: its key (negative, into
+  // quotients_; the same x and c, the same key).
+  int quotient(const Affine& x, int64_t c) const {
+    for (size_t i = 0; i < quotients_.size(); ++i)
+      if (quotients_[i].second == c && quotients_[i].first.minus(x) == std::optional<int64_t>(0)) return -static_cast<int>(i) - 1;
+    quotients_.emplace_back(x, c);
+    return -static_cast<int>(quotients_.size());
   }
 
   // A scalar the same in every iteration: defined outside the loop, or inside it from such scalars
@@ -400,16 +441,18 @@ class Bounder {
     }
     const auto x = interval(d->operands[0], depth + 1), y = interval(d->operands[1], depth + 1);
     if (!x || !y) return {};
-    // x < y on the whole tile: x.hi < y.lo; x >= y: x.lo >= y.hi. Each as "d > 0".
-    auto less = [](const Interval& a, const Interval& b) { return Truth{positive(a.lo - b.hi + 1), positive(b.lo - a.hi)}; };
-    auto less_equal = [](const Interval& a, const Interval& b) { return Truth{positive(a.lo - b.hi), positive(b.lo - a.hi + 1)}; };
+    // x < y on the whole tile: x.hi < y.lo; x >= y: x.lo >= y.hi, that is y.hi <= x.lo.
+    auto lo = [](const Interval& i) { return Side{i.lo, i.div}; };
+    auto hi = [](const Interval& i) { return Side{i.hi, i.div}; };
+    auto less = [&](const Interval& a, const Interval& b) { return Truth{le(hi(b), lo(a)), lt(hi(a), lo(b))}; };
+    auto less_equal = [&](const Interval& a, const Interval& b) { return Truth{lt(hi(b), lo(a)), le(hi(a), lo(b))}; };
     switch (d->binary) {
       case BinaryFn::lt: return less(*x, *y);
       case BinaryFn::le: return less_equal(*x, *y);
       case BinaryFn::gt: return less(*y, *x);
       case BinaryFn::ge: return less_equal(*y, *x);
-      case BinaryFn::eq: return {unite(positive(y->lo - x->hi), positive(x->lo - y->hi)), {}};
-      case BinaryFn::ne: return {{}, unite(positive(y->lo - x->hi), positive(x->lo - y->hi))};
+      case BinaryFn::eq: return {unite(lt(hi(*x), lo(*y)), lt(hi(*y), lo(*x))), {}};
+      case BinaryFn::ne: return {{}, unite(lt(hi(*x), lo(*y)), lt(hi(*y), lo(*x)))};
       default: return {};
     }
   }
@@ -592,10 +635,17 @@ class Bounder {
     hoisted_[v] = x;
     return x;
   }
+  int quotient_value(int key) {
+    if (auto it = quotient_values_.find(key); it != quotient_values_.end()) return it->second;
+    const auto& [x, c] = quotients_.at(static_cast<size_t>(-key - 1));
+    const int v = bin(BinaryFn::floordiv, emit(x), constant(c));
+    quotient_values_[key] = v;
+    return v;
+  }
   int emit(const Affine& a) {
     int sum = -1;
     for (const auto& [v, k] : a.terms) {
-      int x = as_i64(outside(v));
+      int x = v < 0 ? quotient_value(v) : as_i64(outside(v));
       if (sum < 0) {
         sum = k == 1 ? x : bin(BinaryFn::mul, x, constant(k));
         continue;
@@ -630,6 +680,8 @@ class Bounder {
   const Op* loop_ = nullptr;
   std::set<int> inside_;
   std::map<int, int> hoisted_;   // invariant scalars inside the loop that its bounds read, made before it
+  mutable std::vector<std::pair<Affine, int64_t>> quotients_;   // quotient terms: floordiv(x, c)
+  std::map<int, int> quotient_values_;   // and their values before the loop being rewritten
   std::vector<Op>* head_ = nullptr;
   int region_ = 0;
   ir::SourceLoc loc_;

@@ -16,7 +16,8 @@
 // ordinary loop with other bounds. The masks it can read: comparisons (<, <=, >, >=, ==, !=) of
 // integer tiles built from tile positions (`m.index()`), the loop index, scalars defined outside
 // the loop (or inputs it loads at such indices: a prefix length, a document boundary) and
-// constants by +, - and * by a constant, combined by &&, ||, ! and == / != of booleans
+// constants by +, -, * by a constant and floordiv by a positive constant (segments: q / 2048 ==
+// kv / 2048; floordiv(P, c) < y is P < c y), combined by &&, ||, ! and == / != of booleans
 // (documents: (q < boundary) == (kv < boundary)); a mask that gathers per element (a block mask)
 // bounds nothing here. Tiles between the bounds that the mask rules out are still computed.
 //

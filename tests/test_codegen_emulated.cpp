@@ -475,7 +475,7 @@ const Kernel& window_bwd_dkdv() { return window_backward().dkdv; }
 const Kernel& window_bwd_dq() { return window_backward().dq; }
 // Masks whose loops mask_bounds bounds: rows before 40 see no key (dQ's first query tiles and
 // dK / dV's last key tiles loop zero times), a prefix-LM with its prefix per batch entry, and
-// documents (their boundaries loaded from cu_seqlens).
+// documents (their boundaries loaded from cu_seqlens), segments (floordiv of the positions).
 const kernels::VariantBackward& lag_backward() {
   static const kernels::VariantBackward b = [] {
     kernels::AttentionVariant lag{"attention_emulated_lag_40"};
@@ -494,6 +494,12 @@ const kernels::VariantBackward& docs_backward() {
   static const kernels::VariantBackward b = kernels::attention_variant_backward(kernels::document_variant(3, false));
   return b;
 }
+const kernels::VariantBackward& segment_backward() {
+  static const kernels::VariantBackward b = kernels::attention_variant_backward(kernels::segment_variant(24));
+  return b;
+}
+const Kernel& segment_bwd_dkdv() { return segment_backward().dkdv; }
+const Kernel& segment_bwd_dq() { return segment_backward().dq; }
 const Kernel& docs_bwd_dkdv() { return docs_backward().dkdv; }
 const Kernel& docs_bwd_dq() { return docs_backward().dq; }
 const Kernel& prefix_bwd_dkdv() { return prefix_backward().dkdv; }
@@ -864,7 +870,8 @@ TEST_CASE("codegen (emulated): loops bounded by their masks (knob mask_bounds) m
   };
   for (const Masked& m : {Masked{"rows before 40 see no key", &lag_bwd_dkdv, &lag_bwd_dq, {}},
                           Masked{"prefix-LM, prefix 37", &prefix_bwd_dkdv, &prefix_bwd_dq, {37}},
-                          Masked{"documents at 0, 30, 55, 80", &docs_bwd_dkdv, &docs_bwd_dq, {0, 30, 55, 80}}}) {
+                          Masked{"documents at 0, 30, 55, 80", &docs_bwd_dkdv, &docs_bwd_dq, {0, 30, 55, 80}},
+                          Masked{"segments of 24", &segment_bwd_dkdv, &segment_bwd_dq, {}}}) {
     for (bool dkdv : {true, false}) {
       std::vector<ArgSpec> a = {T(bf16, s80), T(bf16, s80), T(bf16, s80), T(bf16, s80), T(f32, r80), T(f32, r80), T(bf16, s80)};
       if (dkdv) a.push_back(T(bf16, s80));

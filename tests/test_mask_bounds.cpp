@@ -136,6 +136,7 @@ TEST_CASE("mask_bounds: masks of several shapes: the bounded loops compute the s
     bool causal;
     std::vector<TensorSpec> inputs;
     std::vector<int64_t> ints;
+    int64_t most_trips = 0;   // > 0: dK / dV's longest bounded loop (of 7 query tiles over S 100)
   };
   kernels::AttentionVariant lag{"attention_test_lag_40"};   // rows before 40 see no key: empty loops
   lag.mask_mod = [](const kernels::ScoreIndex& at) { return at.kv + 40 <= at.q; };
@@ -150,6 +151,8 @@ TEST_CASE("mask_bounds: masks of several shapes: the bounded loops compute the s
       {"prefix-LM, a prefix past the sequence", kernels::prefix_lm_variant(), false, {TensorSpec{DType::i32, {1}}}, {500}},
       {"rows that see no key", lag, false, {}, {}},
       {"a band, through ! and ||", band, false, {}, {}},
+      {"segments of 32 (floordiv of the positions)", kernels::segment_variant(32), false, {}, {}, 2},
+      {"segments of 24, causal", kernels::segment_variant(24, true), false, {}, {}},
       {"documents (boundaries 40 and 70), causal", kernels::document_variant(3, true), true, {TensorSpec{DType::i32, {4}}}, {0, 40, 70, 100}},
       {"documents (boundaries 40 and 70)", kernels::document_variant(3, false), false, {TensorSpec{DType::i32, {4}}}, {0, 40, 70, 100}},
       {"positions times constants (no bound from * 2 or * 3 of the index: kept whole)", scaled, false, {}, {}},
@@ -165,6 +168,7 @@ TEST_CASE("mask_bounds: masks of several shapes: the bounded loops compute the s
       const ir::Function g = codegen::bound_masked_loops(f, kBlocks, &bounded);
       passes::verify(g);
       if (what.find("no bound") == std::string::npos) CHECK(bounded == 1);
+      if (c.most_trips && dkdv) CHECK(codegen::longest_program_trips(g, kBlocks).value_or(-1) == c.most_trips);
       const auto got = outputs_on_reference({&f, &g}, kBlocks, c.ints);
       CHECK_FALSE(any_nan(got[0]));
       CHECK(got[0] == got[1]);
