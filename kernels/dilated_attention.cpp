@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 
@@ -404,6 +405,83 @@ void dilated_attention_forward(const TensorView& q, const TensorView& k, const T
       attention_fp8_forward(t[0], t[1], t[2], t[3], a, ws.attention);
     }
   }
+}
+
+namespace {
+// The backward of a pair's segment variant (w / r positions, causal or not), built once and kept.
+const VariantBackward& pair_backward(const DilatedPair& pair, bool causal) {
+  static std::mutex mutex;
+  static std::map<std::pair<int64_t, bool>, std::unique_ptr<VariantBackward>> kernels;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<VariantBackward>& b = kernels[{pair.segment / pair.rate, causal}];
+  if (!b) b = std::make_unique<VariantBackward>(attention_variant_backward(segment_variant(pair.segment / pair.rate, causal)));
+  return *b;
+}
+
+// A contiguous f32 tensor as one row of its elements, and entry i of [3, ...].
+TensorView flat(const TensorView& t) {
+  TensorView f = t;
+  f.shape = {t.numel()};
+  f.strides = {};
+  return f;
+}
+}  // namespace
+
+std::vector<BackwardLaunch> dilated_backward_launches(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                      const TensorView& o, const TensorView& dout, const TensorView& lse,
+                                                      const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                      const DilatedOptions& opt, const TensorView& delta, const TensorView& lse2,
+                                                      const TensorView& acc, const TensorView& part) {
+  const char* who = "dilated_attention_backward";
+  check_pairs(q, k, v, o, opt.pairs, who);
+  if (opt.fp8) throw Error(fmt::format("{}: 16-bit only (no FP8 backward of dilated attention yet)", who));
+  const std::vector<int64_t> rows = {q.shape[0], q.shape[1], q.shape[2]}, sums = {3, q.shape[0], q.shape[1], q.shape[2], q.shape[3]};
+  if (lse.dtype != DType::f32 || lse.shape != rows)
+    throw Error(fmt::format("{}: lse is {}: expected f32[{}, {}, {}] (the forward's running logsumexp, DilatedWorkspace::lse)", who,
+                            lse.describe(), rows[0], rows[1], rows[2]));
+  for (const auto& [what, t] : {std::pair<const char*, const TensorView*>{"do", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
+    if (t->shape != q.shape) throw Error(fmt::format("{}: {} is {}: expected the shape of q, {}", who, what, t->describe(), q.describe()));
+  for (const auto& [what, t] : {std::pair<const char*, const TensorView*>{"acc", &acc}, {"part", &part}})
+    if (t->dtype != DType::f32 || t->shape != sums || !t->is_contiguous())
+      throw Error(fmt::format("{}: its {} scratch is {}: expected contiguous f32[3, {}, {}, {}, {}]", who, what, t->describe(), sums[1],
+                              sums[2], sums[3], sums[4]));
+  const double scale = 1.4426950408889634 / std::sqrt(static_cast<double>(q.shape[3]));
+  const TensorView grads[3] = {at(acc, 0, 0), at(acc, 0, 1), at(acc, 0, 2)}, parts[3] = {at(part, 0, 0), at(part, 0, 1), at(part, 0, 2)};
+  std::vector<BackwardLaunch> out;
+  out.push_back({&attention_bwd_prepare(), {o, dout, lse, delta, lse2}});
+  out.push_back({&fill_zeros(), {flat(acc)}});
+  // Each pair's part: heads j, j + r, ... over rows j, j + r, ... (the forward's views), its segment
+  // mask on them; dK / dV and dQ into the scratch, then added into the sums.
+  for (const DilatedPair& pair : opt.pairs) {
+    const VariantBackward& b = pair_backward(pair, opt.causal);
+    for (int64_t j = 0; j < pair.rate; ++j) {
+      auto view = [&](const TensorView& t) { return sparse(t, j, pair.rate); };
+      out.push_back({&b.dkdv, {view(q), view(k), view(v), view(dout), view(lse2), view(delta), view(parts[1]), view(parts[2]), scale,
+                               opt.causal}});
+      out.push_back({&b.dq, {view(q), view(k), view(v), view(dout), view(lse2), view(delta), view(parts[0]), scale, opt.causal}});
+      for (int g = 0; g < 3; ++g) out.push_back({&accumulate(), {view(grads[g]), view(parts[g])}});
+    }
+  }
+  out.push_back({&convert(), {grads[0], dq}});
+  out.push_back({&convert(), {grads[1], dk}});
+  out.push_back({&convert(), {grads[2], dv}});
+  return out;
+}
+
+void dilated_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                                const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const DilatedOptions& opt, DilatedBackwardWorkspace& ws) {
+  check_pairs(q, k, v, o, opt.pairs, "dilated_attention_backward");
+  const std::vector<int64_t> rows = {q.shape[0], q.shape[1], q.shape[2]}, sums = {3, q.shape[0], q.shape[1], q.shape[2], q.shape[3]};
+  for (auto* t : {&ws.delta, &ws.lse2})
+    if (!*t || (*t)->shape() != rows) t->emplace(DType::f32, rows);
+  for (auto* t : {&ws.acc, &ws.part})
+    if (!*t || (*t)->shape() != sums) t->emplace(DType::f32, sums);
+  LaunchOptions lo;
+  lo.stream = opt.stream;
+  for (const BackwardLaunch& l : dilated_backward_launches(q, k, v, o, dout, lse, dq, dk, dv, opt, ws.delta->view(), ws.lse2->view(),
+                                                           ws.acc->view(), ws.part->view()))
+    launch(*l.kernel, l.args, lo);
 }
 
 }  // namespace tj::kernels

@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/attention_backward.h"
 #include "kernels/attention_fp8.h"
 #include "runtime/owned_tensor.h"
 
@@ -62,6 +63,28 @@ struct DilatedWorkspace {
 // Throws tj::Error for pairs that do not fit (r not dividing w or H, mismatched shapes).
 void dilated_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                                const DilatedOptions& opt, DilatedWorkspace& ws);
+
+// The gradients of dilated attention (16-bit): dq, dk, dv [B, H, S, D] (any float dtype) of a loss
+// L given dout = dL/do, from q, k, v, the forward's o and its running logsumexp lse (DilatedWorkspace::lse,
+// f32 [B, H, S], natural log; opt.pairs and opt.causal as in the forward). The mix by logsumexps is
+// softmax over every pair's keys at once, so each pair's part of the gradient is the plain
+// backward on its views with the final o's delta and lse: per (pair, offset) the backward of its
+// segment variant (kernels/attention_backward.h; the compiler bounds each loop to its segment),
+// summed over the pairs in f32 scratch, then written out. Throws tj::Error for pairs or tensors that
+// do not fit (as the forward), fp8, or an lse of another shape.
+struct DilatedBackwardWorkspace {
+  std::optional<DeviceTensor> delta, lse2, acc, part;   // [B, H, S], [B, H, S], [3, B, H, S, D] f32 x 2
+};
+void dilated_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                                const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const DilatedOptions& opt, DilatedBackwardWorkspace& ws);
+// Its launches over the scratch given (delta, lse2 [B, H, S] f32; acc and part [3, B, H, S, D] f32:
+// dq, dk, dv's sums and one (pair, offset)'s share), in order.
+std::vector<BackwardLaunch> dilated_backward_launches(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                      const TensorView& o, const TensorView& dout, const TensorView& lse,
+                                                      const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                                      const DilatedOptions& opt, const TensorView& delta, const TensorView& lse2,
+                                                      const TensorView& acc, const TensorView& part);
 
 // Whether the quantize-once FP8 path fits S: every rate divides S, and S / r is a multiple of 16
 // (each offset's Vᵀ columns start 16-byte aligned for TMA). Otherwise fp8 quantizes each

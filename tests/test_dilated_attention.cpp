@@ -13,6 +13,7 @@
 #include <random>
 
 #include "attention_accuracy.h"
+#include "backward_testing.h"
 #include "gpu.h"
 #include "kernels/dilated_attention.h"
 #include "runtime/device.h"
@@ -82,7 +83,110 @@ std::vector<double> mix_f64(const std::vector<PartResult>& parts, int64_t rows, 
   return out;
 }
 
+// Dilated attention as softmax over every pair's keys of a row at once (a key two pairs share
+// counts twice, as the mix by logsumexps counts it), in float64: o, lse (natural; -inf for a row no
+// pair covers) and the gradients of sum(dout * o).
+struct DilatedF64 {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+DilatedF64 dilated_f64(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout,
+                       const std::vector<kernels::DilatedPair>& pairs, bool causal) {
+  const auto& sh = q.shape();
+  const int64_t B = sh[0], H = sh[1], S = sh[2], D = sh[3];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  DilatedF64 r{std::vector<double>(B * H * S * D, 0.0), std::vector<double>(B * H * S, -INFINITY), std::vector<double>(B * H * S * D, 0.0),
+               std::vector<double>(B * H * S * D, 0.0), std::vector<double>(B * H * S * D, 0.0)};
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t h = bh % H, base = bh * S * D;
+    for (int64_t i = 0; i < S; ++i) {
+      std::vector<int64_t> keys;   // every pair's keys of row i, repeated where pairs share one
+      for (const auto& [w, rate] : pairs) {
+        const int64_t off = h % rate;
+        if (i < off || (i - off) % rate != 0) continue;
+        for (int64_t j = i / w * w + off; j < std::min(S, i / w * w + w); j += rate)
+          if (!causal || j <= i) keys.push_back(j);
+      }
+      if (keys.empty()) continue;
+      std::vector<double> s(keys.size()), dp(keys.size());
+      double mx = -INFINITY;
+      for (size_t a = 0; a < keys.size(); ++a) {
+        double d = 0, e = 0;
+        for (int64_t t = 0; t < D; ++t) {
+          d += q.at(base + i * D + t) * k.at(base + keys[a] * D + t);
+          e += dout.at(base + i * D + t) * v.at(base + keys[a] * D + t);
+        }
+        s[a] = d * scale;
+        dp[a] = e;
+        mx = std::max(mx, s[a]);
+      }
+      double l = 0;
+      for (double x : s) l += std::exp(x - mx);
+      const double lse = mx + std::log(l);
+      r.lse[bh * S + i] = lse;
+      double delta = 0;
+      for (int64_t t = 0; t < D; ++t) {
+        double acc = 0;
+        for (size_t a = 0; a < keys.size(); ++a) acc += std::exp(s[a] - lse) * v.at(base + keys[a] * D + t);
+        r.o[base + i * D + t] = acc;
+        delta += dout.at(base + i * D + t) * acc;
+      }
+      for (size_t a = 0; a < keys.size(); ++a) {
+        const double p = std::exp(s[a] - lse), ds = p * (dp[a] - delta);
+        for (int64_t t = 0; t < D; ++t) {
+          r.dq[base + i * D + t] += scale * ds * k.at(base + keys[a] * D + t);
+          r.dk[base + keys[a] * D + t] += scale * ds * q.at(base + i * D + t);
+          r.dv[base + keys[a] * D + t] += p * dout.at(base + i * D + t);
+        }
+      }
+    }
+  }
+  return r;
+}
+
 }  // namespace
+
+TEST_CASE("dilated attention backward on the CPU reference: float64 gradients of the pairs' mix (shared keys, rows no pair "
+          "covers, a last segment cut short, causal and not)") {
+  std::mt19937 rng(86);
+  const int64_t H = 4, S = 96, D = 32;
+  const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S}, sums = {3, 1, H, S, D};
+  const std::vector<std::vector<kernels::DilatedPair>> pair_sets = {{{16, 1}, {32, 2}, {64, 4}}, {{32, 2}, {64, 4}}};
+  for (const auto& pairs : pair_sets)
+    for (bool causal : {false, true}) {
+      INFO("pairs " << pairs.size() << " causal " << causal);
+      const HostTensor q = randn(DType::bf16, shape, rng), k = randn(DType::bf16, shape, rng), v = randn(DType::bf16, shape, rng),
+                       dout = randn(DType::bf16, shape, rng);
+      const DilatedF64 want = dilated_f64(q, k, v, dout, pairs, causal);
+      const HostTensor o = HostTensor::from_values(want.o, DType::bf16, shape), lse = HostTensor::from_values(want.lse, DType::f32, rows);
+      HostTensor dq(DType::f32, shape), dk(DType::bf16, shape), dv(DType::f32, shape), delta(DType::f32, rows), lse2(DType::f32, rows),
+          acc(DType::f32, sums), part(DType::f32, sums);
+      for (HostTensor* t : {&dq, &dk, &dv, &delta, &lse2, &acc, &part}) t->fill_bytes(0xFF);   // poison
+      kernels::DilatedOptions opt;
+      opt.pairs = pairs;
+      opt.causal = causal;
+      tj_test::run_launches(kernels::dilated_backward_launches(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), dq.view(),
+                                                               dk.view(), dv.view(), opt, delta.view(), lse2.view(), acc.view(),
+                                                               part.view()));
+      const Metrics mq = compare(dq.values(), want.dq), mk = compare(dk.values(), want.dk), mv = compare(dv.values(), want.dv);
+      MESSAGE("dilated backward vs float64: dq ", str(mq), "; dk ", str(mk), "; dv ", str(mv));
+      CHECK(mq.nan + mk.nan + mv.nan == 0);
+      CHECK(mq.rel_rmse < 2e-2);
+      CHECK(mk.rel_rmse < 2e-2);
+      CHECK(mv.rel_rmse < 2e-2);
+    }
+  // What does not fit: fp8, an lse of another shape, scratch of another shape.
+  const HostTensor x(DType::bf16, shape), l(DType::f32, rows), s3(DType::f32, sums), bad(DType::f32, {1, H, S + 1});
+  kernels::DilatedOptions opt;
+  opt.pairs = {{32, 2}};
+  auto launches = [&](const HostTensor& lse, const HostTensor& scratch) {
+    return kernels::dilated_backward_launches(x.view(), x.view(), x.view(), x.view(), x.view(), lse.view(), x.view(), x.view(), x.view(),
+                                              opt, l.view(), l.view(), scratch.view(), s3.view());
+  };
+  CHECK_THROWS_WITH(launches(bad, s3), doctest::Contains("lse is f32[1, 4, 97] (host): expected f32[1, 4, 96]"));
+  CHECK_THROWS_WITH(launches(l, l), doctest::Contains("its acc scratch is f32[1, 4, 96] (host): expected contiguous f32[3, 1, 4, 96, 32]"));
+  opt.fp8 = true;
+  CHECK_THROWS_WITH(launches(l, s3), doctest::Contains("16-bit only (no FP8 backward of dilated attention yet)"));
+}
 
 TEST_CASE("dilated FP8 quantizes once where every offset's keys start 16-byte aligned, else says why not") {
   const std::vector<kernels::DilatedPair> pairs = {{2048, 1}, {4096, 2}, {8192, 4}};
@@ -274,6 +378,40 @@ TEST_CASE("gpu: dilated attention (LongNet pairs mixed) matches float64 in bf16 
       CHECK(ma.rel_rmse <= 1e-2);
     }
   }
+  }
+}
+
+TEST_CASE("gpu: dilated attention backward after its forward: float64 gradients of the pairs' mix (bf16, causal and not)") {
+  TJ_REQUIRE_HOPPER();
+  std::mt19937 rng(87);
+  const int64_t B = 1, H = 4, S = 1000, D = 64;
+  const std::vector<int64_t> shape = {B, H, S, D};
+  const std::vector<kernels::DilatedPair> pairs = {{128, 1}, {256, 2}, {512, 4}};
+  const HostTensor q = randn(DType::bf16, shape, rng), k = randn(DType::bf16, shape, rng), v = randn(DType::bf16, shape, rng),
+                   dout = randn(DType::bf16, shape, rng);
+  const DeviceTensor qd = DeviceTensor::from_host(q), kd = DeviceTensor::from_host(k), vd = DeviceTensor::from_host(v),
+                     dod = DeviceTensor::from_host(dout);
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    const DilatedF64 want = dilated_f64(q, k, v, dout, pairs, causal);
+    kernels::DilatedOptions opt;
+    opt.pairs = pairs;
+    opt.causal = causal;
+    DeviceTensor o(DType::bf16, shape), dq(DType::bf16, shape), dk(DType::bf16, shape), dv(DType::bf16, shape);
+    kernels::DilatedWorkspace ws;
+    kernels::dilated_attention_forward(qd.view(), kd.view(), vd.view(), o.view(), opt, ws);
+    for (DeviceTensor* t : {&dq, &dk, &dv}) t->fill_bytes(0xFF);   // NaN poison
+    kernels::DilatedBackwardWorkspace bws;
+    kernels::dilated_attention_backward(qd.view(), kd.view(), vd.view(), o.view(), dod.view(), ws.lse->view(), dq.view(), dk.view(),
+                                        dv.view(), opt, bws);
+    runtime::synchronize();
+    const Metrics mq = compare(dq.to_host().values(), want.dq), mk = compare(dk.to_host().values(), want.dk),
+                  mv = compare(dv.to_host().values(), want.dv);
+    MESSAGE("dilated backward on the GPU vs float64: dq ", str(mq), "; dk ", str(mk), "; dv ", str(mv));
+    CHECK(mq.nan + mk.nan + mv.nan == 0);
+    CHECK(mq.rel_rmse < 2e-2);
+    CHECK(mk.rel_rmse < 2e-2);
+    CHECK(mv.rel_rmse < 2e-2);
   }
 }
 
