@@ -255,7 +255,7 @@ class Bounder {
       any = true;
     }
     if (!any) return;
-    const std::optional<Affine> b0 = scalar(loop.operands[0]), e0 = scalar(loop.operands[1]);
+    const std::optional<Affine> b0 = scalar(loop.operands[0]);
     const bool lower = !(b0 && at_most(skip.a, *b0)) && !at_most_any(skip.a, loop.operands[0], BinaryFn::maximum),
                upper = skip.b.kind != Bound::Kind::above && !at_least_end(skip.b, loop.operands[1]);
     if (!lower && !upper) return;
@@ -267,7 +267,8 @@ class Bounder {
     const int block = emit_op(OpKind::block_size, {}, i64(), [&](Op& o) { o.block_id = loop.block_id; });
     if (lower) {
       const int from = bin(BinaryFn::maximum, emit(skip.a), plan.begin);
-      const int tiles = bin(BinaryFn::floordiv, bin(BinaryFn::add, bin(BinaryFn::sub, from, plan.begin), bin(BinaryFn::sub, block, constant(1))), block);
+      const int ahead = bin(BinaryFn::add, bin(BinaryFn::sub, from, plan.begin), bin(BinaryFn::sub, block, constant(1)));
+      const int tiles = bin(BinaryFn::floordiv, ahead, block);
       plan.begin = bin(BinaryFn::add, plan.begin, bin(BinaryFn::mul, tiles, block));
     }
     if (upper) {
