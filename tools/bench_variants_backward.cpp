@@ -113,7 +113,8 @@ struct Inputs {
 };
 
 bool bench_case(VariantCase& c, Inputs& in, CUstream stream, L2Flusher& l2, const BenchVariantsOptions& o, VariantTable& table) {
-  if (!c.dilated.empty()) throw Error("dilated: merging variants have no backward yet (kernels/attention_backward.h)");
+  if (!c.dilated.empty())
+    throw Error("dilated: its backward (kernels/dilated_attention.h: dilated_attention_backward) is not timed here yet");
   const std::vector<int64_t> qs{c.B, c.H, c.S, c.D}, ks{c.B, c.Hkv, c.S, c.D};
   const TensorView q = reshaped(in.dq.view(), qs), k = reshaped(in.dk.view(), ks), v = reshaped(in.dv.view(), ks),
                    dout = reshaped(in.ddo.view(), qs), out = reshaped(in.o.view(), qs), gq = reshaped(in.gq.view(), qs),
@@ -242,7 +243,9 @@ int bench_variants_backward(const BenchVariantsOptions& o) {
   header.push_back(fmt::format(
       "tilejit: kernels::attention_backward with the variant's backward kernels (attention_variant_backward: dK / dV per key "
       "tile, dQ per query tile, the hooks traced into both; generic tensor-core lowering, default configs; causal masks launch "
-      "with causal = true: the loops stop at the diagonal, no other block is skipped) after attention_fp8_forward of "
+      "with causal = true: the loops stop at the diagonal; each loop runs from the first to the last tile the mask keeps, "
+      "knob mask_bounds: windows, prefix-LM, documents, segments; a block mask's tiles are all computed) after "
+      "attention_fp8_forward of "
       "attention_variant(v) with its LSE; median of {} CUDA-event-timed calls after {} warm-ups, L2 flushed before each, random "
       "N(0,1) bf16 q, k, v, dO. rRMSE: dq's, dk's and dv's relative RMS error against float64 of the variant's meaning at {} rows "
       "of the last head; fails above {:.0e}.",
