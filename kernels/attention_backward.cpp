@@ -364,7 +364,9 @@ VariantBackward attention_variant_backward(const AttentionVariant& variant) {
                             "set AttentionVariant::score_grad (Tile() where the derivative is 1)",
                             variant.name));
   if (variant.merge_into_output)
-    throw Error(fmt::format("attention variant '{}' merges into its output: no backward for merging variants yet", variant.name));
+    throw Error(fmt::format("attention variant '{}' merges into its output: the backward takes the non-merging variant with the "
+                            "final output's LSE (dilated attention: dilated_attention_backward)",
+                            variant.name));
   for (const std::string& l : variant.learnable)
     if (std::find(variant.inputs.begin(), variant.inputs.end(), l) == variant.inputs.end())
       throw Error(fmt::format("attention variant '{}': learnable input '{}' is not one of its inputs", variant.name, l));

@@ -205,7 +205,7 @@ TEST_CASE("attention variant backward: errors name the variant and what is missi
   kernels::AttentionVariant merging = kernels::causal_variant();
   merging.name = "attention_test_merging";
   merging.merge_into_output = true;
-  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(merging), doctest::Contains("merges into its output"), Error);
+  CHECK_THROWS_WITH_AS(kernels::attention_variant_backward(merging), doctest::Contains("merges into its output: the backward takes the non-merging variant"), Error);
 
   const std::vector<int64_t> shape = {1, 2, 64, 32}, rows = {1, 2, 64};
   HostTensor q(DType::bf16, shape), o(DType::bf16, shape), lse(DType::f32, rows), dq(DType::bf16, shape), delta(DType::f32, rows),

@@ -97,7 +97,7 @@ int bench_variants(const BenchVariantsOptions& o);
 // `tilejit bench variants --backward` (tools/bench_variants_backward.cpp): each variant's backward
 // (kernels::attention_variant_backward) after its forward's LSE, gradients checked against float64 of
 // the variant's meaning, then flex_attention's compiled backward (peers.py --variants --backward);
-// one markdown table. The variants that merge into their output (dilated) have no backward yet.
+// one markdown table. dilated is not timed there (its backward: kernels/dilated_attention.h).
 int bench_variants_backward(const BenchVariantsOptions& o);
 
 // `tilejit bench memory` (tools/bench_memory.cpp): softmax, RMSNorm, LayerNorm, an add and the
