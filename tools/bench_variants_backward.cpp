@@ -30,7 +30,11 @@ namespace {
 constexpr int kCheckRows = 16;
 constexpr double kMaxRelRmse = 3e-2;   // bf16 gradients of bf16 inputs, as `tilejit bench attention --backward`
 const char* const kOurs = "tilejit_bf16_bwd";
+const char* const kOursFp8 = "tilejit_fp8_bwd";
 const char* const kFlex = "flex_bf16_bwd";
+// FP8 gradients (e4m3 Q K V dO, e5m2 dS) against float64: the recipe's own error, as the FP8
+// backward's GPU test bounds it.
+constexpr double kMaxRelRmseFp8 = 0.15;
 
 // The variant's masks that never show a key after its query: the backward launches with causal =
 // true (its loops stop at the diagonal; the mask stays the variant's).
@@ -187,7 +191,28 @@ bool bench_case(VariantCase& c, Inputs& in, CUstream stream, L2Flusher& l2, cons
   table[key_of(c)][kOurs] = r;
   fmt::print("  backward {:.4f} ms {:.1f} TFLOP/s (min {:.4f} max {:.4f}); vs float64 ({} rows of the last head): {} {}\n", r.ms,
              r.tflops, t.min_ms, t.max_ms, rows.size(), r.note, r.ok ? "PASS" : "FAIL");
-  return r.ok;
+
+  // FP8: the variant's FP8 forward from the same bf16 inputs (its LSE), then its FP8 backward (the
+  // call quantizes q, k, v, dO itself), timed whole.
+  kernels::AttentionFp8Options fwd8 = fwd;
+  fwd8.quantize = true;
+  kernels::AttentionFp8Workspace fws8;
+  kernels::attention_fp8_forward(q, k, v, out, fwd8, fws8);
+  kernels::AttentionBackwardOptions opt8 = opt;
+  opt8.fp8 = true;
+  kernels::AttentionBackwardWorkspace ws8;
+  const MeasuredBackward m8 = measure_backward([&] { kernels::attention_backward(q, k, v, out, dout, lse, gq, gk, gv, opt8, ws8); },
+                                               in.gq, in.gk, in.gv, stream, o.reps, o.warmup, l2);
+  const GradErrors e8 = grad_errors(m8.dq, m8.dk, m8.dv, reference.get(), c.S, c.D, {head}, rows, kv_rows);
+  BenchResult r8;
+  r8.ms = m8.timing.median_ms;
+  r8.tflops = tflops(flops, r8.ms);
+  r8.rel_rmse = e8.worst();
+  r8.ok = r8.rel_rmse <= kMaxRelRmseFp8;
+  r8.note = kv_rows ? fmt::format("dq {:.2e}, dk {:.2e}, dv {:.2e}", e8.dq, e8.dk, e8.dv) : fmt::format("dq {:.2e}", e8.dq);
+  table[key_of(c)][kOursFp8] = r8;
+  fmt::print("  fp8 backward {:.4f} ms {:.1f} TFLOP/s; vs float64: {} {}\n", r8.ms, r8.tflops, r8.note, r8.ok ? "PASS" : "FAIL");
+  return r.ok && r8.ok;
 }
 
 std::string backward_markdown(const std::vector<VariantCase>& cases, const VariantTable& table,
@@ -200,12 +225,13 @@ std::string backward_markdown(const std::vector<VariantCase>& cases, const Varia
   };
   std::string md;
   md += "| variant | S | B×H (Hkv) | visible | tilejit bf16 backward TFLOP/s (ms) | flex_attention bf16 backward TFLOP/s (ms) | "
-        "tilejit / flex | rRMSE tilejit (vs float64) | rRMSE flex (vs float32) |\n";
-  md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n";
+        "tilejit / flex | rRMSE tilejit (vs float64) | rRMSE flex (vs float32) | tilejit fp8 backward TFLOP/s (ms) | fp8 / flex | "
+        "rRMSE fp8 (vs float64) |\n";
+  md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |\n";
   int met = 0, measured = 0;
   std::vector<std::string> below;
   for (const auto& c : cases) {
-    const BenchResult *ours = find(c, kOurs), *fl = find(c, kFlex);
+    const BenchResult *ours = find(c, kOurs), *fl = find(c, kFlex), *f8 = find(c, kOursFp8);
     auto cell = [](const BenchResult* r) {
       return r ? fmt::format("{:.1f} ({:.3f}){}", r->tflops, r->ms, r->ok ? "" : " FAIL") : std::string("n/a");
     };
@@ -213,8 +239,9 @@ std::string backward_markdown(const std::vector<VariantCase>& cases, const Varia
         c.visible > 0 ? fmt::format("{:.1f}%", 100.0 * static_cast<double>(c.visible) / static_cast<double>(c.B * c.H * c.S * c.S))
                       : "n/a";
     const std::string heads = c.Hkv == c.H ? fmt::format("{}×{}", c.B, c.H) : fmt::format("{}×{} ({})", c.B, c.H, c.Hkv);
-    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", c.label, c.S, heads, visible, cell(ours), cell(fl),
-                      ratio_cell(ours, fl), ours ? ours->note : "n/a", rmse_cell(fl));
+    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", c.label, c.S, heads, visible, cell(ours),
+                      cell(fl), ratio_cell(ours, fl), ours ? ours->note : "n/a", rmse_cell(fl), cell(f8), ratio_cell(f8, fl),
+                      f8 ? f8->note : "n/a");
     if (ours && fl) {
       ++measured;
       if (ours->tflops >= 2.0 * fl->tflops) ++met;
@@ -248,8 +275,9 @@ int bench_variants_backward(const BenchVariantsOptions& o) {
       "attention_fp8_forward of "
       "attention_variant(v) with its LSE; median of {} CUDA-event-timed calls after {} warm-ups, L2 flushed before each, random "
       "N(0,1) bf16 q, k, v, dO. rRMSE: dq's, dk's and dv's relative RMS error against float64 of the variant's meaning at {} rows "
-      "of the last head; fails above {:.0e}.",
-      o.reps, o.warmup, kCheckRows, kMaxRelRmse));
+      "of the last head; fails above {:.0e}. fp8: the variant's FP8 forward from the same inputs (its LSE), then attention_backward "
+      "with fp8 (the variant's FP8 kernels; the call quantizes q, k, v, dO itself and is timed whole); fails above {:.2f}.",
+      o.reps, o.warmup, kCheckRows, kMaxRelRmse, kMaxRelRmseFp8));
   std::vector<std::string> notes;
   VariantTable table;
   bool all_ok = true;
