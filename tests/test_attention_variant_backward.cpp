@@ -587,3 +587,54 @@ TEST_CASE("gpu: attention variant backward with learnable ALiBi slopes after its
   // o here is the GPU forward's, not the float64 one rounded: against its own delta only loosely.
   CHECK(rel_rmse(hs, p.dslopes) < 8e-2);
 }
+
+TEST_CASE("gpu: attention variant backward FP8 after the variant's FP8 forward: float64 gradients within the FP8 recipe's "
+          "error (a window, learnable ALiBi with its slopes)") {
+  TJ_REQUIRE_HOPPER();
+  constexpr int64_t H = 2, S = 300, D = 128;
+  const std::vector<int64_t> shape = {1, H, S, D}, rows = {1, H, S};
+  const double scale_nat = 1.0 / std::sqrt(static_cast<double>(D));
+  std::mt19937 rng(53);
+  const std::vector<double> slopes = {0.02, -0.01};
+  Meaning window;
+  window.keep = [](int64_t i, int64_t j) { return j <= i && i - j < 48; };
+  const HostTensor slope_h = HostTensor::from_values(slopes, DType::f32, {H});
+  for (bool learnable : {false, true}) {
+    const kernels::AttentionVariant variant = learnable ? kernels::learnable_alibi_variant(true) : kernels::sliding_window_variant(48);
+    CAPTURE(variant.name);
+    const Problem p = make_problem(shape, scale_nat, learnable ? learnable_alibi(slopes) : window, rng);
+    const DeviceTensor q = DeviceTensor::from_host(p.q), k = DeviceTensor::from_host(p.k), v = DeviceTensor::from_host(p.v),
+                       dout = DeviceTensor::from_host(p.dout), slope_d = DeviceTensor::from_host(slope_h);
+    DeviceTensor o(DType::bf16, shape), lse(DType::f32, rows), gq(DType::f32, shape), gk(DType::f32, shape), gv(DType::f32, shape),
+        dslopes(DType::f32, {H});
+    std::vector<TensorView> inputs;
+    if (learnable) inputs.push_back(slope_d.view());
+    const Kernel forward = kernels::attention_variant(variant);
+    kernels::AttentionFp8Options fwd;   // the FP8 forward from bf16 (its quantizers), with its LSE
+    fwd.causal = true;
+    fwd.lse = lse.view();
+    fwd.kernel = &forward;
+    fwd.inputs = inputs;
+    kernels::AttentionFp8Workspace fws;
+    kernels::attention_fp8_forward(q.view(), k.view(), v.view(), o.view(), fwd, fws);
+    const kernels::VariantBackward vb = kernels::attention_variant_backward(variant);
+    kernels::AttentionBackwardOptions opt;
+    opt.fp8 = true;
+    opt.causal = true;
+    opt.variant = &vb;
+    opt.variant_inputs = inputs;
+    if (learnable) opt.variant_param_grads = {dslopes.view()};
+    kernels::AttentionBackwardWorkspace ws;
+    for (DeviceTensor* t : {&gq, &gk, &gv, &dslopes}) t->fill_bytes(0xFF);   // NaN poison
+    kernels::attention_backward(q.view(), k.view(), v.view(), o.view(), dout.view(), lse.view(), gq.view(), gk.view(), gv.view(), opt, ws);
+    const HostTensor hq = gq.to_host(), hk = gk.to_host(), hv = gv.to_host();
+    MESSAGE(variant.name, " fp8: dq ", rel_rmse(hq, p.want.dq), " dk ", rel_rmse(hk, p.want.dk), " dv ", rel_rmse(hv, p.want.dv));
+    CHECK(rel_rmse(hv, p.want.dv) < 0.15);
+    CHECK(rel_rmse(hk, p.want.dk) < 0.15);
+    CHECK(rel_rmse(hq, p.want.dq) < 0.15);
+    if (learnable) {
+      const HostTensor hs = dslopes.to_host();
+      for (int64_t h = 0; h < H; ++h) CHECK(std::isfinite(hs.at(h)));
+    }
+  }
+}
