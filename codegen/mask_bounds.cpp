@@ -392,6 +392,7 @@ class Bounder {
   // A scalar the same in every iteration: defined outside the loop, or inside it from such scalars
   // and constants, or an input's element loaded at such indices (the loop writes no input).
   bool invariant(int v, int depth) const {
+    if (v == loop_->body_index) return false;
     if (!inside_.count(v)) return true;
     const Op* d = def_.at(v);
     if (!d || depth > 16 || !f_.type(v).is_scalar()) return false;

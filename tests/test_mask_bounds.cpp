@@ -228,6 +228,36 @@ Kernel masked_loop(const std::string& name, int extra) {
 
 }  // namespace
 
+TEST_CASE("mask_bounds: a mask that reads an input at the loop's own index is not loop-invariant (no bound from it)") {
+  const Kernel k = kernel("mask_bounds_test_indexed_limit", {"q", "k", "lim", "o"}, [](In q, In k, In lim, Out o) {
+    auto [B, H, S, D] = q.shape<4>();
+    for (auto bh : grid(B * H)) {
+      auto b = floordiv(bh, H), h = bh % H;
+      for (auto m : tile(S, block("m"))) {
+        Var l = zeros({m}, DType::f32);
+        auto qt = q.load(b, h, m, all);
+        for (auto n : tile(S, block("n"))) {
+          auto s = dot(qt, k.load(b, h, n, all).T());
+          auto kv_at = n.index().row();
+          s = where(kv_at < lim.load(n.begin()).to(DType::i32), s, -INFINITY);   // a limit per key tile
+          l = l + sum(exp2(s * 0.01), 1);
+        }
+        o.store(b, h, m, l);
+      }
+    }
+  });
+  const TensorSpec t{DType::bf16, kShape}, r{DType::f32, {kShape[0], kShape[1], kShape[2]}}, lim{DType::i64, {kShape[2]}};
+  const ir::Function f = k.trace({t, t, lim, r});
+  int bounded = -1;
+  const ir::Function g = codegen::bound_masked_loops(f, kBlocks, &bounded);
+  passes::verify(g);
+  CHECK(bounded == 0);
+  std::vector<int64_t> limits(static_cast<size_t>(kShape[2]));
+  for (size_t i = 0; i < limits.size(); ++i) limits[i] = static_cast<int64_t>((i * 37) % 100);
+  const auto got = outputs_on_reference({&f, &g}, kBlocks, limits);
+  CHECK(got[0] == got[1]);
+}
+
 TEST_CASE("mask_bounds: loops that would change something where the mask rules a tile out keep their bounds") {
   const TensorSpec t{DType::bf16, kShape}, r{DType::f32, {kShape[0], kShape[1], kShape[2]}};
   const char* what[] = {"adds 1", "stores", "exp2 of -inf times -1", "counts masked scores", "running max (bounded)"};
