@@ -230,9 +230,21 @@ void key_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, 
 
 }  // namespace
 
+namespace {
+// The backward kernels' parameters, shared by the library's kernels and each variant's (the
+// variant's inputs follow them). Outputs: dK / dV 6-7, dQ 6; FP8: dK / dV 12-13, dQ 11.
+const std::vector<std::string> kDkdvParams = {"q", "k", "v", "do", "lse", "delta", "dk", "dv", "scale", "causal"};
+const std::vector<std::string> kDqParams = {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"};
+// The FP8 kernels' (attention_bwd_dkdv_fp8 / attention_bwd_dq_fp8): outputs 12-13 / 11.
+const std::vector<std::string> kDkdvFp8Params = {"q", "qt", "k", "v", "do", "dot", "lse", "delta", "sq", "sk", "sv", "sdo",
+                                                 "dk", "dv", "scale", "causal"};
+const std::vector<std::string> kDqFp8Params = {"q", "k", "kt", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dq", "scale",
+                                               "causal"};
+}  // namespace
+
 const Kernel& attention_bwd_dkdv() {
   static const Kernel k = kernel(
-      "attention_bwd_dkdv", {"q", "k", "v", "do", "lse", "delta", "dk", "dv", "scale", "causal"},
+      "attention_bwd_dkdv", kDkdvParams,
       [](In q, In k, In v, In dout, In lse, In delta, Out dk, Out dv, Scalar scale, bool causal) {
         key_tile_body(q, k, v, dout, lse, delta, dk, dv, nullptr, scale, causal);
       });
@@ -296,7 +308,7 @@ void query_tile_body(In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar
 
 const Kernel& attention_bwd_dq() {
   static const Kernel k = kernel(
-      "attention_bwd_dq", {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"},
+      "attention_bwd_dq", kDqParams,
       [](In q, In k, In v, In dout, In lse, In delta, Out dq, Scalar scale, bool causal) {
         query_tile_body(q, k, v, dout, lse, delta, dq, scale, causal);
       });
@@ -306,7 +318,7 @@ const Kernel& attention_bwd_dq() {
 const Kernel& attention_bwd_dkdv_fp8() {
   static const Kernel k = kernel(
       "attention_bwd_dkdv_fp8",
-      {"q", "qt", "k", "v", "do", "dot", "lse", "delta", "sq", "sk", "sv", "sdo", "dk", "dv", "scale", "causal"},
+      kDkdvFp8Params,
       [](In q, In qt, In k, In v, In dout, In dout_t, In lse, In delta, In sq, In sk, In sv, In sdo, Out dk, Out dv, Scalar scale,
          bool causal) {
         const Fp8Inputs f8{&sq, &sk, &sv, &sdo, &qt, &dout_t, nullptr};
@@ -317,7 +329,7 @@ const Kernel& attention_bwd_dkdv_fp8() {
 
 const Kernel& attention_bwd_dq_fp8() {
   static const Kernel k = kernel(
-      "attention_bwd_dq_fp8", {"q", "k", "kt", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dq", "scale", "causal"},
+      "attention_bwd_dq_fp8", kDqFp8Params,
       [](In q, In k, In kt, In v, In dout, In lse, In delta, In sq, In sk, In sv, In sdo, Out dq, Scalar scale, bool causal) {
         const Fp8Inputs f8{&sq, &sk, &sv, &sdo, nullptr, nullptr, &kt};
         query_tile_body(q, k, v, dout, lse, delta, dq, scale, causal, &f8);
@@ -348,13 +360,6 @@ const bool variant_backward_config_registered = [] {
   return true;
 }();
 
-const std::vector<std::string> kDkdvParams = {"q", "k", "v", "do", "lse", "delta", "dk", "dv", "scale", "causal"};
-const std::vector<std::string> kDqParams = {"q", "k", "v", "do", "lse", "delta", "dq", "scale", "causal"};
-// The FP8 kernels' (attention_bwd_dkdv_fp8 / attention_bwd_dq_fp8): outputs 12-13 / 11.
-const std::vector<std::string> kDkdvFp8Params = {"q", "qt", "k", "v", "do", "dot", "lse", "delta", "sq", "sk", "sv", "sdo",
-                                                 "dk", "dv", "scale", "causal"};
-const std::vector<std::string> kDqFp8Params = {"q", "k", "kt", "v", "do", "lse", "delta", "sq", "sk", "sv", "sdo", "dq", "scale",
-                                               "causal"};
 }  // namespace
 
 VariantBackward attention_variant_backward(const AttentionVariant& variant) {
